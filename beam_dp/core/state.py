@@ -1,0 +1,105 @@
+"""Stable, versioned byte encoding of mechanism state (used by Beam coders and snapshot/restore).
+
+A state is a frozen dataclass whose fields are ints, floats, bools, strings, None, numpy arrays,
+and tuples/lists/str-keyed dicts of those. The encoding is
+``b"BDPS" | u16 format | u32 header length | JSON header | array buffers``; floats are stored
+exactly (``float.hex``), arrays as raw little-endian bytes with dtype and shape in the header.
+The header names the state class and its ``STATE_VERSION``; decoding checks both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+from typing import Any, TypeVar
+
+import numpy as np
+
+__all__ = ["decode_state", "encode_state"]
+
+_MAGIC = b"BDPS"
+_FORMAT = 1
+S = TypeVar("S")
+
+
+def _pack(value: Any, buffers: list[bytes]) -> Any:
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, (int, np.integer)):
+        return {"i": str(int(value))}
+    if isinstance(value, (float, np.floating)):
+        return {"f": float(value).hex()}
+    if isinstance(value, np.ndarray):
+        arr = np.ascontiguousarray(value)
+        dtype = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
+        if dtype.hasobject:
+            raise TypeError("object arrays cannot be encoded in mechanism state")
+        buffers.append(arr.astype(dtype, copy=False).tobytes())
+        return {"a": len(buffers) - 1, "dtype": dtype.str, "shape": list(arr.shape)}
+    if isinstance(value, (tuple, list)):
+        return {"t" if isinstance(value, tuple) else "l": [_pack(v, buffers) for v in value]}
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            raise TypeError("state dicts must have string keys")
+        return {"d": {k: _pack(v, buffers) for k, v in value.items()}}
+    raise TypeError(f"cannot encode {type(value).__name__} in mechanism state")
+
+
+def _unpack(node: Any, buffers: list[bytes]) -> Any:
+    if node is None or isinstance(node, (bool, str)):
+        return node
+    if "i" in node:
+        return int(node["i"])
+    if "f" in node:
+        return float.fromhex(node["f"])
+    if "a" in node:
+        arr = np.frombuffer(buffers[node["a"]], dtype=np.dtype(node["dtype"])).reshape(node["shape"]).copy()
+        return arr
+    if "t" in node:
+        return tuple(_unpack(v, buffers) for v in node["t"])
+    if "l" in node:
+        return [_unpack(v, buffers) for v in node["l"]]
+    return {k: _unpack(v, buffers) for k, v in node["d"].items()}
+
+
+def _class_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def encode_state(state: Any) -> bytes:
+    """Encode a dataclass state to bytes (deterministic: same state -> same bytes)."""
+    if not dataclasses.is_dataclass(state) or isinstance(state, type):
+        raise TypeError("mechanism state must be a dataclass instance")
+    buffers: list[bytes] = []
+    fields = {f.name: _pack(getattr(state, f.name), buffers) for f in dataclasses.fields(state)}
+    header = {
+        "class": _class_name(type(state)),
+        "version": int(getattr(type(state), "STATE_VERSION", 1)),
+        "fields": fields,
+        "sizes": [len(b) for b in buffers],
+    }
+    head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    return _MAGIC + struct.pack("<HI", _FORMAT, len(head)) + head + b"".join(buffers)
+
+
+def decode_state(cls: type[S], data: bytes) -> S:
+    """Decode bytes written by :func:`encode_state` into an instance of ``cls``."""
+    if data[:4] != _MAGIC:
+        raise ValueError("not a beam_dp state encoding")
+    fmt, head_len = struct.unpack_from("<HI", data, 4)
+    if fmt != _FORMAT:
+        raise ValueError(f"unsupported state format {fmt}")
+    offset = 10
+    header = json.loads(data[offset : offset + head_len])
+    offset += head_len
+    if header["class"] != _class_name(cls):
+        raise ValueError(f"state is a {header['class']}, not a {_class_name(cls)}")
+    version = int(getattr(cls, "STATE_VERSION", 1))
+    if header["version"] != version:
+        raise ValueError(f"state version {header['version']} cannot be read by version {version}")
+    buffers = []
+    for size in header["sizes"]:
+        buffers.append(data[offset : offset + size])
+        offset += size
+    return cls(**{name: _unpack(node, buffers) for name, node in header["fields"].items()})

@@ -1,0 +1,231 @@
+"""The mechanism interface and the shared machinery of continual vector sums.
+
+Every mechanism is a pure state machine (ARCHITECTURE §3)::
+
+    state = mech.init_state(stream)
+    state, releases = mech.step(state, block, noise)   # one public step t = 1, 2, ...
+
+``state`` is a frozen dataclass of numpy arrays and ints with a versioned byte encoding
+(``encode_state``/``decode_state``); ``step`` is pure given ``(state, block, noise key)``.
+
+``ContinualSumMechanism`` is the base of the prefix-sum family (binary tree, hybrid, doubling,
+window tree). Its ``block`` for one step is either a ``ClippedSum`` (made by ``clip_and_sum``; the
+Beam adapter pre-aggregates with it) or a raw array of contributions ``(d,)``/``(n, d)`` that the
+mechanism clips to ``clip_bound`` and sums itself. Neighbouring streams differ in one
+contribution (replace-one: its value and its step may change); since every contribution is
+clipped to L2 norm ``R``, node values move by at most ``Δ₂ = 2R`` in total.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, Protocol, TypeVar
+
+import numpy as np
+
+from beam_dp.core.calibration import analytic_gaussian_sigma, certify_gaussian
+from beam_dp.core.clipping import clip_l2
+from beam_dp.core.guarantee import Charge, ElementLoss, Guarantee
+from beam_dp.core.noise import NoiseSource
+from beam_dp.core.release import Release
+from beam_dp.core.state import decode_state, encode_state
+
+__all__ = ["ClippedSum", "ContinualSumMechanism", "Mechanism", "NodeNoise"]
+
+StateT = TypeVar("StateT")
+NoiseLaw = Literal["gamma", "gaussian"]
+Calibration = Literal["paper", "analytic"]
+
+
+class Mechanism(Protocol[StateT]):
+    """What the engine adapters drive. See the module docstring."""
+
+    name: str
+    guarantee: Guarantee
+
+    def init_state(self, stream: str) -> StateT: ...
+
+    def step(self, state: StateT, block: Any, noise: NoiseSource) -> tuple[StateT, list[Release]]: ...
+
+    def encode_state(self, state: StateT) -> bytes: ...
+
+    def decode_state(self, data: bytes) -> StateT: ...
+
+
+@dataclass(frozen=True)
+class ClippedSum:
+    """Sum of already-clipped contributions of one step, with public-to-the-operator counts.
+
+    Only ``ContinualSumMechanism.clip_and_sum`` and ``merge`` make these, so a ``ClippedSum`` is
+    always a sum of vectors of norm <= R. ``count``/``clipped`` feed metrics, never releases.
+    """
+
+    vector: np.ndarray
+    count: int
+    clipped: int
+
+    def merge(self, other: "ClippedSum") -> "ClippedSum":
+        return ClippedSum(self.vector + other.vector, self.count + other.count, self.clipped + other.clipped)
+
+
+@dataclass(frozen=True)
+class NodeNoise:
+    """The noise law of one node: ``law`` in {"gamma", "gaussian"} and its ``scale`` (c or sigma)."""
+
+    law: NoiseLaw
+    scale: float
+    calibration: str = "exact"
+
+    def charge(self, first: int, last: int, sensitivity: float, label: str = "") -> Charge:
+        """The ledger charge of one node covering steps ``first..last``."""
+        if self.law == "gamma":
+            return Charge.pure(first, last, sensitivity / self.scale, label)
+        return Charge.gaussian(first, last, sensitivity, self.scale, label)
+
+    def draw(self, noise: NoiseSource, stream: str, purpose: str, index: tuple[int, ...], dim: int) -> np.ndarray:
+        if self.law == "gamma":
+            return noise.k_norm(stream, purpose, index, self.scale, dim)
+        return noise.gaussian(stream, purpose, index, self.scale, dim)
+
+
+class ContinualSumMechanism(abc.ABC, Generic[StateT]):
+    """Base of the private prefix-sum mechanisms over vectors in R^dim.
+
+    Subclasses implement ``init_state``, ``_advance`` (one step on an already clipped step vector),
+    ``noise_var`` and ``charges_at``; this class validates parameters, clips, checks blocks and
+    builds releases.
+    """
+
+    name: str = "continual_sum"
+    state_type: type
+
+    def __init__(
+        self,
+        *,
+        dim: int,
+        epsilon: float,
+        delta: float = 0.0,
+        clip_bound: float | None = None,
+        sensitivity: float | None = None,
+        noise: NoiseLaw = "gamma",
+        calibration: Calibration = "paper",
+    ) -> None:
+        if not isinstance(dim, (int, np.integer)) or dim < 1:
+            raise ValueError(f"dim must be an integer >= 1, got {dim!r}")
+        if (clip_bound is None) == (sensitivity is None):
+            raise ValueError("give exactly one of clip_bound (R) or sensitivity (Δ₂ = 2R)")
+        bound = clip_bound if clip_bound is not None else sensitivity / 2.0
+        if not (isinstance(bound, (int, float, np.floating)) and math.isfinite(bound) and bound > 0):
+            raise ValueError(f"clip_bound/sensitivity must be finite and > 0, got {clip_bound or sensitivity!r}")
+        if noise not in ("gamma", "gaussian"):
+            raise ValueError(f"noise must be 'gamma' (pure eps) or 'gaussian' ((eps, delta)), got {noise!r}")
+        if calibration not in ("paper", "analytic"):
+            raise ValueError(f"calibration must be 'paper' or 'analytic', got {calibration!r}")
+        if noise == "gamma" and delta != 0:
+            raise ValueError("Gamma (K-norm) noise gives pure epsilon-DP: leave delta at 0")
+        if noise == "gaussian" and not (0 < delta < 1):
+            raise ValueError(f"Gaussian noise needs 0 < delta < 1, got {delta!r}")
+        self.dim = int(dim)
+        self.clip_bound = float(bound)
+        self.sensitivity = 2.0 * self.clip_bound
+        self.noise_law: NoiseLaw = noise
+        self.calibration: Calibration = calibration
+        self.epsilon = float(epsilon)
+        self.delta = float(delta)
+
+    # -- privacy arithmetic shared by the family ---------------------------------------------
+    def gaussian_sigma(self, paper_sigma: float, epsilon: float, delta: float, levels: int) -> tuple[float, str]:
+        """Certify the paper's sigma for a step in ``levels`` nodes, or compute the exact one.
+
+        ``calibration="paper"``: raise ``ValueError`` if ``paper_sigma`` fails the analytic check.
+        ``calibration="analytic"``: the smallest sigma passing it (joint sensitivity Δ₂·sqrt(levels)).
+        """
+        if self.calibration == "analytic":
+            return analytic_gaussian_sigma(epsilon, delta, self.sensitivity * math.sqrt(levels)), "analytic"
+        certify_gaussian(paper_sigma, self.sensitivity, levels, epsilon, delta)
+        return paper_sigma, "paper"
+
+    def node_variance(self, node: NodeNoise) -> float:
+        """Per-coordinate variance of one node noise vector: ``(d+1)c²`` (Gamma) or ``σ²``."""
+        if node.law == "gamma":
+            return (self.dim + 1) * node.scale**2
+        return node.scale**2
+
+    def spend(self, loss: ElementLoss) -> tuple[float, float]:
+        return loss.spend(self.delta)
+
+    # -- blocks -------------------------------------------------------------------------------
+    def clip_and_sum(self, contributions: np.ndarray) -> ClippedSum:
+        """Clip each contribution (row) to L2 norm ``R`` and sum them. Raises on bad shape/non-finite."""
+        arr = np.asarray(contributions, dtype=np.float64)
+        if arr.ndim == 1:
+            arr = arr[None, :]
+        if arr.ndim != 2 or arr.shape[1] != self.dim:
+            raise ValueError(f"expected contributions of dimension {self.dim}, got shape {np.shape(contributions)}")
+        if arr.shape[0] == 0:
+            return ClippedSum(np.zeros(self.dim), 0, 0)
+        clipped, was_clipped = clip_l2(arr, self.clip_bound)
+        return ClippedSum(clipped.sum(axis=0), int(arr.shape[0]), int(was_clipped.sum()))
+
+    def empty_block(self) -> ClippedSum:
+        return ClippedSum(np.zeros(self.dim), 0, 0)
+
+    def _step_vector(self, block: Any) -> np.ndarray:
+        if block is None:
+            return np.zeros(self.dim)
+        if isinstance(block, ClippedSum):
+            vec = np.asarray(block.vector, dtype=np.float64)
+            if vec.shape != (self.dim,) or not np.all(np.isfinite(vec)):
+                raise ValueError(f"a ClippedSum must be a finite vector of shape ({self.dim},)")
+            return vec
+        return self.clip_and_sum(block).vector
+
+    # -- the interface ------------------------------------------------------------------------
+    def step(self, state: StateT, block: Any, noise: NoiseSource) -> tuple[StateT, list[Release]]:
+        """Feed the next step (``block``: ClippedSum, raw contributions, or None for an empty step)."""
+        vector = self._step_vector(block)
+        new_state, value, meta, loss = self._advance(state, vector, noise)
+        eps, delta = self.spend(loss)
+        release = Release(
+            stream=self._stream_of(new_state),
+            step=self._step_of(new_state),
+            mechanism=self.name,
+            value=value,
+            epsilon_spent=eps,
+            delta_spent=delta,
+            meta=meta,
+        )
+        return new_state, [release]
+
+    def encode_state(self, state: StateT) -> bytes:
+        return encode_state(state)
+
+    def decode_state(self, data: bytes) -> StateT:
+        return decode_state(self.state_type, data)
+
+    @staticmethod
+    def _stream_of(state: Any) -> str:
+        return state.stream
+
+    @staticmethod
+    def _step_of(state: Any) -> int:
+        return state.t
+
+    @abc.abstractmethod
+    def init_state(self, stream: str) -> StateT:
+        """Fresh state of ``stream`` (``state.stream`` and step counter ``state.t = 0``)."""
+
+    @abc.abstractmethod
+    def _advance(self, state: StateT, vector: np.ndarray, noise: NoiseSource) -> tuple[StateT, np.ndarray, dict, ElementLoss]:
+        """One step on the clipped step vector: new state, released estimate, public meta, and the
+        worst per-element loss of any element so far (for ``epsilon_spent``)."""
+
+    @abc.abstractmethod
+    def noise_var(self, t: int) -> float:
+        """Per-coordinate noise variance of the release at step ``t`` (sum over the nodes used)."""
+
+    @abc.abstractmethod
+    def charges_at(self, t: int) -> list[Charge]:
+        """Ledger charges of the nodes that get noise at step ``t`` (instrumentation for audits)."""

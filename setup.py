@@ -1,0 +1,26 @@
+"""beam_dp: continual differentially private statistics and models on Apache Beam."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="beam_dp",
+    version="0.1.0",
+    description="Continual differentially private releases from unbounded streams, as Apache Beam transforms",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=find_packages(include=["beam_dp", "beam_dp.*", "pipelines", "pipelines.*"]),
+    package_data={"pipelines": ["data/*.csv"]},
+    install_requires=[
+        "apache-beam>=2.60,<3",
+        "numpy>=1.24,<2.5",
+        "scipy>=1.10",
+        "pyarrow>=14,<26",
+    ],
+    extras_require={
+        "torch": ["torch==2.13.0"],
+        "test": ["pytest>=8", "pytest-xdist>=3"],
+    },
+    entry_points={"console_scripts": ["beam-dp-continual-stats=pipelines.continual_stats:main"]},
+)
