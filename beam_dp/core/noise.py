@@ -85,7 +85,8 @@ def discrete_laplace(rng: np.random.Generator, scale: float, size: int | tuple[i
     """Integer draws with P(x) ∝ exp(-|x|/scale): the difference of two geometric variables."""
     _check_scale("scale", scale)
     p = -math.expm1(-1.0 / scale)  # success probability 1 - e^{-1/scale}
-    return (rng.geometric(p, size) - rng.geometric(p, size)).astype(np.int64)
+    diff = np.asarray(rng.geometric(p, size) - rng.geometric(p, size)).astype(np.int64)
+    return diff if size is not None else diff[()]  # size=None: a scalar (np.int64), as discrete_gaussian
 
 
 def discrete_gaussian(rng: np.random.Generator, sigma: float, size: int | tuple[int, ...] | None = None) -> np.ndarray:

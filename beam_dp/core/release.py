@@ -59,3 +59,7 @@ class Release:
         )
 
     __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self):
+        # Rebuild through __init__ so that __post_init__ runs again: unpickled values stay read-only float64.
+        return (Release, (self.stream, self.step, self.mechanism, self.value, self.epsilon_spent, self.delta_spent, self.meta))

@@ -36,13 +36,15 @@ def _pack(value: Any, buffers: list[bytes]) -> Any:
         if dtype.hasobject:
             raise TypeError("object arrays cannot be encoded in mechanism state")
         buffers.append(arr.astype(dtype, copy=False).tobytes())
-        return {"a": len(buffers) - 1, "dtype": dtype.str, "shape": list(arr.shape)}
+        # value.shape, not arr.shape: ascontiguousarray turns a 0-d array into shape (1,)
+        return {"a": len(buffers) - 1, "dtype": dtype.str, "shape": list(value.shape)}
     if isinstance(value, (tuple, list)):
         return {"t" if isinstance(value, tuple) else "l": [_pack(v, buffers) for v in value]}
     if isinstance(value, dict):
         if not all(isinstance(k, str) for k in value):
             raise TypeError("state dicts must have string keys")
-        return {"d": {k: _pack(v, buffers) for k, v in value.items()}}
+        # sorted: equal dicts built in a different insertion order give the same buffer order and bytes
+        return {"d": {k: _pack(value[k], buffers) for k in sorted(value)}}
     raise TypeError(f"cannot encode {type(value).__name__} in mechanism state")
 
 
@@ -84,7 +86,17 @@ def encode_state(state: Any) -> bytes:
 
 
 def decode_state(cls: type[S], data: bytes) -> S:
-    """Decode bytes written by :func:`encode_state` into an instance of ``cls``."""
+    """Decode bytes written by :func:`encode_state` into an instance of ``cls``.
+
+    Raises ``ValueError`` for anything that is not a complete, well-formed encoding of ``cls``.
+    """
+    try:
+        return _decode_state(cls, data)
+    except (struct.error, KeyError, IndexError, TypeError, AttributeError) as exc:
+        raise ValueError(f"corrupt beam_dp state encoding: {type(exc).__name__}: {exc}") from exc
+
+
+def _decode_state(cls: type[S], data: bytes) -> S:
     if data[:4] != _MAGIC:
         raise ValueError("not a beam_dp state encoding")
     fmt, head_len = struct.unpack_from("<HI", data, 4)
@@ -102,4 +114,6 @@ def decode_state(cls: type[S], data: bytes) -> S:
     for size in header["sizes"]:
         buffers.append(data[offset : offset + size])
         offset += size
+    if offset != len(data):
+        raise ValueError(f"state encoding is truncated or has trailing bytes ({len(data)} bytes, expected {offset})")
     return cls(**{name: _unpack(node, buffers) for name, node in header["fields"].items()})

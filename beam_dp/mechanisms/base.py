@@ -169,6 +169,25 @@ class ContinualSumMechanism(abc.ABC, Generic[StateT]):
         clipped, was_clipped = clip_l2(arr, self.clip_bound)
         return ClippedSum(clipped.sum(axis=0), int(arr.shape[0]), int(was_clipped.sum()))
 
+    def clip_and_sum_groups(
+        self, contributions: np.ndarray, groups: np.ndarray, n_groups: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Vectorised ``clip_and_sum`` for many steps at once.
+
+        ``contributions`` (n, d) finite rows, ``groups`` (n,) ints in [0, n_groups). Returns
+        ``(sums (n_groups, d), counts (n_groups,), clipped_counts (n_groups,))``.
+        """
+        arr = np.asarray(contributions, dtype=np.float64)
+        if arr.ndim != 2 or arr.shape[1] != self.dim:
+            raise ValueError(f"expected contributions of dimension {self.dim}, got shape {arr.shape}")
+        clipped, was_clipped = clip_l2(arr, self.clip_bound) if len(arr) else (arr, np.zeros(0, bool))
+        sums = np.empty((n_groups, self.dim))
+        for j in range(self.dim):  # one bincount per coordinate: O(n) numpy each, no per-element loop
+            sums[:, j] = np.bincount(groups, weights=clipped[:, j], minlength=n_groups)
+        counts = np.bincount(groups, minlength=n_groups)
+        clipped_counts = np.bincount(groups, weights=was_clipped, minlength=n_groups).astype(np.int64)
+        return sums, counts, clipped_counts
+
     def empty_block(self) -> ClippedSum:
         return ClippedSum(np.zeros(self.dim), 0, 0)
 

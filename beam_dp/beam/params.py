@@ -1,0 +1,151 @@
+"""Frozen parameter dataclasses of the public transforms (in the spirit of PipelineDP's AggregateParams).
+
+Constructing a params object validates everything and builds the mechanism once, so invalid
+privacy parameters (epsilon <= 0, delta outside [0, 1), W < 1, horizon < 1, a Gaussian paper
+calibration that fails the exact check) raise ``ValueError`` before a pipeline is built.
+
+Steps come from exactly one of:
+
+* ``clock`` (:class:`~beam_dp.core.StepClock`): event-time steps; a batch replay needs its public
+  ``end``; every step from 1 to the end releases, empty ones included;
+* ``block_size`` (b0): count steps, each a block of b0 contributions in arrival order. This
+  assumes the arrival count is public; an incomplete final block is never released.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from beam_dp.core.clock import StepClock
+from beam_dp.core.noise import KEY_ENV_VAR, NoiseSource
+
+__all__ = ["ContinualCountParams", "ContinualSumParams", "NoiseKey", "WindowedSumParams"]
+
+
+@dataclass(frozen=True)
+class NoiseKey:
+    """Where workers read the secret noise key at ``setup()``: a file path or an env var (hex).
+
+    Only the *location* travels in the pipeline graph, never the key. With neither present the
+    workers draw a random key and log that the run is not reproducible.
+    """
+
+    env_var: str | None = KEY_ENV_VAR
+    key_file: str | None = None
+
+    def load(self) -> NoiseSource:
+        return NoiseSource.from_config(self.env_var, self.key_file)
+
+
+@dataclass(frozen=True)
+class _StepParams:
+    clock: StepClock | None = None
+    block_size: int | None = None
+    streams: tuple[str, ...] | None = None
+    noise_key: NoiseKey = field(default_factory=NoiseKey)
+
+    def _validate_steps(self) -> None:
+        if (self.clock is None) == (self.block_size is None):
+            raise ValueError("give exactly one of clock (event-time steps) or block_size (count steps)")
+        if self.block_size is not None and (not isinstance(self.block_size, int) or self.block_size < 1):
+            raise ValueError(f"block_size must be an integer >= 1, got {self.block_size!r}")
+        if self.streams is not None:
+            if isinstance(self.streams, str) or not all(isinstance(s, str) and s for s in self.streams):
+                raise ValueError("streams must be a tuple of non-empty strings")
+            object.__setattr__(self, "streams", tuple(dict.fromkeys(self.streams)))
+
+    @property
+    def event_time(self) -> bool:
+        return self.clock is not None
+
+
+@dataclass(frozen=True)
+class _VectorSumParams(_StepParams):
+    dim: int = 1
+    epsilon: float = 1.0
+    clip_bound: float = 1.0
+    delta: float = 0.0
+    noise: Literal["gamma", "gaussian"] = "gamma"
+    calibration: Literal["paper", "analytic"] = "paper"
+
+    def _mechanism_kwargs(self) -> dict:
+        return dict(
+            dim=self.dim, epsilon=self.epsilon, delta=self.delta, clip_bound=self.clip_bound,
+            noise=self.noise, calibration=self.calibration,
+        )
+
+
+@dataclass(frozen=True)
+class ContinualSumParams(_VectorSumParams):
+    """Private running sums of vectors per stream, forever (tree mechanisms).
+
+    ``horizon`` (steps) known -> binary tree; ``None`` -> unbounded: ``"hybrid"`` (default) or
+    ``"doubling"``. Guarantee: epsilon-DP (``noise="gamma"``) or (epsilon, delta)-DP
+    (``"gaussian"``) for each contribution, over the whole stream.
+    """
+
+    horizon: int | None = None
+    unbounded: Literal["hybrid", "doubling"] = "hybrid"
+
+    def __post_init__(self) -> None:
+        self._validate_steps()
+        if self.horizon is not None and self.clock is not None and self.clock.last_step is not None:
+            if self.clock.last_step > self.horizon:
+                raise ValueError(f"the clock has {self.clock.last_step} steps but horizon is {self.horizon}")
+        self.build_mechanism()
+
+    def build_mechanism(self):
+        from beam_dp.mechanisms.tree import make_tree_sum
+
+        return make_tree_sum(horizon=self.horizon, unbounded=self.unbounded, **self._mechanism_kwargs())
+
+
+@dataclass(frozen=True)
+class WindowedSumParams(_VectorSumParams):
+    """Private running sums with privacy expiration: each contribution is protected while fewer than
+    ``window`` (rounded up to a power of two) later steps have been released; afterwards it appears
+    un-noised in later releases."""
+
+    window: int = 1
+
+    def __post_init__(self) -> None:
+        self._validate_steps()
+        self.build_mechanism()
+
+    def build_mechanism(self):
+        from beam_dp.mechanisms.window_tree import WindowTreeSum
+
+        return WindowTreeSum(window=self.window, **self._mechanism_kwargs())
+
+
+@dataclass(frozen=True)
+class ContinualCountParams(_StepParams):
+    """Private running counts of events per stream: a continual sum of 1 per event (R = 1, so
+    Δ₂ = 2 under replace-one neighbours). Same mechanisms and guarantees as ``ContinualSumParams``."""
+
+    epsilon: float = 1.0
+    delta: float = 0.0
+    noise: Literal["gamma", "gaussian"] = "gamma"
+    calibration: Literal["paper", "analytic"] = "paper"
+    horizon: int | None = None
+    unbounded: Literal["hybrid", "doubling"] = "hybrid"
+
+    def __post_init__(self) -> None:
+        self._validate_steps()
+        self.build_mechanism()
+
+    def as_sum_params(self) -> ContinualSumParams:
+        return ContinualSumParams(
+            clock=self.clock, block_size=self.block_size, streams=self.streams, noise_key=self.noise_key,
+            dim=1, epsilon=self.epsilon, clip_bound=1.0, delta=self.delta, noise=self.noise,
+            calibration=self.calibration, horizon=self.horizon, unbounded=self.unbounded,
+        )
+
+    def build_mechanism(self):
+        from beam_dp.mechanisms.tree import make_tree_sum
+
+        return make_tree_sum(
+            horizon=self.horizon, unbounded=self.unbounded, dim=1, epsilon=self.epsilon, delta=self.delta,
+            clip_bound=1.0, noise=self.noise, calibration=self.calibration,
+        )

@@ -1,0 +1,136 @@
+"""Public transforms: ``ContinualSum``, ``ContinualCount``, ``WindowedSum``.
+
+Each takes a frozen params dataclass and returns a :class:`ContinualOutputs` with two
+PCollections: ``releases`` (schema'd :class:`~beam_dp.io.ReleaseRow`, one per stream per step)
+and ``dead_letter`` (:class:`~beam_dp.beam.events.DeadLetter`: reason, value-free detail, element).
+
+Shape of the pipeline::
+
+    events ─ Parse (validate, step, clip) ─┬─ dead_letter
+                                            └─ [batch: CombinePerKey((stream, step))] ─ stateful DoFn ─ releases
+
+On a bounded input (batch replay) contributions are pre-aggregated per (stream, step) by a
+lifted combiner, so state sees one block per step. On an unbounded input each contribution
+reaches the stateful DoFn on its own, so a late one can be dead-lettered whole.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.pvalue import PCollection
+
+from beam_dp.beam.dofn import ContinualReleaseDoFn
+from beam_dp.beam.events import EventBatch
+from beam_dp.beam.params import ContinualCountParams, ContinualSumParams, WindowedSumParams
+from beam_dp.beam.parse import DEAD_LETTER, MergeClippedSums, ParseEvents
+from beam_dp.io.schema import ReleaseRow
+
+__all__ = ["ContinualCount", "ContinualOutputs", "ContinualSum", "WindowedSum"]
+
+beam.coders.registry.register_coder(ReleaseRow, beam.coders.RowCoder)
+
+
+class ContinualOutputs(NamedTuple):
+    releases: PCollection
+    dead_letter: PCollection
+
+
+def _by_stream(keyed_block):
+    (stream, step), block = keyed_block
+    return stream, (step, block, None)
+
+
+class _ContinualRelease(beam.PTransform):
+    """Shared expansion of the continual transforms (see the module docstring)."""
+
+    def __init__(self, params: Any, pre_aggregate: bool | None = None, label: str | None = None):
+        super().__init__(label)
+        self.params = params
+        self.pre_aggregate = pre_aggregate
+
+    def expand(self, events: PCollection) -> ContinualOutputs:
+        params = self.params
+        bounded = bool(getattr(events, "is_bounded", True))
+        if params.event_time and bounded and params.clock.last_step is None:
+            raise ValueError("a batch replay with event-time steps needs a public end: StepClock(..., end=...)")
+        aggregate = params.event_time and (bounded if self.pre_aggregate is None else self.pre_aggregate)
+        parsed = events | "Parse" >> beam.ParDo(ParseEvents(params, aggregate)).with_outputs(DEAD_LETTER, main="blocks")
+        blocks = parsed.blocks
+        if aggregate:
+            blocks = (
+                blocks
+                | "PreAggregate" >> beam.CombinePerKey(MergeClippedSums())
+                | "ByStream" >> beam.Map(_by_stream)
+            )
+        if params.streams:
+            declared = events.pipeline | "DeclareStreams" >> beam.Create([(s, (0, None, None)) for s in params.streams])
+            blocks = (blocks, declared) | "WithDeclared" >> beam.Flatten()
+        released = blocks | "Release" >> beam.ParDo(
+            ContinualReleaseDoFn(params, per_step_timers=not bounded)
+        ).with_outputs(DEAD_LETTER, main="rows")
+        rows = released.rows | "Rows" >> beam.Map(lambda row: row).with_output_types(ReleaseRow)
+        dead = (parsed[DEAD_LETTER], released[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
+        return ContinualOutputs(rows, dead)
+
+
+class ContinualSum(_ContinualRelease):
+    """Private running sum of vector contributions per stream, released at every step.
+
+    Guarantee: each contribution (event level, replace-one) is epsilon-DP (Gamma/K-norm noise) or
+    (epsilon, delta)-DP (Gaussian) over the whole, unbounded release sequence. Contributions are
+    clipped to L2 norm ``clip_bound``. Public: the step schedule, the stream set, release times.
+    """
+
+    def __init__(self, params: ContinualSumParams, pre_aggregate: bool | None = None, label: str | None = None):
+        if not isinstance(params, ContinualSumParams):
+            raise TypeError("ContinualSum takes a ContinualSumParams")
+        super().__init__(params, pre_aggregate, label)
+
+
+class WindowedSum(_ContinualRelease):
+    """Private running sum with privacy expiration (window tree): each contribution is protected
+    while fewer than ``window`` (rounded up to a power of two) later steps have been released;
+    afterwards it appears un-noised in later releases (window DP)."""
+
+    def __init__(self, params: WindowedSumParams, pre_aggregate: bool | None = None, label: str | None = None):
+        if not isinstance(params, WindowedSumParams):
+            raise TypeError("WindowedSum takes a WindowedSumParams")
+        super().__init__(params, pre_aggregate, label)
+
+
+def _as_unit_event(element: Any, event_time: bool) -> Any:
+    """Replace an event's value by 1.0; leave anything unrecognisable for Parse to dead-letter."""
+    if isinstance(element, EventBatch):
+        return EventBatch(element.stream_ids, element.timestamps, np.ones((len(element), 1)))
+    if isinstance(element, tuple) and not hasattr(element, "_fields") and len(element) in (2, 3):
+        if len(element) == 3 or event_time:
+            return (element[0], element[1], 1.0)
+        return (element[0], 1.0)
+    if isinstance(element, dict) and "stream_id" in element:
+        return {"stream_id": element["stream_id"], "timestamp": element.get("timestamp"), "value": 1.0}
+    if hasattr(element, "stream_id"):
+        return {"stream_id": element.stream_id, "timestamp": getattr(element, "timestamp", None), "value": 1.0}
+    return element
+
+
+class ContinualCount(beam.PTransform):
+    """Private running count of events per stream (a ``ContinualSum`` of 1 per event).
+
+    Elements: ``(stream_id, timestamp)``, ``(stream_id, timestamp, anything)``, mappings/rows with
+    ``stream_id`` and ``timestamp``, or ``EventBatch``. Same guarantee as ``ContinualSum`` with
+    sensitivity 2 (replace-one).
+    """
+
+    def __init__(self, params: ContinualCountParams, pre_aggregate: bool | None = None, label: str | None = None):
+        super().__init__(label)
+        if not isinstance(params, ContinualCountParams):
+            raise TypeError("ContinualCount takes a ContinualCountParams")
+        self.params = params
+        self.pre_aggregate = pre_aggregate
+
+    def expand(self, events: PCollection) -> ContinualOutputs:
+        units = events | "AsUnit" >> beam.Map(_as_unit_event, self.params.event_time)
+        return units | "Sum" >> _ContinualRelease(self.params.as_sum_params(), self.pre_aggregate)

@@ -1,0 +1,62 @@
+"""Load releases written by the sinks back into plain Python structures (no pandas)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import glob
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from beam_dp.core.release import Release
+
+__all__ = ["read_releases", "row_to_release"]
+
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+
+
+def _micros(value: Any) -> int | None:
+    if value is None or isinstance(value, int):
+        return value
+    return (value - _EPOCH) // _dt.timedelta(microseconds=1)
+
+
+def read_releases(pattern: str) -> list[dict]:
+    """Read every ``.parquet`` or JSON-lines file matching ``pattern`` (a glob or a file prefix).
+
+    Returns dicts with the release columns; ``meta`` parsed from JSON, ``step_start``/``step_end``
+    as µs since the epoch; sorted by (stream, step).
+    """
+    paths = sorted(glob.glob(pattern)) or sorted(glob.glob(pattern + "*"))
+    if not paths:
+        raise FileNotFoundError(f"no release files match {pattern!r}")
+    rows: list[dict] = []
+    for path in paths:
+        if path.endswith(".parquet"):
+            rows.extend(pq.read_table(path).to_pylist())
+        else:
+            with Path(path).open(encoding="utf-8") as fh:
+                rows.extend(json.loads(line) for line in fh if line.strip())
+    for row in rows:
+        row["meta"] = json.loads(row["meta"]) if isinstance(row["meta"], str) else row["meta"]
+        row["step_start"], row["step_end"] = _micros(row["step_start"]), _micros(row["step_end"])
+    rows.sort(key=lambda r: (r["stream"], r["step"]))
+    return rows
+
+
+def row_to_release(row: dict) -> Release:
+    """Rebuild a ``Release`` (numpy values) from a row dict."""
+    flat = np.asarray(row["value"], dtype=np.float64)
+    if row.get("parts"):
+        value, offset = {}, 0
+        for name, shape in json.loads(row["parts"]):
+            size = int(np.prod(shape)) if shape else 1
+            value[name] = flat[offset : offset + size].reshape(shape)
+            offset += size
+    else:
+        value = flat.reshape(row["shape"])
+    meta = row["meta"] if isinstance(row["meta"], dict) else json.loads(row["meta"])
+    return Release(row["stream"], row["step"], row["mechanism"], value, row["epsilon_spent"], row["delta_spent"], meta)

@@ -1,0 +1,726 @@
+"""Binary tree mechanisms for private continual prefix sums of vectors (spec ``tree-mechanisms.md``).
+
+Three mechanisms, all pure state machines over numpy (ARCHITECTURE §3):
+
+* :class:`BinaryTreeSum` (``"binary_tree"``) -- the binary tree / TREEMECH of spec §2 for a known
+  horizon ``T``; steps beyond ``T`` are refused.
+* :class:`HybridTreeSum` (``"hybrid_tree"``) -- Chan–Shi–Song's hybrid mechanism of spec §3.1 for an
+  unbounded horizon (the default, [T-5]): a logarithmic mechanism at ``ε/2`` plus one binary tree
+  ``B_k`` with ``k`` levels per segment ``(2^k, 2^{k+1})`` at ``ε/2``.
+* :class:`DoublingTreeSum` (``"doubling_tree"``) -- doubling restarts of spec §3.2: block ``k`` covers
+  steps ``[2^k, 2^{k+1} - 1]`` with its own ``k+1``-level tree at the full ``ε``; noisy roots of
+  finished blocks are carried forward.
+
+:func:`make_tree_sum` picks one of them from ``horizon``/``unbounded``.
+
+Common conventions (spec §0). Steps ``t = 1, 2, ...`` are public. A step's vector is the sum of
+that step's contributions, each clipped to L2 norm ``R`` (``clip_bound``), so replacing one
+contribution moves one step vector by at most ``Δ₂ = 2R`` (``sensitivity``) in L2 norm (Frobenius
+for flattened matrices). Units: ``epsilon`` in nats, ``delta`` a probability, ``Δ₂``, ``R``, Gamma
+scale ``c`` and Gaussian ``sigma`` in the units of the summed vectors.
+
+A *node* is a dyadic interval of steps with one noise vector. Node noise is drawn from the
+``NoiseSource`` under a key ``(stream, purpose, (block, level, index))`` (spec §1.3, [T-4]); it is a
+pure function of that key and every node is drawn at exactly one step (the step it completes), so
+replays and retries reproduce it and a second, averageable draw cannot happen. Purposes:
+
+==================  ==============================  =========================================
+mechanism           purpose                         index tuple
+==================  ==============================  =========================================
+binary tree         ``"tree"``                      ``(0, ℓ, k)`` for node ``N(ℓ, k)``
+hybrid, log part    ``"hybrid-L"``                  ``(0, 0, j)`` for the noise ``η_j`` at ``2^j``
+hybrid, tree B_k    ``"hybrid-B<k>"``               ``(k, ℓ, i)`` for node ``N(ℓ, i)`` of ``B_k``
+doubling, block k   ``"doubling-<k>"``              ``(k, ℓ, i)`` for node ``N(ℓ, i)`` of block k
+==================  ==============================  =========================================
+
+The purpose prefix can be changed with ``purpose=`` (e.g. ``"tree-q"``/``"tree-Q"`` for the two
+trees of PRIVINCREG, spec §6), so that two mechanisms on the same stream and key never share noise.
+
+Node identifiers returned by the introspection helpers (``nodes_used``, ``nodes_noised_at``, ...):
+binary tree ``(ℓ, k)`` = spec ``N(ℓ, k)``; hybrid ``("L", j)`` for ``η_j`` and ``("B", k, ℓ, i)``;
+doubling ``(k, ℓ, i)`` = node ``N(ℓ, i)`` of block ``k`` (in block-local steps).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
+
+import numpy as np
+
+from beam_dp.core.calibration import sigma_tree_004
+from beam_dp.core.guarantee import Charge, ElementLoss, Guarantee, require_within_budget
+from beam_dp.core.noise import NoiseSource
+from beam_dp.mechanisms.base import Calibration, ContinualSumMechanism, NodeNoise, NoiseLaw
+
+__all__ = [
+    "BinaryTreeState",
+    "BinaryTreeSum",
+    "DoublingTreeState",
+    "DoublingTreeSum",
+    "HybridTreeState",
+    "HybridTreeSum",
+    "make_tree_sum",
+]
+
+# Step numbers and node indices go into the noise key as signed 64-bit integers.
+MAX_STEP = 2**62
+
+
+# ---------------------------------------------------------------------------------------------
+# bit helpers and the shared streaming tree step (spec §2.2, §2.4)
+# ---------------------------------------------------------------------------------------------
+def _tz(n: int) -> int:
+    """Number of trailing zero bits of ``n >= 1``."""
+    return (n & -n).bit_length() - 1
+
+
+def _popcount(n: int) -> int:
+    return int(n).bit_count()
+
+
+def _is_power_of_two(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
+
+def _floor_log2(n: int) -> int:
+    return n.bit_length() - 1
+
+
+def _prefix_nodes(u: int) -> list[tuple[int, int]]:
+    """Nodes ``(ℓ, k)`` whose disjoint union is ``[1..u]`` (spec §2.2), highest level first."""
+    return [(level, u >> level) for level in range(u.bit_length() - 1, -1, -1) if (u >> level) & 1]
+
+
+def _frozen(arr: np.ndarray) -> np.ndarray:
+    arr.setflags(write=False)
+    return arr
+
+
+def _tree_step(
+    clean: np.ndarray, noisy: np.ndarray, u: int, vector: np.ndarray, draw: Callable[[int, int], np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """TREEMECH step (spec §2.4) at local step ``u`` of a tree with ``clean.shape[0]`` levels.
+
+    ``clean[j]``/``noisy[j]`` hold the clean and noisy value of the last completed node of level ``j``
+    that later prefixes may still use. Exactly one node, ``N(tz(u), u >> tz(u))``, completes with
+    noise now (``draw(level, index)``); returns new arrays (inputs untouched) and the noisy prefix
+    ``Σ_{set bits j of u} noisy[j]``. O(levels · d) numpy work.
+    """
+    i = _tz(u)
+    clean = clean.copy()
+    noisy = noisy.copy()
+    node = vector + clean[:i].sum(axis=0)  # the finished lower nodes merge into N(i, u >> i)
+    clean[:i] = 0.0
+    noisy[:i] = 0.0
+    clean[i] = node
+    noisy[i] = node + draw(i, u >> i)
+    bits = [j for j in range(clean.shape[0]) if (u >> j) & 1]
+    estimate = noisy[bits].sum(axis=0)
+    return _frozen(clean), _frozen(noisy), estimate
+
+
+def _check_purpose(purpose: Any) -> str:
+    if not isinstance(purpose, str) or not purpose:
+        raise ValueError(f"purpose must be a non-empty string, got {purpose!r}")
+    return purpose
+
+
+def _check_step_number(t: Any) -> int:
+    if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 1:
+        raise ValueError(f"steps are integers >= 1, got {t!r}")
+    return int(t)
+
+
+class _TreeFamily(ContinualSumMechanism):
+    """Shared helpers of the three tree mechanisms (not part of the public API)."""
+
+    def _setup(self, purpose: str) -> None:
+        self.guarantee = Guarantee(self.epsilon, self.delta)
+        self.purpose = _check_purpose(purpose)
+        self._spend_cache: dict[tuple[float, float], tuple[float, float]] = {}
+        self._worst_cache: dict[tuple[int, int], ElementLoss] = {}
+
+    # The Gaussian spend is a bisection; the worst loss takes O(log t) distinct values, so cache.
+    def spend(self, loss: ElementLoss) -> tuple[float, float]:
+        key = (loss.pure_epsilon, loss.gaussian_mu_sq)
+        hit = self._spend_cache.get(key)
+        if hit is None:
+            if len(self._spend_cache) > 1024:
+                self._spend_cache.clear()
+            hit = self._spend_cache[key] = super().spend(loss)
+        return hit
+
+    def _nodes_loss(self, node: NodeNoise, count: int, budget: float, levels: int) -> ElementLoss:
+        """Loss of an element lying in ``count`` noised nodes of one tree with ``levels`` levels whose
+        nodes each cost ``budget / levels`` (Gamma; computed as ``budget·(count/levels)`` so a full
+        path costs exactly ``budget``) or ``mu² = (Δ₂/σ)²`` (Gaussian)."""
+        if count == 0:
+            return ElementLoss()
+        if node.law == "gamma":
+            return ElementLoss(pure_epsilon=budget * (count / levels))
+        return ElementLoss(gaussian_mu_sq=count * (self.sensitivity / node.scale) ** 2)
+
+    def _check_state(self, state: Any, rows: int) -> None:
+        if not isinstance(state, self.state_type):
+            raise TypeError(f"{self.name} expects a {self.state_type.__name__}, got {type(state).__name__}")
+        for arr in (state.clean, state.noisy):
+            if arr.shape != (rows, self.dim):
+                raise ValueError(
+                    f"{self.name}: state arrays have shape {arr.shape}, expected {(rows, self.dim)} at step "
+                    f"{state.t}; the state belongs to a mechanism with a different configuration"
+                )
+
+    def _meta(self, t: int, k_t: int, levels: int, node: NodeNoise, **extra: Any) -> dict[str, Any]:
+        meta = {
+            "noisy_nodes": int(k_t),
+            "levels": int(levels),
+            "window": None,
+            "noise": self.noise_law,
+            "scale": float(node.scale),
+            "noise_std": float(math.sqrt(self.noise_var(t))),
+            "calibration": node.calibration,
+        }
+        meta.update(extra)
+        return meta
+
+    def _charge(self, node_id: Any) -> Charge:
+        purpose, index = self.node_key(node_id)
+        first, last = self.node_steps(node_id)
+        return self.node_law(node_id).charge(first, last, self.sensitivity, f"{purpose}{index}")
+
+    def _draw(self, node_id: Any, noise: NoiseSource, stream: str) -> np.ndarray:
+        purpose, index = self.node_key(node_id)
+        return self.node_law(node_id).draw(noise, stream, purpose, index, self.dim)
+
+    def charges_at(self, t: int) -> list[Charge]:
+        """Ledger charges of the nodes that get noise at step ``t`` (exactly one node per step)."""
+        return [self._charge(node_id) for node_id in self.nodes_noised_at(t)]
+
+    # subclasses: node_key, node_law, node_steps, nodes_noised_at, nodes_used
+
+
+# ---------------------------------------------------------------------------------------------
+# §2 binary tree, known horizon
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class BinaryTreeState:
+    """State of :class:`BinaryTreeSum` after ``t`` steps (spec §2.4): ``clean[j]``/``noisy[j]``,
+    ``j = 0..h``, are the arrays ``a``/``b`` of TREEMECH, shape ``(h+1, d)`` (``2(h+1)`` vectors)."""
+
+    STATE_VERSION: ClassVar[int] = 1
+    stream: str
+    t: int
+    clean: np.ndarray
+    noisy: np.ndarray
+
+
+class BinaryTreeSum(_TreeFamily):
+    """Binary tree mechanism (TREEMECH) for prefix sums over a known horizon ``T`` (spec §2).
+
+    Guarantee: ``epsilon``-DP with Gamma (K-norm) noise, ``(epsilon, delta)``-DP with Gaussian noise;
+    event level (neighbouring streams differ in one contribution, replace-one, ``Δ₂ = 2R``); for the
+    whole release sequence ``t = 1..T`` forever (no expiration), inputs may be chosen adaptively.
+
+    Layout: ``h = ⌊log₂ T⌋``, ``L_T = h + 1`` levels; a step lies in at most ``L_T`` noised nodes.
+    Per-node spend: Gamma scale ``c_T = Δ₂·L_T/ε``, i.e. ``ε/L_T`` per node. Gaussian:
+    ``sigma_tree_004`` with ``L = L_T`` certified by the analytic Gaussian test on the joint
+    sensitivity ``Δ₂√L_T`` (``calibration="paper"``, raises ``ValueError`` when it fails) or the
+    smallest passing sigma (``calibration="analytic"``); each node then has ``mu = Δ₂/σ``.
+
+    The release at ``t`` sums the ``popcount(t)`` nodes of the binary decomposition of ``t``;
+    ``noise_var(t) = popcount(t)·v`` with ``v = (d+1)c²`` or ``σ²``. ``epsilon_spent`` is the spend of
+    step 1 (the worst step): ``ε·m_t/L_T`` with ``m_t = ⌊log₂ t⌋ + 1`` (Gamma), the analytic ε′ at
+    ``delta`` for ``m_t`` nodes (Gaussian). Steps beyond ``horizon`` raise ``ValueError``.
+    """
+
+    name = "binary_tree"
+    state_type = BinaryTreeState
+
+    def __init__(
+        self,
+        *,
+        dim: int,
+        epsilon: float,
+        delta: float = 0.0,
+        clip_bound: float | None = None,
+        sensitivity: float | None = None,
+        noise: NoiseLaw = "gamma",
+        calibration: Calibration = "paper",
+        horizon: int,
+        purpose: str = "tree",
+    ) -> None:
+        super().__init__(
+            dim=dim, epsilon=epsilon, delta=delta, clip_bound=clip_bound, sensitivity=sensitivity,
+            noise=noise, calibration=calibration,
+        )
+        self._setup(purpose)
+        if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)) or not 1 <= horizon <= MAX_STEP:
+            raise ValueError(f"horizon must be an integer in [1, 2**62], got {horizon!r}")
+        self.horizon = int(horizon)
+        self.height = _floor_log2(self.horizon)
+        self.levels = self.height + 1
+        if self.noise_law == "gamma":
+            self.node_noise = NodeNoise("gamma", self.sensitivity * self.levels / self.epsilon, "exact")
+        else:
+            paper = sigma_tree_004(self.epsilon, self.delta, self.sensitivity, self.levels)
+            sigma, how = self.gaussian_sigma(paper, self.epsilon, self.delta, self.levels)
+            self.node_noise = NodeNoise("gaussian", sigma, how)
+        require_within_budget(self.guarantee, self._worst_loss(self.horizon), "binary tree")
+
+    # -- node bookkeeping (pure, public introspection) ---------------------------------------
+    def node_key(self, node: tuple[int, int]) -> tuple[str, tuple[int, int, int]]:
+        level, k = node
+        return self.purpose, (0, level, k)
+
+    def node_law(self, node: tuple[int, int]) -> NodeNoise:
+        return self.node_noise
+
+    def node_steps(self, node: tuple[int, int]) -> tuple[int, int]:
+        """Steps ``(first, last)`` covered by ``N(ℓ, k)``: ``(k−1)2^ℓ + 1 .. k·2^ℓ``."""
+        level, k = node
+        return (k - 1) * 2**level + 1, k * 2**level
+
+    def _check_t(self, t: int) -> int:
+        t = _check_step_number(t)
+        if t > self.horizon:
+            raise ValueError(f"step {t} is beyond the horizon T={self.horizon} of this binary tree")
+        return t
+
+    def nodes_containing(self, t: int) -> list[tuple[int, int]]:
+        """Spec §2.1: the nodes ``N(ℓ, ⌈t/2^ℓ⌉)``, ``ℓ = 0..h``, that complete by ``T``.
+
+        This is the full dyadic layout; the streaming algorithm only ever noises (and releases) the
+        odd-index nodes among them (see :meth:`nodes_noised_at`)."""
+        t = self._check_t(t)
+        out = []
+        for level in range(self.levels):
+            k = -(-t // 2**level)
+            if k * 2**level <= self.horizon:
+                out.append((level, k))
+        return out
+
+    def nodes_used(self, t: int) -> list[tuple[int, int]]:
+        """Spec §2.2: the ``popcount(t)`` nodes ``N(ℓ, ⌊t/2^ℓ⌋)`` for the set bits ``ℓ`` of ``t``."""
+        return _prefix_nodes(self._check_t(t))
+
+    def nodes_noised_at(self, t: int) -> list[tuple[int, int]]:
+        """The node that completes with noise at step ``t``: ``N(tz(t), t >> tz(t))``."""
+        t = self._check_t(t)
+        i = _tz(t)
+        return [(i, t >> i)]
+
+    def noise_var(self, t: int) -> float:
+        return _popcount(self._check_t(t)) * self.node_variance(self.node_noise)
+
+    def _worst_loss(self, t: int) -> ElementLoss:
+        # Step 1 lies in the noised nodes N(ℓ, 1) with 2^ℓ <= t; no step lies in more.
+        return self._nodes_loss(self.node_noise, t.bit_length(), self.epsilon, self.levels)
+
+    # -- the state machine ---------------------------------------------------------------------
+    def init_state(self, stream: str) -> BinaryTreeState:
+        if not isinstance(stream, str):
+            raise TypeError(f"stream must be a str, got {type(stream).__name__}")
+        zeros = np.zeros((self.levels, self.dim))
+        return BinaryTreeState(stream, 0, _frozen(zeros.copy()), _frozen(zeros))
+
+    def _advance(self, state: BinaryTreeState, vector: np.ndarray, noise: NoiseSource):
+        self._check_state(state, self.levels)
+        t = state.t + 1
+        if t > self.horizon:
+            raise ValueError(
+                f"step {t} is beyond the horizon T={self.horizon}; use horizon=None (hybrid/doubling) "
+                "for an unbounded stream"
+            )
+        clean, noisy, estimate = _tree_step(
+            state.clean, state.noisy, t, vector, lambda level, k: self._draw((level, k), noise, state.stream)
+        )
+        meta = self._meta(t, _popcount(t), self.levels, self.node_noise, horizon=self.horizon)
+        return BinaryTreeState(state.stream, t, clean, noisy), estimate, meta, self._worst_loss(t)
+
+
+# ---------------------------------------------------------------------------------------------
+# §3.1 hybrid mechanism (unbounded horizon, default)
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class HybridTreeState:
+    """State of :class:`HybridTreeSum` after ``t`` steps (spec §3.1).
+
+    ``beta``: running sum of all step vectors plus the log noises ``η_0..η_j`` drawn so far;
+    ``lout``: the last milestone output ``Lout(2^j)``; ``clean``/``noisy``: the TREEMECH arrays of the
+    active tree ``B_k`` (``k = ⌊log₂ t⌋`` rows; allocated at step ``2^k``, when ``B_{k−1}`` is dropped).
+    ``2k + 2`` vectors in all.
+    """
+
+    STATE_VERSION: ClassVar[int] = 1
+    stream: str
+    t: int
+    beta: np.ndarray
+    lout: np.ndarray
+    clean: np.ndarray
+    noisy: np.ndarray
+
+
+class HybridTreeSum(_TreeFamily):
+    """Chan–Shi–Song hybrid mechanism for prefix sums over an unbounded horizon (spec §3.1).
+
+    Guarantee: ``epsilon``-DP (Gamma) or ``(epsilon, delta)``-DP (Gaussian), event level
+    (replace-one contribution, ``Δ₂ = 2R``), forever, for every stream length, adaptive inputs allowed.
+
+    Budget split ``ε_L = ε_B = ε/2`` (Gaussian ``δ_L = δ_B = δ/2``):
+
+    * logarithmic mechanism: at ``t = 2^j`` the running sum gets a fresh noise ``η_j`` that stays in it;
+      each step lies in exactly one increment ``(2^{j−1}, 2^j]`` and pays ``ε/2`` once
+      (Gamma scale ``Δ₂/ε_L``; Gaussian ``sigma_tree_004(ε/2, δ/2, Δ₂, L=1)``);
+    * binary tree ``B_k`` (steps ``2^k < t < 2^{k+1}``, local step ``u = t − 2^k``): horizon ``2^k − 1``,
+      ``k`` levels, per node Gamma scale ``k·Δ₂/ε_B`` (``ε/(2k)`` per node) or Gaussian
+      ``sigma_tree_004(ε/2, δ/2, Δ₂, L=k)``.
+
+    A step pays at most ``ε/2 + k·ε/(2k) = ε``. Gaussian: each part is certified at ``(ε/2, δ/2)`` with
+    the analytic test (so basic composition gives ``(ε, δ)``); the ledger and ``epsilon_spent`` use the
+    exact joint Gaussian loss ``mu² = mu_L² + Σ mu_node²``, which is never worse. Certification of
+    ``B_k`` happens when it is first needed; it cannot fail for ``k > 1`` once ``k = 1`` (checked at
+    construction) passes: with the paper sigma ``mu_k = Δ₂√k/σ_k = mu_1/√k`` decreases in ``k`` and the
+    analytic ``δ_A(ε; mu)`` increases in ``mu``; with ``calibration="analytic"`` each ``σ_k`` is computed
+    to pass.
+
+    Release: ``s_t = Lout(2^k) (+ B_k.prefix(t − 2^k))``; error = ``k+1`` log noises (``+ popcount(u)``
+    nodes of ``B_k``), ``noise_var(t) = (k+1)·v_L + popcount(u)·v_k``.
+    """
+
+    name = "hybrid_tree"
+    state_type = HybridTreeState
+
+    def __init__(
+        self,
+        *,
+        dim: int,
+        epsilon: float,
+        delta: float = 0.0,
+        clip_bound: float | None = None,
+        sensitivity: float | None = None,
+        noise: NoiseLaw = "gamma",
+        calibration: Calibration = "paper",
+        purpose: str = "hybrid",
+    ) -> None:
+        super().__init__(
+            dim=dim, epsilon=epsilon, delta=delta, clip_bound=clip_bound, sensitivity=sensitivity,
+            noise=noise, calibration=calibration,
+        )
+        self._setup(purpose)
+        self.epsilon_log = self.epsilon / 2.0
+        self.epsilon_trees = self.epsilon / 2.0
+        self.delta_log = self.delta / 2.0
+        self.delta_trees = self.delta / 2.0
+        self._block_noise: dict[int, NodeNoise] = {}
+        if self.noise_law == "gamma":
+            self.log_noise = NodeNoise("gamma", self.sensitivity / self.epsilon_log, "exact")
+        else:
+            paper = sigma_tree_004(self.epsilon_log, self.delta_log, self.sensitivity, 1)
+            sigma, how = self.gaussian_sigma(paper, self.epsilon_log, self.delta_log, 1)
+            self.log_noise = NodeNoise("gaussian", sigma, how)
+        # B_1 is the binding case (see the class docstring); a complete B_1 step plus its log increment
+        # is the worst per-element loss, which must be within (ε, δ).
+        worst = self._log_loss() + self._nodes_loss(self.block_noise(1), 1, self.epsilon_trees, 1)
+        require_within_budget(self.guarantee, worst, "hybrid tree")
+
+    def block_noise(self, k: int) -> NodeNoise:
+        """Node noise law of ``B_k`` (``k >= 1``), certified on first use and cached."""
+        k = _check_step_number(k)
+        node = self._block_noise.get(k)
+        if node is None:
+            if self.noise_law == "gamma":
+                node = NodeNoise("gamma", k * self.sensitivity / self.epsilon_trees, "exact")
+            else:
+                paper = sigma_tree_004(self.epsilon_trees, self.delta_trees, self.sensitivity, k)
+                sigma, how = self.gaussian_sigma(paper, self.epsilon_trees, self.delta_trees, k)
+                node = NodeNoise("gaussian", sigma, how)
+            self._block_noise[k] = node
+        return node
+
+    # -- node bookkeeping -------------------------------------------------------------------------
+    def node_key(self, node: tuple) -> tuple[str, tuple[int, int, int]]:
+        if node[0] == "L":
+            return f"{self.purpose}-L", (0, 0, node[1])
+        _, k, level, i = node
+        return f"{self.purpose}-B{k}", (k, level, i)
+
+    def node_law(self, node: tuple) -> NodeNoise:
+        return self.log_noise if node[0] == "L" else self.block_noise(node[1])
+
+    def node_steps(self, node: tuple) -> tuple[int, int]:
+        """Global steps covered: ``η_j`` covers ``(2^{j−1}, 2^j]`` (``η_0``: step 1); node ``N(ℓ, i)``
+        of ``B_k`` covers ``2^k + (i−1)2^ℓ + 1 .. 2^k + i·2^ℓ``."""
+        if node[0] == "L":
+            j = node[1]
+            return (1, 1) if j == 0 else (2 ** (j - 1) + 1, 2**j)
+        _, k, level, i = node
+        return 2**k + (i - 1) * 2**level + 1, 2**k + i * 2**level
+
+    def nodes_used(self, t: int) -> list[tuple]:
+        """Noises in the release at ``t``: ``("L", 0..k)``, then the ``B_k`` prefix nodes of ``t − 2^k``."""
+        t = _check_step_number(t)
+        k = _floor_log2(t)
+        used: list[tuple] = [("L", j) for j in range(k + 1)]
+        if not _is_power_of_two(t):
+            used += [("B", k, level, i) for level, i in _prefix_nodes(t - 2**k)]
+        return used
+
+    def nodes_noised_at(self, t: int) -> list[tuple]:
+        t = _check_step_number(t)
+        k = _floor_log2(t)
+        if _is_power_of_two(t):
+            return [("L", k)]
+        u = t - 2**k
+        i = _tz(u)
+        return [("B", k, i, u >> i)]
+
+    def noise_var(self, t: int) -> float:
+        t = _check_step_number(t)
+        k = _floor_log2(t)
+        var = (k + 1) * self.node_variance(self.log_noise)
+        if not _is_power_of_two(t):
+            var += _popcount(t - 2**k) * self.node_variance(self.block_noise(k))
+        return var
+
+    def _log_loss(self) -> ElementLoss:
+        return self._nodes_loss(self.log_noise, 1, self.epsilon_log, 1)
+
+    def element_loss(self, s: int, t: int) -> ElementLoss:
+        """Privacy loss of an element of step ``s`` after the releases ``1..t`` (``s <= t``)."""
+        s, t = _check_step_number(s), _check_step_number(t)
+        if s > t:
+            return ElementLoss()
+        loss = self._log_loss() if t >= 2 ** (s - 1).bit_length() else ElementLoss()  # η_j, 2^j >= s
+        if not _is_power_of_two(s):
+            k = _floor_log2(s)
+            u, now = s - 2**k, min(t - 2**k, 2**k - 1)
+            count = sum(1 for level in range(k) if (-(-u // 2**level)) % 2 == 1 and -(-u // 2**level) * 2**level <= now)
+            loss = loss + self._nodes_loss(self.block_noise(k), count, self.epsilon_trees, k)
+        return loss
+
+    def _worst_loss(self, t: int) -> ElementLoss:
+        # Candidates: step 1 (log increment only, like every milestone) and the first step of every
+        # started B_k, which lies in the most completed nodes of its tree (N(ℓ, 1) completes first
+        # at every level). The result depends on t only through K = ⌊log₂ t⌋ and the number of
+        # completed levels of B_K, so it is cached (O(log t) work once per key).
+        big_k = _floor_log2(t)
+        key = (big_k, (t - 2**big_k).bit_length())
+        hit = self._worst_cache.get(key)
+        if hit is None:
+            candidates = [self.element_loss(1, t)]
+            candidates += [self.element_loss(2**k + 1, t) for k in range(1, big_k + 1) if 2**k + 1 <= t]
+            hit = self._worst_cache[key] = max(candidates, key=lambda loss: loss.pure_epsilon + loss.gaussian_mu_sq)
+        return hit
+
+    # -- the state machine --------------------------------------------------------------------------
+    def init_state(self, stream: str) -> HybridTreeState:
+        if not isinstance(stream, str):
+            raise TypeError(f"stream must be a str, got {type(stream).__name__}")
+        vec = _frozen(np.zeros(self.dim))
+        empty = _frozen(np.zeros((0, self.dim)))
+        return HybridTreeState(stream, 0, vec, vec.copy(), empty, empty.copy())
+
+    def _advance(self, state: HybridTreeState, vector: np.ndarray, noise: NoiseSource):
+        self._check_state(state, _floor_log2(state.t) if state.t >= 1 else 0)  # B_k of the last milestone
+        t = state.t + 1
+        k = _floor_log2(t)
+        if t > MAX_STEP:
+            raise ValueError(f"step {t} exceeds the supported {MAX_STEP} steps")
+        beta = state.beta + vector
+        if _is_power_of_two(t):  # milestone 2^k: log noise η_k, release Lout, start B_k
+            beta = beta + self._draw(("L", k), noise, state.stream)
+            lout = beta
+            estimate = lout.copy()
+            clean = _frozen(np.zeros((k, self.dim)))
+            noisy = _frozen(np.zeros((k, self.dim)))
+            k_t = k + 1
+        else:
+            u = t - 2**k
+            clean, noisy, prefix = _tree_step(
+                state.clean, state.noisy, u, vector,
+                lambda level, i: self._draw(("B", k, level, i), noise, state.stream),
+            )
+            lout = state.lout
+            estimate = lout + prefix
+            k_t = k + 1 + _popcount(u)
+        block = max(k, 1)  # the B_k in use at t (at t = 1, 2: the first tree, B_1)
+        meta = self._meta(
+            t, k_t, block, self.block_noise(block), block=block, log_scale=float(self.log_noise.scale)
+        )
+        new = HybridTreeState(state.stream, t, _frozen(beta), _frozen(lout), clean, noisy)
+        return new, estimate, meta, self._worst_loss(t)
+
+
+# ---------------------------------------------------------------------------------------------
+# §3.2 doubling restarts
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class DoublingTreeState:
+    """State of :class:`DoublingTreeSum` after ``t`` steps (spec §3.2).
+
+    ``carry``: ``C_k``, the sum of the noisy roots of the finished blocks; ``clean``/``noisy``: the
+    TREEMECH arrays of the block that step ``t + 1`` belongs to (``k + 1`` rows for block ``k``).
+    """
+
+    STATE_VERSION: ClassVar[int] = 1
+    stream: str
+    t: int
+    carry: np.ndarray
+    clean: np.ndarray
+    noisy: np.ndarray
+
+
+class DoublingTreeSum(_TreeFamily):
+    """Doubling restarts for prefix sums over an unbounded horizon (spec §3.2).
+
+    Guarantee: ``epsilon``-DP (Gamma) or ``(epsilon, delta)``-DP (Gaussian), event level
+    (replace-one contribution, ``Δ₂ = 2R``), forever, adaptive inputs allowed.
+
+    Block ``k = 0, 1, ...`` covers steps ``[2^k, 2^{k+1} − 1]`` with its own binary tree of horizon
+    ``2^k`` and ``k + 1`` levels; a step lies in at most ``k + 1`` nodes of its own block and in no other
+    block, so no budget split: per node Gamma scale ``(k+1)·Δ₂/ε`` (``ε/(k+1)`` per node) or Gaussian
+    ``sigma_tree_004(ε, δ, Δ₂, L=k+1)`` certified at ``(ε, δ)``. As for the hybrid, ``k = 0`` (``L = 1``) is
+    the binding certification and is checked at construction.
+
+    Release at step ``t`` of block ``k`` (local step ``u = t − 2^k + 1``): ``s_t = C_k + prefix_k(u)``,
+    with ``C_k`` the noisy roots of blocks ``0..k−1``; error = those ``k`` roots + ``popcount(u)`` nodes,
+    ``noise_var(t) = Σ_{j<k} v_j + popcount(u)·v_k``. Step 1 (block 0) already pays the full ``ε``.
+    """
+
+    name = "doubling_tree"
+    state_type = DoublingTreeState
+
+    def __init__(
+        self,
+        *,
+        dim: int,
+        epsilon: float,
+        delta: float = 0.0,
+        clip_bound: float | None = None,
+        sensitivity: float | None = None,
+        noise: NoiseLaw = "gamma",
+        calibration: Calibration = "paper",
+        purpose: str = "doubling",
+    ) -> None:
+        super().__init__(
+            dim=dim, epsilon=epsilon, delta=delta, clip_bound=clip_bound, sensitivity=sensitivity,
+            noise=noise, calibration=calibration,
+        )
+        self._setup(purpose)
+        self._block_noise: dict[int, NodeNoise] = {}
+        require_within_budget(self.guarantee, self._nodes_loss(self.block_noise(0), 1, self.epsilon, 1), "doubling tree")
+
+    def block_noise(self, k: int) -> NodeNoise:
+        """Node noise law of block ``k >= 0`` (``k + 1`` levels), certified on first use and cached."""
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
+            raise ValueError(f"block index must be an integer >= 0, got {k!r}")
+        k = int(k)
+        node = self._block_noise.get(k)
+        if node is None:
+            levels = k + 1
+            if self.noise_law == "gamma":
+                node = NodeNoise("gamma", levels * self.sensitivity / self.epsilon, "exact")
+            else:
+                paper = sigma_tree_004(self.epsilon, self.delta, self.sensitivity, levels)
+                sigma, how = self.gaussian_sigma(paper, self.epsilon, self.delta, levels)
+                node = NodeNoise("gaussian", sigma, how)
+            self._block_noise[k] = node
+        return node
+
+    # -- node bookkeeping -------------------------------------------------------------------------
+    def node_key(self, node: tuple[int, int, int]) -> tuple[str, tuple[int, int, int]]:
+        k, level, i = node
+        return f"{self.purpose}-{k}", (k, level, i)
+
+    def node_law(self, node: tuple[int, int, int]) -> NodeNoise:
+        return self.block_noise(node[0])
+
+    def node_steps(self, node: tuple[int, int, int]) -> tuple[int, int]:
+        """Global steps of node ``N(ℓ, i)`` of block ``k``: ``2^k + (i−1)2^ℓ .. 2^k + i·2^ℓ − 1``."""
+        k, level, i = node
+        return 2**k + (i - 1) * 2**level, 2**k + i * 2**level - 1
+
+    def nodes_used(self, t: int) -> list[tuple[int, int, int]]:
+        """Roots ``(j, j, 1)`` of blocks ``j < k``, then block ``k``'s prefix nodes of ``u``."""
+        t = _check_step_number(t)
+        k = _floor_log2(t)
+        u = t - 2**k + 1
+        return [(j, j, 1) for j in range(k)] + [(k, level, i) for level, i in _prefix_nodes(u)]
+
+    def nodes_noised_at(self, t: int) -> list[tuple[int, int, int]]:
+        t = _check_step_number(t)
+        k = _floor_log2(t)
+        u = t - 2**k + 1
+        i = _tz(u)
+        return [(k, i, u >> i)]
+
+    def noise_var(self, t: int) -> float:
+        t = _check_step_number(t)
+        k = _floor_log2(t)
+        u = t - 2**k + 1
+        var = sum(self.node_variance(self.block_noise(j)) for j in range(k))
+        return var + _popcount(u) * self.node_variance(self.block_noise(k))
+
+    def element_loss(self, s: int, t: int) -> ElementLoss:
+        """Privacy loss of an element of step ``s`` after the releases ``1..t``."""
+        s, t = _check_step_number(s), _check_step_number(t)
+        if s > t:
+            return ElementLoss()
+        k = _floor_log2(s)
+        u, now = s - 2**k + 1, min(t - 2**k + 1, 2**k)
+        count = sum(1 for level in range(k + 1) if (-(-u // 2**level)) % 2 == 1 and -(-u // 2**level) * 2**level <= now)
+        return self._nodes_loss(self.block_noise(k), count, self.epsilon, k + 1)
+
+    def _worst_loss(self, t: int) -> ElementLoss:
+        # The first step of each started block lies in the most completed nodes of its block. The
+        # result depends on t only through K = ⌊log₂ t⌋ and the completed levels of block K: cached.
+        big_k = _floor_log2(t)
+        key = (big_k, (t - 2**big_k + 1).bit_length())
+        hit = self._worst_cache.get(key)
+        if hit is None:
+            candidates = [self.element_loss(2**k, t) for k in range(big_k + 1)]
+            hit = self._worst_cache[key] = max(candidates, key=lambda loss: loss.pure_epsilon + loss.gaussian_mu_sq)
+        return hit
+
+    # -- the state machine --------------------------------------------------------------------------
+    def init_state(self, stream: str) -> DoublingTreeState:
+        if not isinstance(stream, str):
+            raise TypeError(f"stream must be a str, got {type(stream).__name__}")
+        return DoublingTreeState(
+            stream, 0, _frozen(np.zeros(self.dim)), _frozen(np.zeros((1, self.dim))), _frozen(np.zeros((1, self.dim)))
+        )
+
+    def _advance(self, state: DoublingTreeState, vector: np.ndarray, noise: NoiseSource):
+        t = state.t + 1
+        if t > MAX_STEP:
+            raise ValueError(f"step {t} exceeds the supported {MAX_STEP} steps")
+        k = _floor_log2(t)
+        self._check_state(state, k + 1)
+        u = t - 2**k + 1
+        clean, noisy, prefix = _tree_step(
+            state.clean, state.noisy, u, vector, lambda level, i: self._draw((k, level, i), noise, state.stream)
+        )
+        estimate = state.carry + prefix
+        carry = state.carry
+        if u == 2**k:  # block k closes: carry its noisy root, open block k + 1
+            carry = _frozen(state.carry + noisy[k])
+            clean = _frozen(np.zeros((k + 2, self.dim)))
+            noisy = _frozen(np.zeros((k + 2, self.dim)))
+        meta = self._meta(t, k + _popcount(u), k + 1, self.block_noise(k), block=k)
+        return DoublingTreeState(state.stream, t, carry, clean, noisy), estimate, meta, self._worst_loss(t)
+
+
+# ---------------------------------------------------------------------------------------------
+def make_tree_sum(*, horizon: int | None = None, unbounded: str = "hybrid", **kwargs: Any) -> ContinualSumMechanism:
+    """A tree prefix-sum mechanism: :class:`BinaryTreeSum` when ``horizon`` is given, otherwise
+    :class:`HybridTreeSum` (``unbounded="hybrid"``, default, [T-5]) or :class:`DoublingTreeSum`
+    (``unbounded="doubling"``). ``kwargs`` go to the constructor (``dim``, ``epsilon``, ...)."""
+    if unbounded not in ("hybrid", "doubling"):
+        raise ValueError(f"unbounded must be 'hybrid' or 'doubling', got {unbounded!r}")
+    if horizon is not None:
+        return BinaryTreeSum(horizon=horizon, **kwargs)
+    if unbounded == "hybrid":
+        return HybridTreeSum(**kwargs)
+    return DoublingTreeSum(**kwargs)

@@ -1,0 +1,422 @@
+"""Window tree mechanism: private prefix sums with privacy expiration (spec tree-mechanisms §4).
+
+Seed 002 (Lou & Cheung, Lemmas 1 and 3, Fig. 1), built on the running sums with privacy
+expiration of Bolot et al. 2013.
+
+Guarantee
+---------
+*Window differential privacy, event level* (replace one contribution; every contribution is
+clipped to L2 norm ``R`` so a step vector moves by at most ``Δ₂ = 2R``). For any horizon ``T``,
+a step ``t`` with ``T - t < B`` (one of the last ``B`` steps) is protected: changing one of its
+contributions changes the probability of any event over the whole release sequence ``s_1..s_T``
+by a factor at most ``e^ε`` (Gamma / K-norm noise: window ε-DP) or ``e^ε`` plus ``δ`` (Gaussian
+noise: window (ε, δ)-DP). ``B = 2^⌈log₂ W⌉ >= W`` is the block size, so the requested window
+``W`` is protected too ([T-6]); ``Guarantee.window`` is ``B`` and ``Guarantee.window_requested``
+is ``W``. ε is in nats, δ is a probability.
+
+**Expired steps are published.** Once ``B`` later steps have arrived, a step has no guarantee
+at all: from the release at step ``t + B`` on, its exact value is part of the *clean* (un-noised)
+part of every release ([T-9], seed 002 Definition 6). Use this mechanism only where old data may
+become public.
+
+Construction
+------------
+Block ``b >= 1`` holds steps ``(b-1)B+1 .. bB`` and carries a complete binary tree of
+``2B - 1`` noisy nodes ``N_b(ℓ, i)`` (``ℓ = 0..h``, ``h = log₂ B``, ``i = 1..B/2^ℓ``), each
+covering block positions ``(i-1)2^ℓ+1 .. i·2^ℓ``. A step lies in exactly ``L_W = h + 1 =
+⌈log₂ W⌉ + 1`` nodes, all in its own block. A node's noise is drawn when it completes, keyed by
+``(stream, "wtm", block, level, index)`` in the ``NoiseSource``, so it is a pure function of its
+key and can never be redrawn ([T-4]). The release at step ``t`` (block ``k``, position ``j``) is
+
+    exact sum of steps 1..t-B (blocks 1..k-2 and positions 1..j of block k-1)
+    + noisy suffix of block k-1 (positions j+1..B; right children; popcount(B-j) nodes)
+    + noisy prefix of block k   (positions 1..j; left children / root; popcount(j) nodes)
+
+so it uses at most ``L_W`` noisy nodes (§4.4) and the first block is a plain tree with ``L_W``
+levels ([T-12]).
+
+Noise and spend per node
+------------------------
+* ``noise="gamma"``: K-norm noise, ``‖n‖ ~ Gamma(d, c_W)``, uniform direction,
+  ``c_W = Δ₂ (⌈log₂ W⌉ + 1) / ε`` (seed 002 eq. 11). One node costs ``Δ₂ / c_W = ε / L_W``;
+  a step is in ``L_W`` nodes, so ``L_W · ε / L_W = ε``. Per-coordinate node variance
+  ``(d+1) c_W²``.
+* ``noise="gaussian"``: ``N(0, σ_W² I_d)`` with ``σ_W² = 8 Δ₂² L_W² ln²(2/δ) / ε²`` (seed 002
+  eq. 13, ``calibration="paper"``), certified by the analytic Gaussian test on the joint
+  sensitivity ``Δ₂ √L_W`` (raises ``ValueError`` if it fails), or the smallest σ passing that test
+  (``calibration="analytic"``). One node is a Gaussian charge ``μ = Δ₂ / σ_W``.
+
+``Release.epsilon_spent`` is the spend of the worst step still protected: ``ε · m_t / L_W`` with
+``m_t = min(L_W, ⌊log₂ t⌋ + 1)`` completed nodes (Gamma), or the analytic ε' at δ of ``m_t``
+Gaussian charges (``delta_spent = δ``) ([T-13]).
+
+State
+-----
+``WindowTreeState`` (§4.7): the exact sum of blocks ``1..k-2``, the exact prefix sums and node
+noises of block ``k-1`` (``B+1`` and ``2B-1`` vectors) and of block ``k`` so far (at most the
+same). At most ``6B + 1`` vectors of length ``d``, independent of ``t``. Node noises are stored
+in completion order (``N(ℓ, i)`` completes at block position ``i·2^ℓ``; the nodes completed by
+position ``p`` are the first ``2p - popcount(p)``).
+
+The current block's arrays are leading-row views of preallocated buffers that later steps fill
+in place, so one step costs ``O(L_W · d)`` numpy work (plus one ``O(B·d)`` buffer allocation per
+block, and one after a state was decoded). A state is never changed by stepping it: rows after a
+state's own rows are unused by it, and stepping the same state twice (e.g. a retry) notices that
+the next rows were already claimed and copies instead of overwriting. Do not step one state
+object from two threads at once.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from beam_dp.core.calibration import sigma_window_002
+from beam_dp.core.guarantee import Charge, ElementLoss, Guarantee
+from beam_dp.core.noise import NoiseSource
+from beam_dp.mechanisms.base import ContinualSumMechanism, NodeNoise
+
+__all__ = ["WindowTreeState", "WindowTreeSum"]
+
+PURPOSE = "wtm"
+
+Node = tuple[int, int, int]  # (block, level, index) = N_block(level, index)
+
+
+@dataclass(frozen=True)
+class WindowTreeState:
+    """State of one stream after ``t`` steps (spec §4.7). ``k``/``j`` below refer to step ``t + 1``.
+
+    ``clean_base``  (d,)          exact sum of all blocks before the previous one;
+    ``prev_prefix`` (B+1, d)      exact prefix sums of the previous block (``(0, d)`` if none);
+    ``prev_noise``  (2B-1, d)     noises of all nodes of the previous block, completion order;
+    ``cur_prefix``  (j, d)        exact prefix sums of the current block, ``cur_prefix[0] = 0``;
+    ``cur_noise``   (n, d)        noises of its completed nodes, ``n = 2(j-1) - popcount(j-1)``.
+    """
+
+    STATE_VERSION: ClassVar[int] = 1
+
+    stream: str
+    t: int
+    clean_base: np.ndarray
+    prev_prefix: np.ndarray
+    prev_noise: np.ndarray
+    cur_prefix: np.ndarray
+    cur_noise: np.ndarray
+
+
+def _tz(n: int) -> int:
+    """Trailing zero bits of ``n >= 1``."""
+    return (n & -n).bit_length() - 1
+
+
+def _completed_before(p: int) -> int:
+    """Number of nodes of a block completed by block position ``p`` (``2p - popcount(p)``)."""
+    return 2 * p - p.bit_count()
+
+
+def _noise_row(level: int, index: int) -> int:
+    """Row of node ``N(level, index)`` in the completion-ordered noise array of its block."""
+    return _completed_before((index << level) - 1) + level
+
+
+@functools.lru_cache(maxsize=8192)
+def _decomposition(block: int, j: int) -> tuple[tuple[tuple[int, int, int, int], ...], tuple[tuple[int, int, int, int], ...]]:
+    """Nodes for block position ``j`` of a block of size ``block``: ``(prefix, suffix)``.
+
+    Each entry is ``(level, index, lo, hi)``: the node ``N(level, index)`` covering block positions
+    ``lo+1 .. hi``. ``prefix`` decomposes positions ``1..j`` (§2.2, high bits first), ``suffix``
+    positions ``j+1..block`` greedily from the left (§4.4); both in step order.
+    """
+    h = block.bit_length() - 1
+    prefix = []
+    pos = 0
+    for level in range(h, -1, -1):
+        if (j >> level) & 1:
+            prefix.append((level, (pos >> level) + 1, pos, pos + (1 << level)))
+            pos += 1 << level
+    suffix = []
+    a = j
+    while a < block:
+        level = _tz(a)
+        suffix.append((level, (a >> level) + 1, a, a + (1 << level)))
+        a += 1 << level
+    return tuple(prefix), tuple(suffix)
+
+
+def _extend(view: np.ndarray, rows: np.ndarray, capacity: int) -> np.ndarray:
+    """A read-only ``(len(view) + len(rows), d)`` array: ``view`` followed by ``rows``.
+
+    ``view`` is left unchanged. When ``view`` is the leading rows of one of our ``(capacity, d)``
+    buffers and the rows after it are unclaimed (NaN), they are written in place (O(len(rows)·d));
+    otherwise (a decoded state, or a state stepped before) a fresh buffer is made.
+    """
+    n, m = view.shape[0], rows.shape[0]
+    if n + m > capacity:
+        raise ValueError(f"window tree state overflow: {n} + {m} rows > capacity {capacity}")
+    if m and not np.all(np.isfinite(rows)):
+        raise ValueError("window tree: non-finite value in state (overflow?)")
+    base = view.base
+    if (
+        isinstance(base, np.ndarray)
+        and base.shape == (capacity, view.shape[1])
+        and base.dtype == np.float64
+        and base.flags.c_contiguous
+        and base.flags.writeable
+        and view.flags.c_contiguous
+        and view.ctypes.data == base.ctypes.data
+        and (m == 0 or bool(np.all(np.isnan(base[n : n + m, 0]))))
+    ):
+        buf = base
+    else:
+        buf = np.full((capacity, view.shape[1]), np.nan)
+        buf[:n] = view
+    buf[n : n + m] = rows
+    out = buf[: n + m]
+    out.flags.writeable = False
+    return out
+
+
+class WindowTreeSum(ContinualSumMechanism[WindowTreeState]):
+    """Private prefix sums of vectors in ``R^dim`` with privacy expiration after ``B >= W`` steps.
+
+    See the module docstring for the guarantee (window ε-DP or (ε, δ)-DP over the last ``B`` steps,
+    event level; expired steps appear un-noised in later releases), the per-node spend and units.
+
+    Attributes: ``window`` (W), ``block`` (B = 2^⌈log₂ W⌉), ``levels`` (L_W = ⌈log₂ W⌉ + 1),
+    ``node_noise`` (law and scale ``c_W`` or ``σ_W`` of every node), ``guarantee``.
+    """
+
+    name = "window_tree"
+    state_type = WindowTreeState
+
+    def __init__(
+        self,
+        *,
+        dim: int,
+        epsilon: float,
+        delta: float = 0.0,
+        clip_bound: float | None = None,
+        sensitivity: float | None = None,
+        noise: str = "gamma",
+        calibration: str = "paper",
+        window: int,
+    ) -> None:
+        super().__init__(
+            dim=dim,
+            epsilon=epsilon,
+            delta=delta,
+            clip_bound=clip_bound,
+            sensitivity=sensitivity,
+            noise=noise,  # type: ignore[arg-type]
+            calibration=calibration,  # type: ignore[arg-type]
+        )
+        if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
+            raise ValueError(f"window must be an integer >= 1, got {window!r}")
+        self.window = int(window)
+        self.block = 1 << (self.window - 1).bit_length()  # smallest power of two >= W
+        self.height = self.block.bit_length() - 1  # h = log2 B
+        self.levels = self.height + 1  # L_W = ceil(log2 W) + 1
+        self.guarantee = Guarantee(self.epsilon, self.delta, window=self.block, window_requested=self.window)
+        if self.noise_law == "gamma":
+            self.node_noise = NodeNoise("gamma", self.sensitivity * self.levels / self.epsilon, "exact")
+        else:
+            paper = sigma_window_002(self.epsilon, self.delta, self.sensitivity, self.levels)
+            sigma, how = self.gaussian_sigma(paper, self.epsilon, self.delta, self.levels)
+            self.node_noise = NodeNoise("gaussian", sigma, how)
+
+    def __repr__(self) -> str:
+        return (
+            f"WindowTreeSum(dim={self.dim}, window={self.window}, block={self.block}, levels={self.levels}, "
+            f"{self.guarantee.describe()}, noise={self.node_noise.law}, scale={self.node_noise.scale:.6g})"
+        )
+
+    # -- node bookkeeping (pure functions of the public step numbers) ------------------------
+    def _locate(self, t: int) -> tuple[int, int]:
+        if not isinstance(t, (int, np.integer)) or t < 1:
+            raise ValueError(f"steps are numbered from 1, got {t!r}")
+        k = (int(t) - 1) // self.block + 1
+        return k, int(t) - (k - 1) * self.block
+
+    def node_steps(self, node: Node) -> tuple[int, int]:
+        """Global steps ``(first, last)`` covered by node ``(block, level, index)``; ``last`` is when it
+        completes and gets its noise."""
+        b, level, i = node
+        if b < 1 or not 0 <= level <= self.height or not 1 <= i <= self.block >> level:
+            raise ValueError(f"no node {node!r} in a window tree with block size {self.block}")
+        start = (b - 1) * self.block
+        return start + ((i - 1) << level) + 1, start + (i << level)
+
+    def nodes_containing(self, t: int) -> list[Node]:
+        """The ``L_W`` nodes step ``t`` lies in (level 0 first); all in its own block."""
+        k, j = self._locate(t)
+        return [(k, level, ((j - 1) >> level) + 1) for level in range(self.levels)]
+
+    def nodes_used(self, t: int) -> list[Node]:
+        """The noisy nodes whose values enter the release at step ``t``, in step order: the suffix of
+        block ``k-1`` (if ``k >= 2``), then the prefix of block ``k``."""
+        k, j = self._locate(t)
+        prefix, suffix = _decomposition(self.block, j)
+        used = [(k - 1, lv, i) for lv, i, _, _ in suffix] if k >= 2 else []
+        return used + [(k, lv, i) for lv, i, _, _ in prefix]
+
+    def noisy_nodes(self, t: int) -> int:
+        """``k_t``: number of noisy nodes in the release at step ``t`` (three cases of §4.4)."""
+        k, j = self._locate(t)
+        if k == 1:
+            return j.bit_count()
+        if j == self.block:
+            return 1
+        return self.levels - _tz(j)
+
+    def clean_through(self, t: int) -> int:
+        """Largest step whose exact value is in the clean part of the release at ``t`` (0: none).
+
+        Always ``max(0, t - B)``: steps inside the window are never used clean."""
+        k, j = self._locate(t)
+        return 0 if k == 1 else (k - 2) * self.block + j
+
+    def clean_part(self, state: WindowTreeState) -> np.ndarray:
+        """TEST/AUDIT ONLY (raw data): the exact, un-noised part of the release at step ``state.t``
+        (the state returned by that step)."""
+        k, j = self._locate(state.t)
+        if k == 1:
+            return np.zeros(self.dim)
+        if j == self.block:  # the step closed block k and folded block k-1 into the base
+            return state.clean_base.copy()
+        return state.clean_base + state.prev_prefix[j]
+
+    def held_nodes(self, state: WindowTreeState) -> dict[Node, tuple[np.ndarray, np.ndarray]]:
+        """TEST/AUDIT ONLY (raw data): ``{node: (clean value, noise)}`` of every completed node the
+        state holds (previous block and current block)."""
+        k_next, j_next = self._locate(state.t + 1)
+        out: dict[Node, tuple[np.ndarray, np.ndarray]] = {}
+        blocks = [(k_next - 1, state.prev_prefix, state.prev_noise), (k_next, state.cur_prefix, state.cur_noise)]
+        for b, prefix, noise in blocks:
+            done = prefix.shape[0] - 1
+            if b < 1 or done < 1:
+                continue
+            for level in range(self.levels):
+                for i in range(1, (done >> level) + 1):
+                    lo, hi = (i - 1) << level, i << level
+                    out[(b, level, i)] = (prefix[hi] - prefix[lo], noise[_noise_row(level, i)].copy())
+        return out
+
+    # -- privacy and error arithmetic -------------------------------------------------------
+    def noise_var(self, t: int) -> float:
+        """Per-coordinate noise variance of the release at ``t``: ``k_t`` × node variance."""
+        return self.noisy_nodes(t) * self.node_variance(self.node_noise)
+
+    def charges_at(self, t: int) -> list[Charge]:
+        """Charges of the nodes that get their noise at step ``t`` (those completing at ``t``)."""
+        k, j = self._locate(t)
+        charges = []
+        for level in range(_tz(j) + 1):
+            node = (k, level, j >> level)
+            first, last = self.node_steps(node)
+            charges.append(self.node_noise.charge(first, last, self.sensitivity, f"wtm{node}"))
+        return charges
+
+    def worst_loss(self, t: int) -> ElementLoss:
+        """Loss of the worst step still protected after the release at ``t``: ``m_t`` completed nodes."""
+        completed = min(self.levels, int(t).bit_length())  # floor(log2 t) + 1, capped at L_W
+        if self.node_noise.law == "gamma":
+            return ElementLoss(pure_epsilon=self.epsilon * completed / self.levels)
+        return ElementLoss(gaussian_mu_sq=completed * (self.sensitivity / self.node_noise.scale) ** 2)
+
+    # -- the mechanism -------------------------------------------------------------------------
+    def init_state(self, stream: str) -> WindowTreeState:
+        if not isinstance(stream, str):
+            raise TypeError(f"stream must be a str, got {type(stream).__name__}")
+        d = self.dim
+        return WindowTreeState(
+            stream=stream,
+            t=0,
+            clean_base=np.zeros(d),
+            prev_prefix=np.zeros((0, d)),
+            prev_noise=np.zeros((0, d)),
+            cur_prefix=np.zeros((1, d)),
+            cur_noise=np.zeros((0, d)),
+        )
+
+    def _check_state(self, state: WindowTreeState, k: int, j: int) -> None:
+        d, B = self.dim, self.block
+        prev_rows = (B + 1, 2 * B - 1) if k >= 2 else (0, 0)
+        shapes = {
+            "clean_base": (state.clean_base.shape, (d,)),
+            "prev_prefix": (state.prev_prefix.shape, (prev_rows[0], d)),
+            "prev_noise": (state.prev_noise.shape, (prev_rows[1], d)),
+            "cur_prefix": (state.cur_prefix.shape, (j, d)),
+            "cur_noise": (state.cur_noise.shape, (_completed_before(j - 1), d)),
+        }
+        for name, (got, want) in shapes.items():
+            if got != want:
+                raise ValueError(f"window tree state at t={state.t}: {name} has shape {got}, expected {want}")
+
+    def _clean(self, state: WindowTreeState, k: int, j: int) -> np.ndarray:
+        """Exact sum of steps 1..t-B: blocks 1..k-2 plus positions 1..j of block k-1."""
+        if k == 1:
+            return np.zeros(self.dim)
+        return state.clean_base + state.prev_prefix[j]
+
+    def _advance(
+        self, state: WindowTreeState, vector: np.ndarray, noise: NoiseSource
+    ) -> tuple[WindowTreeState, np.ndarray, dict, ElementLoss]:
+        t = state.t + 1
+        k, j = self._locate(t)
+        self._check_state(state, k, j)
+        B, d = self.block, self.dim
+
+        # Step j of block k: extend the exact prefix sums, noise the nodes completing now.
+        cur_prefix = _extend(state.cur_prefix, (state.cur_prefix[j - 1] + vector)[None, :], B + 1)
+        fresh = [self.node_noise.draw(noise, state.stream, PURPOSE, (k, level, j >> level), d) for level in range(_tz(j) + 1)]
+        cur_noise = _extend(state.cur_noise, np.stack(fresh), 2 * B - 1)
+
+        # The release: clean part (steps <= t - B), noisy suffix of block k-1, noisy prefix of block k.
+        prefix, suffix = _decomposition(B, j)
+        estimate = self._clean(state, k, j).copy()
+        if k >= 2:
+            pp, pn = state.prev_prefix, state.prev_noise
+            for level, i, lo, hi in suffix:
+                estimate += pp[hi] - pp[lo] + pn[_noise_row(level, i)]
+        for level, i, lo, hi in prefix:
+            estimate += cur_prefix[hi] - cur_prefix[lo] + cur_noise[_noise_row(level, i)]
+
+        if j == B:  # block k closes: block k-1 has fully expired, fold its exact total into the base
+            clean_base = state.clean_base + state.prev_prefix[B] if k >= 2 else state.clean_base
+            new_state = WindowTreeState(
+                stream=state.stream,
+                t=t,
+                clean_base=clean_base,
+                prev_prefix=cur_prefix,
+                prev_noise=cur_noise,
+                cur_prefix=np.zeros((1, d)),
+                cur_noise=np.zeros((0, d)),
+            )
+        else:
+            new_state = WindowTreeState(
+                stream=state.stream,
+                t=t,
+                clean_base=state.clean_base,
+                prev_prefix=state.prev_prefix,
+                prev_noise=state.prev_noise,
+                cur_prefix=cur_prefix,
+                cur_noise=cur_noise,
+            )
+        k_t = len(prefix) + (len(suffix) if k >= 2 else 0)
+        var = k_t * self.node_variance(self.node_noise)
+        meta = {
+            "noisy_nodes": int(k_t),
+            "levels": int(self.levels),
+            "window": int(self.block),
+            "window_requested": int(self.window),
+            "noise": self.node_noise.law,
+            "scale": float(self.node_noise.scale),
+            "noise_std": float(math.sqrt(var)),
+            "calibration": self.node_noise.calibration,
+        }
+        return new_state, estimate, meta, self.worst_loss(t)

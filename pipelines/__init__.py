@@ -1,0 +1,1 @@
+"""Runnable beam_dp jobs (each a small CLI on Beam PipelineOptions)."""

@@ -1,0 +1,78 @@
+"""Shared helpers of the pipeline tests: run on the FnApiRunner, collect outputs, compare to the pure mechanism."""
+
+from __future__ import annotations
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.testing.util import BeamAssertException, assert_that
+
+from beam_dp.core import NoiseSource
+from beam_dp.io import release_to_row
+from beam_dp.mechanisms.replay import replay_event_time
+from tests.conftest import TEST_KEY
+
+
+def batch_options() -> PipelineOptions:
+    options = PipelineOptions()
+    options.view_as(StandardOptions).runner = "FnApiRunner"
+    return options
+
+
+def streaming_options() -> PipelineOptions:
+    options = PipelineOptions()
+    options.view_as(StandardOptions).streaming = True
+    return options
+
+
+def expected_rows(params, stream_ids, timestamps, values, streams=None):
+    """Rows the pure mechanism releases on the same events with the test key."""
+    mechanism = params.build_mechanism()
+    clock = params.clock
+    by_stream = replay_event_time(mechanism, np.asarray(stream_ids), np.asarray(timestamps, dtype=float),
+                                  np.asarray(values, dtype=float).reshape(len(stream_ids), mechanism.dim),
+                                  clock, NoiseSource(TEST_KEY), streams)
+    return [
+        release_to_row(r, mechanism.guarantee, clock.step_start_micros(r.step), clock.step_end_micros(r.step))
+        for rels in by_stream.values() for r in rels
+    ]
+
+
+def rows_match(expected, rel_tol=1e-9):
+    """A matcher for ``assert_that``: same (stream, step) set, values equal within ``rel_tol``, all else exact."""
+    expected = sorted(expected, key=lambda r: (r.stream, r.step))
+
+    def check(actual):
+        actual = sorted(actual, key=lambda r: (r.stream, r.step))
+        if [(r.stream, r.step) for r in actual] != [(r.stream, r.step) for r in expected]:
+            raise BeamAssertException(
+                f"release keys differ: got {[(r.stream, r.step) for r in actual][:20]}..., "
+                f"want {[(r.stream, r.step) for r in expected][:20]}... ({len(actual)} vs {len(expected)})")
+        for a, e in zip(actual, expected):
+            if not np.allclose(a.value, e.value, rtol=rel_tol, atol=rel_tol):
+                raise BeamAssertException(f"value differs at {(a.stream, a.step)}: {a.value} vs {e.value}")
+            if a._replace(value=e.value) != e:
+                raise BeamAssertException(f"row differs at {(a.stream, a.step)}:\n{a}\n{e}")
+
+    return check
+
+
+def reasons_are(expected_counts: dict):
+    def check(actual):
+        counts = {}
+        for letter in actual:
+            counts[letter.reason] = counts.get(letter.reason, 0) + 1
+        if counts != expected_counts:
+            raise BeamAssertException(f"dead-letter reasons {counts} != {expected_counts}")
+
+    return check
+
+
+def run_and_check(build, label=None):
+    """``build(pipeline)`` adds transforms and assertions; runs on the FnApiRunner."""
+    with beam.Pipeline(options=batch_options()) as pipeline:
+        build(pipeline)
+
+
+__all__ = ["assert_that", "batch_options", "expected_rows", "reasons_are", "rows_match", "run_and_check",
+           "streaming_options"]

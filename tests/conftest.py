@@ -1,0 +1,16 @@
+import os
+
+import pytest
+
+TEST_KEY = bytes(range(32))
+
+
+@pytest.fixture(autouse=True)
+def _noise_key_env(monkeypatch):
+    """Every test sees the same secret noise key in the env var the workers read."""
+    monkeypatch.setenv("BEAM_DP_NOISE_KEY", TEST_KEY.hex())
+    yield
+
+
+def pytest_configure(config):
+    os.environ.setdefault("PYTHONHASHSEED", "0")
