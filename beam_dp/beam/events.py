@@ -142,6 +142,7 @@ def parse_event(
         return DeadLetter(Reason.MALFORMED, str(exc), None, element)
     if not isinstance(stream, str) or not stream:
         return DeadLetter(Reason.BAD_STREAM_ID, "stream_id must be a non-empty string", None, element)
+    stream = str(stream)  # numpy.str_ would pickle differently and split the key's state
     if streams is not None and stream not in streams:
         return DeadLetter(Reason.UNDECLARED_STREAM, "stream_id is not among the declared streams", stream, element)
     micros = None

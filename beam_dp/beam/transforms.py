@@ -16,7 +16,7 @@ reaches the stateful DoFn on its own, so a late one can be dead-lettered whole.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Tuple
 
 import apache_beam as beam
 import numpy as np
@@ -70,7 +70,7 @@ class _ContinualRelease(beam.PTransform):
             blocks = (blocks, declared) | "WithDeclared" >> beam.Flatten()
         released = blocks | "Release" >> beam.ParDo(
             ContinualReleaseDoFn(params, per_step_timers=not bounded)
-        ).with_outputs(DEAD_LETTER, main="rows")
+        ).with_input_types(Tuple[str, Any]).with_outputs(DEAD_LETTER, main="rows")
         rows = released.rows | "Rows" >> beam.Map(lambda row: row).with_output_types(ReleaseRow)
         dead = (parsed[DEAD_LETTER], released[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
         return ContinualOutputs(rows, dead)

@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import struct
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -143,6 +144,7 @@ class NoiseSource:
             raise ValueError(f"the noise key must be at least {_MIN_KEY_BYTES} bytes")
         key = bytes(key)
         self._key = key if len(key) <= 64 else hashlib.blake2b(key, digest_size=64).digest()
+        self._local = threading.local()
 
     @classmethod
     def from_config(cls, env_var: str | None = KEY_ENV_VAR, key_file: str | None = None) -> "NoiseSource":
@@ -163,27 +165,50 @@ class NoiseSource:
     def __reduce__(self):
         raise TypeError("NoiseSource holds a secret key and must not be pickled; build it on the worker")
 
-    def generator(self, stream: str, purpose: str, *index: int) -> np.random.Generator:
-        """The generator of one node. Mechanisms use the sampler methods below instead."""
+    def _node_key(self, stream: str, purpose: str, index: tuple[int, ...]) -> bytes:
         stream_b, purpose_b = stream.encode(), purpose.encode()
         message = (
             struct.pack("<I", len(stream_b)) + stream_b + struct.pack("<I", len(purpose_b)) + purpose_b
             + struct.pack(f"<{len(index)}q", *(int(i) for i in index))
         )
-        digest = hashlib.blake2b(message, key=self._key, digest_size=16, person=_PERSON).digest()
-        return np.random.Generator(np.random.Philox(key=int.from_bytes(digest, "little")))
+        return hashlib.blake2b(message, key=self._key, digest_size=16, person=_PERSON).digest()
+
+    def generator(self, stream: str, purpose: str, *index: int) -> np.random.Generator:
+        """A fresh generator for one node (its own object; safe to keep)."""
+        key = int.from_bytes(self._node_key(stream, purpose, index), "little")
+        return np.random.Generator(np.random.Philox(key=key))
+
+    def _positioned(self, stream: str, purpose: str, index: tuple[int, ...]) -> np.random.Generator:
+        """The node's generator at counter 0, reusing one per-thread Philox (5× cheaper than a new one).
+
+        Yields exactly the draws of ``generator(stream, purpose, *index)``; valid until the next call.
+        """
+        digest = self._node_key(stream, purpose, index)
+        local = self._local
+        if not hasattr(local, "philox"):
+            local.philox = np.random.Philox(key=0)
+            local.generator = np.random.Generator(local.philox)
+        local.philox.state = {
+            "bit_generator": "Philox",
+            "state": {"counter": np.zeros(4, np.uint64), "key": np.frombuffer(digest, dtype="<u8").astype(np.uint64)},
+            "buffer": np.zeros(4, np.uint64),
+            "buffer_pos": 4,
+            "has_uint32": 0,
+            "uinteger": 0,
+        }
+        return local.generator
 
     def laplace(self, stream: str, purpose: str, index: tuple[int, ...], scale: float, size: int) -> np.ndarray:
-        return laplace(self.generator(stream, purpose, *index), scale, size)
+        return laplace(self._positioned(stream, purpose, index), scale, size)
 
     def gaussian(self, stream: str, purpose: str, index: tuple[int, ...], sigma: float, size: int) -> np.ndarray:
-        return gaussian(self.generator(stream, purpose, *index), sigma, size)
+        return gaussian(self._positioned(stream, purpose, index), sigma, size)
 
     def k_norm(self, stream: str, purpose: str, index: tuple[int, ...], scale: float, dim: int) -> np.ndarray:
-        return k_norm(self.generator(stream, purpose, *index), scale, dim)
+        return k_norm(self._positioned(stream, purpose, index), scale, dim)
 
     def discrete_laplace(self, stream: str, purpose: str, index: tuple[int, ...], scale: float, size: int) -> np.ndarray:
-        return discrete_laplace(self.generator(stream, purpose, *index), scale, size)
+        return discrete_laplace(self._positioned(stream, purpose, index), scale, size)
 
     def discrete_gaussian(self, stream: str, purpose: str, index: tuple[int, ...], sigma: float, size: int) -> np.ndarray:
-        return discrete_gaussian(self.generator(stream, purpose, *index), sigma, size)
+        return discrete_gaussian(self._positioned(stream, purpose, index), sigma, size)

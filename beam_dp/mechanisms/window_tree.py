@@ -148,35 +148,56 @@ def _decomposition(block: int, j: int) -> tuple[tuple[tuple[int, int, int, int],
     return tuple(prefix), tuple(suffix)
 
 
-def _extend(view: np.ndarray, rows: np.ndarray, capacity: int) -> np.ndarray:
-    """A read-only ``(len(view) + len(rows), d)`` array: ``view`` followed by ``rows``.
+def _index_arrays(nodes: tuple[tuple[int, int, int, int], ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(hi, lo, noise rows)`` index arrays of a node list from :func:`_decomposition`."""
+    arrays = (
+        np.array([hi for _, _, _, hi in nodes], dtype=np.intp),
+        np.array([lo for _, _, lo, _ in nodes], dtype=np.intp),
+        np.array([_noise_row(level, i) for level, i, _, _ in nodes], dtype=np.intp),
+    )
+    for arr in arrays:
+        arr.flags.writeable = False
+    return arrays
 
-    ``view`` is left unchanged. When ``view`` is the leading rows of one of our ``(capacity, d)``
-    buffers and the rows after it are unclaimed (NaN), they are written in place (O(len(rows)·d));
-    otherwise (a decoded state, or a state stepped before) a fresh buffer is made.
+
+@functools.lru_cache(maxsize=8192)
+def _gather_plan(block: int, j: int) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray], int, int]:
+    """Index arrays for the prefix and suffix nodes of position ``j``, and their counts."""
+    prefix, suffix = _decomposition(block, j)
+    return _index_arrays(prefix), _index_arrays(suffix), len(prefix), len(suffix)
+
+
+def _writable_buffer(view: np.ndarray, extra: int, capacity: int) -> np.ndarray:
+    """A ``(capacity, d)`` buffer whose first ``len(view)`` rows equal ``view`` and whose next
+    ``extra`` rows may be written without changing any existing state.
+
+    Reuses the buffer ``view`` is the leading rows of when the row after ``view`` is unclaimed
+    (NaN: rows ``n..n+extra-1`` are always written together by one step, so one check suffices);
+    otherwise (a decoded state, or a state that was stepped before, e.g. a retry) copies.
     """
-    n, m = view.shape[0], rows.shape[0]
-    if n + m > capacity:
-        raise ValueError(f"window tree state overflow: {n} + {m} rows > capacity {capacity}")
-    if m and not np.all(np.isfinite(rows)):
-        raise ValueError("window tree: non-finite value in state (overflow?)")
+    n = view.shape[0]
+    if n + extra > capacity:
+        raise ValueError(f"window tree state overflow: {n} + {extra} rows > capacity {capacity}")
     base = view.base
     if (
-        isinstance(base, np.ndarray)
+        type(base) is np.ndarray
         and base.shape == (capacity, view.shape[1])
         and base.dtype == np.float64
-        and base.flags.c_contiguous
         and base.flags.writeable
-        and view.flags.c_contiguous
+        and view.strides == base.strides
         and view.ctypes.data == base.ctypes.data
-        and (m == 0 or bool(np.all(np.isnan(base[n : n + m, 0]))))
+        and math.isnan(base[n, 0])
     ):
-        buf = base
-    else:
-        buf = np.full((capacity, view.shape[1]), np.nan)
-        buf[:n] = view
-    buf[n : n + m] = rows
-    out = buf[: n + m]
+        return base
+    buf = np.empty((capacity, view.shape[1]))
+    buf[:n] = view
+    buf[n:] = np.nan
+    return buf
+
+
+def _frozen_rows(buf: np.ndarray, n: int) -> np.ndarray:
+    """Read-only view of the first ``n`` rows of ``buf`` (the form state arrays take)."""
+    out = buf[:n]
     out.flags.writeable = False
     return out
 
@@ -345,17 +366,19 @@ class WindowTreeSum(ContinualSumMechanism[WindowTreeState]):
 
     def _check_state(self, state: WindowTreeState, k: int, j: int) -> None:
         d, B = self.dim, self.block
-        prev_rows = (B + 1, 2 * B - 1) if k >= 2 else (0, 0)
-        shapes = {
-            "clean_base": (state.clean_base.shape, (d,)),
-            "prev_prefix": (state.prev_prefix.shape, (prev_rows[0], d)),
-            "prev_noise": (state.prev_noise.shape, (prev_rows[1], d)),
-            "cur_prefix": (state.cur_prefix.shape, (j, d)),
-            "cur_noise": (state.cur_noise.shape, (_completed_before(j - 1), d)),
-        }
-        for name, (got, want) in shapes.items():
-            if got != want:
-                raise ValueError(f"window tree state at t={state.t}: {name} has shape {got}, expected {want}")
+        full = k >= 2
+        if (
+            state.clean_base.shape != (d,)
+            or state.prev_prefix.shape != ((B + 1, d) if full else (0, d))
+            or state.prev_noise.shape != ((2 * B - 1, d) if full else (0, d))
+            or state.cur_prefix.shape != (j, d)
+            or state.cur_noise.shape != (_completed_before(j - 1), d)
+        ):
+            raise ValueError(
+                f"window tree state does not match step t={state.t} (block size {B}, dim {d}): shapes "
+                f"{state.clean_base.shape}, {state.prev_prefix.shape}, {state.prev_noise.shape}, "
+                f"{state.cur_prefix.shape}, {state.cur_noise.shape}"
+            )
 
     def _clean(self, state: WindowTreeState, k: int, j: int) -> np.ndarray:
         """Exact sum of steps 1..t-B: blocks 1..k-2 plus positions 1..j of block k-1."""
@@ -371,20 +394,31 @@ class WindowTreeSum(ContinualSumMechanism[WindowTreeState]):
         self._check_state(state, k, j)
         B, d = self.block, self.dim
 
-        # Step j of block k: extend the exact prefix sums, noise the nodes completing now.
-        cur_prefix = _extend(state.cur_prefix, (state.cur_prefix[j - 1] + vector)[None, :], B + 1)
-        fresh = [self.node_noise.draw(noise, state.stream, PURPOSE, (k, level, j >> level), d) for level in range(_tz(j) + 1)]
-        cur_noise = _extend(state.cur_noise, np.stack(fresh), 2 * B - 1)
+        # Position j of block k: extend the exact prefix sums, noise the nodes completing now
+        # (N_k(l, j >> l) for l = 0..tz(j)), in completion order.
+        new_row = state.cur_prefix[j - 1] + vector
+        fresh = np.array(
+            [self.node_noise.draw(noise, state.stream, PURPOSE, (k, level, j >> level), d) for level in range(_tz(j) + 1)],
+            dtype=np.float64,
+        )
+        if not (np.isfinite(new_row).all() and np.isfinite(fresh).all()):
+            raise ValueError("window tree: non-finite prefix sum or noise (overflow?)")
+        buf = _writable_buffer(state.cur_prefix, 1, B + 1)
+        buf[j] = new_row
+        cur_prefix = _frozen_rows(buf, j + 1)
+        n_done, n_new = state.cur_noise.shape[0], fresh.shape[0]
+        buf = _writable_buffer(state.cur_noise, n_new, 2 * B - 1)
+        buf[n_done : n_done + n_new] = fresh
+        cur_noise = _frozen_rows(buf, n_done + n_new)
 
-        # The release: clean part (steps <= t - B), noisy suffix of block k-1, noisy prefix of block k.
-        prefix, suffix = _decomposition(B, j)
-        estimate = self._clean(state, k, j).copy()
-        if k >= 2:
-            pp, pn = state.prev_prefix, state.prev_noise
-            for level, i, lo, hi in suffix:
-                estimate += pp[hi] - pp[lo] + pn[_noise_row(level, i)]
-        for level, i, lo, hi in prefix:
-            estimate += cur_prefix[hi] - cur_prefix[lo] + cur_noise[_noise_row(level, i)]
+        # The release: clean part (steps <= t - B), noisy suffix of block k-1 (positions j+1..B),
+        # noisy prefix of block k (positions 1..j). Each node adds its clean value and its noise.
+        (p_hi, p_lo, p_rows), (s_hi, s_lo, s_rows), n_prefix, n_suffix = _gather_plan(B, j)
+        estimate = self._clean(state, k, j)
+        if k >= 2 and n_suffix:
+            pp = state.prev_prefix
+            estimate = estimate + (pp[s_hi] - pp[s_lo]).sum(axis=0) + state.prev_noise[s_rows].sum(axis=0)
+        estimate = estimate + (cur_prefix[p_hi] - cur_prefix[p_lo]).sum(axis=0) + cur_noise[p_rows].sum(axis=0)
 
         if j == B:  # block k closes: block k-1 has fully expired, fold its exact total into the base
             clean_base = state.clean_base + state.prev_prefix[B] if k >= 2 else state.clean_base
@@ -407,7 +441,7 @@ class WindowTreeSum(ContinualSumMechanism[WindowTreeState]):
                 cur_prefix=cur_prefix,
                 cur_noise=cur_noise,
             )
-        k_t = len(prefix) + (len(suffix) if k >= 2 else 0)
+        k_t = n_prefix + (n_suffix if k >= 2 else 0)
         var = k_t * self.node_variance(self.node_noise)
         meta = {
             "noisy_nodes": int(k_t),

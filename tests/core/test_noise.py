@@ -501,3 +501,20 @@ def test_zero_noise_returns_zeros_for_every_sampler():
     assert np.array_equal(dg, np.zeros(5)) and dg.dtype.kind == "i"
     assert isinstance(z, NoiseSource)
     assert "test only" in repr(z)
+
+
+def test_fast_positioned_generator_gives_exactly_the_fresh_generator_draws():
+    """The samplers reuse one Philox per thread (state reset to the node key, counter 0); their draws
+    must equal those of a freshly constructed generator for the same node, for every sampler."""
+    from beam_dp.core import noise as noise_module
+
+    source = NoiseSource(bytes(range(32)))
+    for idx in [(0,), (1, 2, 3), (7, -1)]:
+        fresh = lambda: source.generator("s", "p", *idx)  # noqa: E731
+        assert np.array_equal(source.k_norm("s", "p", idx, 1.5, 16), noise_module.k_norm(fresh(), 1.5, 16))
+        assert np.array_equal(source.gaussian("s", "p", idx, 2.0, 5), noise_module.gaussian(fresh(), 2.0, 5))
+        assert np.array_equal(source.laplace("s", "p", idx, 0.5, 5), noise_module.laplace(fresh(), 0.5, 5))
+        assert np.array_equal(source.discrete_laplace("s", "p", idx, 3.0, 5),
+                              noise_module.discrete_laplace(fresh(), 3.0, 5))
+        assert np.array_equal(source.discrete_gaussian("s", "p", idx, 3.0, 5),
+                              noise_module.discrete_gaussian(fresh(), 3.0, 5))
