@@ -326,8 +326,8 @@ def test_no_clean_use_inside_the_window(window):
     states, releases = run(mech, list(vs), stream="onehot")
     for s, (state, rel) in enumerate(zip(states, releases), start=1):
         clean = mech.clean_part(state)
-        through = mech.clean_through(s)
-        assert through <= s - B
+        through = mech.clean_through(s)  # 0: the clean part is empty
+        assert through == max(0, s - B) and (through == 0 or through <= s - B)
         np.testing.assert_array_equal(np.nonzero(clean)[0] + 1, np.arange(1, through + 1))
         held = mech.held_nodes(state)
         total = clean.copy()
@@ -719,8 +719,8 @@ def test_clipping_and_neighbouring_node_values():
         assert gap <= mech.sensitivity * (1 + 1e-12)
         if node in mech.nodes_containing(6):
             assert gap == pytest.approx(mech.sensitivity, rel=1e-12)
-        else:
-            assert gap == 0.0
+        else:  # the same steps: equal up to the rounding of prefix-sum differences
+            assert gap <= 1e-12 * 10 * R * 12
 
 
 # -- §7: release meta ----------------------------------------------------------------------------
