@@ -117,23 +117,26 @@ def build(pipeline: beam.Pipeline, opts: ContinualStatsOptions, out_dir: Path) -
         ContinualSumParams(horizon=opts.horizon, unbounded=opts.unbounded, **common))}
     if window:
         outputs["windowed"] = batches | "WindowedSum" >> WindowedSum(WindowedSumParams(window=window, **common))
-    dead = [bad_rows]
+    dead = [bad_rows | "TagRead" >> beam.Map(_dead_letter_json, "read")]
     for name, out in outputs.items():
         out.releases | f"Write-{name}" >> sink(str(out_dir / name))
-        dead.append(out.dead_letter)
+        dead.append(out.dead_letter | f"Tag-{name}" >> beam.Map(_dead_letter_json, name))
     (
         tuple(dead)
         | "AllDeadLetters" >> beam.Flatten()
-        | "DeadLetterJson" >> beam.Map(lambda d: json.dumps({"reason": d.reason, "detail": d.detail,
-                                                            "stream": d.stream, "element": repr(d.element)[:2000]}))
         | "WriteDeadLetters" >> beam.io.WriteToText(str(out_dir / "dead_letter"), file_name_suffix=".jsonl")
     )
     return {"demo": demo, "dim": dim, "clock": clock, "window": window, "parts": parts, "outputs": list(outputs)}
 
 
+def _dead_letter_json(letter, stage: str) -> str:
+    """One dead letter as a JSON line; each transform that rejects an event writes its own line."""
+    return json.dumps({"stage": stage, "reason": letter.reason, "detail": letter.detail, "stream": letter.stream,
+                       "element": repr(letter.element)[:2000]})
+
+
 def _dim_of(pattern: str) -> int:
     from apache_beam.io.filesystems import FileSystems
-    import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
     matches = FileSystems.match([pattern])[0].metadata_list
@@ -141,8 +144,10 @@ def _dim_of(pattern: str) -> int:
         raise SystemExit(f"no input files match {pattern!r}")
     path = sorted(m.path for m in matches)[0]
     with FileSystems.open(path) as fh:
-        names = pq.ParquetFile(fh).schema_arrow.names if path.endswith(".parquet") else \
-            pacsv.open_csv(fh).schema.names
+        if path.endswith(".parquet"):
+            names = pq.ParquetFile(fh).schema_arrow.names
+        else:
+            names = [n.strip() for n in fh.readline().decode("utf-8").split(",")]
     return len(value_columns(names))
 
 
@@ -152,6 +157,9 @@ def summarize(out_dir: Path, info: dict, opts: ContinualStatsOptions) -> str:
                  f"steps of {info['clock'].period:g}s, {info['clock'].last_step} steps")
     for name in info["outputs"]:
         rows = read_releases(str(out_dir / f"{name}-*"))
+        if not rows:
+            lines.append(f"  {name}: no releases (no valid events and no declared streams)")
+            continue
         streams = sorted({r["stream"] for r in rows})
         eps = max(r["epsilon_spent"] for r in rows)
         budget = rows[0]["epsilon_budget"]
@@ -161,8 +169,9 @@ def summarize(out_dir: Path, info: dict, opts: ContinualStatsOptions) -> str:
                      f"max epsilon_spent {eps:.4g} of budget {budget:g}"
                      + (f", noise std at the last step {noise_std:.3g}" if noise_std else ""))
     dead_files = sorted(out_dir.glob("dead_letter-*.jsonl"))
-    reasons = Counter(json.loads(line)["reason"] for f in dead_files for line in f.read_text().splitlines() if line)
-    lines.append(f"  dead letters: {sum(reasons.values())} {dict(reasons) if reasons else ''}".rstrip())
+    letters = [json.loads(line) for f in dead_files for line in f.read_text().splitlines() if line]
+    reasons = Counter(f"{d['stage']}:{d['reason']}" for d in letters)
+    lines.append(f"  dead letters: {len(letters)} {dict(sorted(reasons.items())) if reasons else ''}".rstrip())
     if info["parts"] == 2:
         lines.append(f"  total privacy: the two transforms each spend epsilon={opts.epsilon / 2:g}: "
                      f"{opts.epsilon:g} per contribution in all")

@@ -57,20 +57,23 @@ class _ContinualRelease(beam.PTransform):
         if params.event_time and bounded and params.clock.last_step is None:
             raise ValueError("a batch replay with event-time steps needs a public end: StepClock(..., end=...)")
         aggregate = params.event_time and (bounded if self.pre_aggregate is None else self.pre_aggregate)
-        parsed = events | "Parse" >> beam.ParDo(ParseEvents(params, aggregate)).with_outputs(DEAD_LETTER, main="blocks")
+        key_type = Tuple[str, int] if aggregate else str  # typed keys get deterministic coders
+        parsed = events | "Parse" >> beam.ParDo(ParseEvents(params, aggregate)).with_output_types(
+            Tuple[key_type, Any]).with_outputs(DEAD_LETTER, main="blocks")
         blocks = parsed.blocks
         if aggregate:
             blocks = (
                 blocks
                 | "PreAggregate" >> beam.CombinePerKey(MergeClippedSums())
-                | "ByStream" >> beam.Map(_by_stream)
+                | "ByStream" >> beam.Map(_by_stream).with_output_types(Tuple[str, Any])
             )
         if params.streams:
-            declared = events.pipeline | "DeclareStreams" >> beam.Create([(s, (0, None, None)) for s in params.streams])
+            declared = events.pipeline | "DeclareStreams" >> beam.Create(
+                [(s, (0, None, None)) for s in params.streams]).with_output_types(Tuple[str, Any])
             blocks = (blocks, declared) | "WithDeclared" >> beam.Flatten()
         released = blocks | "Release" >> beam.ParDo(
             ContinualReleaseDoFn(params, per_step_timers=not bounded)
-        ).with_input_types(Tuple[str, Any]).with_outputs(DEAD_LETTER, main="rows")
+        ).with_outputs(DEAD_LETTER, main="rows")
         rows = released.rows | "Rows" >> beam.Map(lambda row: row).with_output_types(ReleaseRow)
         dead = (parsed[DEAD_LETTER], released[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
         return ContinualOutputs(rows, dead)

@@ -70,30 +70,37 @@ def _timestamps(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return seconds, ok
 
 
+class _BadRows:
+    """pyarrow's invalid-row handler: remember the row text, skip the row."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def __call__(self, row) -> str:
+        self.texts.append(row.text or "")
+        return "skip"
+
+
 class _ReadEventFile(beam.DoFn):
     def __init__(self, batch_rows: int, timestamps: bool):
         self._batch_rows = batch_rows
         self._timestamps = timestamps
 
     def process(self, path: str) -> Iterator:
-        bad_rows: list[str] = []
+        bad_rows = _BadRows()
         if path.endswith(".parquet"):
             with FileSystems.open(path) as fh:
                 batches = list(pq.ParquetFile(fh).iter_batches(batch_size=self._batch_rows))
         else:
-            def skip(row):
-                bad_rows.append(row.text or "")
-                return "skip"
-
             with FileSystems.open(path) as fh:
                 reader = pacsv.open_csv(
                     fh,
                     read_options=pacsv.ReadOptions(block_size=1 << 22),
-                    parse_options=pacsv.ParseOptions(invalid_row_handler=skip),
+                    parse_options=pacsv.ParseOptions(invalid_row_handler=bad_rows),
                     convert_options=pacsv.ConvertOptions(strings_can_be_null=False),
                 )
                 batches = list(reader)
-        for text in bad_rows:
+        for text in bad_rows.texts:
             yield beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(Reason.MALFORMED, "wrong column count", None, text))
         for batch in batches:
             yield from self._convert(batch)

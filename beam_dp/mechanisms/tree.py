@@ -113,6 +113,7 @@ def _tree_step(
     noisy = noisy.copy()
     node = vector + clean[:i].sum(axis=0)  # the finished lower nodes merge into N(i, u >> i)
     clean[:i] = 0.0
+    noisy[:i] = 0.0
     clean[i] = node
     noisy[i] = node + draw(i, u >> i)
     bits = [j for j in range(clean.shape[0]) if (u >> j) & 1]
