@@ -119,6 +119,8 @@ class ContinualSumMechanism(abc.ABC, Generic[StateT]):
         bound = clip_bound if clip_bound is not None else sensitivity / 2.0
         if not (isinstance(bound, (int, float, np.floating)) and math.isfinite(bound) and bound > 0):
             raise ValueError(f"clip_bound/sensitivity must be finite and > 0, got {clip_bound or sensitivity!r}")
+        if not (isinstance(epsilon, (int, float, np.floating)) and math.isfinite(epsilon) and epsilon > 0):
+            raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
         if noise not in ("gamma", "gaussian"):
             raise ValueError(f"noise must be 'gamma' (pure eps) or 'gaussian' ((eps, delta)), got {noise!r}")
         if calibration not in ("paper", "analytic"):
@@ -198,6 +200,8 @@ class ContinualSumMechanism(abc.ABC, Generic[StateT]):
             vec = np.asarray(block.vector, dtype=np.float64)
             if vec.shape != (self.dim,) or not np.all(np.isfinite(vec)):
                 raise ValueError(f"a ClippedSum must be a finite vector of shape ({self.dim},)")
+            if np.linalg.norm(vec) > block.count * self.clip_bound * (1 + 1e-9):  # defence in depth
+                raise ValueError("a ClippedSum exceeds count × clip_bound: it was not made by clip_and_sum")
             return vec
         return self.clip_and_sum(block).vector
 

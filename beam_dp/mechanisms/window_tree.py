@@ -85,6 +85,8 @@ __all__ = ["WindowTreeState", "WindowTreeSum"]
 PURPOSE = "wtm"
 
 Node = tuple[int, int, int]  # (block, level, index) = N_block(level, index)
+_Span = tuple[int, int, int, int]  # (level, index, lo, hi): N(level, index) covers block positions lo+1..hi
+_Gather = tuple[np.ndarray, np.ndarray, np.ndarray]  # (hi, lo, noise rows) index arrays
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,7 @@ def _noise_row(level: int, index: int) -> int:
 
 
 @functools.lru_cache(maxsize=8192)
-def _decomposition(block: int, j: int) -> tuple[tuple[tuple[int, int, int, int], ...], tuple[tuple[int, int, int, int], ...]]:
+def _decomposition(block: int, j: int) -> tuple[tuple[_Span, ...], tuple[_Span, ...]]:
     """Nodes for block position ``j`` of a block of size ``block``: ``(prefix, suffix)``.
 
     Each entry is ``(level, index, lo, hi)``: the node ``N(level, index)`` covering block positions
@@ -148,7 +150,7 @@ def _decomposition(block: int, j: int) -> tuple[tuple[tuple[int, int, int, int],
     return tuple(prefix), tuple(suffix)
 
 
-def _index_arrays(nodes: tuple[tuple[int, int, int, int], ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _index_arrays(nodes: tuple[_Span, ...]) -> _Gather:
     """``(hi, lo, noise rows)`` index arrays of a node list from :func:`_decomposition`."""
     arrays = (
         np.array([hi for _, _, _, hi in nodes], dtype=np.intp),
@@ -161,7 +163,7 @@ def _index_arrays(nodes: tuple[tuple[int, int, int, int], ...]) -> tuple[np.ndar
 
 
 @functools.lru_cache(maxsize=8192)
-def _gather_plan(block: int, j: int) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray], int, int]:
+def _gather_plan(block: int, j: int) -> tuple[_Gather, _Gather, int, int]:
     """Index arrays for the prefix and suffix nodes of position ``j``, and their counts."""
     prefix, suffix = _decomposition(block, j)
     return _index_arrays(prefix), _index_arrays(suffix), len(prefix), len(suffix)
@@ -397,9 +399,9 @@ class WindowTreeSum(ContinualSumMechanism[WindowTreeState]):
         # Position j of block k: extend the exact prefix sums, noise the nodes completing now
         # (N_k(l, j >> l) for l = 0..tz(j)), in completion order.
         new_row = state.cur_prefix[j - 1] + vector
+        draw = self.node_noise.draw
         fresh = np.array(
-            [self.node_noise.draw(noise, state.stream, PURPOSE, (k, level, j >> level), d) for level in range(_tz(j) + 1)],
-            dtype=np.float64,
+            [draw(noise, state.stream, PURPOSE, (k, level, j >> level), d) for level in range(_tz(j) + 1)], dtype=np.float64
         )
         if not (np.isfinite(new_row).all() and np.isfinite(fresh).all()):
             raise ValueError("window tree: non-finite prefix sum or noise (overflow?)")
@@ -414,11 +416,12 @@ class WindowTreeSum(ContinualSumMechanism[WindowTreeState]):
         # The release: clean part (steps <= t - B), noisy suffix of block k-1 (positions j+1..B),
         # noisy prefix of block k (positions 1..j). Each node adds its clean value and its noise.
         (p_hi, p_lo, p_rows), (s_hi, s_lo, s_rows), n_prefix, n_suffix = _gather_plan(B, j)
+        total = np.add.reduce
         estimate = self._clean(state, k, j)
         if k >= 2 and n_suffix:
             pp = state.prev_prefix
-            estimate = estimate + (pp[s_hi] - pp[s_lo]).sum(axis=0) + state.prev_noise[s_rows].sum(axis=0)
-        estimate = estimate + (cur_prefix[p_hi] - cur_prefix[p_lo]).sum(axis=0) + cur_noise[p_rows].sum(axis=0)
+            estimate = estimate + total(pp[s_hi] - pp[s_lo], axis=0) + total(state.prev_noise[s_rows], axis=0)
+        estimate = estimate + total(cur_prefix[p_hi] - cur_prefix[p_lo], axis=0) + total(cur_noise[p_rows], axis=0)
 
         if j == B:  # block k closes: block k-1 has fully expired, fold its exact total into the base
             clean_base = state.clean_base + state.prev_prefix[B] if k >= 2 else state.clean_base

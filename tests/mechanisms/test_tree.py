@@ -128,7 +128,8 @@ def batched_errors(mech, d: int, runs: int, steps: int, key: bytes = KEY, seed: 
     for t in range(steps):
         v = rng.normal(size=mech.dim)  # arbitrary data: the error must not depend on it
         exact = exact + v
-        state, (release,) = mech.step(state, ClippedSum(v, 1, 0), noise)
+        count = int(np.ceil(np.linalg.norm(v) / mech.clip_bound))  # a sum of `count` clipped contributions
+        state, (release,) = mech.step(state, ClippedSum(v, count, 0), noise)
         errors[t] = (release.value - exact).reshape(runs, d)
     return errors
 
@@ -252,7 +253,7 @@ def _random_blocks(rng, steps, d):
         elif kind == 2:
             blocks.append(rng.normal(size=d))
         else:
-            blocks.append(ClippedSum(rng.normal(size=d) * 5, 3, 0))
+            blocks.append(ClippedSum(rng.normal(size=d) * 5, 100, 0))  # a pre-aggregated sum of 100 contributions
     return blocks
 
 
