@@ -1,5 +1,17 @@
 """Pure mechanisms: the papers' algorithms as state machines over numpy. No Beam imports."""
 
 from beam_dp.mechanisms.base import ClippedSum, ContinualSumMechanism, Mechanism, NodeNoise
+from beam_dp.mechanisms.tree import BinaryTreeSum, DoublingTreeSum, HybridTreeSum, make_tree_sum
+from beam_dp.mechanisms.window_tree import WindowTreeSum
 
-__all__ = ["ClippedSum", "ContinualSumMechanism", "Mechanism", "NodeNoise"]
+__all__ = [
+    "BinaryTreeSum",
+    "ClippedSum",
+    "ContinualSumMechanism",
+    "DoublingTreeSum",
+    "HybridTreeSum",
+    "Mechanism",
+    "NodeNoise",
+    "WindowTreeSum",
+    "make_tree_sum",
+]

@@ -156,7 +156,16 @@ class ContinualSumMechanism(abc.ABC, Generic[StateT]):
         return node.scale**2
 
     def spend(self, loss: ElementLoss) -> tuple[float, float]:
-        return loss.spend(self.delta)
+        """``(epsilon_spent, delta_spent)`` of a worst-case loss. The Gaussian case is a bisection and a
+        mechanism's worst loss takes few distinct values, so results are memoised per instance."""
+        cache = self.__dict__.setdefault("_spend_cache", {})
+        key = (loss.pure_epsilon, loss.gaussian_mu_sq)
+        hit = cache.get(key)
+        if hit is None:
+            if len(cache) > 1024:
+                cache.clear()
+            hit = cache[key] = loss.spend(self.delta)
+        return hit
 
     # -- blocks -------------------------------------------------------------------------------
     def clip_and_sum(self, contributions: np.ndarray) -> ClippedSum:

@@ -139,18 +139,7 @@ class _TreeFamily(ContinualSumMechanism):
     def _setup(self, purpose: str) -> None:
         self.guarantee = Guarantee(self.epsilon, self.delta)
         self.purpose = _check_purpose(purpose)
-        self._spend_cache: dict[tuple[float, float], tuple[float, float]] = {}
         self._worst_cache: dict[tuple[int, int], ElementLoss] = {}
-
-    # The Gaussian spend is a bisection; the worst loss takes O(log t) distinct values, so cache.
-    def spend(self, loss: ElementLoss) -> tuple[float, float]:
-        key = (loss.pure_epsilon, loss.gaussian_mu_sq)
-        hit = self._spend_cache.get(key)
-        if hit is None:
-            if len(self._spend_cache) > 1024:
-                self._spend_cache.clear()
-            hit = self._spend_cache[key] = super().spend(loss)
-        return hit
 
     def _nodes_loss(self, node: NodeNoise, count: int, budget: float, levels: int) -> ElementLoss:
         """Loss of an element lying in ``count`` noised nodes of one tree with ``levels`` levels whose
