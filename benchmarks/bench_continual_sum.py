@@ -60,7 +60,7 @@ def write_events(path: Path, ids, ts, values, row_group: int = 65536) -> None:
 
 
 def options() -> PipelineOptions:
-    opts = PipelineOptions()
+    opts = PipelineOptions([])
     opts.view_as(StandardOptions).runner = "FnApiRunner"
     return opts
 

@@ -15,6 +15,13 @@ close, a bag of buffered blocks of open steps, and one event-time timer.
 
 There is no privacy arithmetic here: clipping, noise and accounting happen in the mechanism.
 Only ``Release``s leave, converted to ``ReleaseRow``s; raw state never does.
+
+Contract with the other families: ``params`` must offer ``build_mechanism()``, ``clock`` (a
+``StepClock`` or None), ``block_size`` (count steps, or None), ``streams`` and ``noise_key``; the
+mechanism must offer ``init_state``/``step``/``encode_state``/``decode_state``, ``guarantee``,
+``name``, ``merge_blocks(items) -> block`` (the items buffered for one step, in arrival order) and
+``block_count(item) -> int`` (contributions in one item, for count steps). A family's own parse
+stage feeds ``(stream, (step | None, item, original_element))``.
 """
 
 from __future__ import annotations
@@ -99,14 +106,12 @@ class ContinualReleaseDoFn(beam.DoFn):
         yield from self._count_step(stream, block, mechanism_state, next_step_state, buffered_state, pending)
 
     def _count_step(self, stream, block, mechanism_state, next_step_state, buffered_state, pending) -> Iterator:
-        buffered = (buffered_state.read() or 0) + block.count
+        buffered = (buffered_state.read() or 0) + self._mechanism.block_count(block)
         pending.add(block)
         if buffered < self._params.block_size:
             buffered_state.write(buffered)
             return
-        merged = None
-        for item in pending.read():
-            merged = item if merged is None else merged.merge(item)
+        merged = self._mechanism.merge_blocks(list(pending.read()))
         pending.clear()
         buffered_state.write(0)
         state = self._mechanism.decode_state(mechanism_state.read())
@@ -132,12 +137,13 @@ class ContinualReleaseDoFn(beam.DoFn):
             upto = min(upto, last)
         if upto < next_step:
             return
-        blocks, keep = {}, []
+        by_step, keep = {}, []
         for step, block in pending.read():
             if step <= upto:
-                blocks[step] = block if step not in blocks else blocks[step].merge(block)
+                by_step.setdefault(step, []).append(block)
             else:
                 keep.append((step, block))
+        blocks = {step: self._mechanism.merge_blocks(items) for step, items in by_step.items()}
         state = self._mechanism.decode_state(mechanism_state.read())
         for step in range(next_step, upto + 1):  # every step releases, empty ones included
             state, releases = self._mechanism.step(state, blocks.get(step), self._noise)

@@ -53,6 +53,14 @@ class Mechanism(Protocol[StateT]):
 
     def decode_state(self, data: bytes) -> StateT: ...
 
+    def merge_blocks(self, items: list) -> Any:
+        """The block of one step from the items an adapter buffered for it, in arrival order."""
+        ...
+
+    def block_count(self, item: Any) -> int:
+        """Number of contributions in one buffered item (count steps)."""
+        ...
+
 
 @dataclass(frozen=True)
 class ClippedSum:
@@ -198,6 +206,18 @@ class ContinualSumMechanism(abc.ABC, Generic[StateT]):
         counts = np.bincount(groups, minlength=n_groups)
         clipped_counts = np.bincount(groups, weights=was_clipped, minlength=n_groups).astype(np.int64)
         return sums, counts, clipped_counts
+
+    def merge_blocks(self, items: list[ClippedSum]) -> ClippedSum:
+        """One step's block from the items buffered for it (engine adapters call this)."""
+        merged = self.empty_block()
+        for item in items:
+            merged = merged.merge(item)
+        return merged
+
+    @staticmethod
+    def block_count(item: ClippedSum) -> int:
+        """Contributions in one buffered item (for count steps)."""
+        return item.count
 
     def empty_block(self) -> ClippedSum:
         return ClippedSum(np.zeros(self.dim), 0, 0)

@@ -14,13 +14,13 @@ from tests.conftest import TEST_KEY
 
 
 def batch_options() -> PipelineOptions:
-    options = PipelineOptions()
+    options = PipelineOptions([])
     options.view_as(StandardOptions).runner = "FnApiRunner"
     return options
 
 
 def streaming_options() -> PipelineOptions:
-    options = PipelineOptions()
+    options = PipelineOptions([])
     options.view_as(StandardOptions).streaming = True
     return options
 
