@@ -22,7 +22,8 @@ from beam_dp.beam import (
     WindowedSumParams,
 )
 from beam_dp.beam.dofn import ContinualReleaseDoFn
-from beam_dp.core import StepClock
+from beam_dp.core import NoiseSource, StepClock
+from beam_dp.io import release_to_row
 from tests.beam.helpers import batch_options, expected_rows, reasons_are, rows_match
 from tests.conftest import TEST_KEY
 
@@ -160,16 +161,42 @@ def test_continual_count_counts_events():
 
 
 def test_count_steps_release_one_step_per_full_block():
-    rng = np.random.default_rng(8)
-    values = rng.normal(size=(25, 2))
+    """25 equal contributions, blocks of 10: exactly two releases, equal to the pure mechanism fed two
+    blocks of 10 (equal values, so Beam's arrival order within the key cannot matter)."""
+    value = np.array([0.3, -0.4])
     params = ContinualSumParams(dim=2, epsilon=1.0, clip_bound=1.0, block_size=10)
     mechanism = params.build_mechanism()
+    state, expected = mechanism.init_state("s"), []
+    for _ in range(2):
+        state, releases = mechanism.step(state, np.tile(value, (10, 1)), NoiseSource(TEST_KEY))
+        expected += [release_to_row(r, mechanism.guarantee) for r in releases]
     with beam.Pipeline(options=batch_options()) as p:
-        out = p | beam.Create([("s", v.tolist()) for v in values]) | ContinualSum(params)
-        assert_that(out.releases | beam.Map(lambda r: (r.stream, r.step, r.step_start)),
-                    equal_to([("s", 1, None), ("s", 2, None)]), label="two full blocks")
-    # the sum over both blocks (any arrival order) matches: the released step-2 value minus its noise
-    assert mechanism.name == "hybrid_tree"
+        out = p | beam.Create([("s", value.tolist())] * 25) | ContinualSum(params)
+        assert_that(out.releases, rows_match(expected), label="two full blocks")
+
+
+def test_metrics_count_elements_clipped_dead_letters_and_releases():
+    events = [("a", 1001.0, [3.0]), ("a", 1002.0, [0.5]), ("a", 1003.0, [float("nan")])]
+    params = ContinualSumParams(dim=1, epsilon=1.0, clip_bound=1.0, clock=CLOCK)
+    pipeline = beam.Pipeline(options=batch_options())
+    _ = pipeline | beam.Create(events) | ContinualSum(params)
+    result = pipeline.run()
+    result.wait_until_finish()
+    counters = {c.key.metric.name: c.committed for c in result.metrics().query()["counters"]
+                if c.key.metric.namespace == "beam_dp/hybrid_tree"}
+    assert counters == {"elements": 2, "clipped": 1, "dead_letters": 1, "releases": 37}
+
+
+def test_noise_key_never_appears_in_logs(caplog, tmp_path):
+    import logging
+
+    caplog.set_level(logging.DEBUG)
+    ids, ts, values = _events(n=50, seed=10)
+    params = ContinualSumParams(dim=3, epsilon=1.0, clip_bound=2.0, clock=CLOCK)
+    with beam.Pipeline(options=batch_options()) as p:
+        _ = p | beam.Create(_tuples(ids, ts, values)) | ContinualSum(params)
+    text = caplog.text
+    assert caplog.records and TEST_KEY.hex() not in text and repr(TEST_KEY) not in text
 
 
 def test_invalid_parameters_raise_at_construction():
