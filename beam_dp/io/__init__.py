@@ -1,14 +1,17 @@
 """Release schema, sinks and a reader."""
 
+from beam_dp.io.models import LinearPredictor, load_model
 from beam_dp.io.readers import read_releases, row_to_release
 from beam_dp.io.schema import RELEASE_SCHEMA, ReleaseRow, release_to_row
 from beam_dp.io.sinks import WriteReleasesToJsonLines, WriteReleasesToParquet
 
 __all__ = [
+    "LinearPredictor",
     "RELEASE_SCHEMA",
     "ReleaseRow",
     "WriteReleasesToJsonLines",
     "WriteReleasesToParquet",
+    "load_model",
     "read_releases",
     "release_to_row",
     "row_to_release",

@@ -1,0 +1,273 @@
+"""Beam transforms of the ERM family: privately trained model snapshots released from streams.
+
+* ``MultiResolutionRelease`` — Algorithm 2 (Algorithm 6 with ``sampling=True``): models on dyadic
+  blocks of B elements, released when each block closes.
+* ``ContinualModelRelease`` — Algorithm 4 (Algorithm 8 with ``sampling=True``; also the paper's
+  ``"basic"`` release and the ``"independent"`` per-block baseline): a model over the whole stream
+  so far, every b0 elements from t = B on.
+* ``SlidingWindowModelRelease`` — Algorithm 5 (PSWERM): a model over the last w = (2^k − 1)·w0
+  elements, every w0 elements.
+
+Elements: ``(stream_id, features, label)`` tuples, or mappings / ``beam.Row``s with fields
+``stream_id``, ``features``, ``label``. Steps are **count steps** (blocks of b0, B or w0 valid
+elements in arrival order per stream): the arrival count per stream is public and Beam does not
+fix the order of elements within a key. Invalid elements (features of the wrong width, NaN/inf,
+labels outside ``classes``, bad stream ids) go to ``dead_letter`` and do not count.
+
+Each transform returns ``ContinualOutputs(releases, dead_letter)``; a release row's value holds
+the model's ``weights`` and ``intercepts`` (``parts``), and its meta the data range covered, the
+regulariser chain, every training call (for the per-element ledger), ε/δ spent and ``certified``.
+``beam_dp.io.load_model(row)`` turns a row back into a predictor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Literal, Mapping, Tuple
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.metrics import Metrics
+from apache_beam.pvalue import PCollection
+
+from beam_dp.beam.dofn import ContinualReleaseDoFn
+from beam_dp.beam.events import DeadLetter, Reason, coerce_value
+from beam_dp.beam.params import NoiseKey
+from beam_dp.beam.parse import DEAD_LETTER
+from beam_dp.beam.transforms import ContinualOutputs
+from beam_dp.io.schema import ReleaseRow
+from beam_dp.mechanisms.erm import (ContinualReleaseMechanism, HuberRegression, LabelledRows, LinearModel,
+                                    MultiResolutionMechanism, SlidingWindowMechanism, SoftmaxRegression)
+
+__all__ = [
+    "BAD_LABEL",
+    "ContinualModelParams",
+    "ContinualModelRelease",
+    "MultiResolutionParams",
+    "MultiResolutionRelease",
+    "SlidingWindowModelParams",
+    "SlidingWindowModelRelease",
+]
+
+BAD_LABEL = "bad_label"
+
+
+@dataclass(frozen=True)
+class _ERMParams:
+    """Model, privacy and stream parameters shared by the ERM transforms.
+
+    ``classes`` (the public class labels) selects multiclass logistic regression; ``classes=None``
+    selects Huber ("ridge") regression with threshold ``huber``. Features are clipped to L2 norm
+    ``clip_bound``. ``noise="gamma"`` is pure ε-DP (K-norm), ``"gaussian"`` (ε, δ)-DP.
+    """
+
+    n_features: int = 1
+    classes: tuple | None = None
+    lam: float = 1.0
+    epsilon: float = 1.0
+    delta: float = 0.0
+    noise: Literal["gamma", "gaussian"] = "gamma"
+    clip_bound: float = 1.0
+    huber: float = 1.0
+    backend: Literal["numpy", "torch", "auto"] = "numpy"
+    uncertified: bool = False
+    streams: tuple[str, ...] | None = None
+    noise_key: NoiseKey = field(default_factory=NoiseKey)
+
+    clock = None  # count steps only (contract of ContinualReleaseDoFn)
+
+    def _check(self) -> None:
+        if self.classes is not None:
+            object.__setattr__(self, "classes", tuple(self.classes))
+        if self.streams is not None:
+            if isinstance(self.streams, str) or not all(isinstance(s, str) and s for s in self.streams):
+                raise ValueError("streams must be a tuple of non-empty strings")
+            object.__setattr__(self, "streams", tuple(dict.fromkeys(self.streams)))
+        self.build_mechanism()  # validates everything (ValueError)
+
+    def model(self) -> LinearModel:
+        if self.classes is not None:
+            return SoftmaxRegression(n_features=self.n_features, clip_bound=self.clip_bound,
+                                     n_classes=len(self.classes), labels=self.classes)
+        return HuberRegression(n_features=self.n_features, clip_bound=self.clip_bound, huber=self.huber)
+
+    def _common(self) -> dict:
+        return dict(model=self.model(), lam=self.lam, epsilon=self.epsilon, delta=self.delta, noise=self.noise,
+                    backend=self.backend, uncertified=self.uncertified)
+
+
+@dataclass(frozen=True)
+class MultiResolutionParams(_ERMParams):
+    """Algorithm 2 / 6: ``block`` = B elements per step, optional ``max_level``."""
+
+    block: int = 1024
+    max_level: int | None = None
+    sampling: bool = False
+
+    def __post_init__(self) -> None:
+        self._check()
+
+    @property
+    def block_size(self) -> int:
+        return self.block
+
+    def build_mechanism(self) -> MultiResolutionMechanism:
+        return MultiResolutionMechanism(block=self.block, max_level=self.max_level, sampling=self.sampling,
+                                        **self._common())
+
+
+@dataclass(frozen=True)
+class ContinualModelParams(_ERMParams):
+    """Algorithm 4 / 8: ``update`` = b0 elements per step, ``base`` = B (b0 | B)."""
+
+    update: int = 1024
+    base: int = 8192
+    variant: Literal["cumulative", "basic", "independent"] = "cumulative"
+    sampling: bool = False
+    base_fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        self._check()
+
+    @property
+    def block_size(self) -> int:
+        return self.update
+
+    def build_mechanism(self) -> ContinualReleaseMechanism:
+        return ContinualReleaseMechanism(update=self.update, base=self.base, variant=self.variant,
+                                         sampling=self.sampling, base_fraction=self.base_fraction, **self._common())
+
+
+@dataclass(frozen=True)
+class SlidingWindowModelParams(_ERMParams):
+    """Algorithm 5: ``window`` = w = (2^k − 1)·``block`` elements, one step per ``block`` = w0."""
+
+    window: int = 7 * 1024
+    block: int = 1024
+    sampling: bool = False
+
+    def __post_init__(self) -> None:
+        self._check()
+
+    @property
+    def block_size(self) -> int:
+        return self.block
+
+    def build_mechanism(self) -> SlidingWindowMechanism:
+        levels = SlidingWindowMechanism.window_levels(self.window, self.block)
+        return SlidingWindowMechanism(block=self.block, levels=levels, sampling=self.sampling, **self._common())
+
+
+def _fields(element: Any) -> tuple[Any, Any, Any]:
+    if isinstance(element, tuple) and not hasattr(element, "_fields"):
+        if len(element) != 3:
+            raise ValueError(f"expected (stream_id, features, label), got a {len(element)}-tuple")
+        return element
+    if isinstance(element, Mapping):
+        return element.get("stream_id"), element.get("features"), element.get("label")
+    if hasattr(element, "stream_id"):
+        return element.stream_id, getattr(element, "features", None), getattr(element, "label", None)
+    raise ValueError(f"unsupported element type {type(element).__name__}")
+
+
+class ParseLabelledExamples(beam.DoFn):
+    """Validate one labelled example; emit ``(stream, (None, LabelledRows, element))`` or a dead letter.
+    The value never appears in a dead letter's ``detail``."""
+
+    def __init__(self, params: _ERMParams):
+        self._params = params
+
+    def setup(self) -> None:
+        self._n_features = self._params.n_features
+        self._classes = None if self._params.classes is None else {c: i for i, c in enumerate(self._params.classes)}
+        self._streams = frozenset(self._params.streams) if self._params.streams is not None else None
+        namespace = f"beam_dp/{self._params.build_mechanism().name}"
+        self._elements = Metrics.counter(namespace, "elements")
+        self._dead = Metrics.counter(namespace, "dead_letters")
+
+    def _dead_letter(self, reason: str, detail: str, stream: str | None, element: Any):
+        self._dead.inc()
+        return beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(reason, detail, stream, element))
+
+    def _label(self, label: Any) -> int | float:
+        if self._classes is not None:
+            try:
+                return self._classes[label]
+            except (KeyError, TypeError):
+                raise ValueError("label is not one of the declared classes") from None
+        if isinstance(label, (bool, str, bytes)) or label is None:
+            raise ValueError("label must be a number")
+        value = float(label)
+        if not np.isfinite(value):
+            raise ValueError("label is not finite")
+        return value
+
+    def process(self, element: Any) -> Iterator:
+        try:
+            stream, features, label = _fields(element)
+        except ValueError as exc:
+            yield self._dead_letter(Reason.MALFORMED, str(exc), None, element)
+            return
+        if not isinstance(stream, str) or not stream:
+            yield self._dead_letter(Reason.BAD_STREAM_ID, "stream_id must be a non-empty string", None, element)
+            return
+        stream = str(stream)
+        if self._streams is not None and stream not in self._streams:
+            yield self._dead_letter(Reason.UNDECLARED_STREAM, "stream_id is not declared", stream, element)
+            return
+        try:
+            x = coerce_value(features, self._n_features)
+        except ValueError as exc:
+            reason, _, detail = str(exc).partition(": ")
+            yield self._dead_letter(reason, f"features: {detail}", stream, element)
+            return
+        try:
+            y = self._label(label)
+        except (ValueError, TypeError) as exc:
+            yield self._dead_letter(BAD_LABEL, str(exc), stream, element)
+            return
+        self._elements.inc()
+        yield stream, (None, LabelledRows(x[None, :], np.array([y])), element)
+
+
+class _ERMRelease(beam.PTransform):
+    params_type: type = _ERMParams
+
+    def __init__(self, params: _ERMParams, label: str | None = None):
+        super().__init__(label)
+        if not isinstance(params, self.params_type):
+            raise TypeError(f"{type(self).__name__} takes a {self.params_type.__name__}")
+        self.params = params
+
+    def expand(self, events: PCollection) -> ContinualOutputs:
+        params = self.params
+        parsed = events | "Parse" >> beam.ParDo(ParseLabelledExamples(params)).with_output_types(
+            Tuple[str, Any]).with_outputs(DEAD_LETTER, main="examples")
+        examples = parsed.examples
+        if params.streams:
+            declared = events.pipeline | "DeclareStreams" >> beam.Create(
+                [(s, (0, None, None)) for s in params.streams]).with_output_types(Tuple[str, Any])
+            examples = (examples, declared) | "WithDeclared" >> beam.Flatten()
+        released = examples | "Release" >> beam.ParDo(
+            ContinualReleaseDoFn(params, per_step_timers=False)).with_outputs(DEAD_LETTER, main="rows")
+        rows = released.rows | "Rows" >> beam.Map(lambda row: row).with_output_types(ReleaseRow)
+        dead = (parsed[DEAD_LETTER], released[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
+        return ContinualOutputs(rows, dead)
+
+
+class MultiResolutionRelease(_ERMRelease):
+    """Algorithm 2/6 per stream. ε-DP (or (ε, δ)) per element, forever; see ``MultiResolutionMechanism``."""
+
+    params_type = MultiResolutionParams
+
+
+class ContinualModelRelease(_ERMRelease):
+    """Algorithm 4/8 per stream (base + updates at total ε). See ``ContinualReleaseMechanism``."""
+
+    params_type = ContinualModelParams
+
+
+class SlidingWindowModelRelease(_ERMRelease):
+    """Algorithm 5 (PSWERM) per stream, ε-DP (or (ε, δ)) per element forever. See ``SlidingWindowMechanism``."""
+
+    params_type = SlidingWindowModelParams

@@ -1,0 +1,33 @@
+"""Continual and sliding-window private model release (spec erm-release; seed 000, Watson et al.).
+
+Pure state machines over numpy (no Beam): models with data-independent Lipschitz constants, the
+certified solver, output perturbation with K-norm (pure ε) or Gaussian ((ε, δ)) noise, and the
+mechanisms of Algorithms 1–8. Releases are ``Release``s whose value is
+``{"weights": (C, f), "intercepts": (C,)}`` and whose meta logs every training call.
+"""
+
+from beam_dp.mechanisms.erm.accounting import events_of, pld_epsilon, spend_from_log
+from beam_dp.mechanisms.erm.base import ERMMechanism, LabelledRows, sampling_probability
+from beam_dp.mechanisms.erm.continual import ContinualReleaseMechanism
+from beam_dp.mechanisms.erm.models import HuberRegression, LinearModel, SoftmaxRegression
+from beam_dp.mechanisms.erm.multires import MultiResolutionMechanism
+from beam_dp.mechanisms.erm.sliding import SlidingWindowMechanism
+from beam_dp.mechanisms.erm.solver import SGDConfig, certified_solve, sgd_solve
+
+__all__ = [
+    "ContinualReleaseMechanism",
+    "ERMMechanism",
+    "HuberRegression",
+    "LabelledRows",
+    "LinearModel",
+    "MultiResolutionMechanism",
+    "SGDConfig",
+    "SlidingWindowMechanism",
+    "SoftmaxRegression",
+    "certified_solve",
+    "events_of",
+    "pld_epsilon",
+    "sampling_probability",
+    "sgd_solve",
+    "spend_from_log",
+]

@@ -1,0 +1,241 @@
+"""Shared machinery of the ERM release mechanisms: configuration, one private training call
+(Algorithm 1 / PBERM: certified solve + output perturbation), the per-element ledger and releases.
+
+Privacy of one training call (spec §0.4, §0.5): a certified call on a member set with public
+normaliser ``n_norm`` has L2 sensitivity ``Δ(n_norm) = 2L/(λ n_norm)``.
+
+* ``noise="gamma"`` (pure ε): ``ŵ + ν`` with ν ~ K-norm, ``‖ν‖ ~ Gamma(d, b)``, uniform direction
+  (``NoiseSource.k_norm``; never coordinate Laplace). Cost ``Δ/b``; on a Bernoulli(p) subsample
+  of the members ``ln(1 + p(e^{Δ/b} − 1))``.
+* ``noise="gaussian"`` ((ε, δ)): ``ν ~ N(0, σ² I_d)``, a Gaussian charge ``μ = Δ/σ``. An element's
+  charges compose exactly into one Gaussian mechanism with ``μ = sqrt(Σ μ_i²)`` (Gaussian
+  differential privacy); the budget ``μ*`` is the analytic-Gaussian ``μ`` of ``(ε, δ)``
+  (``1/analytic_gaussian_sigma(ε, δ, 1)``) and each algorithm splits ``μ*²`` over its geometric
+  schedule. ``accounting.pld_epsilon`` re-derives the same ε with dp-accounting's PLD accountant.
+
+Every training call is an *event* (a dict in the release meta ``events``) with its member ranges
+(1-based inclusive positions), ``n_norm``, law, scale, sampling probability and cost, so each
+element's spend can be recomputed from the release log alone (``accounting.spend_from_log``).
+Elements are ``unit``-blocks of positions (b0, B or w0) that always share every event; the state
+keeps their cumulative cost (pure ε and μ²) and ``epsilon_spent`` is the maximum over them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from beam_dp.core.calibration import analytic_gaussian_epsilon, analytic_gaussian_sigma
+from beam_dp.core.clipping import clip_l2
+from beam_dp.core.guarantee import Guarantee
+from beam_dp.core.noise import NoiseSource
+from beam_dp.core.release import Release
+from beam_dp.core.state import decode_state, encode_state
+from beam_dp.mechanisms.erm.models import LinearModel
+from beam_dp.mechanisms.erm.solver import Backend, SGDConfig, SolveResult, certified_solve, resolve_backend, sgd_solve
+
+__all__ = ["ERMMechanism", "LabelledRows", "NEIGHBOURING", "TrainedModel", "is_power_of_two", "sampling_probability"]
+
+NoiseLaw = Literal["gamma", "gaussian"]
+NEIGHBOURING = "event-level: replace one element's value at one stream position (absence = null element)"
+
+
+def is_power_of_two(i: int) -> bool:
+    return i >= 1 and (i & (i - 1)) == 0
+
+
+def sampling_probability(share: float, inner: float) -> float:
+    """p with ln(1 + p(e^{inner} − 1)) = share (spec §6, [D-11])."""
+    return math.expm1(share) / math.expm1(inner)
+
+
+@dataclass(frozen=True)
+class LabelledRows:
+    """A block of labelled examples: ``features`` (n, f) float, ``labels`` (n,) class indices or floats."""
+
+    features: np.ndarray
+    labels: np.ndarray
+
+    def __len__(self) -> int:
+        return int(np.shape(self.labels)[0])
+
+
+@dataclass(frozen=True)
+class TrainedModel:
+    """One private model: its noisy parameter vector and its training event (public facts)."""
+
+    w: np.ndarray
+    event: dict
+
+
+class ERMMechanism:
+    """Base of the ERM mechanisms. Subclasses define ``init_state`` and ``step``.
+
+    Parameters common to all: ``model`` (a :class:`LinearModel`), ``lam`` (λ > 0), ``epsilon``,
+    ``delta`` (0 for ``noise="gamma"``), ``noise`` ("gamma" or "gaussian"), ``backend`` of the
+    certified solver and its ``tolerance`` (stop at ‖∇F‖ ≤ tolerance·L/n_norm, a fraction ≤ 1 of the
+    certified bound), ``uncertified`` (replication SGD, releases marked ``certified=False``).
+    """
+
+    name = "erm"
+    algorithm = "erm"
+    state_type: type
+
+    def __init__(self, *, model: LinearModel, lam: float, epsilon: float, delta: float = 0.0,
+                 noise: NoiseLaw = "gamma", backend: Backend = "numpy", uncertified: bool = False,
+                 sgd: SGDConfig = SGDConfig(), tolerance: float = 1e-3) -> None:
+        if not isinstance(model, LinearModel):
+            raise ValueError("model must be a SoftmaxRegression or HuberRegression")
+        if not (isinstance(lam, (int, float)) and math.isfinite(lam) and lam > 0):
+            raise ValueError(f"lam (λ) must be a finite number > 0, got {lam!r}")
+        if noise not in ("gamma", "gaussian"):
+            raise ValueError(f"noise must be 'gamma' (pure ε, K-norm) or 'gaussian' ((ε, δ)), got {noise!r}")
+        if noise == "gamma" and delta != 0:
+            raise ValueError("K-norm (gamma) noise gives pure ε-DP: leave delta at 0")
+        if noise == "gaussian" and not (isinstance(delta, (int, float)) and 0 < delta < 1):
+            raise ValueError(f"Gaussian noise needs 0 < delta < 1, got {delta!r}")
+        self.guarantee = Guarantee(epsilon, delta, NEIGHBOURING)
+        self.model = model
+        self.lam = float(lam)
+        self.epsilon = float(epsilon)
+        self.delta = float(delta)
+        self.noise_law: NoiseLaw = noise
+        self.backend = resolve_backend(backend)
+        self.uncertified = bool(uncertified)
+        self.sgd = sgd
+        if not (isinstance(tolerance, float) and 0 < tolerance <= 1):
+            raise ValueError(f"tolerance must lie in (0, 1] (a fraction of L/n), got {tolerance!r}")
+        self.tolerance = tolerance
+        # μ* of the whole budget (Gaussian): the analytic-Gaussian μ of (ε, δ)
+        self.mu_total = 1.0 / analytic_gaussian_sigma(self.epsilon, self.delta, 1.0) if noise == "gaussian" else 0.0
+
+    # -- scales --------------------------------------------------------------------------------
+    def sens(self, n_norm: int) -> float:
+        return self.model.sensitivity(self.lam, n_norm)
+
+    def scale(self, n_ref: int, eps_share: float, mu_share: float) -> float:
+        """Noise scale so that a call at size ``n_ref`` costs ``eps_share`` (pure: b = Δ/ε_share) or
+        has Gaussian ``μ = mu_share`` (σ = Δ/μ_share)."""
+        return self.sens(n_ref) / (eps_share if self.noise_law == "gamma" else mu_share)
+
+    # -- blocks (engine adapters) --------------------------------------------------------------
+    @staticmethod
+    def merge_blocks(items: list[LabelledRows]) -> LabelledRows:
+        """Stack the buffered rows of one step in arrival order."""
+        if not items:
+            raise ValueError("empty block")
+        return LabelledRows(np.concatenate([np.atleast_2d(np.asarray(i.features, dtype=np.float64)) for i in items]),
+                            np.concatenate([np.atleast_1d(np.asarray(i.labels)) for i in items]))
+
+    @staticmethod
+    def block_count(item: LabelledRows) -> int:
+        return len(item)
+
+    def prepare(self, block: LabelledRows, unit: int) -> tuple[np.ndarray, np.ndarray]:
+        """Validate a block of exactly ``unit`` rows; clip features and append the bias (float32 rows
+        of norm ≤ R for storage) and check labels. Raises ``ValueError`` on bad input."""
+        if not isinstance(block, LabelledRows):
+            raise ValueError("a block must be LabelledRows(features, labels)")
+        X = self.model.augment(block.features)
+        if len(X) != unit:
+            raise ValueError(f"a step needs exactly {unit} rows, got {len(X)}")
+        y = self.model.check_labels(block.labels, unit)
+        return X.astype(np.float32), y
+
+    def encode_state(self, state) -> bytes:
+        return encode_state(state)
+
+    def decode_state(self, data: bytes):
+        return decode_state(self.state_type, data)
+
+    # -- one private training call ------------------------------------------------------------
+    def _purpose(self, what: str) -> str:
+        return f"erm/{self.algorithm}/{what}"
+
+    def sample_mask(self, noise: NoiseSource, stream: str, model_id: int, n: int, p: float) -> np.ndarray:
+        """Independent Bernoulli(p) inclusion of each of ``n`` members [D-12], keyed by the model id."""
+        return noise.generator(stream, self._purpose("sample"), model_id).random(n) < p
+
+    def perturbation(self, noise: NoiseSource, stream: str, model_id: int, scale: float) -> np.ndarray:
+        """The output noise ν of model ``model_id``: K-norm with scale b, or N(0, σ² I_d)."""
+        if self.noise_law == "gamma":
+            return noise.k_norm(stream, self._purpose("gamma"), (model_id,), scale, self.model.dim)
+        return noise.gaussian(stream, self._purpose("gaussian"), (model_id,), scale, self.model.dim)
+
+    def train(self, *, stream: str, noise: NoiseSource, model_id: int, step: int, role: str,
+              members: list[tuple[int, int]], X: np.ndarray, y: np.ndarray, n_norm: int, scale: float,
+              w_ref: np.ndarray | None, w_ref_id: int, p: float = 1.0, extra: dict | None = None) -> TrainedModel:
+        """Algorithm 1 (``w_ref=None``: w_ref = 0) or PBERM: train on the member rows (a Bernoulli(p)
+        subsample when p < 1, drawn under purpose "sample"), perturb once under ``model_id``."""
+        ref = np.zeros(self.model.dim) if w_ref is None else np.asarray(w_ref, dtype=np.float64)
+        Xf = clip_l2(X.astype(np.float64), self.model.radius)[0] if len(X) else np.zeros((0, self.model.n_features + 1))
+        if p < 1.0:
+            keep = self.sample_mask(noise, stream, model_id, len(Xf), p)
+            Xf, y = Xf[keep], y[keep]
+        if self.uncertified:
+            rng = noise.generator(stream, self._purpose("sgd"), model_id)
+            result: SolveResult = sgd_solve(self.model, Xf, y, n_norm, self.lam, ref, rng, self.sgd)
+        else:
+            result = certified_solve(self.model, Xf, y, n_norm, self.lam, ref, self.backend, self.tolerance)
+        delta_n = self.sens(n_norm)
+        nu = self.perturbation(noise, stream, model_id, scale)
+        if self.noise_law == "gamma":
+            eps, mu = math.log1p(p * math.expm1(delta_n / scale)), 0.0
+        else:
+            eps, mu = 0.0, delta_n / scale
+        event = {
+            "model_id": int(model_id), "step": int(step), "role": role,
+            "members": [[int(a), int(b)] for a, b in members], "n_norm": int(n_norm),
+            "law": self.noise_law, "noise_scale": float(scale), "sample_p": float(p),
+            "w_ref_id": int(w_ref_id), "epsilon": eps, "mu": mu,
+            "certified": bool(result.certified), "solver_target": float(result.target), **(extra or {}),
+        }
+        return TrainedModel(result.w + nu, event)
+
+    # -- ledger (per unit block) ----------------------------------------------------------------
+    @staticmethod
+    def charge(spend: np.ndarray, event: dict, unit: int, offset_block: int = 0) -> None:
+        """Add ``event``'s cost to the unit blocks of its members. ``spend`` is (n_blocks, 2):
+        columns (pure ε, μ²); row r is block ``offset_block + r + 1`` (1-based)."""
+        for a, b in event["members"]:
+            lo, hi = (a - 1) // unit - offset_block, b // unit - offset_block
+            spend[lo:hi, 0] += event["epsilon"]
+            spend[lo:hi, 1] += event["mu"] ** 2
+
+    def spent(self, worst: np.ndarray) -> tuple[float, float]:
+        """``(epsilon_spent, delta_spent)`` of the worst per-block loss (max pure ε, max μ²)."""
+        if self.noise_law == "gamma":
+            return float(worst[0]), 0.0
+        if worst[1] <= 0.0:
+            return 0.0, 0.0
+        return analytic_gaussian_epsilon(math.sqrt(worst[1]), self.delta), self.delta
+
+    def release(self, stream: str, step: int, model: TrainedModel, worst: np.ndarray, *, chain: list,
+                events: list[dict]) -> Release:
+        """The release of ``model``: value {"weights", "intercepts"}; meta = its event, ``chain``
+        (``[model_id, first, last]`` from this model to the root of its regulariser chain), ``covers``
+        (the positions the chain was trained on), ``events`` (every training call of this step
+        not logged by another release) and the model description."""
+        eps, delta = self.spent(worst)
+        covers = _union([(a, b) for _, a, b in chain])
+        meta = {
+            "algorithm": self.algorithm, **model.event, "chain": [[int(i), int(a), int(b)] for i, a, b in chain],
+            "covers": covers, "events": events, "lambda": self.lam, **self.model.describe(),
+        }
+        return Release(stream, step, self.name, self.model.to_value(model.w), eps, delta, meta)
+
+    def describe(self) -> dict[str, Any]:
+        return {"algorithm": self.algorithm, "guarantee": self.guarantee.describe(), "noise": self.noise_law}
+
+
+def _union(ranges: list[tuple[int, int]]) -> list[list[int]]:
+    out: list[list[int]] = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
