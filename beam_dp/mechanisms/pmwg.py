@@ -1,0 +1,465 @@
+"""PMWG: private multiplicative weights for growing databases (spec ``growing-databases.md`` §1).
+
+Setting (spec §0.1). Universe 𝒳 = {0, …, N−1}; one element arrives per time step, so t is both the
+time and the database size; the analysis starts at the public size ``n``. A linear query
+``f ∈ [0,1]^N`` asked at size t is answered against ``x_t = counts/t``; on ``x_t`` it has L1
+sensitivity ``1/t`` (substitution of one element). Neighbouring streams differ in one entry from
+some time ``t* ≥ n`` on (an element that arrived before n counts as ``t* = n``).
+
+Mechanism (spec §1.3–1.5; the dynamic subroutine, the noise function and the constants are the
+spec's reconstruction, "ours" [G-1]):
+
+* public histogram ``y``: uniform at t = n; *uniform mixing* ``y ← ((t−1)/t)·y + 1/(tN)`` on every
+  arrival (uses only the public arrival count); a multiplicative-weights step with learning rate
+  ``η = α/6`` on each hard query;
+* :class:`DynamicNumericSparse`: a query is tested against the noisy threshold ``T + ξ_t·Z``
+  (``T = 2α/3``, ``Z ~ Lap(1)`` drawn once per segment, ``ξ_t = ξ_n (n/t)^a``) with test noise
+  ``Lap(2ξ_t)`` per sign; a hard query is answered ``⟨f, x_t⟩ + σ·Lap(4ξ_t)`` and closes the segment;
+* the accountant charges each segment ``2.25·s_{t0}`` (``s_t = 1/(t ξ_t)``) up front when it opens
+  and *pauses* when the budget cannot cover it: paused queries get ``⟨f, y⟩`` flagged ``unchecked``
+  without touching the data.
+
+Guarantee: ε-DP (δ = 0, the costs add) or (ε, δ)-DP (δ > 0, squared costs composed by the CDP
+formula ``½S + √(2S ln(1/δ))``) for neighbouring database streams, adaptively chosen queries,
+unbounded horizon, for *any* ξ_n: privacy never rests on the accuracy event. ``epsilon_spent`` on
+every release is the accountant total, which equals the worst element's spend (attained at t* = n).
+
+Noise keys (each drawn once): ``(<purpose>-threshold, (segment,))``,
+``(<purpose>-test, (query_seq, sign_slot))``, ``(<purpose>-answer, (query_seq,))`` where
+``query_seq`` counts the queries of the stream in answering order.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+
+from beam_dp.core.guarantee import Guarantee
+from beam_dp.core.noise import NoiseSource
+from beam_dp.core.release import Release
+from beam_dp.core.state import decode_state, encode_state
+from beam_dp.mechanisms.universe import check_elements, check_query
+
+__all__ = [
+    "DynamicNumericSparse",
+    "GrowingBlock",
+    "GrowingQueryMechanism",
+    "PMWG",
+    "PMWGState",
+    "Query",
+    "cdp_epsilon",
+    "cdp_budget_sq",
+    "default_xi_n",
+    "greedy_worst_case_spend",
+    "hard_query_bound",
+    "relative_entropy",
+    "replay_growing",
+]
+
+NEIGHBOURING = "growing database: substitute one element from its arrival on (t* >= n)"
+
+
+# -- composition helpers -----------------------------------------------------------------------
+def cdp_epsilon(sum_sq: float, delta: float) -> float:
+    """CDP conversion (paper Theorem 4): pieces with ε_i-DP compose to ``½S + √(2S ln(1/δ))``, S = Σε_i²."""
+    if sum_sq <= 0.0:
+        return 0.0
+    return 0.5 * sum_sq + math.sqrt(2.0 * sum_sq * math.log(1.0 / delta))
+
+
+def cdp_budget_sq(epsilon: float, delta: float) -> float:
+    """The largest S with ``cdp_epsilon(S, δ) = ε``: ``(√(2 ln(1/δ) + 2ε) − √(2 ln(1/δ)))²``."""
+    L = 2.0 * math.log(1.0 / delta)
+    return (math.sqrt(L + 2.0 * epsilon) - math.sqrt(L)) ** 2
+
+
+def _check_positive(name: str, value: Any, upper: float | None = None) -> float:
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value <= 0 or (upper is not None and value > upper):
+        bound = "" if upper is None else f" and <= {upper}"
+        raise ValueError(f"{name} must be a finite number > 0{bound}, got {value!r}")
+    return float(value)
+
+
+def _check_int(name: str, value: Any, low: int) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+# -- accuracy bookkeeping (spec §1.5) ----------------------------------------------------------
+def hard_query_bound(t: int | np.ndarray, N: int, n: int, alpha: float) -> np.ndarray:
+    """H(t) of paper Lemma 6 / Corollary 7: the most hard queries up to size t on the good event."""
+    t_arr = np.atleast_1d(np.asarray(t, dtype=np.int64))
+    top = int(t_arr.max())
+    tau = np.arange(n + 1, max(top, n) + 1, dtype=np.float64)
+    growth = math.log(N) / tau + np.log(tau - 1) / tau + np.log(tau / (tau - 1))
+    cum = np.concatenate([[0.0], np.cumsum(growth)])
+    return (36.0 / alpha**2) * (math.log(N) + cum[np.clip(t_arr - n, 0, None)])
+
+
+def default_xi_n(N: int, n: int, epsilon: float, alpha: float, delta: float = 0.0, a: float = 0.5) -> float:
+    """ξ_n of spec §1.5 (ours): the accountant never refuses while the subroutine is α/3-accurate."""
+    c = 36.0 / alpha**2
+    if delta == 0.0:
+        K = 1.0 + c * (math.log(N) + (math.log(N * n) + 2.0) / (1.0 - a) + 1.0 / (1.0 - a) ** 2)
+        return 2.25 * K / (epsilon * n)
+    K = 1.0 + c * (math.log(N) + (math.log(N * n) + 2.0) / (2.0 - 2.0 * a) + 1.0 / (2.0 - 2.0 * a) ** 2)
+    return 2.25 * math.sqrt(K) / (n * math.sqrt(cdp_budget_sq(epsilon, delta)))
+
+
+def dot(a: np.ndarray, b: np.ndarray) -> float:
+    """⟨a, b⟩ over N without BLAS: a 1-d BLAS dot can be 500× slower when its threads fight for cores."""
+    return float(np.einsum("i,i->", a, b))
+
+
+def relative_entropy(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """RE(x‖y) = Σ x ln(x/y) along the last axis (0 ln 0 = 0)."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(x > 0, x * np.log(np.where(x > 0, x, 1.0) / y), 0.0)
+    return terms.sum(axis=-1)
+
+
+# -- the dynamic NumericSparse subroutine (spec §1.4, §1.8) ------------------------------------
+class DynamicNumericSparse:
+    """Dynamic NumericSparse over 1/t-sensitive queries with a time-rescaled threshold (ours, spec §1.4).
+
+    Noise function ``ξ_t = ξ_n (n/t)^a``; normalised sensitivity ``s_t = 1/(t ξ_t)``. A segment opened
+    at t0 costs at most ``2.25·s_{t0}`` (AboveThreshold ``2 s`` plus the numeric answer ``s/4``); the
+    accountant charges it up front (pure: costs add; δ > 0: squared costs under the CDP formula).
+    """
+
+    THRESHOLD_SCALE: ClassVar[float] = 1.0  # Z ~ Lap(1), used as ξ_t·Z
+    TEST_SCALE: ClassVar[float] = 2.0  # ν ~ Lap(2 ξ_t)
+    ANSWER_SCALE: ClassVar[float] = 4.0  # ω ~ Lap(4 ξ_t)
+    SEGMENT_COST: ClassVar[float] = 2.25  # × s_{t0}
+
+    def __init__(self, *, n: int, epsilon: float, delta: float, xi_n: float, a: float, purpose: str = "pmwg"):
+        self.n, self.epsilon, self.delta, self.xi_n, self.a = n, epsilon, delta, xi_n, a
+        self.purpose = purpose
+
+    def xi(self, t: int) -> float:
+        return self.xi_n * (self.n / t) ** self.a
+
+    def sensitivity(self, t: int) -> float:
+        """Normalised sensitivity s_t = 1/(t ξ_t) of a 1/t-sensitive query divided by ξ_t."""
+        return 1.0 / (t * self.xi(t))
+
+    def segment_cost(self, t: int) -> float:
+        return self.SEGMENT_COST * self.sensitivity(t)
+
+    def spent(self, total: float) -> float:
+        """ε of an accountant total (pure: the sum of costs; δ > 0: CDP conversion of S = Σ cost²)."""
+        return total if self.delta == 0.0 else cdp_epsilon(total, self.delta)
+
+    def charged(self, total: float, cost: float) -> float:
+        return total + cost if self.delta == 0.0 else total + cost * cost
+
+    def allows(self, total: float, t: int) -> bool:
+        """May a segment open at t? (the filter of spec §1.5; public inputs only)."""
+        return self.spent(self.charged(total, self.segment_cost(t))) <= self.epsilon
+
+    # keyed draws, each key used once
+    def threshold_draw(self, noise: NoiseSource, stream: str, segment: int) -> float:
+        return float(noise.laplace(stream, f"{self.purpose}-threshold", (segment,), self.THRESHOLD_SCALE, 1)[0])
+
+    def test_noise(self, noise: NoiseSource, stream: str, seq: int, slot: int, t: int) -> float:
+        return float(noise.laplace(stream, f"{self.purpose}-test", (seq, slot), self.TEST_SCALE * self.xi(t), 1)[0])
+
+    def answer_noise(self, noise: NoiseSource, stream: str, seq: int, t: int) -> float:
+        return float(noise.laplace(stream, f"{self.purpose}-answer", (seq,), self.ANSWER_SCALE * self.xi(t), 1)[0])
+
+
+# -- the shared driver of growing-database mechanisms ------------------------------------------
+@dataclass(frozen=True)
+class Query:
+    """A linear query to answer at database size ``t``: weights ``f ∈ [0,1]^N``, a public id."""
+
+    t: int
+    query_id: str
+    weights: np.ndarray
+
+
+@dataclass(frozen=True)
+class GrowingBlock:
+    """One engine step: ``elements`` (universe indices, in absorption order) and the queries to
+    answer during it, each at its size ``t`` (``state.t ≤ t ≤ state.t + len(elements)``)."""
+
+    elements: np.ndarray
+    queries: tuple[Query, ...] = ()
+
+
+class GrowingQueryMechanism(abc.ABC):
+    """Drives a growing-database mechanism: absorb elements one size at a time, answer each query
+    exactly when the database has its size ``t`` (spec §5). Subclasses implement ``init_state``,
+    ``_absorb`` (a chunk of elements, returning releases of runs it triggers) and ``_answer``."""
+
+    name: str
+    guarantee: Guarantee
+    universe_size: int
+    n: int
+    state_type: type
+
+    # the interface ----------------------------------------------------------------------------
+    def step(self, state: Any, block: GrowingBlock | None, noise: NoiseSource) -> tuple[Any, list[Release]]:
+        """Absorb the block's elements in order, answering each query right after its t-th element."""
+        if block is None:
+            return state, []
+        elements = check_elements(block.elements, self.universe_size)
+        releases: list[Release] = []
+        done = 0
+        for query in sorted(block.queries, key=lambda q: q.t):  # stable: same-t queries keep their order
+            upto = query.t - state.t
+            if upto < 0 or upto > len(elements) - done:
+                raise ValueError(f"query at size {query.t} is outside this block")
+            if upto > 0:
+                state, rel = self._absorb(state, elements[done : done + upto], noise)
+                releases.extend(rel)
+                done += upto
+            state, rel = self.answer(state, query, noise)
+            releases.extend(rel)
+        if done < len(elements):
+            state, rel = self._absorb(state, elements[done:], noise)
+            releases.extend(rel)
+        return state, releases
+
+    def absorb(self, state: Any, elements: np.ndarray, noise: NoiseSource) -> tuple[Any, list[Release]]:
+        """Add elements (universe indices) in order; returns releases of any runs this triggers."""
+        return self._absorb(state, check_elements(elements, self.universe_size), noise)
+
+    def answer(self, state: Any, query: Query, noise: NoiseSource) -> tuple[Any, list[Release]]:
+        """Answer one query at the current size (``query.t`` must equal ``state.t``)."""
+        if query.t != state.t:
+            raise ValueError(f"a query for size {query.t} cannot be answered at size {state.t}")
+        if state.t < self.n:
+            raise ValueError(f"before_start: queries need the database size to be at least n = {self.n}")
+        weights = check_query(query.weights, self.universe_size)
+        return self._answer(state, query, weights, noise)
+
+    def snapshot(self, state: Any) -> Release | None:
+        """The public synthetic histogram as a release (``None`` if there is none yet)."""
+        return None
+
+    def encode_state(self, state: Any) -> bytes:
+        return encode_state(state)
+
+    def decode_state(self, data: bytes) -> Any:
+        return decode_state(self.state_type, data)
+
+    @abc.abstractmethod
+    def init_state(self, stream: str) -> Any: ...
+
+    @abc.abstractmethod
+    def _absorb(self, state: Any, elements: np.ndarray, noise: NoiseSource) -> tuple[Any, list[Release]]: ...
+
+    @abc.abstractmethod
+    def _answer(self, state: Any, query: Query, weights: np.ndarray, noise: NoiseSource) -> tuple[Any, list[Release]]: ...
+
+
+# -- PMWG ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PMWGState:
+    """PMWG state (spec §1.2). ``counts`` and ``z`` are private; ``y`` and everything else is public.
+
+    ``segments``: (k, 2) int64 rows ``(t0, closing size or -1 while open)``; ``total``: the
+    accountant (pure: Σ costs; δ > 0: S = Σ costs²); ``seq``: queries answered so far."""
+
+    STATE_VERSION: ClassVar[int] = 1
+
+    stream: str
+    t: int
+    counts: np.ndarray
+    y: np.ndarray
+    open: bool
+    t0: int
+    z: float
+    segment_index: int
+    total: float
+    hard_count: int
+    beta_bound: float
+    seq: int
+    segments: np.ndarray
+
+
+class PMWG(GrowingQueryMechanism):
+    """Private multiplicative weights for growing databases (spec §1; see the module docstring).
+
+    Parameters: ``universe_size`` N ≥ 2, starting size ``n`` ≥ 1, ``epsilon`` > 0, ``delta`` ∈ [0, 1),
+    accuracy ``alpha`` ∈ (0, 1], noise-decay exponent ``a`` ∈ [0, 1), ``xi_n`` (default spec §1.5).
+    Per-element spend: at most the accountant total, reported as ``epsilon_spent`` (≤ ε always).
+    """
+
+    name = "pmwg"
+    state_type = PMWGState
+
+    def __init__(
+        self,
+        *,
+        universe_size: int,
+        n: int,
+        epsilon: float,
+        alpha: float,
+        delta: float = 0.0,
+        a: float = 0.5,
+        xi_n: float | None = None,
+        purpose: str = "pmwg",
+        subroutine: type[DynamicNumericSparse] = DynamicNumericSparse,
+    ):
+        self.universe_size = _check_int("universe_size", universe_size, 2)
+        self.n = _check_int("n", n, 1)
+        self.epsilon = _check_positive("epsilon", epsilon)
+        self.alpha = _check_positive("alpha", alpha, upper=1.0)
+        if not (isinstance(delta, (int, float, np.floating)) and 0.0 <= delta < 1.0):
+            raise ValueError(f"delta must lie in [0, 1), got {delta!r}")
+        if not (isinstance(a, (int, float, np.floating)) and 0.0 <= a < 1.0):
+            raise ValueError(f"a must lie in [0, 1), got {a!r}")
+        self.delta, self.a = float(delta), float(a)
+        if xi_n is None:
+            xi_n = default_xi_n(self.universe_size, self.n, self.epsilon, self.alpha, self.delta, self.a)
+        self.xi_n = _check_positive("xi_n", xi_n)
+        self.eta = self.alpha / 6.0
+        self.threshold = 2.0 * self.alpha / 3.0
+        self.guarantee = Guarantee(self.epsilon, self.delta, neighbouring=NEIGHBOURING)
+        self.sub = subroutine(n=self.n, epsilon=self.epsilon, delta=self.delta, xi_n=self.xi_n, a=self.a,
+                              purpose=purpose)
+
+    def describe(self) -> dict:
+        return {"N": self.universe_size, "n": self.n, "alpha": self.alpha, "a": self.a, "xi_n": self.xi_n,
+                "eta": self.eta, "threshold": self.threshold}
+
+    def init_state(self, stream: str) -> PMWGState:
+        N = self.universe_size
+        return PMWGState(stream=stream, t=0, counts=np.zeros(N, np.int64), y=np.full(N, 1.0 / N), open=False,
+                         t0=0, z=0.0, segment_index=0, total=0.0, hard_count=0, beta_bound=0.0, seq=0,
+                         segments=np.zeros((0, 2), np.int64))
+
+    # -- arrivals (spec §1.3): public mixing, one numpy operation per chunk --------------------
+    def _absorb(self, state: PMWGState, elements: np.ndarray, noise: NoiseSource) -> tuple[PMWGState, list[Release]]:
+        k = len(elements)
+        if k == 0:
+            return state, []
+        counts = state.counts + np.bincount(elements, minlength=self.universe_size)
+        t_new = state.t + k
+        y = state.y
+        if t_new >= self.n:
+            N = self.universe_size
+            if state.t < self.n:  # reaches n in this chunk: uniform at n, then mix the rest
+                y = np.full(N, 1.0 / N)
+                start = self.n
+            else:
+                y, start = y, state.t
+            if t_new > start:
+                # t·y_t = (t−1)·y_{t−1} + 1/N per arrival, so t_new·y = start·y + (t_new − start)/N
+                y = (start * y + (t_new - start) / N) / t_new
+        return replace(state, t=t_new, counts=counts, y=y), []
+
+    # -- queries (spec §1.4) -------------------------------------------------------------------
+    def _spend(self, state: PMWGState) -> tuple[float, float]:
+        eps = self.sub.spent(state.total)
+        return eps, (self.delta if (self.delta > 0 and state.total > 0) else 0.0)
+
+    def _release(self, state: PMWGState, query: Query, answer: float, **meta) -> Release:
+        eps, delta = self._spend(state)
+        info = {"query_id": query.query_id, "t": state.t, "hard": False, "sign": 0, "unchecked": False,
+                "segment_index": None, "beta_bound": state.beta_bound, "hard_count": state.hard_count}
+        info.update(meta)
+        return Release(stream=state.stream, step=state.t, mechanism=self.name, value=np.array([answer]),
+                       epsilon_spent=eps, delta_spent=delta, meta=info)
+
+    def _answer(self, state: PMWGState, query: Query, f: np.ndarray, noise: NoiseSource) -> tuple[PMWGState, list[Release]]:
+        t, sub, stream = state.t, self.sub, state.stream
+        est = dot(f, state.y)
+        seq = state.seq
+        if not state.open:
+            if not sub.allows(state.total, t):  # paused: post-processing only, no data access
+                state = replace(state, seq=seq + 1)
+                return state, [self._release(state, query, est, unchecked=True)]
+            z = sub.threshold_draw(noise, stream, state.segment_index)
+            state = replace(
+                state, open=True, t0=t, z=z, segment_index=state.segment_index + 1,
+                total=sub.charged(state.total, sub.segment_cost(t)),
+                beta_bound=state.beta_bound + math.exp(-self.alpha / (6.0 * sub.xi(t))),
+                segments=np.vstack([state.segments, np.array([[t, -1]], np.int64)]),
+            )
+        xi = sub.xi(t)
+        truth = dot(f, state.counts) / t  # private
+        d = truth - est
+        noisy_threshold = self.threshold + xi * state.z
+        tail = math.exp(-self.alpha / (12.0 * xi))
+        beta = state.beta_bound
+        sign = 0
+        for slot, sigma in enumerate((1, -1)):
+            nu = sub.test_noise(noise, stream, seq, slot, t)
+            beta += tail
+            if sigma * d + nu >= noisy_threshold:
+                sign = sigma
+                break
+        segment = state.segment_index - 1
+        if sign == 0:
+            state = replace(state, beta_bound=beta, seq=seq + 1)
+            return state, [self._release(state, query, est, segment_index=segment)]
+        omega = sub.answer_noise(noise, stream, seq, t)
+        answer = truth + sign * omega
+        r = (1.0 - f) if sign > 0 else f  # y under-estimates (σ = +1) or over-estimates (σ = −1)
+        y = state.y * np.exp(-self.eta * r)
+        y /= y.sum()
+        segments = state.segments.copy()
+        segments[-1, 1] = t
+        state = replace(state, y=y, open=False, z=0.0, hard_count=state.hard_count + 1, beta_bound=beta + tail,
+                        seq=seq + 1, segments=segments)
+        return state, [self._release(state, query, answer, hard=True, sign=sign, segment_index=segment)]
+
+    # -- public views ----------------------------------------------------------------------------
+    def snapshot(self, state: PMWGState) -> Release | None:
+        """The public histogram y (a probability vector over 𝒳) as a synthetic-data release."""
+        if state.t < self.n:
+            return None
+        eps, delta = self._spend(state)
+        return Release(stream=state.stream, step=state.t, mechanism=f"{self.name}_synthetic", value=state.y,
+                       epsilon_spent=eps, delta_spent=delta,
+                       meta={"t": state.t, "kind": "synthetic_histogram", "hard_count": state.hard_count})
+
+    def element_spend(self, state: PMWGState, t_star: np.ndarray) -> np.ndarray:
+        """Per-element ε spend recomputed from the segment log (spec §1.5, ledger), vectorised over t*."""
+        ts = np.maximum(np.asarray(t_star, dtype=np.int64), self.n)
+        if len(state.segments) == 0:
+            return np.zeros(ts.shape)
+        t0 = state.segments[:, 0][None, :]
+        close = state.segments[:, 1][None, :]
+        covers = (close < 0) | (close >= ts[:, None])
+        start = np.maximum(t0, ts[:, None]).astype(np.float64)
+        cost = self.sub.SEGMENT_COST * start ** (self.a - 1.0) * self.n ** (-self.a) / self.xi_n
+        cost = np.where(covers, cost, 0.0)
+        if self.delta == 0.0:
+            return cost.sum(axis=1)
+        return np.array([cdp_epsilon(s, self.delta) for s in (cost**2).sum(axis=1)])
+
+
+def greedy_worst_case_spend(N: int, n: int, alpha: float, epsilon: float, horizon: int, *, delta: float = 0.0,
+                            a: float = 0.5, xi_n: float | None = None) -> float:
+    """ε spent by the accountant's worst case up to ``horizon`` (spec §6 check 7): hard queries as
+    early as H(t) allows, each segment opening at the previous hard query (the first at n), plus the
+    segment open at the end."""
+    xi_n = default_xi_n(N, n, epsilon, alpha, delta, a) if xi_n is None else xi_n
+    H = np.floor(hard_query_bound(np.arange(n, horizon + 1), N, n, alpha) + 1e-9)
+    k = np.arange(1, int(H[-1]) + 1)
+    hard_times = n + np.searchsorted(H, k, side="left")  # first t with H(t) >= k
+    opens = np.concatenate([[n], hard_times]).astype(np.float64)  # segment k opens at hard query k−1
+    cost = 2.25 * opens ** (a - 1.0) * n ** (-a) / xi_n
+    return float(cost.sum()) if delta == 0.0 else cdp_epsilon(float((cost**2).sum()), delta)
+
+
+def replay_growing(mechanism: GrowingQueryMechanism, stream: str, elements: Sequence[np.ndarray],
+                   queries: Sequence[Sequence[Query]], noise: NoiseSource) -> tuple[Any, list[Release]]:
+    """Drive ``mechanism`` over engine steps (``elements[i]``, ``queries[i]``): the pure reference."""
+    state = mechanism.init_state(stream)
+    out: list[Release] = []
+    for els, qs in zip(elements, queries):
+        state, rel = mechanism.step(state, GrowingBlock(np.asarray(els, np.int64), tuple(qs)), noise)
+        out.extend(rel)
+    return state, out
