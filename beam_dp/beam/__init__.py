@@ -1,10 +1,28 @@
 """Apache Beam adapter: the generic stateful DoFn and the public transforms."""
 
+from beam_dp.beam.erm import (
+    ContinualModelRelease,
+    ContinualModelParams,
+    MultiResolutionRelease,
+    MultiResolutionParams,
+    SlidingWindowModelRelease,
+    SlidingWindowModelParams,
+)
 from beam_dp.beam.events import DeadLetter, EventBatch, Reason
+from beam_dp.beam.growing_db import GrowingDatabaseOutputs, GrowingDatabaseParams, GrowingDatabaseQueries
 from beam_dp.beam.params import ContinualCountParams, ContinualSumParams, NoiseKey, WindowedSumParams
 from beam_dp.beam.transforms import ContinualCount, ContinualOutputs, ContinualSum, WindowedSum
 
 __all__ = [
+    "ContinualModelRelease",
+    "ContinualModelParams",
+    "GrowingDatabaseOutputs",
+    "GrowingDatabaseParams",
+    "GrowingDatabaseQueries",
+    "MultiResolutionRelease",
+    "MultiResolutionParams",
+    "SlidingWindowModelRelease",
+    "SlidingWindowModelParams",
     "ContinualCount",
     "ContinualCountParams",
     "ContinualOutputs",
