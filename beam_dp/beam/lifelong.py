@@ -1,0 +1,259 @@
+"""``LifelongLearner``: private lifelong (continual) learning on a stream of tasks, one snapshot per task.
+
+Elements (per stream, tasks in the declared order ``params.learner.task_ids``):
+
+* ``(stream_id, task_id, x, y)``: one training row (``x`` shape (d,), ``y`` an integer class id) or a
+  block of rows (``x`` (n, d), ``y`` (n,)); inputs are clipped to [−1, 1] by the learner;
+* ``(stream_id, task_id, END_OF_TASK)``: closes ``task_id`` (and every earlier open task) now — the
+  streaming way to end a task. In a batch replay every declared task closes when the input ends.
+
+When a task closes the learner trains on it (rows in a canonical order, so the release does not depend
+on delivery order) and releases the weights as a mapping-valued ``ReleaseRow`` (one array per layer,
+listed in ``parts``) with accuracy metadata computed only on the public ``eval_sets``. Every declared
+task releases once, with or without data (release times are public). Raw rows wait in keyed state
+until their task closes and are discarded then; only the learner's state (weights, optimiser, episodic
+memory, one-time noise) is kept.
+
+Dead letters (reason, value-free detail, element): ``malformed``, ``bad_stream_id``,
+``undeclared_stream``, ``unknown_task``, ``wrong_shape``/``bad_value``/``bad_dtype``/``non_finite``
+(inputs), ``bad_label`` (not an integer in [0, K)), ``task_backwards`` (a row or marker for a task that
+is already closed).
+
+Guarantees: those of the learner (``L2DPConfig``: the paper's claim, labelled ``paper_claim`` on every
+release and warned about once per worker; ``BoundedAGEMConfig``/``NaiveGaussianConfig``: (ε, δ)-DP
+from dp-accounting). The torch device is chosen on each worker in ``setup()``: CUDA when available and
+``allow_cuda``, else the CPU. The non-private ``AGEMConfig`` is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Tuple
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.coders import BytesCoder, PickleCoder, VarIntCoder
+from apache_beam.metrics import Metrics
+from apache_beam.transforms.timeutil import TimeDomain
+from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
+
+from beam_dp.beam.events import DeadLetter, Reason, coerce_value
+from beam_dp.beam.params import NoiseKey
+from beam_dp.beam.parse import DEAD_LETTER
+from beam_dp.beam.transforms import ContinualOutputs
+from beam_dp.io.schema import ReleaseRow, release_to_row
+from beam_dp.mechanisms.lifelong.config import BoundedAGEMConfig, L2DPConfig, NaiveGaussianConfig, TaskData
+
+__all__ = ["END_OF_TASK", "LifelongLearner", "LifelongParams"]
+
+log = logging.getLogger(__name__)
+
+END_OF_TASK = "__end_of_task__"
+UNKNOWN_TASK = "unknown_task"
+BAD_LABEL = "bad_label"
+TASK_BACKWARDS = "task_backwards"
+_DECLARE = -1
+_warned_paper_claim = False
+
+
+@dataclass(frozen=True)
+class LifelongParams:
+    """``learner``: an ``L2DPConfig``, ``BoundedAGEMConfig`` or ``NaiveGaussianConfig`` with declared
+    ``task_ids``; ``streams``: declared stream ids (each releases every task even without data);
+    ``allow_cuda``: let workers train on CUDA when present; ``torch_threads``: torch intra-op threads."""
+
+    learner: L2DPConfig | BoundedAGEMConfig | NaiveGaussianConfig
+    streams: tuple[str, ...] | None = None
+    noise_key: NoiseKey = field(default_factory=NoiseKey)
+    allow_cuda: bool = True
+    torch_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.learner, (L2DPConfig, BoundedAGEMConfig, NaiveGaussianConfig)):
+            raise ValueError("learner must be an L2DPConfig, BoundedAGEMConfig or NaiveGaussianConfig")
+        if self.learner.task_ids is None:
+            raise ValueError("the learner must declare task_ids (the public task order)")
+        if self.streams is not None:
+            if isinstance(self.streams, str) or not all(isinstance(s, str) and s for s in self.streams):
+                raise ValueError("streams must be a tuple of non-empty strings")
+            object.__setattr__(self, "streams", tuple(dict.fromkeys(self.streams)))
+        if self.torch_threads is not None and (not isinstance(self.torch_threads, int) or self.torch_threads < 1):
+            raise ValueError("torch_threads must be an integer >= 1 or None")
+
+    def build_mechanism(self):
+        """The learner, on CUDA when available and allowed (call on the worker)."""
+        config = self.learner if self.allow_cuda else dataclasses.replace(self.learner, device="cpu")
+        return config.build()
+
+
+def _dead(reason: str, detail: str, stream, element) -> beam.pvalue.TaggedOutput:
+    return beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(reason, detail, stream, element))
+
+
+class _ParseTaskRows(beam.DoFn):
+    """Validate rows and markers; emit ``(stream, (task_index, x (k, d) | None, y (k,) | None, element))``."""
+
+    def __init__(self, params: LifelongParams):
+        self._params = params
+
+    def setup(self) -> None:
+        cfg = self._params.learner
+        self._dim, self._classes = cfg.input_dim, cfg.n_classes
+        self._tasks = {t: i for i, t in enumerate(cfg.task_ids)}
+        self._streams = frozenset(self._params.streams) if self._params.streams is not None else None
+        self._dead = Metrics.counter("beam_dp/lifelong", "dead_letters")
+        self._rows = Metrics.counter("beam_dp/lifelong", "rows")
+
+    def _reject(self, reason, detail, stream, element):
+        self._dead.inc()
+        return _dead(reason, detail, stream, element)
+
+    def process(self, element: Any) -> Iterator:
+        if not isinstance(element, tuple) or len(element) not in (3, 4):
+            yield self._reject(Reason.MALFORMED, "expected (stream_id, task_id, x, y) or an end marker", None, element)
+            return
+        stream, task = element[0], element[1]
+        if not isinstance(stream, str) or not stream:
+            yield self._reject(Reason.BAD_STREAM_ID, "stream_id must be a non-empty string", None, element)
+            return
+        stream = str(stream)
+        if self._streams is not None and stream not in self._streams:
+            yield self._reject(Reason.UNDECLARED_STREAM, "stream_id is not among the declared streams", stream, element)
+            return
+        index = self._tasks.get(str(task)) if isinstance(task, (str, int, np.integer)) else None
+        if index is None:
+            yield self._reject(UNKNOWN_TASK, "task id is not among the declared task_ids", stream, element)
+            return
+        if len(element) == 3:
+            if isinstance(element[2], str) and element[2] == END_OF_TASK:
+                yield stream, (index, None, None, element)
+            else:
+                yield self._reject(Reason.MALFORMED, "a 3-tuple must be an END_OF_TASK marker", stream, element)
+            return
+        yield from self._rows_of(stream, index, element)
+
+    def _rows_of(self, stream: str, index: int, element) -> Iterator:
+        x_raw, y_raw = element[2], element[3]
+        try:
+            arr = np.asarray(x_raw)
+            rows = arr.reshape(-1, self._dim) if arr.ndim == 2 else None
+            x = (np.stack([coerce_value(r, self._dim) for r in rows]) if rows is not None
+                 else coerce_value(x_raw, self._dim)[None, :])
+        except ValueError as exc:
+            reason, _, detail = str(exc).partition(": ")
+            yield self._reject(reason or Reason.BAD_VALUE, detail or "unusable input", stream, element)
+            return
+        y = np.asarray(y_raw).reshape(-1)
+        if y.shape != (x.shape[0],) or y.dtype.kind not in "iu" or (y.size and (y.min() < 0 or y.max() >= self._classes)):
+            yield self._reject(BAD_LABEL, f"labels must be {x.shape[0]} integer(s) in [0, {self._classes})", stream,
+                               element)
+            return
+        self._rows.inc(x.shape[0])
+        yield stream, (index, x, y.astype(np.int64), element)
+
+
+class _LifelongDoFn(beam.DoFn):
+    """Keyed by stream: the learner's encoded state, the next open task, buffered rows, one end timer."""
+
+    LEARNER_STATE = ReadModifyWriteStateSpec("learner_state", BytesCoder())
+    NEXT_TASK = ReadModifyWriteStateSpec("next_task", VarIntCoder())
+    PENDING = BagStateSpec("pending", PickleCoder())
+    END = TimerSpec("end", TimeDomain.WATERMARK)
+
+    def __init__(self, params: LifelongParams):
+        self._params = params
+
+    def setup(self) -> None:
+        global _warned_paper_claim
+        from beam_dp.mechanisms.lifelong.device import set_threads
+
+        set_threads(self._params.torch_threads)
+        self._learner = self._params.build_mechanism()  # device chosen here, per worker
+        self._noise = self._params.noise_key.load()  # read on the worker, never pickled
+        self._task_ids = self._params.learner.task_ids
+        namespace = f"beam_dp/{self._learner.name}"
+        self._releases = Metrics.counter(namespace, "releases")
+        self._dead = Metrics.counter(namespace, "dead_letters")
+        if self._learner.guarantee_basis.startswith("paper_claim") and not _warned_paper_claim:
+            _warned_paper_claim = True
+            log.warning("beam_dp: L2DP-ML's epsilon is the paper's claim (Lai et al. Thm 2), not a standard DP "
+                        "proof; see docs/lifelong.md. BoundedAGEMConfig gives a standard (epsilon, delta).")
+
+    def process(self, element, window=beam.DoFn.WindowParam, learner_state=beam.DoFn.StateParam(LEARNER_STATE),
+                next_task=beam.DoFn.StateParam(NEXT_TASK), pending=beam.DoFn.StateParam(PENDING),
+                end=beam.DoFn.TimerParam(END)) -> Iterator:
+        stream, (index, x, y, original) = element
+        nxt = next_task.read()
+        if nxt is None:
+            nxt = 0
+            next_task.write(0)
+            learner_state.write(self._learner.encode_state(self._learner.init_state(stream)))
+            end.set(window.max_timestamp())
+        if index == _DECLARE:
+            return
+        if index < nxt:
+            self._dead.inc()
+            yield _dead(TASK_BACKWARDS, "the task is already closed", stream, original)
+            return
+        if x is None:
+            yield from self._close(stream, index, learner_state, next_task, pending)
+        else:
+            pending.add((index, x, y))
+
+    @on_timer(END)
+    def flush(self, key=beam.DoFn.KeyParam, learner_state=beam.DoFn.StateParam(LEARNER_STATE),
+              next_task=beam.DoFn.StateParam(NEXT_TASK), pending=beam.DoFn.StateParam(PENDING)) -> Iterator:
+        yield from self._close(key, len(self._task_ids) - 1, learner_state, next_task, pending)
+
+    def _close(self, stream, upto, learner_state, next_task, pending) -> Iterator:
+        nxt = next_task.read()
+        if upto < nxt:
+            return
+        by_task, keep = {}, []
+        for index, x, y in pending.read():
+            (by_task.setdefault(index, []) if index <= upto else keep).append((x, y))
+        state = self._learner.decode_state(learner_state.read())
+        dim = self._params.learner.input_dim
+        for index in range(nxt, upto + 1):
+            chunks = by_task.get(index, [])
+            task_id = self._task_ids[index]
+            block = self._learner.merge_blocks([TaskData(task_id, x, y) for x, y in chunks] or
+                                               [TaskData(task_id, np.zeros((0, dim)), np.zeros(0, np.int64))])
+            state, releases = self._learner.step(state, block, self._noise)
+            for release in releases:
+                self._releases.inc()
+                yield release_to_row(release, self._learner.guarantee)
+        learner_state.write(self._learner.encode_state(state))
+        next_task.write(upto + 1)
+        pending.clear()
+        for index, x, y in keep:
+            pending.add((index, x, y))
+
+
+class LifelongLearner(beam.PTransform):
+    """Private lifelong learning per stream: one model snapshot (weights + public-test accuracy) per task.
+
+    Returns ``ContinualOutputs(releases, dead_letter)``; see the module docstring for the elements, the
+    dead-letter reasons and the guarantees.
+    """
+
+    def __init__(self, params: LifelongParams, label: str | None = None):
+        super().__init__(label)
+        if not isinstance(params, LifelongParams):
+            raise TypeError("LifelongLearner takes a LifelongParams")
+        self.params = params
+
+    def expand(self, events):
+        parsed = events | "Parse" >> beam.ParDo(_ParseTaskRows(self.params)).with_output_types(
+            Tuple[str, Any]).with_outputs(DEAD_LETTER, main="rows")
+        rows = parsed.rows
+        if self.params.streams:
+            declared = events.pipeline | "DeclareStreams" >> beam.Create(
+                [(s, (_DECLARE, None, None, None)) for s in self.params.streams]).with_output_types(Tuple[str, Any])
+            rows = (rows, declared) | "WithDeclared" >> beam.Flatten()
+        learned = rows | "Learn" >> beam.ParDo(_LifelongDoFn(self.params)).with_outputs(DEAD_LETTER, main="rows")
+        releases = learned.rows | "Rows" >> beam.Map(lambda row: row).with_output_types(ReleaseRow)
+        dead = (parsed[DEAD_LETTER], learned[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
+        return ContinualOutputs(releases, dead)

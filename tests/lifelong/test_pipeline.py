@@ -1,0 +1,82 @@
+"""``LifelongLearner`` on the FnApiRunner: releases equal the pure learner's under the same key; dead letters."""
+
+import json
+
+import apache_beam as beam
+import numpy as np
+import pytest
+
+from beam_dp.beam.lifelong import END_OF_TASK, LifelongLearner, LifelongParams
+from beam_dp.core import NoiseSource
+from beam_dp.io import release_to_row
+from beam_dp.mechanisms.lifelong import AGEMConfig, BoundedAGEMConfig, L2DPConfig
+from tests.beam.collect import run
+from tests.conftest import TEST_KEY
+from tests.lifelong.conftest import small_common
+
+
+def _elements(tasks):
+    out = [("s", "0", row, int(label)) for row, label in zip(tasks[0].x, tasks[0].y)]  # one row per element
+    out += [("s", t.task_id, t.x[i: i + 50], t.y[i: i + 50]) for t in tasks[1:] for i in range(0, len(t), 50)]
+    return out
+
+
+BAD = [
+    ("s", "9", np.zeros(64), 1),  # unknown task
+    ("s", "1", np.zeros(10), 1),  # wrong shape
+    ("s", "1", np.full(64, np.nan), 1),  # non-finite
+    ("s", "1", np.zeros(64), 10),  # label out of range
+    ("s", "1", np.zeros(64), 1.5),  # label not an integer
+    ("", "1", np.zeros(64), 1),  # bad stream id
+    ("s", "1"),  # malformed
+]
+
+
+def _expected(config, tasks):
+    learner = config.build()
+    state = learner.init_state("s")
+    rows = []
+    for task in tasks:
+        state, releases = learner.step(state, learner.merge_blocks([task]), NoiseSource(TEST_KEY))
+        rows += [release_to_row(r, learner.guarantee) for r in releases]
+    return rows
+
+
+@pytest.mark.parametrize("kind", ["l2dp", pytest.param("bounded", marks=pytest.mark.slow)])
+def test_pipeline_matches_pure_learner(digits, kind):
+    tasks, evals = digits
+    common = small_common(evals, steps_per_task=3)
+    config = (L2DPConfig(**common, epsilon=1.0) if kind == "l2dp"
+              else BoundedAGEMConfig(**common, epsilon=1.0, memory_uses=3))
+    params = LifelongParams(config, allow_cuda=False, torch_threads=1)
+    elements = _elements(tasks) + BAD
+    releases = run(lambda p: LifelongLearner(params).expand(p | beam.Create(elements, reshuffle=False)).releases)
+    expected = _expected(config, tasks)
+    assert [(r.stream, r.step) for r in releases] == [("s", 1), ("s", 2), ("s", 3)]
+    for got, want in zip(releases, expected):
+        assert np.allclose(got.value, want.value, rtol=1e-12, atol=1e-12)
+        assert got._replace(value=want.value) == want
+        meta = json.loads(got.meta)
+        assert set(meta["accuracy"]) == {str(i) for i in range(got.step)}
+        assert got.parts and "enc.W" in got.parts
+    if kind == "l2dp":
+        assert all(json.loads(r.meta)["guarantee_basis"].startswith("paper_claim") for r in releases)
+
+
+def test_pipeline_dead_letters(digits):
+    tasks, _ = digits
+    params = LifelongParams(L2DPConfig(**small_common(steps_per_task=1), epsilon=1.0), allow_cuda=False)
+    letters = run(lambda p: LifelongLearner(params).expand(p | beam.Create(BAD)).dead_letter)
+    reasons = sorted(letter.reason for letter in letters)
+    assert reasons == sorted(["unknown_task", "wrong_shape", "non_finite", "bad_label", "bad_label",
+                              "bad_stream_id", "malformed"])
+    assert all("nan" not in letter.detail.lower() for letter in letters)
+
+
+def test_params_validation():
+    with pytest.raises(ValueError):
+        LifelongParams(AGEMConfig(**small_common()))  # not private
+    with pytest.raises(ValueError):
+        LifelongParams(L2DPConfig(**small_common(task_ids=None)))  # the task order must be declared
+    with pytest.raises(TypeError):
+        LifelongLearner(object())
