@@ -9,6 +9,13 @@ from beam_dp.beam.erm import (
     SlidingWindowModelParams,
 )
 from beam_dp.beam.events import DeadLetter, EventBatch, Reason
+from beam_dp.beam.learners import (
+    IncrementalRegression,
+    IncrementalRegressionParams,
+    OnlineLearner,
+    OnlineLearnerParams,
+)
+from beam_dp.beam.lifelong import LifelongLearner, LifelongParams
 from beam_dp.beam.growing_db import GrowingDatabaseOutputs, GrowingDatabaseParams, GrowingDatabaseQueries
 from beam_dp.beam.params import ContinualCountParams, ContinualSumParams, NoiseKey, WindowedSumParams
 from beam_dp.beam.transforms import ContinualCount, ContinualOutputs, ContinualSum, WindowedSum
@@ -19,6 +26,10 @@ __all__ = [
     "GrowingDatabaseOutputs",
     "GrowingDatabaseParams",
     "GrowingDatabaseQueries",
+    "IncrementalRegression",
+    "IncrementalRegressionParams",
+    "LifelongLearner",
+    "LifelongParams",
     "MultiResolutionRelease",
     "MultiResolutionParams",
     "SlidingWindowModelRelease",
@@ -31,6 +42,8 @@ __all__ = [
     "DeadLetter",
     "EventBatch",
     "NoiseKey",
+    "OnlineLearner",
+    "OnlineLearnerParams",
     "Reason",
     "WindowedSum",
     "WindowedSumParams",

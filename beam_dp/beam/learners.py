@@ -1,0 +1,301 @@
+"""Beam transforms for private learners: ``OnlineLearner`` and ``IncrementalRegression``.
+
+Both reuse the generic :class:`~beam_dp.beam.dofn.ContinualReleaseDoFn` (keyed by stream; encoded
+mechanism state; count steps or event-time steps closed by watermark timers) behind their own
+parse stage, which validates records and dead-letters bad ones. There is no privacy arithmetic
+here: clipping, noise and accounting happen in the mechanisms (``beam_dp.mechanisms.online`` and
+``beam_dp.mechanisms.regression``). Model snapshots leave as mapping-valued releases
+(``{"x": x̂}`` / ``{"theta": θ}``) converted to the one ``ReleaseRow`` schema of ``beam_dp.io``
+(write them with ``WriteReleasesToParquet``/``WriteReleasesToJsonLines``).
+
+Records:
+
+* ``OnlineLearner``: ``(stream_id, features, label)`` or a mapping / ``beam.Row`` with fields
+  ``stream_id``, ``features``, ``label``. One record per step in arrival order within a stream
+  (count steps, spec [O-7]): **the arrival order and count are public**, as are release times.
+* ``IncrementalRegression``: the same, plus ``timestamp`` (``(stream_id, timestamp, features,
+  label)``) when steps come from a ``StepClock``; with ``block_size = b`` a step is ``b`` records.
+
+Bad input goes to ``dead_letter`` with a machine-readable reason and never reaches state:
+``malformed``, ``bad_stream_id``, ``undeclared_stream``, ``bad_timestamp``, ``before_start``,
+``after_end``, ``wrong_shape`` (feature dimension), ``non_finite`` (feature or label),
+``bad_value`` (non-numeric; logistic labels other than ±1), ``late``. Labels with ``|y|`` above
+the declared bound (1) and features with ``‖x‖ > 1`` are **clipped and counted** (metrics
+``clipped_labels`` / ``clipped_features``), not dead-lettered: the guarantee assumes the clipped
+values, so they are safe to use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Literal, Mapping, Tuple
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.metrics import Metrics
+
+from beam_dp.beam.dofn import ContinualReleaseDoFn
+from beam_dp.beam.events import DeadLetter, Reason, to_micros
+from beam_dp.beam.params import NoiseKey
+from beam_dp.beam.parse import DEAD_LETTER
+from beam_dp.beam.transforms import ContinualOutputs
+from beam_dp.core.clock import StepClock
+from beam_dp.io.schema import ReleaseRow
+
+__all__ = ["IncrementalRegression", "IncrementalRegressionParams", "OnlineLearner", "OnlineLearnerParams"]
+
+
+def _check_streams(params: Any) -> None:
+    if params.streams is not None:
+        if isinstance(params.streams, str) or not all(isinstance(s, str) and s for s in params.streams):
+            raise ValueError("streams must be a tuple of non-empty strings")
+        object.__setattr__(params, "streams", tuple(dict.fromkeys(params.streams)))
+
+
+@dataclass(frozen=True)
+class OnlineLearnerParams:
+    """WDP-COCOP (``algorithm="cocop"``) or WDP-COCOL (``"cocol"``) per stream.
+
+    Guarantee: window ε-DP (``noise="gamma"``) or window (ε, δ)-DP (``"gaussian"``) over the last
+    ``B = 2^⌈log₂ window⌉`` records of a stream, event level; older records are effectively
+    published (see ``beam_dp.mechanisms.online``). ``constraint`` is a spec (``"simplex"``,
+    ``{"kind": "l1_ball", "radius": 1}``, ...) or a ``ConvexSet``; ``loss`` is ``"logistic"``,
+    ``"squared"`` or an ``OnlineLoss``. ``alpha``/``C0`` override COCOL's paper constants.
+    """
+
+    dim: int
+    constraint: Any
+    epsilon: float
+    window: int
+    algorithm: Literal["cocop", "cocol"] = "cocop"
+    loss: Any = "logistic"
+    mu: float = 1.0
+    delta: float = 0.0
+    noise: Literal["gamma", "gaussian"] = "gamma"
+    calibration: Literal["paper", "analytic"] = "paper"
+    beta: float = 0.05
+    alpha: float | None = None
+    C0: float | None = None
+    x1: tuple[float, ...] | None = None
+    streams: tuple[str, ...] | None = None
+    noise_key: NoiseKey = field(default_factory=NoiseKey)
+
+    def __post_init__(self) -> None:
+        _check_streams(self)
+        self.build_mechanism()
+
+    # the DoFn contract: count steps of one record
+    @property
+    def clock(self) -> None:
+        return None
+
+    @property
+    def block_size(self) -> int:
+        return 1
+
+    @property
+    def event_time(self) -> bool:
+        return False
+
+    def build_mechanism(self):
+        from beam_dp.mechanisms.online import make_online_learner
+
+        kwargs: dict[str, Any] = dict(
+            dim=self.dim, constraint=self.constraint, loss=self.loss, epsilon=self.epsilon, delta=self.delta,
+            noise=self.noise, window=self.window, calibration=self.calibration, x1=self.x1,
+        )
+        if isinstance(self.loss, str):
+            kwargs["mu"] = self.mu
+        if self.algorithm == "cocol":
+            kwargs.update(beta=self.beta, alpha=self.alpha, C0=self.C0)
+        elif self.alpha is not None or self.C0 is not None:
+            raise ValueError("alpha and C0 are WDP-COCOL constants")
+        return make_online_learner(self.algorithm, **kwargs)
+
+
+@dataclass(frozen=True)
+class IncrementalRegressionParams:
+    """PRIVINCREG₁ (``"privincreg1"``), PRIVINCREG₂ (``"privincreg2"``) or PRIVINCERM
+    (``"privincerm"``) per stream; (ε, δ)-DP, event level (one record), forever (PRIVINCREG with
+    ``horizon=None``) or over ``horizon`` steps. Steps: ``clock`` (event time) or ``block_size``
+    records. ``release_every = k`` releases θ every k steps. ``options`` passes the mechanism's other
+    keyword arguments (``beta``, ``r_max``, ``m``, ``input_domain``, ``tau``, ``schedule``, ...)."""
+
+    dim: int
+    epsilon: float
+    delta: float
+    algorithm: Literal["privincreg1", "privincreg2", "privincerm"] = "privincreg1"
+    constraint: Any = "l2_ball"
+    horizon: int | None = None
+    release_every: int = 1
+    calibration: Literal["paper", "analytic"] = "paper"
+    options: Mapping[str, Any] = field(default_factory=dict)
+    clock: StepClock | None = None
+    block_size: int | None = None
+    streams: tuple[str, ...] | None = None
+    noise_key: NoiseKey = field(default_factory=NoiseKey)
+
+    def __post_init__(self) -> None:
+        if (self.clock is None) == (self.block_size is None):
+            raise ValueError("give exactly one of clock (event-time steps) or block_size (count steps)")
+        if self.block_size is not None and (isinstance(self.block_size, bool) or not isinstance(self.block_size, int)
+                                            or self.block_size < 1):
+            raise ValueError(f"block_size must be an integer >= 1, got {self.block_size!r}")
+        _check_streams(self)
+        if self.horizon is not None and self.clock is not None and self.clock.last_step is not None:
+            if self.clock.last_step > self.horizon:
+                raise ValueError(f"the clock has {self.clock.last_step} steps but horizon is {self.horizon}")
+        self.build_mechanism()
+
+    @property
+    def event_time(self) -> bool:
+        return self.clock is not None
+
+    def build_mechanism(self):
+        from beam_dp.mechanisms.regression import make_incremental_regression
+
+        kwargs: dict[str, Any] = dict(dim=self.dim, epsilon=self.epsilon, delta=self.delta,
+                                      constraint=self.constraint, release_every=self.release_every, **self.options)
+        if self.algorithm == "privincerm":
+            kwargs["horizon"] = self.horizon
+        else:
+            kwargs.update(horizon=self.horizon, calibration=self.calibration)
+        return make_incremental_regression(self.algorithm, **kwargs)
+
+
+def _record_fields(element: Any, need_timestamp: bool) -> tuple[Any, Any, Any, Any]:
+    if isinstance(element, tuple) and not hasattr(element, "_fields"):
+        if need_timestamp and len(element) == 4:
+            return element
+        if not need_timestamp and len(element) == 3:
+            return element[0], None, element[1], element[2]
+        raise ValueError(f"expected (stream_id, {'timestamp, ' if need_timestamp else ''}features, label)")
+    if isinstance(element, Mapping):
+        get = element.get
+    elif hasattr(element, "stream_id"):
+        def get(name, default=None):
+            return getattr(element, name, default)
+    else:
+        raise ValueError(f"unsupported element type {type(element).__name__}")
+    return get("stream_id"), get("timestamp"), get("features"), get("label")
+
+
+class ParseRecords(beam.DoFn):
+    """Validate ``(stream, [timestamp,] features, label)`` records; emit
+    ``(stream, (step | None, record, original))`` for ``ContinualReleaseDoFn`` or a dead letter."""
+
+    def __init__(self, params: Any):
+        self._params = params
+
+    def setup(self) -> None:
+        self._mechanism = self._params.build_mechanism()
+        self._clock = self._params.clock
+        self._streams = frozenset(self._params.streams) if self._params.streams is not None else None
+        namespace = f"beam_dp/{self._mechanism.name}"
+        self._elements = Metrics.counter(namespace, "elements")
+        self._dead = Metrics.counter(namespace, "dead_letters")
+        self._clipped_labels = Metrics.counter(namespace, "clipped_labels")
+        self._clipped_features = Metrics.counter(namespace, "clipped_features")
+
+    def _dead_letter(self, reason: str, detail: str, stream: str | None, element: Any):
+        self._dead.inc()
+        return beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(reason, detail, stream, element))
+
+    def process(self, element: Any) -> Iterator:
+        try:
+            stream, ts, features, label = _record_fields(element, self._clock is not None)
+        except ValueError as exc:
+            yield self._dead_letter(Reason.MALFORMED, str(exc), None, element)
+            return
+        if not isinstance(stream, str) or not stream:
+            yield self._dead_letter(Reason.BAD_STREAM_ID, "stream_id must be a non-empty string", None, element)
+            return
+        stream = str(stream)
+        if self._streams is not None and stream not in self._streams:
+            yield self._dead_letter(Reason.UNDECLARED_STREAM, "stream_id is not declared", stream, element)
+            return
+        step = None
+        if self._clock is not None:
+            try:
+                micros = to_micros(ts)
+            except (ValueError, TypeError, OverflowError):
+                yield self._dead_letter(Reason.BAD_TIMESTAMP, "unusable timestamp", stream, element)
+                return
+            where = int(self._clock.classify_micros(micros))
+            if where:
+                reason = Reason.BEFORE_START if where < 0 else Reason.AFTER_END
+                yield self._dead_letter(reason, "timestamp outside the public schedule", stream, element)
+                return
+            step = int(self._clock.step_of_micros(micros))
+        if features is None or isinstance(features, (str, bytes)):
+            yield self._dead_letter(Reason.BAD_VALUE, "features missing or text", stream, element)
+            return
+        try:
+            record = self._mechanism.record(np.asarray(features, dtype=np.float64), label)
+        except (ValueError, TypeError) as exc:
+            reason, _, detail = str(exc).partition(": ")
+            if reason not in (Reason.WRONG_SHAPE, Reason.NON_FINITE, Reason.BAD_VALUE):
+                reason, detail = Reason.BAD_VALUE, "features or label are not numeric"
+            yield self._dead_letter(reason, detail, stream, element)
+            return
+        self._count_clipping(features, label)
+        self._elements.inc()
+        yield stream, (step, record, element)
+
+    def _count_clipping(self, features: Any, label: Any) -> None:
+        # operator metrics only (never in releases): how often the declared bounds bind
+        if float(np.linalg.norm(np.asarray(features, dtype=np.float64))) > 1.0:
+            self._clipped_features.inc()
+        if abs(float(label)) > 1.0:
+            self._clipped_labels.inc()
+
+
+class _LearnerTransform(beam.PTransform):
+    """Parse → (declared streams) → ContinualReleaseDoFn, as the continual-sum transforms."""
+
+    params_type: type = object
+
+    def __init__(self, params: Any, label: str | None = None):
+        super().__init__(label)
+        if not isinstance(params, self.params_type):
+            raise TypeError(f"{type(self).__name__} takes a {self.params_type.__name__}")
+        self.params = params
+
+    def expand(self, records) -> ContinualOutputs:
+        params = self.params
+        bounded = bool(getattr(records, "is_bounded", True))
+        if params.event_time and bounded and params.clock.last_step is None:
+            raise ValueError("a batch replay with event-time steps needs a public end: StepClock(..., end=...)")
+        parsed = records | "Parse" >> beam.ParDo(ParseRecords(params)).with_output_types(
+            Tuple[str, Any]).with_outputs(DEAD_LETTER, main="records")
+        items = parsed.records
+        if params.streams:
+            declared = records.pipeline | "DeclareStreams" >> beam.Create(
+                [(s, (0, None, None)) for s in params.streams]).with_output_types(Tuple[str, Any])
+            items = (items, declared) | "WithDeclared" >> beam.Flatten()
+        released = items | "Release" >> beam.ParDo(
+            ContinualReleaseDoFn(params, per_step_timers=not bounded)).with_outputs(DEAD_LETTER, main="rows")
+        rows = released.rows | "Rows" >> beam.Map(lambda row: row).with_output_types(ReleaseRow)
+        dead = (parsed[DEAD_LETTER], released[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
+        return ContinualOutputs(rows, dead)
+
+
+class OnlineLearner(_LearnerTransform):
+    """Private online learning with privacy expiration (WDP-COCOP / WDP-COCOL), one record per step
+    per stream; releases the next decision variable ``{"x": x̂_{t+1}}`` at every step.
+
+    Guarantee: window ε-DP or (ε, δ)-DP over the last ``B >= window`` records of each stream
+    (event level); expired records are effectively published. Public: the stream set, the arrival
+    order and count of records, release times.
+    """
+
+    params_type = OnlineLearnerParams
+
+
+class IncrementalRegression(_LearnerTransform):
+    """Private incremental least-squares regression (PRIVINCREG₁/₂, PRIVINCERM) per stream;
+    releases ``{"theta": θ_t}`` every ``release_every`` steps. Guarantee: (ε, δ)-DP, event level
+    (one record), over the whole stream (or its declared horizon). Public: stream set, step
+    schedule (and record counts for count steps), release times."""
+
+    params_type = IncrementalRegressionParams
