@@ -18,7 +18,7 @@ $(VENV)/.installed: $(VENV)/.created setup.py
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed setup.py
-	$(PIP) install --quiet -e '.[test]'
+	$(PIP) install --quiet -e '.[test,torch]'
 	touch $@
 
 venv: $(VENV)/.created

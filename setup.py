@@ -17,10 +17,12 @@ setup(
         "numpy>=1.24,<2.5",
         "scipy>=1.10",
         "pyarrow>=14,<26",
+        "dp-accounting>=0.4",
     ],
     extras_require={
         "torch": ["torch==2.13.0"],
-        "test": ["pytest>=8", "pytest-xdist>=3"],
+        "report": ["matplotlib>=3.7"],
+        "test": ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6", "scikit-learn>=1.3", "matplotlib>=3.7"],
     },
     entry_points={"console_scripts": ["beam-dp-continual-stats=pipelines.continual_stats:main"]},
 )
