@@ -115,15 +115,31 @@ class ContinualReleaseDoFn(beam.DoFn):
         pending.clear()
         buffered_state.write(0)
         state = self._mechanism.decode_state(mechanism_state.read())
-        state, releases = self._mechanism.step(state, merged, self._noise)
+        state, releases, refused = self._step(stream, state, merged, next_step_state.read())
+        if refused is not None:
+            yield refused
+            return
         mechanism_state.write(self._mechanism.encode_state(state))
         next_step_state.write(next_step_state.read() + 1)
         yield from self._rows(releases)
+
+    def _step(self, stream, state, block, step: int):
+        """Feed one step; a mechanism that refuses it (``ValueError``: beyond its horizon or budget)
+        leaves its state unchanged and the refusal goes to the dead letters instead of failing the
+        bundle forever."""
+        try:
+            new_state, releases = self._mechanism.step(state, block, self._noise)
+        except ValueError as exc:
+            self._late.inc()
+            detail = f"step {step} refused by {self._mechanism.name}: {str(exc)[:200]}"
+            return state, [], beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(Reason.REFUSED, detail, stream, None))
+        return new_state, releases, None
 
     # -- closing event-time steps ---------------------------------------------------------------
     @on_timer(CLOSE)
     def close_steps(
         self,
+        stream=beam.DoFn.KeyParam,
         fired=beam.DoFn.TimestampParam,
         mechanism_state=beam.DoFn.StateParam(MECHANISM_STATE),
         next_step_state=beam.DoFn.StateParam(NEXT_STEP),
@@ -146,7 +162,9 @@ class ContinualReleaseDoFn(beam.DoFn):
         blocks = {step: self._mechanism.merge_blocks(items) for step, items in by_step.items()}
         state = self._mechanism.decode_state(mechanism_state.read())
         for step in range(next_step, upto + 1):  # every step releases, empty ones included
-            state, releases = self._mechanism.step(state, blocks.get(step), self._noise)
+            state, releases, refused = self._step(stream, state, blocks.get(step), step)
+            if refused is not None:
+                yield refused
             yield from self._rows(releases, clock.step_start_micros(step), clock.step_end_micros(step))
         mechanism_state.write(self._mechanism.encode_state(state))
         next_step_state.write(upto + 1)

@@ -39,6 +39,7 @@ class Reason:
     WRONG_SHAPE = "wrong_shape"
     NON_FINITE = "non_finite"
     LATE = "late"
+    REFUSED = "refused"  # the mechanism refused a step (e.g. beyond its horizon or budget)
 
 
 class DeadLetter(NamedTuple):
