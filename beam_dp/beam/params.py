@@ -38,6 +38,11 @@ class NoiseKey:
         return NoiseSource.from_config(self.env_var, self.key_file)
 
 
+def _public_end(clock: StepClock | None) -> int | None:
+    """The clock's public last step (a horizon for the non-tree counters), if it has one."""
+    return None if clock is None else clock.last_step
+
+
 @dataclass(frozen=True)
 class _StepParams:
     clock: StepClock | None = None
@@ -78,15 +83,21 @@ class _VectorSumParams(_StepParams):
 
 @dataclass(frozen=True)
 class ContinualSumParams(_VectorSumParams):
-    """Private running sums of vectors per stream, forever (tree mechanisms).
+    """Private running sums of vectors per stream, forever.
 
-    ``horizon`` (steps) known -> binary tree; ``None`` -> unbounded: ``"hybrid"`` (default) or
-    ``"doubling"``. Guarantee: epsilon-DP (``noise="gamma"``) or (epsilon, delta)-DP
-    (``"gaussian"``) for each contribution, over the whole stream.
+    ``counter`` picks the mechanism (``beam_dp.mechanisms.counters.make_counter``): ``"auto"``
+    (default) = the 4-buffer BLT factorization for ``noise="gaussian"`` and the fitted k-ary Honaker
+    tree for ``noise="gamma"``; ``"tree"`` = the tree mechanisms (``horizon`` known -> binary tree;
+    ``None`` -> unbounded: ``"hybrid"`` (default) or ``"doubling"``); also ``"honaker"``,
+    ``"toeplitz"`` (needs a horizon), ``"blt"``, ``"kary"``. For counters other than ``"tree"`` a missing
+    ``horizon`` defaults to the clock's public end, else to the counter's unbounded mode;
+    ``calibration`` applies to ``"tree"`` only. Guarantee: epsilon-DP (``noise="gamma"``) or
+    (epsilon, delta)-DP (``"gaussian"``) for each contribution, over the whole stream.
     """
 
     horizon: int | None = None
     unbounded: Literal["hybrid", "doubling"] = "hybrid"
+    counter: str = "auto"
 
     def __post_init__(self) -> None:
         self._validate_steps()
@@ -96,9 +107,10 @@ class ContinualSumParams(_VectorSumParams):
         self.build_mechanism()
 
     def build_mechanism(self):
-        from beam_dp.mechanisms.tree import make_tree_sum
+        from beam_dp.mechanisms.counters import make_counter
 
-        return make_tree_sum(horizon=self.horizon, unbounded=self.unbounded, **self._mechanism_kwargs())
+        return make_counter(self.counter, horizon=self.horizon, unbounded=self.unbounded,
+                            public_end=_public_end(self.clock), **self._mechanism_kwargs())
 
 
 @dataclass(frozen=True)
@@ -122,7 +134,7 @@ class WindowedSumParams(_VectorSumParams):
 @dataclass(frozen=True)
 class ContinualCountParams(_StepParams):
     """Private running counts of events per stream: a continual sum of 1 per event (R = 1, so
-    Δ₂ = 2 under replace-one neighbours). Same mechanisms and guarantees as ``ContinualSumParams``."""
+    Δ₂ = 2 under replace-one neighbours). Same mechanisms (``counter``) and guarantees as ``ContinualSumParams``."""
 
     epsilon: float = 1.0
     delta: float = 0.0
@@ -130,6 +142,7 @@ class ContinualCountParams(_StepParams):
     calibration: Literal["paper", "analytic"] = "paper"
     horizon: int | None = None
     unbounded: Literal["hybrid", "doubling"] = "hybrid"
+    counter: str = "auto"
 
     def __post_init__(self) -> None:
         self._validate_steps()
@@ -139,13 +152,14 @@ class ContinualCountParams(_StepParams):
         return ContinualSumParams(
             clock=self.clock, block_size=self.block_size, streams=self.streams, noise_key=self.noise_key,
             dim=1, epsilon=self.epsilon, clip_bound=1.0, delta=self.delta, noise=self.noise,
-            calibration=self.calibration, horizon=self.horizon, unbounded=self.unbounded,
+            calibration=self.calibration, horizon=self.horizon, unbounded=self.unbounded, counter=self.counter,
         )
 
     def build_mechanism(self):
-        from beam_dp.mechanisms.tree import make_tree_sum
+        from beam_dp.mechanisms.counters import make_counter
 
-        return make_tree_sum(
-            horizon=self.horizon, unbounded=self.unbounded, dim=1, epsilon=self.epsilon, delta=self.delta,
-            clip_bound=1.0, noise=self.noise, calibration=self.calibration,
+        return make_counter(
+            self.counter, horizon=self.horizon, unbounded=self.unbounded, public_end=_public_end(self.clock),
+            dim=1, epsilon=self.epsilon, delta=self.delta, clip_bound=1.0, noise=self.noise,
+            calibration=self.calibration,
         )

@@ -49,7 +49,7 @@ def _tuples(ids, ts, values):
 @pytest.mark.parametrize("unbounded", ["hybrid", "doubling"])
 def test_continual_sum_batch_equals_pure_mechanism(unbounded):
     ids, ts, values = _events()
-    params = ContinualSumParams(dim=3, epsilon=1.0, clip_bound=2.0, clock=CLOCK, unbounded=unbounded)
+    params = ContinualSumParams(dim=3, epsilon=1.0, clip_bound=2.0, clock=CLOCK, unbounded=unbounded, counter="tree")
     expected = expected_rows(params, ids, ts, values)
     assert len(expected) == 3 * 37
     with beam.Pipeline(options=batch_options()) as p:
@@ -67,7 +67,7 @@ def test_known_horizon_gaussian_and_event_batches_equal_pure_mechanism():
     with beam.Pipeline(options=batch_options()) as p:
         out = p | beam.Create(halves) | ContinualSum(params)
         assert_that(out.releases, rows_match(expected))
-    assert all(r.mechanism == "binary_tree" and r.delta_spent == 1e-6 for r in expected)
+    assert all(r.mechanism == "blt" and r.delta_spent == 1e-6 for r in expected)  # counter="auto", Gaussian
     assert max(r.epsilon_spent for r in expected) <= 2.0
 
 
@@ -183,7 +183,7 @@ def test_metrics_count_elements_clipped_dead_letters_and_releases():
     result = pipeline.run()
     result.wait_until_finish()
     counters = {c.key.metric.name: c.committed for c in result.metrics().query()["counters"]
-                if c.key.metric.namespace == "beam_dp/hybrid_tree"}
+                if c.key.metric.namespace == "beam_dp/kary_tree"}  # counter="auto", pure epsilon
     assert counters == {"elements": 2, "clipped": 1, "dead_letters": 1, "releases": 37}
 
 
@@ -210,7 +210,7 @@ def test_invalid_parameters_raise_at_construction():
         ContinualSumParams(dim=2, epsilon=1.0, clip_bound=1.0, clock=CLOCK, horizon=0)
     with pytest.raises(ValueError):  # the paper's sigma_tree_004 fails the exact check at eps=20, L=1
         ContinualSumParams(dim=1, epsilon=20.0, delta=1e-5, noise="gaussian", clip_bound=0.5, horizon=1,
-                           block_size=1)
+                           block_size=1, counter="tree")
     with pytest.raises(ValueError):
         ContinualSumParams(dim=2, epsilon=1.0, clip_bound=1.0)  # no step schedule
     with pytest.raises(ValueError):
@@ -245,3 +245,13 @@ def test_same_key_same_releases_and_other_key_other_noise(monkeypatch):
     same = all(a.value == b.value for a, b in zip(rows["first"], rows["again"]))
     assert same and len(rows["first"]) == 3 * 37
     assert all(not math.isclose(a.value[0], b.value[0]) for a, b in zip(rows["first"], rows["other"]))
+
+
+def test_steps_a_mechanism_refuses_go_to_dead_letters_without_failing_the_pipeline():
+    """A known-horizon tree refuses steps past its horizon: with count steps (no public end to check at
+    construction) the extra blocks become `refused` dead letters and earlier releases are unaffected."""
+    params = ContinualSumParams(dim=1, epsilon=1.0, clip_bound=1.0, block_size=1, horizon=3, counter="tree")
+    with beam.Pipeline(options=batch_options()) as p:
+        out = p | beam.Create([("s", 0.5)] * 5) | ContinualSum(params)
+        assert_that(out.releases | beam.Map(lambda r: r.step), equal_to([1, 2, 3]), label="three releases")
+        assert_that(out.dead_letter, reasons_are({Reason.REFUSED: 2}), label="two refused")

@@ -1,0 +1,137 @@
+"""Shared base of the Gaussian Toeplitz matrix-factorization counters (square root, BLT).
+
+Prefix sums are ``A x`` with ``A`` the lower-triangular all-ones matrix. A factorization ``A = B C``
+with ``C`` lower-triangular Toeplitz (coefficients ``c_0 = 1, c_1, ...``) releases
+``B(Cx + z) = Ax + Bz`` with ``z_r ~ N(0, σ² I_d)`` i.i.d. per step; ``B = A C^{-1}`` is lower-triangular
+Toeplitz too, with coefficients ``b_j = Σ_{i<=j} ĉ_i`` (``ĉ`` those of ``C^{-1}``).
+
+Privacy (replace-one, ``Δ₂ = 2R``). The releases ``1..t`` are a bijective post-processing of
+``(Cx + z)_{1..t}``. Moving one contribution (value and step may change) moves that vector by at most
+``R(‖c_s‖ + ‖c_s'‖) <= Δ₂ · max_s ‖C_{1..t, s}‖``, the largest column norm, which for a Toeplitz ``C`` is
+the first column's: ``‖C_{1..t, 1}‖² = Σ_{j<t} c_j²``. So the mechanism is one Gaussian mechanism with
+``mu_t² = Δ₂² Σ_{j<t} c_j² / σ²``; ``σ`` is calibrated with the exact analytic Gaussian at ``(ε, δ)``
+on the sensitivity over the horizon (or over all steps, when that sum converges). Per-element
+ledger: at step ``t`` an element of step ``s <= t`` is charged ``mu² = (Δ₂ c_{t−s}/σ)²`` (``t`` charges,
+exact; their Gaussian composition is the column-norm loss above).
+
+Error: ``noise_var(t) = σ² Σ_{j<t} b_j²`` per coordinate, exactly (increasing in ``t``).
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from typing import Any
+
+import numpy as np
+
+from beam_dp.core.calibration import analytic_gaussian_sigma, certify_gaussian
+from beam_dp.core.guarantee import Charge, ElementLoss, Guarantee, require_within_budget
+from beam_dp.mechanisms.base import ContinualSumMechanism
+from beam_dp.mechanisms.tree import MAX_STEP, _check_purpose, _check_step_number
+
+__all__ = ["ToeplitzFactorizationSum"]
+
+
+class ToeplitzFactorizationSum(ContinualSumMechanism):
+    """Base class: Gaussian noise through a Toeplitz factorization (see the module docstring).
+
+    Subclasses give the coefficient sums (``col_norm_sq(t) = Σ_{j<t} c_j²``, ``row_norm_sq(t) =
+    Σ_{j<t} b_j²``, ``t = math.inf`` allowed in ``col_norm_sq`` when the sum converges), the
+    coefficients ``c_coeffs(n)`` and the streaming state machine.
+    """
+
+    def __init__(
+        self,
+        *,
+        dim: int,
+        epsilon: float,
+        delta: float = 0.0,
+        clip_bound: float | None = None,
+        sensitivity: float | None = None,
+        noise: str = "gaussian",
+        horizon: int | None,
+        purpose: str,
+    ) -> None:
+        if noise != "gaussian":
+            raise ValueError(f"{self.name} is an (epsilon, delta) counter: it needs noise='gaussian'")
+        super().__init__(
+            dim=dim, epsilon=epsilon, delta=delta, clip_bound=clip_bound, sensitivity=sensitivity,
+            noise="gaussian", calibration="analytic",
+        )
+        if horizon is not None and (
+            isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)) or not 1 <= horizon <= MAX_STEP
+        ):
+            raise ValueError(f"horizon must be an integer in [1, 2**62] or None, got {horizon!r}")
+        self.horizon = None if horizon is None else int(horizon)
+        self.purpose = _check_purpose(purpose)
+        self.guarantee = Guarantee(self.epsilon, self.delta)
+
+    def _calibrate(self) -> None:
+        """Exact sigma on the sensitivity over the horizon (or all steps); certify; check the budget."""
+        col = self.col_norm_sq(math.inf if self.horizon is None else self.horizon)
+        if not math.isfinite(col):
+            raise ValueError(f"{self.name}: the column norm diverges; an unbounded horizon is not possible")
+        self.max_col_norm = math.sqrt(col)
+        joint = self.sensitivity * self.max_col_norm
+        self.sigma = analytic_gaussian_sigma(self.epsilon, self.delta, joint)
+        certify_gaussian(self.sigma, joint, 1, self.epsilon, self.delta)
+        require_within_budget(self.guarantee, self._loss(col), self.name)
+
+    # -- coefficients (subclasses) ---------------------------------------------------------------
+    @abc.abstractmethod
+    def c_coeffs(self, n: int) -> np.ndarray:
+        """``c_0..c_{n−1}`` of ``C``."""
+
+    @abc.abstractmethod
+    def col_norm_sq(self, t: float) -> float:
+        """``Σ_{j<t} c_j²`` (``t`` may be ``math.inf``)."""
+
+    @abc.abstractmethod
+    def row_norm_sq(self, t: int) -> float:
+        """``Σ_{j<t} b_j²``."""
+
+    # -- privacy and error -----------------------------------------------------------------------
+    def _loss(self, col_sq: float) -> ElementLoss:
+        return ElementLoss(gaussian_mu_sq=(self.sensitivity / self.sigma) ** 2 * col_sq)
+
+    def _check_t(self, t: Any) -> int:
+        t = _check_step_number(t)
+        if self.horizon is not None and t > self.horizon:
+            raise ValueError(f"step {t} is beyond the horizon T={self.horizon} of {self.name}")
+        return t
+
+    def noise_var(self, t: int) -> float:
+        return self.sigma**2 * self.row_norm_sq(self._check_t(t))
+
+    def charges_at(self, t: int) -> list[Charge]:
+        """One charge per earlier step ``s``: ``mu² = (Δ₂ c_{t−s}/σ)²`` (O(t) charges)."""
+        t = self._check_t(t)
+        mu_sq = (self.sensitivity / self.sigma) ** 2 * self.c_coeffs(t)[::-1] ** 2
+        return [Charge(s, s, ElementLoss(gaussian_mu_sq=float(m)), f"{self.purpose}[{t},{s}]")
+                for s, m in enumerate(mu_sq, start=1)]
+
+    def _worst_loss(self, t: int) -> ElementLoss:
+        return self._loss(self.col_norm_sq(t))
+
+    def _meta(self, t: int, **extra: Any) -> dict[str, Any]:
+        meta = {
+            "noise": "gaussian",
+            "scale": float(self.sigma),
+            "noise_std": math.sqrt(self.noise_var(t)),
+            "calibration": "analytic",
+            "horizon": self.horizon,
+            "window": None,
+        }
+        meta.update(extra)
+        return meta
+
+    def _next_t(self, state: Any) -> int:
+        if not isinstance(state, self.state_type):
+            raise TypeError(f"{self.name} expects a {self.state_type.__name__}, got {type(state).__name__}")
+        t = state.t + 1
+        if self.horizon is not None and t > self.horizon:
+            raise ValueError(f"step {t} is beyond the horizon T={self.horizon} of {self.name}")
+        if t > MAX_STEP:
+            raise ValueError(f"step {t} exceeds the supported {MAX_STEP} steps")
+        return t
