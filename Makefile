@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 # pytest workers: 2 by default (CI has 2 cores)
 JOBS ?= 2
 
-.PHONY: demo test venv install install-test bench clean
+.PHONY: demo test venv install install-test bench clean flink-test
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -33,9 +33,20 @@ demo: install
 test: install-test
 	$(PY) -m pytest -q -n $(JOBS) tests
 
+## Native Flink: its own venv (PyFlink pins apache-beam<=2.61, pyarrow<21), then a real local Flink job.
+FLINK_VENV ?= .venv-flink
+$(FLINK_VENV)/.installed: beam_dp/flink/requirements.txt
+	$(PYTHON) -m venv $(FLINK_VENV)
+	$(FLINK_VENV)/bin/pip install --quiet --upgrade pip
+	$(FLINK_VENV)/bin/pip install --quiet -r beam_dp/flink/requirements.txt
+	touch $@
+
+flink-test: $(FLINK_VENV)/.installed
+	PYTHONPATH=$(CURDIR) $(FLINK_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/flink
+
 ## Benchmarks (by hand; results go to docs/).
 bench: install
 	$(PY) benchmarks/bench_continual_sum.py
 
 clean:
-	rm -rf $(VENV) output build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(FLINK_VENV) output build *.egg-info .pytest_cache

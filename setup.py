@@ -22,7 +22,10 @@ setup(
     extras_require={
         "torch": ["torch==2.13.0"],
         "report": ["matplotlib>=3.7"],
-        "test": ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6", "scikit-learn>=1.3", "matplotlib>=3.7"],
+        "yaml": ["apache-beam[yaml]>=2.60,<3"],
+        "test": ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6", "scikit-learn>=1.3", "matplotlib>=3.7",
+                 "apache-beam[yaml]>=2.60,<3"],
     },
-    entry_points={"console_scripts": ["beam-dp-continual-stats=pipelines.continual_stats:main"]},
+    entry_points={"console_scripts": ["beam-dp-continual-stats=pipelines.continual_stats:main",
+                                      "beam-dp-report=beam_dp.report.__main__:main"]},
 )

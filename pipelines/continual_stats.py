@@ -1,12 +1,14 @@
-"""Main job: continual private sums (and windowed sums) per stream from an event file.
+"""Main job: continual private sums (and counts, windowed sums) per stream, batch or streaming.
 
-Reads CSV or Parquet events (``stream_id, timestamp, value`` or ``value_0..value_{d-1}``), runs
-``ContinualSum`` (and ``WindowedSum`` when ``--window`` is given) per stream, writes the releases to
-Parquet (or JSON lines) and dead letters to JSON lines, and prints a short summary.
+Reads events ``stream_id, timestamp, value`` (or ``value_0..value_{d-1}``) from CSV/Parquet files
+(batch replay on the FnApiRunner) or, with ``--streaming``, from Pub/Sub or Kafka (one JSON event
+per message); runs ``ContinualSum`` (plus ``ContinualCount`` with ``--count`` and ``WindowedSum``
+with ``--window``) per stream; writes the releases to Parquet (or JSON lines) and the dead letters
+to JSON lines next to them, and prints a short summary.
 
 With no ``--input`` it runs on the embedded demo dataset (``pipelines/demo_data.py``).
-``--epsilon`` is the total budget of the job: with ``--window`` it is split equally between the
-two transforms (sequential composition), and the summary says so.
+``--epsilon`` is the total budget of the job: it is split equally between the transforms that run
+(sequential composition), and the summary says so.
 
     python -m pipelines.continual_stats --help
 """
@@ -16,20 +18,44 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from beam_dp.beam import ContinualSum, ContinualSumParams, NoiseKey, WindowedSum, WindowedSumParams
+from beam_dp.beam import (
+    ContinualCount,
+    ContinualCountParams,
+    ContinualSum,
+    ContinualSumParams,
+    WindowedSum,
+    WindowedSumParams,
+)
 from beam_dp.core import StepClock
-from beam_dp.io import WriteReleasesToJsonLines, WriteReleasesToParquet, read_releases
-from beam_dp.io.sources import ReadEventFiles, value_columns
+from beam_dp.io import read_releases
+from beam_dp.io.sources import value_columns
 from pipelines import demo_data
+from pipelines.common import (
+    ReadEvents,
+    UsageError,
+    add_noise_key_flags,
+    add_source_flags,
+    check_source,
+    match_files,
+    metrics_summary,
+    noise_key_of,
+    params_or_usage_error,
+    run_cli,
+    write_dead_letters,
+    write_releases,
+)
 
 log = logging.getLogger("beam_dp.continual_stats")
+
+PROG = "python -m pipelines.continual_stats"
 
 
 class ContinualStatsOptions(PipelineOptions):
@@ -39,10 +65,13 @@ class ContinualStatsOptions(PipelineOptions):
         g.add_argument("--input", default=None,
                        help="CSV/Parquet event file or glob with columns stream_id, timestamp (epoch seconds or "
                             "ISO-8601), value or value_0..value_{d-1}. Default: the embedded demo dataset.")
+        add_source_flags(g)
         g.add_argument("--output", default="output/continual_stats",
-                       help="Output folder; releases go to <output>/sum-*.parquet (and windowed-*), dead letters "
-                            "to <output>/dead_letter-*.jsonl. Default: %(default)s")
+                       help="Output folder; releases go to <output>/sum-*.parquet (count-*, windowed-*), dead "
+                            "letters to <output>/dead_letter-*.jsonl. Default: %(default)s")
         g.add_argument("--format", choices=("parquet", "jsonl"), default="parquet", help="Release file format.")
+        g.add_argument("--dim", type=int, default=None,
+                       help="Dimension of the values (required with a streaming source; files: from the header).")
         g.add_argument("--epsilon", type=float, default=1.0,
                        help="Total privacy budget epsilon of the job per contribution. Default: %(default)s")
         g.add_argument("--delta", type=float, default=0.0,
@@ -52,118 +81,145 @@ class ContinualStatsOptions(PipelineOptions):
         g.add_argument("--calibration", choices=("paper", "analytic"), default="paper",
                        help="Gaussian only: the paper's sigma (certified exactly, refused if it fails) or the "
                             "smallest exact (analytic) sigma.")
-        g.add_argument("--clip-bound", dest="clip_bound", type=float, default=1.0,
+        g.add_argument("--clip-bound", "--clip_bound", dest="clip_bound", type=float, default=1.0,
                        help="L2 norm bound R each contribution is clipped to (sensitivity 2R). Default: %(default)s")
         g.add_argument("--start", type=float, default=None,
-                       help="Public start of the step schedule, epoch seconds (required with --input).")
+                       help="Public start of the step schedule, epoch seconds (required with --input or a stream).")
         g.add_argument("--period", type=float, default=None,
-                       help="Step length in seconds (required with --input).")
+                       help="Step length in seconds (required with --input or a stream).")
         g.add_argument("--end", type=float, default=None,
-                       help="Public end (exclusive) of the replay, epoch seconds (required with --input).")
+                       help="Public end (exclusive), epoch seconds (required for a batch replay; optional when "
+                            "streaming: without it the job releases a step per period until cancelled).")
         g.add_argument("--horizon", type=int, default=None,
                        help="Known horizon in steps for ContinualSum (binary tree); default: unbounded.")
         g.add_argument("--unbounded", choices=("hybrid", "doubling"), default="hybrid",
                        help="Unbounded-horizon construction when --horizon is not given. Default: %(default)s")
         g.add_argument("--window", type=int, default=None,
                        help="Also run WindowedSum protecting the last W steps (privacy expiration).")
+        g.add_argument("--count", action="store_true",
+                       help="Also run ContinualCount (private running number of events per stream).")
         g.add_argument("--streams", default=None,
                        help="Comma-separated list of declared streams: only these are released, from step 1, "
                             "and events of other streams are dead-lettered.")
-        g.add_argument("--noise-key-file", dest="noise_key_file", default=None,
-                       help="File holding the secret noise key (raw bytes or hex), read on the workers.")
-        g.add_argument("--noise-key-env", dest="noise_key_env", default="BEAM_DP_NOISE_KEY",
-                       help="Env var holding the noise key as hex, read on the workers. Default: %(default)s. "
-                            "Without a key a random one is drawn and the run is not reproducible.")
+        add_noise_key_flags(g)
 
 
-def _help_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m pipelines.continual_stats",
-        description=__doc__.split("\n\n")[0] + " Any other Apache Beam pipeline option (e.g. --runner, "
-                    "--streaming, Dataflow options) is passed through; the default runner is FnApiRunner.",
-    )
-    ContinualStatsOptions._add_argparse_args(parser)
-    return parser
+@dataclass(frozen=True)
+class Plan:
+    """Everything validated before the pipeline is built."""
+
+    demo: bool
+    pattern: str | None
+    out_dir: Path
+    dim: int
+    clock: StepClock
+    params: dict[str, Any]  # output name -> params object, in run order
+    streaming: bool
 
 
-def build(pipeline: beam.Pipeline, opts: ContinualStatsOptions, out_dir: Path) -> dict:
-    """Add the job to ``pipeline``; returns what the summary needs."""
-    demo = opts.input is None
+def plan(options: PipelineOptions) -> Plan:
+    opts = options.view_as(ContinualStatsOptions)
+    streaming = bool(options.view_as(StandardOptions).streaming)
+    check_source(opts, streaming)
+    if not opts.epsilon > 0 or not opts.clip_bound > 0:
+        raise UsageError("--epsilon and --clip-bound must be > 0")
+    out_dir = Path(opts.output)
+    demo = opts.input is None and opts.source == "files"
+    if opts.source != "files" and opts.input:
+        raise UsageError(f"--input reads files: drop it with --source {opts.source}")
     if demo:
-        data_path = out_dir / "demo_events.csv"
-        n_events = demo_data.write_demo_events(data_path)
-        log.info("wrote the embedded demo dataset (%d events) to %s", n_events, data_path)
-        pattern, start, period, end = str(data_path), demo_data.DEMO_START, demo_data.DEMO_PERIOD, demo_data.DEMO_END
+        start, period, end = demo_data.DEMO_START, demo_data.DEMO_PERIOD, demo_data.DEMO_END
+        pattern = str(out_dir / "demo_events.csv")
         streams = opts.streams.split(",") if opts.streams else list(demo_data.DEMO_STREAMS)
-        window = opts.window or 24
+        window, dim = opts.window or 24, 2
     else:
-        if None in (opts.start, opts.period, opts.end):
-            raise SystemExit("--start, --period and --end are required with --input (the schedule is public)")
-        pattern, start, period, end = opts.input, opts.start, opts.period, opts.end
-        streams = opts.streams.split(",") if opts.streams else None
+        missing = [f for f, v in (("--start", opts.start), ("--period", opts.period)) if v is None]
+        if opts.source == "files" and opts.end is None:
+            missing.append("--end")
+        if missing:
+            raise UsageError(f"{', '.join(missing)} required: the step schedule is public and never read from data")
+        start, period, end = opts.start, opts.period, opts.end
+        streams = [s for s in opts.streams.split(",") if s] if opts.streams else None
         window = opts.window
-    dim = _dim_of(pattern)
-    clock = StepClock(start=start, period=period, end=end)
-    parts = 2 if window else 1
+        pattern = opts.input
+        if opts.source == "files":
+            dim = _dim_of(match_files(pattern)[0])
+            if opts.dim is not None and opts.dim != dim:
+                raise UsageError(f"--dim {opts.dim} but the files have {dim} value columns")
+        elif opts.dim is None:
+            raise UsageError(f"--dim is required with --source {opts.source}")
+        else:
+            dim = opts.dim
+    clock = params_or_usage_error(lambda: StepClock(start=start, period=period, end=end), "step schedule")
+    parts = 1 + bool(window) + bool(opts.count)
     common = dict(
-        dim=dim, epsilon=opts.epsilon / parts, delta=opts.delta / parts, clip_bound=opts.clip_bound,
-        noise=opts.noise, calibration=opts.calibration, clock=clock,
-        streams=tuple(streams) if streams else None,
-        noise_key=NoiseKey(env_var=opts.noise_key_env, key_file=opts.noise_key_file),
+        epsilon=opts.epsilon / parts, delta=opts.delta / parts, noise=opts.noise, calibration=opts.calibration,
+        clock=clock, streams=tuple(streams) if streams else None, noise_key=noise_key_of(opts),
     )
-    batches, bad_rows = pipeline | "ReadEvents" >> ReadEventFiles(pattern)
-    sink = WriteReleasesToParquet if opts.format == "parquet" else WriteReleasesToJsonLines
-    outputs = {"sum": batches | "ContinualSum" >> ContinualSum(
-        ContinualSumParams(horizon=opts.horizon, unbounded=opts.unbounded, **common))}
+    vector = dict(dim=dim, clip_bound=opts.clip_bound, **common)
+    params: dict[str, Any] = {"sum": params_or_usage_error(
+        lambda: ContinualSumParams(horizon=opts.horizon, unbounded=opts.unbounded, **vector), "sum")}
+    if opts.count:
+        params["count"] = params_or_usage_error(
+            lambda: ContinualCountParams(horizon=opts.horizon, unbounded=opts.unbounded, **common), "count")
     if window:
-        outputs["windowed"] = batches | "WindowedSum" >> WindowedSum(WindowedSumParams(window=window, **common))
-    dead = [bad_rows | "TagRead" >> beam.Map(_dead_letter_json, "read")]
+        params["windowed"] = params_or_usage_error(lambda: WindowedSumParams(window=window, **vector), "windowed")
+    return Plan(demo, pattern, out_dir, dim, clock, params, streaming)
+
+
+_TRANSFORMS = {"sum": ContinualSum, "count": ContinualCount, "windowed": WindowedSum}
+
+
+def build(pipeline: beam.Pipeline, job: Plan, opts: ContinualStatsOptions, messages=None) -> dict:
+    """Add the job to ``pipeline``; returns ``{output name: ContinualOutputs}``.
+
+    ``messages``: a PTransform of raw JSON messages (a ``TestStream`` in tests) used in place of
+    the Pub/Sub / Kafka source.
+    """
+    events, bad_rows = pipeline | "ReadEvents" >> ReadEvents(opts, job.pattern, messages)
+    outputs = {name: events | _TRANSFORMS[name].__name__ >> _TRANSFORMS[name](params)
+               for name, params in job.params.items()}
+    dead = {"read": bad_rows}
     for name, out in outputs.items():
-        out.releases | f"Write-{name}" >> sink(str(out_dir / name))
-        dead.append(out.dead_letter | f"Tag-{name}" >> beam.Map(_dead_letter_json, name))
-    (
-        tuple(dead)
-        | "AllDeadLetters" >> beam.Flatten()
-        | "WriteDeadLetters" >> beam.io.WriteToText(str(out_dir / "dead_letter"), file_name_suffix=".jsonl")
-    )
-    return {"demo": demo, "dim": dim, "clock": clock, "window": window, "parts": parts, "outputs": list(outputs)}
+        write_releases(out.releases, job.out_dir, name, opts.format, job.streaming)
+        dead[name] = out.dead_letter
+    write_dead_letters(dead, job.out_dir, job.streaming)
+    return outputs
 
 
-def _dead_letter_json(letter, stage: str) -> str:
-    """One dead letter as a JSON line; each transform that rejects an event writes its own line."""
-    return json.dumps({"stage": stage, "reason": letter.reason, "detail": letter.detail, "stream": letter.stream,
-                       "element": repr(letter.element)[:2000]})
-
-
-def _dim_of(pattern: str) -> int:
+def _dim_of(path: str) -> int:
     from apache_beam.io.filesystems import FileSystems
     import pyarrow.parquet as pq
 
-    matches = FileSystems.match([pattern])[0].metadata_list
-    if not matches:
-        raise SystemExit(f"no input files match {pattern!r}")
-    path = sorted(m.path for m in matches)[0]
     with FileSystems.open(path) as fh:
-        if path.endswith(".parquet"):
-            names = pq.ParquetFile(fh).schema_arrow.names
-        else:
-            names = [n.strip() for n in fh.readline().decode("utf-8").split(",")]
-    return len(value_columns(names))
+        try:
+            if path.endswith(".parquet"):
+                names = pq.ParquetFile(fh).schema_arrow.names
+            else:
+                names = [n.strip() for n in fh.readline().decode("utf-8").split(",")]
+            return len(value_columns(names))
+        except Exception as exc:  # unreadable header or file
+            raise UsageError(f"cannot read the header of {path}: {exc}") from None
 
 
-def summarize(out_dir: Path, info: dict, opts: ContinualStatsOptions) -> str:
+def summarize(job: Plan, opts: ContinualStatsOptions) -> str:
+    out_dir = job.out_dir
     lines = [f"beam_dp continual_stats: releases written under {out_dir.resolve()}"]
-    lines.append(f"  input: {'embedded demo dataset' if info['demo'] else opts.input}; dim={info['dim']}; "
-                 f"steps of {info['clock'].period:g}s, {info['clock'].last_step} steps")
-    for name in info["outputs"]:
-        rows = read_releases(str(out_dir / f"{name}-*"))
+    last_step = job.clock.last_step
+    source = "embedded demo dataset" if job.demo else (opts.input or opts.source)
+    lines.append(f"  input: {source}; dim={job.dim}; steps of {job.clock.period:g}s, {last_step} steps")
+    for name in job.params:
+        try:
+            rows = read_releases(str(out_dir / f"{name}-*"))
+        except FileNotFoundError:
+            rows = []
         if not rows:
             lines.append(f"  {name}: no releases (no valid events and no declared streams)")
             continue
         streams = sorted({r["stream"] for r in rows})
         eps = max(r["epsilon_spent"] for r in rows)
         budget = rows[0]["epsilon_budget"]
-        last = [r for r in rows if r["step"] == info["clock"].last_step]
+        last = [r for r in rows if r["step"] == last_step]
         noise_std = last[0]["meta"].get("noise_std") if last else None
         lines.append(f"  {name}: {len(rows)} releases, {len(streams)} streams, mechanism {rows[0]['mechanism']}, "
                      f"max epsilon_spent {eps:.4g} of budget {budget:g}"
@@ -172,31 +228,32 @@ def summarize(out_dir: Path, info: dict, opts: ContinualStatsOptions) -> str:
     letters = [json.loads(line) for f in dead_files for line in f.read_text().splitlines() if line]
     reasons = Counter(f"{d['stage']}:{d['reason']}" for d in letters)
     lines.append(f"  dead letters: {len(letters)} {dict(sorted(reasons.items())) if reasons else ''}".rstrip())
-    if info["parts"] == 2:
-        lines.append(f"  total privacy: the two transforms each spend epsilon={opts.epsilon / 2:g}: "
+    if len(job.params) > 1:
+        share = opts.epsilon / len(job.params)
+        lines.append(f"  total privacy: the {len(job.params)} transforms each spend epsilon={share:g}: "
                      f"{opts.epsilon:g} per contribution in all")
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "-h" in argv or "--help" in argv:
-        _help_parser().print_help()
-        return 0
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    options = PipelineOptions(argv)
-    if "--runner" not in " ".join(argv):
-        options.view_as(StandardOptions).runner = "FnApiRunner"  # skip the Prism download attempt
+def run(options: PipelineOptions, job: Plan, messages=None) -> str:
     opts = options.view_as(ContinualStatsOptions)
-    out_dir = Path(opts.output)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for old in out_dir.glob("*-of-*"):
+    job.out_dir.mkdir(parents=True, exist_ok=True)
+    for old in job.out_dir.glob("*-of-*"):
         old.unlink()
-    with beam.Pipeline(options=options) as pipeline:
-        info = build(pipeline, opts, out_dir)
-    print(summarize(out_dir, info, opts))
-    return 0
+    if job.demo:
+        n_events = demo_data.write_demo_events(job.pattern)
+        log.info("wrote the embedded demo dataset (%d events) to %s", n_events, job.pattern)
+    pipeline = beam.Pipeline(options=options)
+    build(pipeline, job, opts, messages)
+    result = pipeline.run()
+    result.wait_until_finish()
+    return summarize(job, opts) + "\n" + metrics_summary(result)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(argv, prog=PROG, description=__doc__.split("\n\n")[0], options_class=ContinualStatsOptions,
+                   plan=plan, run=run)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

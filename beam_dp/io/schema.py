@@ -12,8 +12,6 @@ Columns:
 * ``meta``: public facts as sorted JSON (noise law, scale, ``noise_std``, node counts, calibration).
 """
 
-from __future__ import annotations
-
 import json
 from typing import List, NamedTuple, Optional
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from beam_dp.beam import ContinualSumParams, WindowedSumParams
+from beam_dp.beam import ContinualCountParams, ContinualSumParams, WindowedSumParams
 from beam_dp.core import StepClock
 from beam_dp.io import read_releases
 from pipelines import continual_stats
@@ -87,3 +88,95 @@ def test_input_needs_a_public_schedule(tmp_path):
     _write_csv(tmp_path / "e.csv", ids, ts, values)
     with pytest.raises(SystemExit):
         continual_stats.main(["--input", str(tmp_path / "e.csv"), "--output", str(tmp_path / "o")])
+
+
+# -- strict CLI: one-line errors, exit code 2 ------------------------------------------------------
+@pytest.mark.parametrize("argv, fix", [
+    (["--bogus=1"], "unknown flag --bogus"),
+    (["--epsilon=abc"], "--epsilon"),
+    (["--epsilon=0"], "--epsilon"),
+    (["--input=/no/such/file.csv", "--start=0", "--period=1", "--end=10"], "no files match --input"),
+    (["--noise-key-file=/no/such/key"], "--noise-key-file"),
+    (["--source=pubsub"], "add --streaming"),
+    (["--source=pubsub", "--streaming"], "--pubsub-subscription"),
+    (["--source=kafka", "--streaming", "--kafka-topic=t"], "--kafka-bootstrap-servers"),
+    (["--source=kafka", "--streaming", "--kafka-topic=t", "--kafka-bootstrap-servers=h:9092", "--start=0",
+      "--period=1"], "--dim is required"),
+])
+def test_usage_errors_are_one_line_with_exit_code_2(argv, fix, capsys, tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        continual_stats.main(argv + [f"--output={tmp_path}"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("python -m pipelines.continual_stats: error:")
+    assert fix in err
+
+
+def test_count_output_and_budget_split(tmp_path, capsys):
+    ids, ts, values = _events(60, seed=3)
+    _write_csv(tmp_path / "e.csv", ids, ts, values)
+    out = tmp_path / "out"
+    argv = ["--input", str(tmp_path / "e.csv"), "--output", str(out), "--start", str(START), "--period",
+            str(PERIOD), "--end", str(END), "--epsilon", "3.0", "--count", "--window", "2", "--format", "jsonl"]
+    assert continual_stats.main(argv) == 0
+    summary = capsys.readouterr().out
+    assert "the 3 transforms each spend epsilon=1" in summary and "progress:" in summary
+    count_params = ContinualCountParams(epsilon=1.0, clock=StepClock(START, PERIOD, END))
+    got = read_releases(str(out / "count-*"))
+    want = sorted(expected_rows(count_params.as_sum_params(), ids, ts, np.ones((len(ids), 1))),
+                  key=lambda r: (r.stream, r.step))
+    assert [(r["stream"], r["step"]) for r in got] == [(r.stream, r.step) for r in want]
+    np.testing.assert_allclose([g["value"] for g in got], [w.value for w in want], rtol=1e-9, atol=1e-9)
+    assert all(r["epsilon_spent"] <= 1.0 for r in got)
+
+
+# -- streaming: the Pub/Sub / Kafka source replaced by a TestStream of the same JSON messages ----------
+def _messages(events, late):
+    from apache_beam.testing.test_stream import TestStream
+    from apache_beam.transforms.window import TimestampedValue
+
+    stream = TestStream()
+    for watermark, batch in events:
+        stream = stream.add_elements([TimestampedValue(json.dumps(e).encode(), e["timestamp"]) for e in batch])
+        stream = stream.advance_watermark_to(watermark)
+    stream = stream.add_elements([TimestampedValue(m, 130.0) for m in late])
+    return stream.advance_watermark_to(END + 1).advance_watermark_to_infinity()
+
+
+def test_streaming_source_replaced_by_teststream_matches_pure_mechanism(tmp_path):
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.testing.util import assert_that
+
+    from tests.beam.helpers import rows_match
+
+    ids, ts, values = _events(80, seed=5)
+    order = np.argsort(ts)
+    ids, ts, values = ids[order], ts[order], values[order]
+    batches = []
+    for lo, hi in ((START, 120.0), (120.0, 135.0), (135.0, END)):
+        sel = (ts >= lo) & (ts < hi)
+        batches.append((hi, [{"stream_id": str(i), "timestamp": float(t), "value_0": float(v[0]),
+                              "value_1": float(v[1])} for i, t, v in zip(ids[sel], ts[sel], values[sel])]))
+    late = [json.dumps({"stream_id": "x", "timestamp": 101.0, "value": [0.5, 0.5]}).encode(),  # step 1: closed
+            b"not json", json.dumps({"stream_id": "y", "timestamp": 131.0, "value": [float("nan"), 1]}).encode()]
+    argv = ["--source=pubsub", "--pubsub-subscription=projects/p/subscriptions/s", "--streaming", "--dim=2",
+            f"--start={START}", f"--period={PERIOD}", f"--end={END}", "--epsilon=2.0", "--window=4",
+            f"--output={tmp_path}", "--format=jsonl"]
+    options = PipelineOptions(argv)
+    job = continual_stats.plan(options)
+    clock = StepClock(START, PERIOD, END)
+    want_sum = expected_rows(ContinualSumParams(dim=2, epsilon=1.0, clip_bound=1.0, clock=clock), ids, ts, values)
+    want_win = expected_rows(WindowedSumParams(dim=2, epsilon=1.0, clip_bound=1.0, clock=clock, window=4),
+                             ids, ts, values)
+    with beam.Pipeline(options=options) as p:
+        outputs = continual_stats.build(p, job, options.view_as(continual_stats.ContinualStatsOptions),
+                                        messages=_messages(batches, late))
+        assert_that(outputs["sum"].releases, rows_match(want_sum), label="sum")
+        assert_that(outputs["windowed"].releases, rows_match(want_win), label="windowed")
+    dead = [json.loads(line) for f in tmp_path.glob("dead_letter-*") for line in f.read_text().splitlines() if line]
+    reasons = Counter(f"{d['stage']}:{d['reason']}" for d in dead)
+    assert reasons == {"read:malformed": 1, "sum:late": 1, "windowed:late": 1, "sum:non_finite": 1,
+                       "windowed:non_finite": 1}
+    written = read_releases(str(tmp_path / "sum-*"))
+    assert len(written) == 2 * clock.last_step

@@ -1,0 +1,56 @@
+"""A small event stream shared by the Flink tests, and its reference releases from the pure mechanism."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import numpy as np
+
+from beam_dp.core import NoiseSource, StepClock
+from beam_dp.io.schema import release_to_row
+from beam_dp.mechanisms.replay import replay_event_time
+from beam_dp.mechanisms.tree import make_tree_sum
+from tests.conftest import TEST_KEY
+
+CLOCK = StepClock(start=1000.0, period=10.0, end=1100.0)  # 10 steps
+STREAMS = ("a", "b", "silent")
+BUILD = functools.partial(make_tree_sum, horizon=None, unbounded="hybrid", dim=2, epsilon=1.0, delta=0.0,
+                          clip_bound=1.0, noise="gamma", calibration="paper")
+
+
+def good_events(n: int = 60, seed: int = 7) -> list[tuple]:
+    """In time order (no late data, whatever the watermark interval): ``(stream, seconds, [v0, v1])``."""
+    rng = np.random.default_rng(seed)
+    ts = np.sort(CLOCK.start + rng.random(n) * (CLOCK.end - CLOCK.start - 25.0))  # steps 8..10 stay empty
+    ids = rng.choice(["a", "b"], n)
+    values = rng.normal(0, 1, (n, 2))
+    return [(str(i), float(t), v.tolist()) for i, t, v in zip(ids, ts, values)]
+
+
+#: Bad rows, each with the dead-letter reason it must get (interleaved with good events in time order).
+BAD = [
+    (("a", 1010.5, [float("nan"), 0.0]), "non_finite"),
+    (("a", 1011.0, [1.0]), "wrong_shape"),
+    (("zz", 1012.0, [0.1, 0.1]), "undeclared_stream"),
+    (("b", 1012.5, "text"), "bad_value"),
+]
+
+
+def expected_rows(events: list[tuple]) -> list[dict]:
+    ids = np.array([e[0] for e in events])
+    ts = np.array([e[1] for e in events])
+    values = np.array([e[2] for e in events])
+    mechanism = BUILD()
+    by_stream = replay_event_time(mechanism, ids, ts, values, CLOCK, NoiseSource(TEST_KEY), STREAMS)
+    rows = [release_to_row(r, mechanism.guarantee, CLOCK.step_start_micros(r.step), CLOCK.step_end_micros(r.step))
+            for releases in by_stream.values() for r in releases]
+    return sorted((json.loads(json.dumps(r._asdict())) for r in rows), key=lambda r: (r["stream"], r["step"]))
+
+
+def assert_rows_equal(got: list[dict], want: list[dict]) -> None:
+    got = sorted(got, key=lambda r: (r["stream"], r["step"]))
+    assert [(r["stream"], r["step"]) for r in got] == [(r["stream"], r["step"]) for r in want]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g["value"], w["value"], rtol=1e-9, atol=1e-9)  # summation order differs
+        assert {k: v for k, v in g.items() if k != "value"} == {k: v for k, v in w.items() if k != "value"}

@@ -1,0 +1,119 @@
+"""Dataflow Flex Templates: metadata validates against the job's flags, parameter regexes accept good
+values and reject bad ones, the Docker image points at files that exist, and the entry point runs
+locally as the launcher would run it (``python main.py --param=value ...``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from beam_dp.io import read_releases
+from pipelines import continual_stats
+
+pytestmark = pytest.mark.pipeline
+
+ROOT = Path(__file__).resolve().parents[2]
+FLEX = ROOT / "templates" / "flex"
+#: job name -> its options class (a family adds its job here)
+JOBS = {"continual_stats": continual_stats.ContinualStatsOptions}
+
+GOOD = {"input": "gs://my-bucket/events/*.csv", "output": "gs://my-bucket/out", "source": "pubsub", "epsilon": "0.5",
+        "clip_bound": "2", "start": "1767225600", "period": "3600", "end": "1768435200", "window": "24",
+        "dim": "3", "delta": "1e-6", "noise_key_file": "/secrets/key", "noise_key_env": "BEAM_DP_NOISE_KEY",
+        "pubsub_subscription": "projects/p/subscriptions/s", "kafka_bootstrap_servers": "k1:9092,k2:9092",
+        "streams": "shop-01,shop-02", "noise": "gaussian"}
+BAD = {"input": "/local/file.csv", "output": "s3://b/out", "source": "files;rm", "epsilon": "-1",
+       "clip_bound": "abc", "start": "yesterday", "period": "0x10", "window": "0", "dim": "1.5",
+       "noise_key_file": "key with spaces", "noise_key_env": "lower", "streams": ",",
+       "pubsub_subscription": "projects/p/topics/t", "kafka_bootstrap_servers": "k1", "noise": "laplace"}
+
+
+def _metadata(job: str) -> dict:
+    return json.loads((FLEX / job / "metadata.json").read_text())
+
+
+def _job_flags(options_class) -> set[str]:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    options_class._add_argparse_args(parser)  # pylint: disable=protected-access
+    return {s for a in parser._actions for s in a.option_strings}  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+def test_metadata_is_valid_and_every_parameter_is_a_flag_of_the_job(job):
+    meta = _metadata(job)
+    assert meta["name"] and meta["description"]
+    names = [p["name"] for p in meta["parameters"]]
+    assert len(names) == len(set(names))
+    flags = _job_flags(JOBS[job])
+    for param in meta["parameters"]:
+        assert set(param) <= {"name", "label", "helpText", "isOptional", "regexes", "paramType"}
+        assert re.fullmatch(r"[a-zA-Z][a-zA-Z0-9_]*", param["name"]) and param["label"] and param["helpText"]
+        assert isinstance(param["isOptional"], bool)
+        assert f"--{param['name']}" in flags, f"{param['name']} is not a flag of {job}"
+        assert param["regexes"] and all(re.compile(r) for r in param["regexes"])
+        if "key" in param["name"]:  # the secret key travels by location only
+            assert param["name"].endswith(("_file", "_env"))
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+def test_parameter_regexes_accept_good_values_and_reject_bad_ones(job):
+    params = {p["name"]: p for p in _metadata(job)["parameters"]}
+    for name, value in GOOD.items():
+        assert all(re.fullmatch(r, value) for r in params[name]["regexes"]), (name, value)
+    for name, value in BAD.items():
+        assert not all(re.fullmatch(r, value) for r in params[name]["regexes"]), (name, value)
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+def test_docker_image_points_at_files_that_exist(job):
+    dockerfile = (FLEX / job / "Dockerfile").read_text()
+    env = dict(re.findall(r'^ENV (\w+)="\$\{WORKDIR\}/([^"]+)"', dockerfile, flags=re.M))
+    assert set(env) == {"FLEX_TEMPLATE_PYTHON_PY_FILE", "FLEX_TEMPLATE_PYTHON_REQUIREMENTS_FILE",
+                        "FLEX_TEMPLATE_PYTHON_SETUP_FILE"}
+    for path in env.values():
+        assert (ROOT / path).is_file(), path
+    import apache_beam
+
+    pins = (FLEX / job / "requirements.txt").read_text()
+    assert f"apache-beam[gcp]=={apache_beam.__version__}" in pins  # launcher and workers on the tested Beam
+    assert "BEAM_DP_NOISE_KEY=" not in dockerfile and not re.search(r"[0-9a-f]{32,}", dockerfile)
+
+
+def _launch(job: str, params: dict, tmp_path) -> subprocess.CompletedProcess:
+    """Run the entry point as the Flex Template launcher does: ``python <py file> --name=value ...``."""
+    args = [f"--{k}={v}" for k, v in params.items()]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, str(FLEX / job / "main.py"), *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_continual_stats_entry_point_runs_with_template_parameters(tmp_path):
+    rng = np.random.default_rng(2)
+    lines = ["stream_id,timestamp,value_0"] + [f"s{i % 2},{100 + 50 * rng.random()!r},{rng.normal()!r}"
+                                                for i in range(40)] + ["s0,120.0,bad"]
+    (tmp_path / "events.csv").write_text("\n".join(lines) + "\n")
+    params = {"input": tmp_path / "events.csv", "output": tmp_path / "out", "epsilon": 1.0, "clip_bound": 1.0,
+              "start": 100, "period": 5, "end": 150, "window": 4, "noise_key_env": "BEAM_DP_NOISE_KEY"}
+    done = _launch("continual_stats", params, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "sum: 20 releases" in done.stdout and "windowed: 20 releases" in done.stdout
+    assert len(read_releases(str(tmp_path / "out" / "sum-*"))) == 20
+    assert "read:malformed" in done.stdout
+
+
+def test_unknown_template_parameter_is_a_one_line_error_with_exit_code_2(tmp_path):
+    done = _launch("continual_stats", {"output": tmp_path, "epsilon": 1.0, "clip_bound": 1.0, "epsilonn": 2},
+                   tmp_path)
+    assert done.returncode == 2
+    err = [line for line in done.stderr.splitlines() if "apitools" not in line]
+    assert err == ["python -m pipelines.continual_stats: error: unknown flag --epsilonn (see --help for this "
+                   "job's flags; any Apache Beam pipeline option is accepted too)"]
