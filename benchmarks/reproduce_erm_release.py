@@ -1,17 +1,27 @@
 """Reproduce the ERM-release experiments (seed 000, Watson et al.) qualitatively.
 
-Runs the pure mechanisms (no Beam) over a shuffled stream and records test accuracy of every
+Runs the pure mechanisms (no Beam) over a shuffled stream and records the test accuracy of every
 release: continual cumulative release (Alg. 2 prefix base + Alg. 4), the independent per-block
 baseline, sliding-window release (Alg. 5), each with pure-ε K-norm noise and with the (ε, δ)
 Gaussian variant, against the same algorithm without noise (the non-private model).
 
+**Feature scale.** The objective is (1/n)Σℓ + λ‖w − w_ref‖²; rescaling the features by c is the
+same as multiplying λ on the weights by 1/c², so λ only means what the paper means on the paper's
+features. The paper feeds raw pixel values; here pixels are /255 (MNIST, median L2 norm 9.2) or /16
+(digits, median 3.9, max 4.8) and clipped at a public L2 bound ``--clip`` chosen above the typical
+norm (default 10 for MNIST, 5 for digits: nothing clipped). Clipping to norm 1 would make λ = 1 an
+~85× (MNIST) / ~15× (digits) stronger regulariser than the paper's; ``--sweep`` shows the effect.
+
 Default: scikit-learn's digits (1 797 images, 64 features, 10 classes; 75 % stream, 25 % test),
-b0 = w0 = 64, B = 8·b0, w = 7·w0, λ ∈ {0.1, 1} (λ = 10 over-regularises 64-element blocks), ε ∈ {0.1, 1, 10, 100}, 2 repetitions: about a
-minute on 2 cores. ``--data mnist.npz`` runs the paper's MNIST settings (b0 = w0 = 1024,
-B = 8·b0, w = 7·w0, λ ∈ {1, 10}, stream of 20 000 training images, 10 000 test images); add ``--reps 4`` for
-the paper's repetitions. Features are pixel/255 (MNIST) or /16 (digits), clipped to L2 norm 1.
+b0 = w0 = 64, B = 8·b0, w = 7·w0, λ ∈ {0.1, 1}, ε ∈ {0.1, 1, 10, 100}, 2 repetitions (a few
+minutes on 2 shared cores). ``--data mnist.npz`` runs the paper's MNIST settings (b0 = w0 = 1024,
+B = 8·b0, w = 7·w0, λ ∈ {1, 10}, a stream of 20 000 shuffled training images, the 10 000 test
+images); ``--reps 4`` gives the paper's repetitions. ``--sweep`` runs only the non-private
+diagnosis (accuracy of the ERM minimiser and of the paper's SGD vs n, λ and the clipping bound;
+non-private release algorithms vs b0).
 
     nice -n 10 .venv/bin/python benchmarks/reproduce_erm_release.py
+    nice -n 10 .venv/bin/python benchmarks/reproduce_erm_release.py --sweep
     nice -n 10 .venv/bin/python benchmarks/reproduce_erm_release.py --data /work/shared/data/mnist/mnist.npz
 """
 
@@ -29,8 +39,8 @@ import numpy as np
 
 from beam_dp.core import NoiseSource
 from beam_dp.io.models import load_model
-from beam_dp.mechanisms.erm import (ContinualReleaseMechanism, LabelledRows, SlidingWindowMechanism,
-                                    SoftmaxRegression)
+from beam_dp.mechanisms.erm import (ContinualReleaseMechanism, LabelledRows, SGDConfig, SlidingWindowMechanism,
+                                    SoftmaxRegression, certified_solve, sgd_solve)
 from beam_dp.testing import ZeroNoise
 
 log = logging.getLogger("reproduce_erm_release")
@@ -69,48 +79,99 @@ def accuracy_curve(mech, X, y, Xte, yte, unit, noise) -> list[tuple[int, float]]
     return out
 
 
+def build(alg: str, model, b0: int, lam: float, eps: float, law: str, delta: float):
+    kw = dict(model=model, lam=lam, epsilon=eps, noise=law, delta=delta if law == "gaussian" else 0.0)
+    if alg == "continual":
+        return ContinualReleaseMechanism(update=b0, base=8 * b0, **kw)
+    if alg == "independent":
+        return ContinualReleaseMechanism(update=b0, base=8 * b0, variant="independent", **kw)
+    return SlidingWindowMechanism(block=b0, levels=3, **kw)
+
+
+def minimiser_accuracy(model, X, y, Xte, yte, lam: float, sgd: bool) -> float:
+    """Test accuracy of the non-private prefix model: the certified minimiser or the paper's SGD."""
+    A, w0 = model.augment(X), np.zeros(model.dim)
+    if sgd:
+        w = sgd_solve(model, A, y, len(X), lam, w0, np.random.default_rng(0), SGDConfig()).w
+    else:
+        w = certified_solve(model, A, y, len(X), lam, w0, tolerance=1e-3).w
+    scores = model.augment(Xte) @ w.reshape(model.n_classes, -1).T
+    return float(np.mean(scores.argmax(axis=1) == yte))
+
+
+def sweep(name, X, y, Xte, yte, clip: float, b0s: list[int], lams: list[float], sizes: list[int]) -> None:
+    """Non-private diagnosis tables (printed as markdown)."""
+    print(f"\n### {name}: non-private prefix model (w_ref = 0) vs n, λ and clipping bound\n")
+    print("| clip R_x | n | " + " | ".join(f"λ={lam:g}" for lam in lams) + " | paper SGD, " +
+          " / ".join(f"λ={lam:g}" for lam in lams) + " |")
+    print("|---" * (2 + len(lams) + 1) + "|")
+    for c, n in itertools.product(sorted({1.0, clip}), sizes):
+        model = SoftmaxRegression(n_features=X.shape[1], clip_bound=c, n_classes=10)
+        exact = [minimiser_accuracy(model, X[:n], y[:n], Xte, yte, lam, False) for lam in lams]
+        sgd = [minimiser_accuracy(model, X[:n], y[:n], Xte, yte, lam, True) for lam in lams]
+        print(f"| {c:g} | {n} | " + " | ".join(f"{a:.3f}" for a in exact) + " | " +
+              " / ".join(f"{a:.3f}" for a in sgd) + " |", flush=True)
+    model = SoftmaxRegression(n_features=X.shape[1], clip_bound=clip, n_classes=10)
+    print(f"\n### {name}: non-private release algorithms vs b0 (clip {clip:g}, B = 8·b0, w = 7·b0; "
+          "final / mean accuracy over releases)\n")
+    print("| b0 | λ | continual | independent | sliding |")
+    print("|---|---|---|---|---|")
+    for b0, lam in itertools.product(b0s, lams):
+        cells = []
+        for alg in ("continual", "independent", "sliding"):
+            curve = accuracy_curve(build(alg, model, b0, lam, 1.0, "gamma", 0.0), X, y, Xte, yte, b0, ZeroNoise())
+            cells.append(f"{curve[-1][1]:.3f} / {np.mean([a for _, a in curve]):.3f}" if curve else "–")
+        print(f"| {b0} | {lam:g} | " + " | ".join(cells) + " |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", help="path to mnist.npz (Keras layout); default: scikit-learn digits")
-    ap.add_argument("--b0", type=int, help="update block b0 (= w0); default 64 (digits) / 1024 (MNIST)")
+    ap.add_argument("--b0", type=int, nargs="+", help="update block b0 (= w0); default 64 (digits) / 1024 (MNIST); "
+                    "several values only with --sweep")
     ap.add_argument("--stream", type=int, help="stream length; default all (digits) / 20000 (MNIST)")
+    ap.add_argument("--clip", type=float, help="public L2 bound of the features; default 5 (digits) / 10 (MNIST)")
     ap.add_argument("--eps", type=float, nargs="+", default=[0.1, 1.0, 10.0, 100.0])
     ap.add_argument("--lams", type=float, nargs="+", help="λ values; default 0.1 1 (digits) / 1 10 (MNIST)")
     ap.add_argument("--delta", type=float, default=1e-5)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--algorithms", nargs="+", default=["continual", "independent", "sliding"])
+    ap.add_argument("--sweep", action="store_true", help="only the non-private diagnosis tables")
+    ap.add_argument("--sizes", type=int, nargs="+", help="prefix sizes n of --sweep; default 64 256 512 1347 "
+                    "(digits) / 1024 8192 (MNIST)")
     ap.add_argument("--figure", default="docs/figures/erm_{name}.png")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
     name, X, y, Xte, yte = load(args.data, args.stream or (20000 if args.data else None))
-    b0 = args.b0 or (1024 if args.data else 64)
-    args.lams = args.lams or ([1.0, 10.0] if args.data else [0.1, 1.0])
-    model = SoftmaxRegression(n_features=X.shape[1], clip_bound=1.0, n_classes=10)
-    log.info("%s: stream %d, test %d, d = %d, b0 = w0 = %d, B = %d, w = %d; %s, %s, %d cpus",
-             name, len(X), len(Xte), model.dim, b0, 8 * b0, 7 * b0, platform.machine(), platform.python_version(),
-             os.cpu_count())
-
-    def build(alg, lam, eps, law):
-        kw = dict(model=model, lam=lam, epsilon=eps, noise=law, delta=args.delta if law == "gaussian" else 0.0)
-        if alg == "continual":
-            return ContinualReleaseMechanism(update=b0, base=8 * b0, **kw)
-        if alg == "independent":
-            return ContinualReleaseMechanism(update=b0, base=8 * b0, variant="independent", **kw)
-        return SlidingWindowMechanism(block=b0, levels=3, **kw)
+    b0s = args.b0 or [1024 if args.data else 64]
+    clip = args.clip or (10.0 if args.data else 5.0)
+    lams = args.lams or ([1.0, 10.0] if args.data else [0.1, 1.0])
+    model = SoftmaxRegression(n_features=X.shape[1], clip_bound=clip, n_classes=10)
+    log.info("%s: stream %d, test %d, d = %d, clip R_x = %g (L = %.3f), b0 = w0 = %s, B = 8·b0, w = 7·w0; %s, "
+             "Python %s, %d cpus", name, len(X), len(Xte), model.dim, clip, model.lipschitz, b0s,
+             platform.machine(), platform.python_version(), os.cpu_count())
+    if args.sweep:
+        sweep(name, X, y, Xte, yte, clip, b0s, lams, args.sizes or ([1024, 8192] if args.data else [64, 256, 512, 1347]))
+        return
+    if len(b0s) != 1:
+        ap.error("several --b0 values need --sweep")
+    b0 = b0s[0]
 
     results = {}
     t0 = time.time()
-    for alg, lam in itertools.product(args.algorithms, args.lams):
-        results[(alg, lam, "non-private", None)] = [accuracy_curve(build(alg, lam, 1.0, "gamma"), X, y, Xte, yte,
-                                                                   b0, ZeroNoise())]
+    for alg, lam in itertools.product(args.algorithms, lams):
+        results[(alg, lam, "non-private", None)] = [accuracy_curve(build(alg, model, b0, lam, 1.0, "gamma", 0.0),
+                                                                   X, y, Xte, yte, b0, ZeroNoise())]
+        log.info("%-11s λ=%-4g non-private      final acc %.3f  (%.0fs)", alg, lam,
+                 results[(alg, lam, "non-private", None)][0][-1][1], time.time() - t0)
         for eps, law in itertools.product(args.eps, ("gamma", "gaussian")):
-            curves = [accuracy_curve(build(alg, lam, eps, law), X, y, Xte, yte, b0,
+            curves = [accuracy_curve(build(alg, model, b0, lam, eps, law, args.delta), X, y, Xte, yte, b0,
                                      NoiseSource(rep.to_bytes(4, "little") * 8)) for rep in range(args.reps)]
             results[(alg, lam, law, eps)] = curves
             log.info("%-11s λ=%-4g %-8s ε=%-5g final acc median %.3f  (%.0fs)", alg, lam, law, eps,
                      np.median([c[-1][1] for c in curves]), time.time() - t0)
 
-    print(f"\n| algorithm | λ | noise | ε | median final accuracy | median mean accuracy over releases |")
+    print("\n| algorithm | λ | noise | ε | median final accuracy | median mean accuracy over releases |")
     print("|---|---|---|---|---|---|")
     for (alg, lam, law, eps), curves in results.items():
         final = np.median([c[-1][1] for c in curves])
@@ -123,28 +184,33 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(args.algorithms), 2, figsize=(11, 3.4 * len(args.algorithms)), squeeze=False)
+    panels = list(itertools.product(lams, ("gamma", "gaussian")))
+    fig, axes = plt.subplots(len(args.algorithms), len(panels), figsize=(4.2 * len(panels), 3.2 * len(args.algorithms)),
+                             squeeze=False)
     for row, alg in enumerate(args.algorithms):
-        for col, law in enumerate(("gamma", "gaussian")):
+        for col, (lam, law) in enumerate(panels):
             ax = axes[row][col]
-            lam = args.lams[0]
             t, acc = zip(*results[(alg, lam, "non-private", None)][0])
             ax.plot(t, acc, "k-", label="non-private")
+            if alg == "continual" and ("independent", lam, "non-private", None) in results:
+                t, acc = zip(*results[("independent", lam, "non-private", None)][0])
+                ax.plot(t, acc, "k:", label="independent blocks, non-private")
             for eps in args.eps:
                 curves = results[(alg, lam, law, eps)]
                 t = [p[0] for p in curves[0]]
                 accs = np.array([[p[1] for p in c] for c in curves])
                 ax.plot(t, np.median(accs, axis=0), marker=".", label=f"ε={eps:g}")
                 ax.fill_between(t, np.percentile(accs, 25, axis=0), np.percentile(accs, 75, axis=0), alpha=0.2)
-            ax.set_title(f"{name}: {alg}, λ={lam:g}, " + ("pure ε K-norm" if law == "gamma" else f"Gaussian δ={args.delta:g}"))
+            ax.set_title(f"{name}: {alg}, λ={lam:g}, " + ("pure ε K-norm" if law == "gamma" else f"Gaussian δ={args.delta:g}"),
+                         fontsize=9)
             ax.set_xlabel("elements seen t")
             ax.set_ylabel("test accuracy")
             ax.set_ylim(0, 1)
-            ax.legend(fontsize=7)
+            ax.legend(fontsize=6)
     fig.tight_layout()
     path = Path(args.figure.format(name=name))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=80)
     log.info("figure written to %s (%.0fs total)", path, time.time() - t0)
 
 
