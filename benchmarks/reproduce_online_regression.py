@@ -147,7 +147,7 @@ def regression_run(algo, X, y, C, T, noise, every, **kw):
 def part_regression(args, res):
     noise = NoiseSource(KEY)
     Ts = [64, 256, 1024] if not args.full else [64, 256, 1024, 4096]
-    dims = [20, 100] if not args.full else [20, 100, 1000]
+    dims = args.dims or ([20, 100] if not args.full else [20, 100, 1000])
     out, latency = [], {}
     for d in dims:
         Tmax = Ts[-1]
@@ -156,8 +156,8 @@ def part_regression(args, res):
         every = Tmax // 8
         for algo, kw in (("privincreg1", {"horizon": Tmax}), ("privincreg2", {"horizon": Tmax, "input_domain": ("sparse", 5)}),
                          ("privincerm", {"horizon": Tmax, "iterations": 50})):
-            if algo == "privincreg1" and d > 200:
-                continue  # d² = 10⁶-entry tree: run only with --full budget
+            if algo == "privincreg1" and d > 200 and not (args.full or args.dims):
+                continue  # d² = 10⁶-entry tree: run only when asked for (--full or --dims)
             exc, lat, m = regression_run(algo, X, y, C, Tmax, noise, every, **kw)
             latency[f"{algo} d={d}"] = lat
             for T in Ts:
@@ -252,6 +252,8 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="spec sizes (8 seeds to 2^15, COCOL to 2^16, d = 1000)")
     parser.add_argument("--skip-online", action="store_true")
     parser.add_argument("--skip-regression", action="store_true")
+    parser.add_argument("--dims", type=int, nargs="+", default=None,
+                        help="synthetic regression dimensions (default 20 100; --full adds 1000)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
