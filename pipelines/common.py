@@ -39,7 +39,9 @@ from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.io import RELEASE_SCHEMA, WriteReleasesToJsonLines, WriteReleasesToParquet
 
 __all__ = [
+    "JobOptions",
     "ReadEvents",
+    "ReadMessages",
     "UsageError",
     "add_noise_key_flags",
     "add_source_flags",
@@ -55,6 +57,17 @@ __all__ = [
 
 log = logging.getLogger("beam_dp.pipelines")
 
+
+class _JobFlagsFilter(logging.Filter):
+    """Beam warns about every flag of a :class:`JobOptions` job when the pipeline runs (it only knows
+    the direct ``PipelineOptions`` subclasses); those flags were validated by :func:`check_flags`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(("Unparseable argument", "Discarding unparseable args"))
+
+
+logging.getLogger("apache_beam.options.pipeline_options").addFilter(_JobFlagsFilter())
+
 SOURCES = ("files", "pubsub", "kafka")
 
 
@@ -67,11 +80,18 @@ class _StrictParser(_BeamArgumentParser):
         raise UsageError(message)
 
 
+class JobOptions(PipelineOptions):
+    """Base of a job's own options. Beam collects the flags of every *direct* ``PipelineOptions``
+    subclass into one parser, so two jobs imported into one process (tests, a notebook) that both
+    define ``--input`` or ``--algorithm`` would clash; flags of ``JobOptions`` subclasses are parsed
+    only by their own job (``view_as``, :func:`check_flags`)."""
+
+
 def _all_option_classes(job_options: type[PipelineOptions]) -> list[type[PipelineOptions]]:
     seen, todo = [], list(PipelineOptions.__subclasses__()) + [job_options]
     while todo:
         cls = todo.pop()
-        if cls not in seen:
+        if cls not in seen and (cls is job_options or not issubclass(cls, JobOptions)):
             seen.append(cls)
             todo.extend(cls.__subclasses__())
     return seen
@@ -207,8 +227,12 @@ class ParseMessages(beam.DoFn):
     """One JSON event per message (bytes or text) -> a mapping the transforms accept, or a dead letter.
 
     Keys: ``stream_id``, ``timestamp`` and ``value`` (or ``value_0..value_{d-1}``). Validation of
-    the fields themselves (NaN, shape, schedule) is the transform's job.
+    the fields themselves (NaN, shape, schedule) is the transform's job. ``as_event=False`` yields
+    the JSON object unchanged (jobs whose records have other fields map them themselves).
     """
+
+    def __init__(self, as_event: bool = True):
+        self._as_event = as_event
 
     def process(self, message: Any) -> Iterator:
         payload = message[1] if isinstance(message, tuple) and len(message) == 2 else message  # Kafka (key, value)
@@ -221,6 +245,9 @@ class ParseMessages(beam.DoFn):
         if not isinstance(event, dict):
             yield beam.pvalue.TaggedOutput(
                 DEAD_LETTER, DeadLetter(Reason.MALFORMED, "message is not a JSON object", None, payload))
+            return
+        if not self._as_event:
+            yield event
             return
         if "value" not in event:
             columns = sorted((k for k in event if k.startswith("value_") and k[6:].isdigit()), key=lambda k: int(k[6:]))
@@ -236,18 +263,36 @@ class ReadEvents(beam.PTransform):
     Pub/Sub or Kafka, so tests run the same parsing as production.
     """
 
-    def __init__(self, opts, pattern: str | None = None, messages: beam.PTransform | None = None):
+    def __init__(self, opts, pattern: str | None = None, messages: beam.PTransform | None = None,
+                 timestamps: bool = True):
         super().__init__()
         self.opts = opts
         self.pattern = pattern
         self.messages = messages
+        self.timestamps = timestamps
 
     def expand(self, pbegin):
         from beam_dp.io.sources import ReadEventFiles
 
         opts = self.opts
         if self.messages is None and opts.source == "files":
-            return pbegin | "ReadEventFiles" >> ReadEventFiles(self.pattern)
+            return pbegin | "ReadEventFiles" >> ReadEventFiles(self.pattern, timestamps=self.timestamps)
+        parsed = pbegin | "Messages" >> ReadMessages(opts, self.messages, as_event=True)
+        return parsed.events, parsed[DEAD_LETTER]
+
+
+class ReadMessages(beam.PTransform):
+    """Raw messages from Pub/Sub, Kafka or ``messages`` (a test source), parsed: outputs ``events``
+    (mappings, see :class:`ParseMessages`) and ``dead_letter``."""
+
+    def __init__(self, opts, messages: beam.PTransform | None = None, as_event: bool = True):
+        super().__init__()
+        self.opts = opts
+        self.messages = messages
+        self.as_event = as_event
+
+    def expand(self, pbegin):
+        opts = self.opts
         if self.messages is not None:
             raw = pbegin | "Messages" >> self.messages
         elif opts.source == "pubsub":
@@ -260,8 +305,8 @@ class ReadEvents(beam.PTransform):
             raw = pbegin | "ReadFromKafka" >> ReadFromKafka(
                 consumer_config={"bootstrap.servers": opts.kafka_bootstrap_servers},
                 topics=[opts.kafka_topic], timestamp_policy=ReadFromKafka.create_time_policy)
-        parsed = raw | "ParseMessages" >> beam.ParDo(ParseMessages()).with_outputs(DEAD_LETTER, main="events")
-        return parsed.events, parsed[DEAD_LETTER]
+        return raw | "ParseMessages" >> beam.ParDo(ParseMessages(self.as_event)).with_outputs(
+            DEAD_LETTER, main="events")
 
 
 # -- dead letters and summaries ------------------------------------------------------------------
@@ -340,3 +385,36 @@ def metrics_summary(result) -> str:
             totals[name] = totals.get(name, 0) + int(c.committed if c.committed is not None else c.attempted or 0)
     return (f"  progress: {totals.get('elements', 0)} events accepted (all transforms), "
             f"{totals.get('releases', 0)} releases, {totals.get('dead_letters', 0)} dead letters (beam metrics)")
+
+
+def prepare_output(out_dir: Path) -> None:
+    """Create the output folder and remove the shards of an earlier batch run (``*-of-*``)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for old in out_dir.glob("*-of-*"):
+        old.unlink()
+
+
+def output_summary(out_dir: Path, names: list[str]) -> list[str]:
+    """Summary lines of a finished local run: releases per output, epsilon spent, dead letters by reason."""
+    from collections import Counter
+
+    from beam_dp.io import read_releases
+
+    lines = []
+    for name in names:
+        try:
+            rows = read_releases(str(out_dir / f"{name}-*"))
+        except FileNotFoundError:
+            rows = []
+        if not rows:
+            lines.append(f"  {name}: no releases")
+            continue
+        streams = sorted({r["stream"] for r in rows})
+        eps = max(r["epsilon_spent"] for r in rows)
+        lines.append(f"  {name}: {len(rows)} releases, {len(streams)} streams, mechanism {rows[0]['mechanism']}, "
+                     f"max epsilon_spent {eps:.4g} of budget {rows[0]['epsilon_budget']:g}")
+    letters = [json.loads(line) for f in sorted(out_dir.glob("dead_letter-*.jsonl"))
+               for line in f.read_text().splitlines() if line]
+    reasons = Counter(f"{d['stage']}:{d['reason']}" for d in letters)
+    lines.append(f"  dead letters: {len(letters)} {dict(sorted(reasons.items())) if reasons else ''}".rstrip())
+    return lines

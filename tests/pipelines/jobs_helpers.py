@@ -1,0 +1,37 @@
+"""Shared checks of the job tests: dead letters by stage and reason, one-line usage errors."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+
+def dead_letters(out: Path) -> Counter:
+    """``{"stage:reason": count}`` of ``<out>/dead_letter-*``; no dead letter holds a flag value or a key."""
+    letters = [json.loads(line) for f in out.glob("dead_letter-*") for line in f.read_text().splitlines() if line]
+    return Counter(f"{d['stage']}:{d['reason']}" for d in letters)
+
+
+def assert_usage_error(main, prog: str, argv: list[str], fix: str, capsys) -> None:
+    """``main(argv)`` exits 2 with one line ``<prog>: error: ...`` naming ``fix``."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"{prog}: error:"), err
+    assert fix in err, err
+
+
+VALUE_REASONS = ("bad_value", "bad_dtype", "non_finite", "wrong_shape")
+
+
+def value_reasons_merged(counts: Counter) -> Counter:
+    """``stage:bad_input`` for every value-level reason (a family may refine which one applies)."""
+    out: Counter = Counter()
+    for key, n in counts.items():
+        stage, reason = key.split(":", 1)
+        out[f"{stage}:bad_input" if reason in VALUE_REASONS else key] += n
+    return out
