@@ -15,13 +15,17 @@ def _as_dict(row: ReleaseRow) -> dict:
     return row._asdict()
 
 
-class WriteReleasesToParquet(beam.PTransform):
-    """Write release rows to ``<prefix>-SSSSS-of-NNNNN.parquet`` with :data:`RELEASE_SCHEMA`."""
+class _ReleaseSink(beam.PTransform):
+    """Shared constructor: where the shards go and how many (0 = the runner decides)."""
 
     def __init__(self, file_path_prefix: str, num_shards: int = 0):
         super().__init__()
         self.file_path_prefix = file_path_prefix
         self.num_shards = num_shards
+
+
+class WriteReleasesToParquet(_ReleaseSink):
+    """Write release rows to ``<prefix>-SSSSS-of-NNNNN.parquet`` with :data:`RELEASE_SCHEMA`."""
 
     def expand(self, rows):
         return (
@@ -33,13 +37,8 @@ class WriteReleasesToParquet(beam.PTransform):
         )
 
 
-class WriteReleasesToJsonLines(beam.PTransform):
+class WriteReleasesToJsonLines(_ReleaseSink):
     """Write release rows as JSON lines to ``<prefix>-SSSSS-of-NNNNN.jsonl``."""
-
-    def __init__(self, file_path_prefix: str, num_shards: int = 0):
-        super().__init__()
-        self.file_path_prefix = file_path_prefix
-        self.num_shards = num_shards
 
     def expand(self, rows):
         return (
