@@ -231,10 +231,15 @@ class ParseRecords(beam.DoFn):
             yield self._dead_letter(Reason.BAD_VALUE, "features missing or text", stream, element)
             return
         try:
-            record = self._mechanism.record(np.asarray(features, dtype=np.float64), label)
+            arr = np.asarray(features)
+            if arr.dtype == object:
+                raise ValueError(f"{Reason.BAD_VALUE}: features are not a numeric array")
+            if arr.dtype.kind not in "iuf":  # bool, complex, text: never cast into state (as coerce_value)
+                raise ValueError(f"{Reason.BAD_DTYPE}: features are not real numbers")
+            record = self._mechanism.record(arr.astype(np.float64), label)
         except (ValueError, TypeError) as exc:
             reason, _, detail = str(exc).partition(": ")
-            if reason not in (Reason.WRONG_SHAPE, Reason.NON_FINITE, Reason.BAD_VALUE):
+            if reason not in (Reason.WRONG_SHAPE, Reason.NON_FINITE, Reason.BAD_VALUE, Reason.BAD_DTYPE):
                 reason, detail = Reason.BAD_VALUE, "features or label are not numeric"
             yield self._dead_letter(reason, detail, stream, element)
             return

@@ -138,14 +138,17 @@ class _ParseTaskRows(beam.DoFn):
         x_raw, y_raw = element[2], element[3]
         try:
             arr = np.asarray(x_raw)
-            rows = arr.reshape(-1, self._dim) if arr.ndim == 2 else None
-            x = (np.stack([coerce_value(r, self._dim) for r in rows]) if rows is not None
+            if arr.ndim == 2 and (arr.shape[1] != self._dim or arr.shape[0] == 0):
+                raise ValueError(f"{Reason.WRONG_SHAPE}: a block of rows must have shape (n >= 1, {self._dim})")
+            x = (np.stack([coerce_value(r, self._dim) for r in arr]) if arr.ndim == 2
                  else coerce_value(x_raw, self._dim)[None, :])
-        except ValueError as exc:
+            y = np.asarray(y_raw).reshape(-1)
+        except (ValueError, TypeError) as exc:  # ragged nesting raises from numpy itself: no reason prefix
             reason, _, detail = str(exc).partition(": ")
-            yield self._reject(reason or Reason.BAD_VALUE, detail or "unusable input", stream, element)
+            if not detail or reason not in (Reason.WRONG_SHAPE, Reason.BAD_VALUE, Reason.BAD_DTYPE, Reason.NON_FINITE):
+                reason, detail = Reason.BAD_VALUE, "unusable input"
+            yield self._reject(reason, detail, stream, element)
             return
-        y = np.asarray(y_raw).reshape(-1)
         if y.shape != (x.shape[0],) or y.dtype.kind not in "iu" or (y.size and (y.min() < 0 or y.max() >= self._classes)):
             yield self._reject(BAD_LABEL, f"labels must be {x.shape[0]} integer(s) in [0, {self._classes})", stream,
                                element)

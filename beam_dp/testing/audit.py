@@ -10,17 +10,44 @@ bound stays below its claim; a mechanism with too little noise exceeds it.
 
 Thresholds are chosen on a first half of the samples and evaluated on the second half, so the
 selection does not bias the bound.
+
+The reusable harness (issue 8) around :func:`epsilon_lower_bound`:
+
+* :class:`ScaledNoise` — the *mutant*: the real keyed samplers with every scale multiplied by
+  ``factor`` (``0.5`` = half noise). It plugs into any mechanism that draws its noise from a
+  ``NoiseSource`` sampler; ``generator()`` (sampling, permutations, Gumbel) is left untouched.
+* :func:`run_stream` / :func:`release_matrix` — drive a pure mechanism over a list of blocks.
+* :func:`linear_statistic_weights` — ``Σ⁻¹ Δm``: the likelihood-ratio statistic of a Gaussian
+  linear mechanism (optimal there; a strong, law-agnostic attack otherwise). ``Δm`` comes from
+  noise-free runs (``ZeroNoise``), ``Σ`` from separate noisy runs.
+* :func:`audit_with_mutant` — one call that audits the honest mechanism and its half-noise mutant
+  and returns an :class:`AuditReport` (lower bound vs claim, mutant caught).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from scipy import stats
 
-__all__ = ["AuditResult", "epsilon_lower_bound", "run_audit"]
+from beam_dp.core.noise import NoiseSource
+from beam_dp.core.release import Release
+
+__all__ = [
+    "AuditReport",
+    "AuditResult",
+    "ScaledNoise",
+    "audit_with_mutant",
+    "epsilon_lower_bound",
+    "linear_statistic_weights",
+    "release_matrix",
+    "run_audit",
+    "run_stream",
+    "seeded_key",
+]
 
 
 class AuditResult(tuple):
@@ -87,3 +114,121 @@ def run_audit(
     d = np.array([run(False, seed) for seed in range(runs)])
     d_prime = np.array([run(True, seed) for seed in range(runs)])
     return epsilon_lower_bound(d, d_prime, delta, confidence)
+
+
+# -- the reusable harness -----------------------------------------------------------------------
+class ScaledNoise(NoiseSource):
+    """MUTANT (tests only): the real keyed samplers with every noise scale multiplied by ``factor``.
+
+    ``ScaledNoise(key, 0.5)`` is the half-noise variant of any mechanism drawing from
+    ``laplace``/``gaussian``/``k_norm``/``discrete_laplace``/``discrete_gaussian``; ``factor=1`` is
+    the honest source. ``generator()`` (subsampling, permutations, exponential mechanisms) is unchanged.
+    """
+
+    def __init__(self, key: bytes, factor: float = 0.5):
+        super().__init__(key)
+        if not (math.isfinite(factor) and factor > 0):
+            raise ValueError("factor must be a finite number > 0")
+        self.factor = float(factor)
+
+    def __repr__(self) -> str:
+        return f"ScaledNoise(<secret key>, factor={self.factor})"
+
+    def laplace(self, stream, purpose, index, scale, size):
+        return super().laplace(stream, purpose, index, scale * self.factor, size)
+
+    def gaussian(self, stream, purpose, index, sigma, size):
+        return super().gaussian(stream, purpose, index, sigma * self.factor, size)
+
+    def k_norm(self, stream, purpose, index, scale, dim):
+        return super().k_norm(stream, purpose, index, scale * self.factor, dim)
+
+    def discrete_laplace(self, stream, purpose, index, scale, size):
+        return super().discrete_laplace(stream, purpose, index, scale * self.factor, size)
+
+    def discrete_gaussian(self, stream, purpose, index, sigma, size):
+        return super().discrete_gaussian(stream, purpose, index, sigma * self.factor, size)
+
+
+def seeded_key(seed: int, salt: bytes = b"") -> bytes:
+    """A 32-byte audit key for run ``seed`` (audits need fresh, independent noise per run)."""
+    return (int(seed).to_bytes(8, "little") + salt.ljust(8, b"\0")[:8]) * 2
+
+
+def run_stream(mechanism: Any, blocks: Sequence[Any], noise: NoiseSource, stream: str = "audit") -> list[Release]:
+    """Feed ``blocks`` (one per step, ``None`` = empty step) to ``mechanism``; return every release."""
+    state, out = mechanism.init_state(stream), []
+    for block in blocks:
+        state, releases = mechanism.step(state, block, noise)
+        out.extend(releases)
+    return out
+
+
+def release_matrix(releases: Sequence[Release]) -> np.ndarray:
+    """Release values stacked ``(n_releases, size)`` (mapping values: their arrays concatenated)."""
+    rows = []
+    for release in releases:
+        value = release.value
+        if isinstance(value, dict):
+            value = np.concatenate([np.ravel(value[k]) for k in sorted(value)])
+        rows.append(np.ravel(np.asarray(value, dtype=np.float64)))
+    return np.stack(rows)
+
+
+def linear_statistic_weights(mean_d: np.ndarray, mean_d_prime: np.ndarray, noise_samples: np.ndarray) -> np.ndarray:
+    """``w = Σ⁺ (m' − m)``: the log-likelihood-ratio direction of a Gaussian linear mechanism.
+
+    ``noise_samples`` (n, k): release noise (release minus its noise-free value) from runs *not*
+    used for the audit itself; ``Σ`` is their covariance (pseudo-inverse if singular).
+    """
+    cov = np.atleast_2d(np.cov(np.asarray(noise_samples, dtype=np.float64), rowvar=False))
+    return np.linalg.pinv(cov, hermitian=True) @ (np.ravel(mean_d_prime) - np.ravel(mean_d))
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    """One mechanism's audit: the claim, the honest lower bound and the half-noise mutant's."""
+
+    mechanism: str
+    claimed_epsilon: float
+    claimed_delta: float
+    lower_bound: float
+    mutant_lower_bound: float
+    samples: int  # statistic samples per neighbour, per variant
+
+    @property
+    def honest_ok(self) -> bool:
+        return self.lower_bound <= self.claimed_epsilon
+
+    @property
+    def mutant_caught(self) -> bool:
+        return self.mutant_lower_bound > self.claimed_epsilon
+
+    def row(self) -> str:
+        """A Markdown table row for docs/reliability.md."""
+        delta = f"{self.claimed_delta:g}" if self.claimed_delta else "0"
+        return (f"| {self.mechanism} | {self.claimed_epsilon:g} | {delta} | {self.lower_bound:.3f} | "
+                f"{self.mutant_lower_bound:.3f} | {'yes' if self.mutant_caught else 'no'} | {self.samples} |")
+
+
+def audit_with_mutant(
+    name: str,
+    sample: Callable[[float], tuple[np.ndarray, np.ndarray]],
+    claimed_epsilon: float,
+    claimed_delta: float = 0.0,
+    mutant_factor: float = 0.5,
+    confidence: float = 0.95,
+) -> AuditReport:
+    """``sample(noise_factor) -> (stats under D, stats under D')``; ``noise_factor=1`` is the honest
+    mechanism, ``mutant_factor`` the mutant (use :class:`ScaledNoise`). Both are bounded at the
+    claimed delta with the same confidence."""
+    honest = sample(1.0)
+    mutant = sample(mutant_factor)
+    return AuditReport(
+        mechanism=name,
+        claimed_epsilon=float(claimed_epsilon),
+        claimed_delta=float(claimed_delta),
+        lower_bound=epsilon_lower_bound(*honest, claimed_delta, confidence).epsilon,
+        mutant_lower_bound=epsilon_lower_bound(*mutant, claimed_delta, confidence).epsilon,
+        samples=len(honest[0]),
+    )
