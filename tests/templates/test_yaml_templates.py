@@ -1,6 +1,6 @@
 """Beam YAML provider and templates: the provider exposes the registry, each template's ``tests:``
 block holds the pure mechanism's releases and passes under ``python -m apache_beam.yaml.main --test``,
-and a template runs end to end on a CSV file."""
+templates run end to end on CSV files, and the family wrappers map rows and refuse bad configs."""
 
 from __future__ import annotations
 
@@ -11,13 +11,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import apache_beam as beam
 import jinja2
 import numpy as np
 import pytest
 import yaml
 
-from beam_dp.io import read_releases
+from beam_dp.io import load_model, read_releases
 from pipelines import yaml_transforms
+from tests.beam.collect import run
 from tests.conftest import TEST_KEY
 from tests.templates import yaml_expectations as expectations
 from tests.templates.yaml_expectations import TEST_VARIABLES
@@ -56,7 +58,7 @@ def test_provider_exposes_every_registered_transform_in_process():
 
 @pytest.mark.parametrize("template", TEMPLATES)
 def test_template_expectations_are_the_pure_mechanisms_releases(template):
-    spec = _render(template, TEST_VARIABLES)
+    spec = _render(template, expectations.variables(template))
     assert spec["providers"] == [{"include": "providers.yaml"}]
     assert spec["tests"] == expectations.tests_block(template), (
         "the template's tests: block is stale (a mechanism changed?): rewrite it with "
@@ -67,8 +69,8 @@ def test_template_expectations_are_the_pure_mechanisms_releases(template):
 def test_templates_never_hold_a_key(template):
     text = (YAML_DIR / f"{template}.yaml").read_text()
     assert not re.search(r"[0-9a-fA-F]{32,}", text)
-    spec = _render(template, TEST_VARIABLES)
-    config = spec["pipeline"]["transforms"][1]["config"]
+    spec = _render(template, expectations.variables(template))
+    [config] = [t["config"] for t in spec["pipeline"]["transforms"] if t["type"] in yaml_transforms.REGISTRY]
     assert set(config) & {"noise_key", "key"} == set() and config["noise_key_env"] == "BEAM_DP_NOISE_KEY"
 
 
@@ -76,7 +78,7 @@ def test_templates_never_hold_a_key(template):
 @pytest.mark.parametrize("template", TEMPLATES)
 def test_yaml_tests_block_passes(template):
     done = _yaml_main([f"--yaml_pipeline_file={template}.yaml", "--test",
-                       f"--jinja_variables={json.dumps(TEST_VARIABLES)}"])
+                       f"--jinja_variables={json.dumps(expectations.variables(template))}"])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "Ran 1 test" in done.stderr and "OK" in done.stderr
 
@@ -98,3 +100,72 @@ def test_continual_sum_template_runs_on_a_csv_file(tmp_path):
     assert max(r["epsilon_spent"] for r in got) <= expectations._params("continual_sum").epsilon
     dead = [json.loads(line) for f in (tmp_path / "out").glob("dead_letter*") for line in f.read_text().splitlines()]
     assert sorted(d["reason"] for d in dead) == ["after_end", "bad_value"]
+
+
+@pytest.mark.slow
+def test_model_release_template_writes_models_that_load_back(tmp_path):
+    rows = expectations.EXAMPLES
+    lines = ["stream_id,x_0,x_1,label"] + [
+        ",".join("" if r[k] is None else str(r[k]) for k in ("stream_id", "x_0", "x_1", "label")) for r in rows]
+    (tmp_path / "examples.csv").write_text("\n".join(lines) + "\n")
+    variables = dict(expectations.variables("model_release"), input=str(tmp_path / "examples.csv"),
+                     output=str(tmp_path / "out"))
+    done = _yaml_main([f"--yaml_pipeline_file={YAML_DIR / 'model_release.yaml'}",
+                       f"--jinja_variables={json.dumps(variables)}"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = read_releases(str(tmp_path / "out" / "models-*"))
+    want, _ = expectations.expectations("model_release")
+    assert [(r["stream"], r["step"]) for r in got] == [(r["stream"], r["step"]) for r in want]
+    for g, w in zip(got, want):  # one flat schema: parts name the model's arrays inside value
+        assert g["value"] == w["value"] and g["parts"] == w["parts"] and g["shape"] == []
+        assert g["epsilon_spent"] == w["epsilon_spent"] <= variables["epsilon"]
+    model = load_model(got[-1])
+    assert set(model.predict(np.array([[0.5, 0.25], [-0.5, 0.5]]))) <= {"a", "b", "c"}
+    dead = [json.loads(line) for f in (tmp_path / "out").glob("dead_letter*") for line in f.read_text().splitlines()]
+    assert len(dead) == 3 and "bad_label" in {d["reason"] for d in dead}  # CSV blanks read as NaN: non_finite
+
+
+def test_growing_db_takes_one_input_split_by_query_id():
+    """The single-input form (e.g. one Pub/Sub topic): rows with a query_id are queries."""
+    nulls = {"query_id": None, "t": None, "predicate": None, "indices": None, "timestamp": None, "colour": None,
+             "size": None}
+    rows = [dict(nulls, **r) for r in expectations.DB_ELEMENTS + expectations.DB_QUERIES]
+    v = expectations.variables("growing_db_queries")
+    config = {k: v[k] for k in ("universe", "n", "epsilon", "start", "period", "end")}
+    got = run(lambda p: (p | beam.Create(rows) | yaml_transforms.GrowingDatabaseQueriesYaml(**config))["releases"])
+    want, _ = expectations.expectations("growing_db_queries")
+    assert sorted((r._asdict() for r in got), key=lambda r: (r["stream"], r["step"], r["meta"])) == want
+
+
+def test_growing_db_refuses_badly_named_inputs():
+    v = expectations.variables("growing_db_queries")
+    config = {k: v[k] for k in ("universe", "n", "epsilon", "start", "period", "end")}
+    with pytest.raises(ValueError, match="elements and queries"):
+        with beam.Pipeline() as p:
+            rows = p | beam.Create([{"stream_id": "a"}])
+            _ = {"elements": rows, "asks": rows} | yaml_transforms.GrowingDatabaseQueriesYaml(**config)
+
+
+@pytest.mark.parametrize("name,config,match", [
+    ("ContinualModelRelease", dict(n_features=2, epsilon=1.0, update=2, base=3), "multiple"),
+    ("ContinualModelRelease", dict(n_features=2, epsilon=-1.0, update=2, base=4), "epsilon"),
+    ("OnlineLearner", dict(dim=2, epsilon=1.0, window=4, constraint="cube"), "cube"),
+    ("IncrementalRegression", dict(dim=2, epsilon=1.0, delta=1e-6), "block_size"),
+    ("GrowingDatabaseQueries", dict(universe="{not json", n=4, epsilon=1.0, start=0, period=10, end=40), "universe"),
+    ("GrowingDatabaseQueries", dict(universe={"colour": "red"}, n=4, epsilon=1.0, start=0, period=10), "colour"),
+])
+def test_family_wrappers_refuse_invalid_configs(name, config, match):
+    with pytest.raises(ValueError, match=match):
+        yaml_transforms.REGISTRY[name](**config)
+
+
+@pytest.mark.parametrize("name", sorted(yaml_transforms.REGISTRY))
+def test_beam_yaml_reads_each_wrappers_config_schema(name):
+    from apache_beam.yaml.yaml_provider import InlineProvider
+
+    factory = yaml_transforms.REGISTRY[name]
+    schema = InlineProvider.config_schema_from_callable(factory)
+    names = [f.name for f in schema.fields]
+    assert "noise_key_env" in names and "noise_key_file" in names and not {"noise_key", "key"} & set(names)
+    documented = {f.name for f in schema.fields if f.description}
+    assert documented == set(names), f"{name}: undocumented config {set(names) - documented}"
