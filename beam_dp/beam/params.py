@@ -15,7 +15,7 @@ Steps come from exactly one of:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from beam_dp.core.clock import StepClock
 from beam_dp.core.noise import KEY_ENV_VAR, NoiseSource
@@ -99,8 +99,17 @@ class ContinualSumParams(_VectorSumParams):
     unbounded: Literal["hybrid", "doubling"] = "hybrid"
     counter: str = "auto"
 
+    # Only the unit contributions of ContinualCount are integers; a real-valued sum plus integer noise
+    # would release its fractional part exactly, so ContinualSum refuses discrete_laplace.
+    _integer_contributions: ClassVar[bool] = False
+
     def __post_init__(self) -> None:
         self._validate_steps()
+        if self.noise == "discrete_laplace" and not self._integer_contributions:
+            raise ValueError(
+                "noise='discrete_laplace' is for ContinualCount only: a non-integer sum plus integer noise "
+                "would leak its fractional part"
+            )
         if self.horizon is not None and self.clock is not None and self.clock.last_step is not None:
             if self.clock.last_step > self.horizon:
                 raise ValueError(f"the clock has {self.clock.last_step} steps but horizon is {self.horizon}")
@@ -111,6 +120,14 @@ class ContinualSumParams(_VectorSumParams):
 
         return make_counter(self.counter, horizon=self.horizon, unbounded=self.unbounded,
                             public_end=_public_end(self.clock), **self._mechanism_kwargs())
+
+
+@dataclass(frozen=True)
+class _UnitCountSumParams(ContinualSumParams):
+    """``ContinualSumParams`` of a count (every contribution is exactly 1, R = 1): the one place the
+    integer law ``noise="discrete_laplace"`` is admitted."""
+
+    _integer_contributions: ClassVar[bool] = True
 
 
 @dataclass(frozen=True)
@@ -134,11 +151,14 @@ class WindowedSumParams(_VectorSumParams):
 @dataclass(frozen=True)
 class ContinualCountParams(_StepParams):
     """Private running counts of events per stream: a continual sum of 1 per event (R = 1, so
-    Δ₂ = 2 under replace-one neighbours). Same mechanisms (``counter``) and guarantees as ``ContinualSumParams``."""
+    Δ₂ = 2 under replace-one neighbours). Same mechanisms (``counter``) and guarantees as ``ContinualSumParams``.
+
+    ``noise="discrete_laplace"``: integer-valued releases with pure epsilon-DP (discrete Laplace node noise
+    at the trees' Gamma scales; ``counter`` must be ``"auto"`` or ``"tree"``)."""
 
     epsilon: float = 1.0
     delta: float = 0.0
-    noise: Literal["gamma", "gaussian"] = "gamma"
+    noise: Literal["gamma", "gaussian", "discrete_laplace"] = "gamma"
     calibration: Literal["paper", "analytic"] = "paper"
     horizon: int | None = None
     unbounded: Literal["hybrid", "doubling"] = "hybrid"
@@ -149,7 +169,7 @@ class ContinualCountParams(_StepParams):
         self.build_mechanism()
 
     def as_sum_params(self) -> ContinualSumParams:
-        return ContinualSumParams(
+        return _UnitCountSumParams(
             clock=self.clock, block_size=self.block_size, streams=self.streams, noise_key=self.noise_key,
             dim=1, epsilon=self.epsilon, clip_bound=1.0, delta=self.delta, noise=self.noise,
             calibration=self.calibration, horizon=self.horizon, unbounded=self.unbounded, counter=self.counter,

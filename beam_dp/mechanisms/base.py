@@ -21,7 +21,7 @@ from __future__ import annotations
 import abc
 import math
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 
@@ -35,7 +35,7 @@ from beam_dp.core.state import decode_state, encode_state
 __all__ = ["ClippedSum", "ContinualSumMechanism", "Mechanism", "NodeNoise"]
 
 StateT = TypeVar("StateT")
-NoiseLaw = Literal["gamma", "gaussian"]
+NoiseLaw = Literal["gamma", "gaussian", "discrete_laplace"]
 Calibration = Literal["paper", "analytic"]
 
 
@@ -80,7 +80,14 @@ class ClippedSum:
 
 @dataclass(frozen=True)
 class NodeNoise:
-    """The noise law of one node: ``law`` in {"gamma", "gaussian"} and its ``scale`` (c or sigma)."""
+    """The noise law of one node: ``law`` in {"gamma", "gaussian", "discrete_laplace"} and its ``scale``
+    (Gamma/discrete-Laplace ``c`` or Gaussian ``sigma``).
+
+    ``"discrete_laplace"`` draws integers with ``P(x) ∝ exp(−|x|/c)`` per coordinate and is charged the
+    pure ``Δ₂/c``: valid only when node values are integers and a neighbour moves a node by an integer
+    of absolute value ``<= Δ₂`` (dim 1, integer contributions, integer ``R``; see
+    ``ContinualSumMechanism``).
+    """
 
     law: NoiseLaw
     scale: float
@@ -88,13 +95,15 @@ class NodeNoise:
 
     def charge(self, first: int, last: int, sensitivity: float, label: str = "") -> Charge:
         """The ledger charge of one node covering steps ``first..last``."""
-        if self.law == "gamma":
+        if self.law in ("gamma", "discrete_laplace"):
             return Charge.pure(first, last, sensitivity / self.scale, label)
         return Charge.gaussian(first, last, sensitivity, self.scale, label)
 
     def draw(self, noise: NoiseSource, stream: str, purpose: str, index: tuple[int, ...], dim: int) -> np.ndarray:
         if self.law == "gamma":
             return noise.k_norm(stream, purpose, index, self.scale, dim)
+        if self.law == "discrete_laplace":
+            return np.asarray(noise.discrete_laplace(stream, purpose, index, self.scale, dim), dtype=np.float64)
         return noise.gaussian(stream, purpose, index, self.scale, dim)
 
 
@@ -104,10 +113,21 @@ class ContinualSumMechanism(abc.ABC, Generic[StateT]):
     Subclasses implement ``init_state``, ``_advance`` (one step on an already clipped step vector),
     ``noise_var`` and ``charges_at``; this class validates parameters, clips, checks blocks and
     builds releases.
+
+    ``noise="discrete_laplace"`` (integer-valued releases, pure ``ε``; what ``ContinualCount`` may use)
+    is accepted only for ``dim == 1``, ``delta == 0`` and an integer ``clip_bound``: then an integer
+    contribution stays an integer after clipping to ``[−R, R]``, every node value is an integer, and a
+    neighbour moves a node by an integer ``<= Δ₂ = 2R``, so discrete Laplace noise of scale ``c`` costs
+    ``Δ₂/c`` exactly as Laplace does. A non-integer node value would make the supports of neighbouring
+    outputs disjoint (its fractional part would be released exactly), so a non-integer step vector is
+    refused with ``ValueError`` (the Beam transforms only use this law for counts of 1 per event).
     """
 
     name: str = "continual_sum"
     state_type: type
+    # Subclasses whose every noise branch handles "discrete_laplace" opt in (the trees); the rest refuse
+    # it, so the integer law can never fall into a Gaussian branch it was not written for.
+    supports_discrete_laplace: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -129,12 +149,22 @@ class ContinualSumMechanism(abc.ABC, Generic[StateT]):
             raise ValueError(f"clip_bound/sensitivity must be finite and > 0, got {clip_bound or sensitivity!r}")
         if not (isinstance(epsilon, (int, float, np.floating)) and math.isfinite(epsilon) and epsilon > 0):
             raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
-        if noise not in ("gamma", "gaussian"):
-            raise ValueError(f"noise must be 'gamma' (pure eps) or 'gaussian' ((eps, delta)), got {noise!r}")
+        if noise not in ("gamma", "gaussian", "discrete_laplace"):
+            raise ValueError(
+                f"noise must be 'gamma' (pure eps), 'gaussian' ((eps, delta)) or 'discrete_laplace' "
+                f"(pure eps, integer counts), got {noise!r}"
+            )
         if calibration not in ("paper", "analytic"):
             raise ValueError(f"calibration must be 'paper' or 'analytic', got {calibration!r}")
         if noise == "gamma" and delta != 0:
             raise ValueError("Gamma (K-norm) noise gives pure epsilon-DP: leave delta at 0")
+        if noise == "discrete_laplace" and not self.supports_discrete_laplace:
+            raise ValueError(f"{type(self).__name__} does not support discrete_laplace noise (use the trees)")
+        if noise == "discrete_laplace" and (dim != 1 or delta != 0 or float(bound) != math.floor(bound)):
+            raise ValueError(
+                "discrete_laplace noise needs dim=1, delta=0 and an integer clip_bound (integer node values "
+                f"moved by an integer <= 2R), got dim={dim!r}, delta={delta!r}, clip_bound={bound!r}"
+            )
         if noise == "gaussian" and not (0 < delta < 1):
             raise ValueError(f"Gaussian noise needs 0 < delta < 1, got {delta!r}")
         self.dim = int(dim)
@@ -158,9 +188,13 @@ class ContinualSumMechanism(abc.ABC, Generic[StateT]):
         return paper_sigma, "paper"
 
     def node_variance(self, node: NodeNoise) -> float:
-        """Per-coordinate variance of one node noise vector: ``(d+1)c²`` (Gamma) or ``σ²``."""
+        """Per-coordinate variance of one node noise vector: ``(d+1)c²`` (Gamma), ``σ²`` (Gaussian) or
+        ``2e^{−1/c}/(1−e^{−1/c})²`` (discrete Laplace)."""
         if node.law == "gamma":
             return (self.dim + 1) * node.scale**2
+        if node.law == "discrete_laplace":
+            q = math.exp(-1.0 / node.scale)
+            return 2.0 * q / (-math.expm1(-1.0 / node.scale)) ** 2
         return node.scale**2
 
     def spend(self, loss: ElementLoss) -> tuple[float, float]:
@@ -223,6 +257,12 @@ class ContinualSumMechanism(abc.ABC, Generic[StateT]):
         return ClippedSum(np.zeros(self.dim), 0, 0)
 
     def _step_vector(self, block: Any) -> np.ndarray:
+        vec = self._clipped_step_vector(block)
+        if self.noise_law == "discrete_laplace" and not np.all(vec == np.round(vec)):
+            raise ValueError("discrete_laplace noise needs integer step values (counts); got a non-integer sum")
+        return vec
+
+    def _clipped_step_vector(self, block: Any) -> np.ndarray:
         if block is None:
             return np.zeros(self.dim)
         if isinstance(block, ClippedSum):

@@ -136,6 +136,16 @@ def _check_step_number(t: Any) -> int:
 class _TreeFamily(ContinualSumMechanism):
     """Shared helpers of the three tree mechanisms (not part of the public API)."""
 
+    supports_discrete_laplace = True
+
+    def _pure_node(self, scale: float) -> NodeNoise:
+        """Pure-ε node law of scale ``c``: Gamma (K-norm), or discrete Laplace for integer counts."""
+        return NodeNoise("discrete_laplace" if self.noise_law == "discrete_laplace" else "gamma", scale, "exact")
+
+    @property
+    def pure(self) -> bool:
+        return self.noise_law in ("gamma", "discrete_laplace")
+
     def _setup(self, purpose: str) -> None:
         self.guarantee = Guarantee(self.epsilon, self.delta)
         self.purpose = _check_purpose(purpose)
@@ -147,7 +157,7 @@ class _TreeFamily(ContinualSumMechanism):
         path costs exactly ``budget``) or ``mu² = (Δ₂/σ)²`` (Gaussian)."""
         if count == 0:
             return ElementLoss()
-        if node.law == "gamma":
+        if node.law in ("gamma", "discrete_laplace"):
             return ElementLoss(pure_epsilon=budget * (count / levels))
         return ElementLoss(gaussian_mu_sq=count * (self.sensitivity / node.scale) ** 2)
 
@@ -250,8 +260,8 @@ class BinaryTreeSum(_TreeFamily):
         self.horizon = int(horizon)
         self.height = _floor_log2(self.horizon)
         self.levels = self.height + 1
-        if self.noise_law == "gamma":
-            self.node_noise = NodeNoise("gamma", self.sensitivity * self.levels / self.epsilon, "exact")
+        if self.pure:
+            self.node_noise = self._pure_node(self.sensitivity * self.levels / self.epsilon)
         else:
             paper = sigma_tree_004(self.epsilon, self.delta, self.sensitivity, self.levels)
             sigma, how = self.gaussian_sigma(paper, self.epsilon, self.delta, self.levels)
@@ -403,8 +413,8 @@ class HybridTreeSum(_TreeFamily):
         self.delta_log = self.delta / 2.0
         self.delta_trees = self.delta / 2.0
         self._block_noise: dict[int, NodeNoise] = {}
-        if self.noise_law == "gamma":
-            self.log_noise = NodeNoise("gamma", self.sensitivity / self.epsilon_log, "exact")
+        if self.pure:
+            self.log_noise = self._pure_node(self.sensitivity / self.epsilon_log)
         else:
             paper = sigma_tree_004(self.epsilon_log, self.delta_log, self.sensitivity, 1)
             sigma, how = self.gaussian_sigma(paper, self.epsilon_log, self.delta_log, 1)
@@ -419,8 +429,8 @@ class HybridTreeSum(_TreeFamily):
         k = _check_step_number(k)
         node = self._block_noise.get(k)
         if node is None:
-            if self.noise_law == "gamma":
-                node = NodeNoise("gamma", k * self.sensitivity / self.epsilon_trees, "exact")
+            if self.pure:
+                node = self._pure_node(k * self.sensitivity / self.epsilon_trees)
             else:
                 paper = sigma_tree_004(self.epsilon_trees, self.delta_trees, self.sensitivity, k)
                 sigma, how = self.gaussian_sigma(paper, self.epsilon_trees, self.delta_trees, k)
@@ -609,8 +619,8 @@ class DoublingTreeSum(_TreeFamily):
         node = self._block_noise.get(k)
         if node is None:
             levels = k + 1
-            if self.noise_law == "gamma":
-                node = NodeNoise("gamma", levels * self.sensitivity / self.epsilon, "exact")
+            if self.pure:
+                node = self._pure_node(levels * self.sensitivity / self.epsilon)
             else:
                 paper = sigma_tree_004(self.epsilon, self.delta, self.sensitivity, levels)
                 sigma, how = self.gaussian_sigma(paper, self.epsilon, self.delta, levels)

@@ -12,8 +12,12 @@ counter         mechanism                                   noise               
                                                                                  mode
 ``"kary"``      fitted k-ary Honaker tree                   gamma (pure ε)       tunes the fit only
 ``"auto"``      ``"blt"`` for gaussian, ``"kary"`` for
-                gamma (the measured winners)
+                gamma (the measured winners), ``"tree"``
+                for discrete_laplace
 ==============  ==========================================  ===================  ====================
+
+``noise="discrete_laplace"`` (integer-valued counts, pure ε; dim 1, integer ``clip_bound``) is
+implemented by the trees only: ``"auto"`` means ``"tree"`` and any other counter is refused.
 
 For every counter but ``"tree"``, a ``horizon`` of ``None`` falls back to ``public_end`` (a public last
 step such as the clock's end) when given, else to the counter's unbounded mode. ``calibration``
@@ -42,6 +46,10 @@ def resolve_counter(counter: str, noise: str) -> str:
     """The concrete counter name ``"auto"`` stands for under ``noise``."""
     if counter not in COUNTERS:
         raise ValueError(f"counter must be one of {COUNTERS}, got {counter!r}")
+    if noise == "discrete_laplace":
+        if counter not in ("auto", "tree"):
+            raise ValueError(f"discrete_laplace noise is implemented by counter='tree' only, got {counter!r}")
+        return "tree"
     if counter != "auto":
         return counter
     return "blt" if noise == "gaussian" else "kary"
