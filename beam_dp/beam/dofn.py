@@ -37,6 +37,7 @@ from apache_beam.utils.timestamp import Timestamp
 
 from beam_dp.beam.events import DeadLetter, Reason
 from beam_dp.beam.parse import DEAD_LETTER
+from beam_dp.core.release import round_release
 from beam_dp.io.schema import release_to_row
 
 __all__ = ["ContinualReleaseDoFn"]
@@ -59,14 +60,19 @@ class ContinualReleaseDoFn(beam.DoFn):
         self._mechanism = self._params.build_mechanism()
         self._noise = self._params.noise_key.load()  # read on the worker, never pickled
         self._clock = self._params.clock
+        restore = getattr(self._params, "restore_states", None) or ()
+        self._restored = {stream: self._mechanism.decode_state(data) for stream, data in restore}
         namespace = f"beam_dp/{self._mechanism.name}"
         self._releases = Metrics.counter(namespace, "releases")
         self._late = Metrics.counter(namespace, "dead_letters")
 
     # -- helpers ------------------------------------------------------------------------------
     def _rows(self, releases, step_start=None, step_end=None) -> Iterator:
+        granularity = getattr(self._params, "granularity", None)
         for release in releases:
             self._releases.inc()
+            if granularity is not None:
+                release = round_release(release, granularity)
             yield release_to_row(release, self._mechanism.guarantee, step_start, step_end)
 
     def _timer_micros(self, next_step: int) -> int:
@@ -87,9 +93,13 @@ class ContinualReleaseDoFn(beam.DoFn):
         stream, (step, block, original) = element
         next_step = next_step_state.read()
         if next_step is None:
-            next_step = 1
+            state = self._restored.get(stream)
+            if state is None:
+                state, next_step = self._mechanism.init_state(stream), 1
+            else:
+                next_step = int(state.t) + 1  # a restored stream continues after its snapshot's step
             next_step_state.write(next_step)
-            mechanism_state.write(self._mechanism.encode_state(self._mechanism.init_state(stream)))
+            mechanism_state.write(self._mechanism.encode_state(state))
             if self._clock is not None:
                 close.set(Timestamp(micros=self._timer_micros(next_step)))
         if block is None:

@@ -49,10 +49,24 @@ class _StepParams:
     block_size: int | None = None
     streams: tuple[str, ...] | None = None
     noise_key: NoiseKey = field(default_factory=NoiseKey)
+    # Encoded mechanism states to resume streams from (stream -> mechanism.encode_state(...)), e.g. a
+    # snapshot taken mid-stream. A snapshot holds un-noised sums: it is as sensitive as the raw data.
+    restore_states: tuple[tuple[str, bytes], ...] | None = None
+    # Round every released value to a multiple of this public granularity (post-processing: the
+    # guarantee is unchanged; it removes the low-order float bits of a release, see docs/reliability.md).
+    granularity: float | None = None
 
     def _validate_steps(self) -> None:
         if (self.clock is None) == (self.block_size is None):
             raise ValueError("give exactly one of clock (event-time steps) or block_size (count steps)")
+        if self.granularity is not None and not (isinstance(self.granularity, (int, float)) and self.granularity > 0
+                                                 and self.granularity < float("inf")):
+            raise ValueError(f"granularity must be a finite number > 0, got {self.granularity!r}")
+        if self.restore_states is not None:
+            states = dict(self.restore_states)
+            if not all(isinstance(k, str) and isinstance(v, bytes) for k, v in states.items()):
+                raise ValueError("restore_states must be (stream, encoded state bytes) pairs")
+            object.__setattr__(self, "restore_states", tuple(sorted(states.items())))
         if self.block_size is not None and (not isinstance(self.block_size, int) or self.block_size < 1):
             raise ValueError(f"block_size must be an integer >= 1, got {self.block_size!r}")
         if self.streams is not None:
@@ -171,7 +185,7 @@ class ContinualCountParams(_StepParams):
     def as_sum_params(self) -> ContinualSumParams:
         return _UnitCountSumParams(
             clock=self.clock, block_size=self.block_size, streams=self.streams, noise_key=self.noise_key,
-            dim=1, epsilon=self.epsilon, clip_bound=1.0, delta=self.delta, noise=self.noise,
+            restore_states=self.restore_states, granularity=self.granularity, dim=1, epsilon=self.epsilon, clip_bound=1.0, delta=self.delta, noise=self.noise,
             calibration=self.calibration, horizon=self.horizon, unbounded=self.unbounded, counter=self.counter,
         )
 

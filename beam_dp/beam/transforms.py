@@ -67,9 +67,11 @@ class _ContinualRelease(beam.PTransform):
                 | "PreAggregate" >> beam.CombinePerKey(MergeClippedSums())
                 | "ByStream" >> beam.Map(_by_stream).with_output_types(Tuple[str, Any])
             )
-        if params.streams:
+        restored = [stream for stream, _ in (getattr(params, "restore_states", None) or ())]
+        declared_streams = sorted(set(params.streams or ()) | set(restored))
+        if declared_streams:  # declared and restored streams release every step, data or not
             declared = events.pipeline | "DeclareStreams" >> beam.Create(
-                [(s, (0, None, None)) for s in params.streams]).with_output_types(Tuple[str, Any])
+                [(s, (0, None, None)) for s in declared_streams]).with_output_types(Tuple[str, Any])
             blocks = (blocks, declared) | "WithDeclared" >> beam.Flatten()
         released = blocks | "Release" >> beam.ParDo(
             ContinualReleaseDoFn(params, per_step_timers=not bounded)

@@ -23,7 +23,7 @@ from beam_dp.beam import (
 )
 from beam_dp.beam.dofn import ContinualReleaseDoFn
 from beam_dp.core import NoiseSource, StepClock
-from beam_dp.io import release_to_row
+from beam_dp.io import release_to_row, row_to_release
 from tests.beam.helpers import batch_options, expected_rows, reasons_are, rows_match
 from tests.conftest import TEST_KEY
 
@@ -255,3 +255,48 @@ def test_steps_a_mechanism_refuses_go_to_dead_letters_without_failing_the_pipeli
         out = p | beam.Create([("s", 0.5)] * 5) | ContinualSum(params)
         assert_that(out.releases | beam.Map(lambda r: r.step), equal_to([1, 2, 3]), label="three releases")
         assert_that(out.dead_letter, reasons_are({Reason.REFUSED: 2}), label="two refused")
+
+
+def test_snapshot_restored_into_a_fresh_pipeline_continues_like_an_uninterrupted_run():
+    """Run the pure mechanism over the first 20 steps, snapshot its state (encode_state), restore it
+    into a fresh pipeline fed only the later events: releases 21..37 equal the uninterrupted run's,
+    and an event for an already-snapshotted step is dead-lettered as late."""
+    ids, ts, values = _events(seed=12)
+    params = ContinualSumParams(dim=3, epsilon=1.0, clip_bound=2.0, clock=CLOCK)
+    full = sorted(expected_rows(params, ids, ts, values), key=lambda r: (r.stream, r.step))
+    mechanism = params.build_mechanism()
+    snapshots = {}
+    for stream in ("a", "b", "c"):
+        keep = ids == stream
+        state = mechanism.init_state(stream)
+        steps = CLOCK.step_of(ts[keep])
+        for step in range(1, 21):
+            block = values[keep][steps == step]
+            state, _ = mechanism.step(state, block if len(block) else None, NoiseSource(TEST_KEY))
+        snapshots[stream] = mechanism.encode_state(state)
+    later = CLOCK.step_of(ts) > 20
+    restored = ContinualSumParams(dim=3, epsilon=1.0, clip_bound=2.0, clock=CLOCK,
+                                  restore_states=tuple(snapshots.items()))
+    events = _tuples(ids[later], ts[later], values[later]) + [("a", 1005.0, [0.1, 0.1, 0.1])]
+    with beam.Pipeline(options=batch_options()) as p:
+        out = p | beam.Create(events) | ContinualSum(restored)
+        assert_that(out.releases, rows_match([r for r in full if r.step > 20]), label="continued releases")
+        assert_that(out.dead_letter, reasons_are({Reason.LATE: 1}), label="late")
+
+
+def test_granularity_rounds_every_released_value_without_changing_the_spend():
+    from beam_dp.core.release import round_release
+
+    ids, ts, values = _events(n=100, seed=13)
+    params = ContinualSumParams(dim=3, epsilon=1.0, clip_bound=2.0, clock=CLOCK, granularity=0.25)
+    raw = expected_rows(params, ids, ts, values)
+    mechanism = params.build_mechanism()
+    expected = [release_to_row(round_release(row_to_release(r._asdict()), 0.25), mechanism.guarantee, r.step_start, r.step_end)
+                for r in raw]
+    assert all(np.all(np.asarray(r.value) / 0.25 == np.round(np.asarray(r.value) / 0.25)) for r in expected)
+    assert [r.epsilon_spent for r in expected] == [r.epsilon_spent for r in raw]
+    with beam.Pipeline(options=batch_options()) as p:
+        out = p | beam.Create(_tuples(ids, ts, values)) | ContinualSum(params)
+        assert_that(out.releases, rows_match(expected))
+    with pytest.raises(ValueError):
+        ContinualSumParams(dim=3, epsilon=1.0, clip_bound=2.0, clock=CLOCK, granularity=0.0)
