@@ -23,7 +23,7 @@ regulariser chain, every training call (for the per-element ledger), ε/δ spent
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Literal, Mapping, Tuple
+from typing import Any, Iterator, Literal, Tuple
 
 import apache_beam as beam
 import numpy as np
@@ -31,7 +31,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.pvalue import PCollection
 
 from beam_dp.beam.dofn import ContinualReleaseDoFn
-from beam_dp.beam.events import DeadLetter, Reason, coerce_value
+from beam_dp.beam.events import DeadLetter, Reason, checked_stream, coerce_value, named_fields
 from beam_dp.beam.params import NoiseKey
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.beam.transforms import ContinualOutputs
@@ -163,11 +163,7 @@ def _fields(element: Any) -> tuple[Any, Any, Any]:
         if len(element) != 3:
             raise ValueError(f"expected (stream_id, features, label), got a {len(element)}-tuple")
         return element
-    if isinstance(element, Mapping):
-        return element.get("stream_id"), element.get("features"), element.get("label")
-    if hasattr(element, "stream_id"):
-        return element.stream_id, getattr(element, "features", None), getattr(element, "label", None)
-    raise ValueError(f"unsupported element type {type(element).__name__}")
+    return named_fields(element, ("stream_id", "features", "label"))
 
 
 class ParseLabelledExamples(beam.DoFn):
@@ -208,12 +204,9 @@ class ParseLabelledExamples(beam.DoFn):
         except ValueError as exc:
             yield self._dead_letter(Reason.MALFORMED, str(exc), None, element)
             return
-        if not isinstance(stream, str) or not stream:
-            yield self._dead_letter(Reason.BAD_STREAM_ID, "stream_id must be a non-empty string", None, element)
-            return
-        stream = str(stream)
-        if self._streams is not None and stream not in self._streams:
-            yield self._dead_letter(Reason.UNDECLARED_STREAM, "stream_id is not declared", stream, element)
+        stream = checked_stream(stream, self._streams, element)
+        if isinstance(stream, DeadLetter):
+            yield self._dead_letter(*stream)
             return
         try:
             x = coerce_value(features, self._n_features)

@@ -22,7 +22,7 @@ from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
-__all__ = ["DeadLetter", "EventBatch", "Reason", "parse_event", "to_micros"]
+__all__ = ["DeadLetter", "EventBatch", "Reason", "checked_stream", "named_fields", "parse_event", "to_micros"]
 
 
 class Reason:
@@ -96,6 +96,25 @@ def to_micros(ts: Any) -> int:
     raise ValueError(f"unsupported timestamp type {type(ts).__name__}")
 
 
+def named_fields(element: Any, names: tuple[str, ...]) -> tuple:
+    """Fields ``names`` of a mapping or a row-like object (missing ones are None); ValueError otherwise."""
+    if isinstance(element, Mapping):
+        return tuple(element.get(name) for name in names)
+    if hasattr(element, names[0]):
+        return tuple(getattr(element, name, None) for name in names)
+    raise ValueError(f"unsupported element type {type(element).__name__}")
+
+
+def checked_stream(stream: Any, streams: frozenset[str] | None, element: Any) -> str | DeadLetter:
+    """The stream id as a plain ``str``, or the ``DeadLetter`` for a bad or undeclared one."""
+    if not isinstance(stream, str) or not stream:
+        return DeadLetter(Reason.BAD_STREAM_ID, "stream_id must be a non-empty string", None, element)
+    stream = str(stream)  # numpy.str_ would pickle differently and split the key's state
+    if streams is not None and stream not in streams:
+        return DeadLetter(Reason.UNDECLARED_STREAM, "stream_id is not among the declared streams", stream, element)
+    return stream
+
+
 def _fields(element: Any, need_timestamp: bool) -> tuple[Any, Any, Any]:
     if isinstance(element, tuple) and not hasattr(element, "_fields"):
         if len(element) == 3:
@@ -103,14 +122,7 @@ def _fields(element: Any, need_timestamp: bool) -> tuple[Any, Any, Any]:
         if len(element) == 2 and not need_timestamp:
             return element[0], None, element[1]
         raise ValueError(f"expected (stream_id, timestamp, value), got a {len(element)}-tuple")
-    if isinstance(element, Mapping):
-        get = element.get
-    elif hasattr(element, "stream_id"):
-        def get(name, default=None):
-            return getattr(element, name, default)
-    else:
-        raise ValueError(f"unsupported element type {type(element).__name__}")
-    return get("stream_id"), get("timestamp"), get("value")
+    return named_fields(element, ("stream_id", "timestamp", "value"))
 
 
 def coerce_value(value: Any, dim: int) -> np.ndarray:
@@ -141,11 +153,9 @@ def parse_event(
         stream, ts, value = _fields(element, need_timestamp)
     except ValueError as exc:
         return DeadLetter(Reason.MALFORMED, str(exc), None, element)
-    if not isinstance(stream, str) or not stream:
-        return DeadLetter(Reason.BAD_STREAM_ID, "stream_id must be a non-empty string", None, element)
-    stream = str(stream)  # numpy.str_ would pickle differently and split the key's state
-    if streams is not None and stream not in streams:
-        return DeadLetter(Reason.UNDECLARED_STREAM, "stream_id is not among the declared streams", stream, element)
+    stream = checked_stream(stream, streams, element)
+    if isinstance(stream, DeadLetter):
+        return stream
     micros = None
     if need_timestamp:
         try:

@@ -45,7 +45,7 @@ from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
 from apache_beam.utils.timestamp import Timestamp
 
-from beam_dp.beam.events import DeadLetter, Reason, to_micros
+from beam_dp.beam.events import DeadLetter, Reason, checked_stream, to_micros
 from beam_dp.beam.params import NoiseKey
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.core.clock import StepClock
@@ -198,11 +198,10 @@ class _ParseGrowing(beam.DoFn):
         return beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(reason, detail, stream, element))
 
     def _stream(self, stream: Any, element: Any):
-        if not isinstance(stream, str) or not stream:
-            return None, self._letter(Reason.BAD_STREAM_ID, "stream_id must be a non-empty string", None, element)
-        if self._streams is not None and stream not in self._streams:
-            return None, self._letter(Reason.UNDECLARED_STREAM, "stream_id is not declared", stream, element)
-        return str(stream), None
+        checked = checked_stream(stream, self._streams, element)
+        if isinstance(checked, DeadLetter):
+            return None, self._letter(*checked)
+        return checked, None
 
     def process(self, element: Any) -> Iterator:
         if self._kind == "element":

@@ -35,7 +35,7 @@ import numpy as np
 from apache_beam.metrics import Metrics
 
 from beam_dp.beam.dofn import ContinualReleaseDoFn
-from beam_dp.beam.events import DeadLetter, Reason, to_micros
+from beam_dp.beam.events import DeadLetter, Reason, checked_stream, named_fields, to_micros
 from beam_dp.beam.params import NoiseKey
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.beam.transforms import ContinualOutputs
@@ -170,14 +170,7 @@ def _record_fields(element: Any, need_timestamp: bool) -> tuple[Any, Any, Any, A
         if not need_timestamp and len(element) == 3:
             return element[0], None, element[1], element[2]
         raise ValueError(f"expected (stream_id, {'timestamp, ' if need_timestamp else ''}features, label)")
-    if isinstance(element, Mapping):
-        get = element.get
-    elif hasattr(element, "stream_id"):
-        def get(name, default=None):
-            return getattr(element, name, default)
-    else:
-        raise ValueError(f"unsupported element type {type(element).__name__}")
-    return get("stream_id"), get("timestamp"), get("features"), get("label")
+    return named_fields(element, ("stream_id", "timestamp", "features", "label"))
 
 
 class ParseRecords(beam.DoFn):
@@ -207,12 +200,9 @@ class ParseRecords(beam.DoFn):
         except ValueError as exc:
             yield self._dead_letter(Reason.MALFORMED, str(exc), None, element)
             return
-        if not isinstance(stream, str) or not stream:
-            yield self._dead_letter(Reason.BAD_STREAM_ID, "stream_id must be a non-empty string", None, element)
-            return
-        stream = str(stream)
-        if self._streams is not None and stream not in self._streams:
-            yield self._dead_letter(Reason.UNDECLARED_STREAM, "stream_id is not declared", stream, element)
+        stream = checked_stream(stream, self._streams, element)
+        if isinstance(stream, DeadLetter):
+            yield self._dead_letter(*stream)
             return
         step = None
         if self._clock is not None:

@@ -39,7 +39,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
 
-from beam_dp.beam.events import DeadLetter, Reason, coerce_value
+from beam_dp.beam.events import DeadLetter, Reason, checked_stream, coerce_value
 from beam_dp.beam.params import NoiseKey
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.beam.transforms import ContinualOutputs
@@ -115,12 +115,9 @@ class _ParseTaskRows(beam.DoFn):
             yield self._reject(Reason.MALFORMED, "expected (stream_id, task_id, x, y) or an end marker", None, element)
             return
         stream, task = element[0], element[1]
-        if not isinstance(stream, str) or not stream:
-            yield self._reject(Reason.BAD_STREAM_ID, "stream_id must be a non-empty string", None, element)
-            return
-        stream = str(stream)
-        if self._streams is not None and stream not in self._streams:
-            yield self._reject(Reason.UNDECLARED_STREAM, "stream_id is not among the declared streams", stream, element)
+        stream = checked_stream(stream, self._streams, element)
+        if isinstance(stream, DeadLetter):
+            yield self._reject(*stream)
             return
         index = self._tasks.get(str(task)) if isinstance(task, (str, int, np.integer)) else None
         if index is None:
