@@ -96,6 +96,10 @@ class ContinualStatsOptions(PipelineOptions):
                        help="Unbounded-horizon construction when --horizon is not given. Default: %(default)s")
         g.add_argument("--window", type=int, default=None,
                        help="Also run WindowedSum protecting the last W steps (privacy expiration).")
+        g.add_argument("--granularity", type=float, default=None,
+                       help="Release sums on the grid g = the power of two >= this value, with exact arithmetic and "
+                            "data-independent noise (defends the floating-point attack; the mechanism is calibrated "
+                            "for clip bound R + sqrt(dim)*g). Counts are always released as exact integers.")
         g.add_argument("--count", action="store_true",
                        help="Also run ContinualCount (private running number of events per stream).")
         g.add_argument("--streams", default=None,
@@ -156,7 +160,7 @@ def plan(options: PipelineOptions) -> Plan:
         epsilon=opts.epsilon / parts, delta=opts.delta / parts, noise=opts.noise, calibration=opts.calibration,
         clock=clock, streams=tuple(streams) if streams else None, noise_key=noise_key_of(opts),
     )
-    vector = dict(dim=dim, clip_bound=opts.clip_bound, **common)
+    vector = dict(dim=dim, clip_bound=opts.clip_bound, granularity=opts.granularity, **common)
     params: dict[str, Any] = {"sum": params_or_usage_error(
         lambda: ContinualSumParams(horizon=opts.horizon, unbounded=opts.unbounded, **vector), "sum")}
     if opts.count:

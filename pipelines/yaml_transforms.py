@@ -169,6 +169,7 @@ def ContinualSumYaml(
     streams: Optional[Iterable[str]] = None,
     noise_key_env: Optional[str] = "BEAM_DP_NOISE_KEY",
     noise_key_file: Optional[str] = None,
+    granularity: Optional[float] = None,
 ) -> beam.PTransform:
     """Private running sum of vectors per stream, released at every step (tree mechanisms).
 
@@ -192,9 +193,11 @@ def ContinualSumYaml(
       streams: declared streams (release from step 1; others are dead-lettered).
       noise_key_env: name of the env var holding the noise key (hex) on the workers.
       noise_key_file: path of the noise key file on the workers.
+      granularity: release on the power-of-two grid at or above this value with exact arithmetic
+        (floating-point defence; calibrated for clip_bound + sqrt(dim) * grid).
     """
     params = ContinualSumParams(
-        dim=int(dim), clip_bound=float(clip_bound), horizon=horizon, unbounded=unbounded,
+        dim=int(dim), clip_bound=float(clip_bound), horizon=horizon, unbounded=unbounded, granularity=granularity,
         **_common(epsilon, delta, noise, calibration, start, period, end, block_size, streams, noise_key_env,
                   noise_key_file))
     return YamlRelease(ContinualSum(params))
@@ -257,6 +260,7 @@ def WindowedSumYaml(
     streams: Optional[Iterable[str]] = None,
     noise_key_env: Optional[str] = "BEAM_DP_NOISE_KEY",
     noise_key_file: Optional[str] = None,
+    granularity: Optional[float] = None,
 ) -> beam.PTransform:
     """Private running sum with privacy expiration (window tree).
 
@@ -278,9 +282,11 @@ def WindowedSumYaml(
       streams: declared streams.
       noise_key_env: name of the env var holding the noise key (hex) on the workers.
       noise_key_file: path of the noise key file on the workers.
+      granularity: release on the power-of-two grid at or above this value with exact arithmetic
+        (floating-point defence; calibrated for clip_bound + sqrt(dim) * grid).
     """
     params = WindowedSumParams(
-        dim=int(dim), clip_bound=float(clip_bound), window=int(window),
+        dim=int(dim), clip_bound=float(clip_bound), window=int(window), granularity=granularity,
         **_common(epsilon, delta, noise, calibration, start, period, end, block_size, streams, noise_key_env,
                   noise_key_file))
     return YamlRelease(WindowedSum(params))

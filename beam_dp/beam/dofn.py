@@ -37,7 +37,6 @@ from apache_beam.utils.timestamp import Timestamp
 
 from beam_dp.beam.events import DeadLetter, Reason
 from beam_dp.beam.parse import DEAD_LETTER
-from beam_dp.core.release import round_release
 from beam_dp.io.schema import release_to_row
 
 __all__ = ["ContinualReleaseDoFn"]
@@ -68,11 +67,8 @@ class ContinualReleaseDoFn(beam.DoFn):
 
     # -- helpers ------------------------------------------------------------------------------
     def _rows(self, releases, step_start=None, step_end=None) -> Iterator:
-        granularity = getattr(self._params, "granularity", None)
         for release in releases:
             self._releases.inc()
-            if granularity is not None:
-                release = round_release(release, granularity)
             yield release_to_row(release, self._mechanism.guarantee, step_start, step_end)
 
     def _timer_micros(self, next_step: int) -> int:

@@ -15,10 +15,12 @@ Steps come from exactly one of:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import Callable, ClassVar, Literal
 
 from beam_dp.core.clock import StepClock
 from beam_dp.core.noise import KEY_ENV_VAR, NoiseSource
+from beam_dp.mechanisms.base import ContinualSumMechanism
+from beam_dp.mechanisms.snapping import SnappedSum, power_of_two_at_least
 
 __all__ = ["ContinualCountParams", "ContinualSumParams", "NoiseKey", "WindowedSumParams"]
 
@@ -52,16 +54,16 @@ class _StepParams:
     # Encoded mechanism states to resume streams from (stream -> mechanism.encode_state(...)), e.g. a
     # snapshot taken mid-stream. A snapshot holds un-noised sums: it is as sensitive as the raw data.
     restore_states: tuple[tuple[str, bytes], ...] | None = None
-    # Round every released value to a multiple of this public granularity (post-processing: the
-    # guarantee is unchanged; it removes the low-order float bits of a release, see docs/reliability.md).
+    # Release on the grid g = 2^k (the power of two >= granularity) with exact arithmetic and
+    # data-independent noise (beam_dp.mechanisms.snapping.SnappedSum): closes the floating-point channel
+    # of Mironov 2012; the mechanism is calibrated for the clip bound R + sqrt(dim)*g (see docs/reliability.md).
     granularity: float | None = None
 
     def _validate_steps(self) -> None:
         if (self.clock is None) == (self.block_size is None):
             raise ValueError("give exactly one of clock (event-time steps) or block_size (count steps)")
-        if self.granularity is not None and not (isinstance(self.granularity, (int, float)) and self.granularity > 0
-                                                 and self.granularity < float("inf")):
-            raise ValueError(f"granularity must be a finite number > 0, got {self.granularity!r}")
+        if self.granularity is not None:
+            power_of_two_at_least(self.granularity)  # raises ValueError unless finite and > 0
         if self.restore_states is not None:
             states = dict(self.restore_states)
             if not all(isinstance(k, str) and isinstance(v, bytes) for k, v in states.items()):
@@ -78,6 +80,13 @@ class _StepParams:
     def event_time(self) -> bool:
         return self.clock is not None
 
+    def _snapped(self, make: Callable[[float], ContinualSumMechanism], clip_bound: float,
+                 inputs_on_grid: bool = False) -> ContinualSumMechanism:
+        """``make(clip_bound)``, wrapped in a ``SnappedSum`` when a granularity is set."""
+        if self.granularity is None or (inputs_on_grid and getattr(self, "noise", None) == "discrete_laplace"):
+            return make(clip_bound)  # (integer noise on integer counts is already exact on the grid)
+        return SnappedSum(make, clip_bound=clip_bound, granularity=self.granularity, inputs_on_grid=inputs_on_grid)
+
 
 @dataclass(frozen=True)
 class _VectorSumParams(_StepParams):
@@ -88,9 +97,9 @@ class _VectorSumParams(_StepParams):
     noise: Literal["gamma", "gaussian"] = "gamma"
     calibration: Literal["paper", "analytic"] = "paper"
 
-    def _mechanism_kwargs(self) -> dict:
+    def _mechanism_kwargs(self, clip_bound: float) -> dict:
         return dict(
-            dim=self.dim, epsilon=self.epsilon, delta=self.delta, clip_bound=self.clip_bound,
+            dim=self.dim, epsilon=self.epsilon, delta=self.delta, clip_bound=clip_bound,
             noise=self.noise, calibration=self.calibration,
         )
 
@@ -132,8 +141,13 @@ class ContinualSumParams(_VectorSumParams):
     def build_mechanism(self):
         from beam_dp.mechanisms.counters import make_counter
 
-        return make_counter(self.counter, horizon=self.horizon, unbounded=self.unbounded,
-                            public_end=_public_end(self.clock), **self._mechanism_kwargs())
+        def make(clip_bound: float):
+            return make_counter(self.counter, horizon=self.horizon, unbounded=self.unbounded,
+                                public_end=_public_end(self.clock), **self._mechanism_kwargs(clip_bound))
+
+        # a count's steps are integers, already on any grid g <= 1: snapping them costs no sensitivity
+        return self._snapped(make, self.clip_bound,
+                             inputs_on_grid=self._integer_contributions and (self.granularity or 1.0) <= 1.0)
 
 
 @dataclass(frozen=True)
@@ -159,7 +173,8 @@ class WindowedSumParams(_VectorSumParams):
     def build_mechanism(self):
         from beam_dp.mechanisms.window_tree import WindowTreeSum
 
-        return WindowTreeSum(window=self.window, **self._mechanism_kwargs())
+        return self._snapped(lambda bound: WindowTreeSum(window=self.window, **self._mechanism_kwargs(bound)),
+                             self.clip_bound)
 
 
 @dataclass(frozen=True)
@@ -167,9 +182,14 @@ class ContinualCountParams(_StepParams):
     """Private running counts of events per stream: a continual sum of 1 per event (R = 1, so
     Δ₂ = 2 under replace-one neighbours). Same mechanisms (``counter``) and guarantees as ``ContinualSumParams``.
 
-    ``noise="discrete_laplace"``: integer-valued releases with pure epsilon-DP (discrete Laplace node noise
-    at the trees' Gamma scales; ``counter`` must be ``"auto"`` or ``"tree"``)."""
+    Counts are integers, so by default (``granularity=1``) they are released as exact integers:
+    integer steps plus data-independent noise rounded to the integers, added exactly (``SnappedSum``;
+    the steps are already on the grid, so the guarantee is the counter's own). ``granularity=None``
+    releases the raw float estimate. ``noise="discrete_laplace"``: the trees' exact integer sampler
+    (discrete Laplace node noise at their Gamma scales, pure epsilon; ``counter`` must be ``"auto"`` or
+    ``"tree"``)."""
 
+    granularity: float | None = 1.0
     epsilon: float = 1.0
     delta: float = 0.0
     noise: Literal["gamma", "gaussian", "discrete_laplace"] = "gamma"
@@ -180,20 +200,15 @@ class ContinualCountParams(_StepParams):
 
     def __post_init__(self) -> None:
         self._validate_steps()
-        self.build_mechanism()
+        self.as_sum_params()
 
     def as_sum_params(self) -> ContinualSumParams:
         return _UnitCountSumParams(
             clock=self.clock, block_size=self.block_size, streams=self.streams, noise_key=self.noise_key,
-            restore_states=self.restore_states, granularity=self.granularity, dim=1, epsilon=self.epsilon, clip_bound=1.0, delta=self.delta, noise=self.noise,
-            calibration=self.calibration, horizon=self.horizon, unbounded=self.unbounded, counter=self.counter,
+            restore_states=self.restore_states, granularity=self.granularity, dim=1, epsilon=self.epsilon,
+            clip_bound=1.0, delta=self.delta, noise=self.noise, calibration=self.calibration, horizon=self.horizon,
+            unbounded=self.unbounded, counter=self.counter,
         )
 
     def build_mechanism(self):
-        from beam_dp.mechanisms.counters import make_counter
-
-        return make_counter(
-            self.counter, horizon=self.horizon, unbounded=self.unbounded, public_end=_public_end(self.clock),
-            dim=1, epsilon=self.epsilon, delta=self.delta, clip_bound=1.0, noise=self.noise,
-            calibration=self.calibration,
-        )
+        return self.as_sum_params().build_mechanism()

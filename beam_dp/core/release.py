@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-__all__ = ["Release", "ReleaseValue", "round_release"]
+__all__ = ["Release", "ReleaseValue"]
 
 ReleaseValue = np.ndarray | Mapping[str, np.ndarray]
 
@@ -63,19 +63,3 @@ class Release:
     def __reduce__(self):
         # Rebuild through __init__ so that __post_init__ runs again: unpickled values stay read-only float64.
         return (Release, (self.stream, self.step, self.mechanism, self.value, self.epsilon_spent, self.delta_spent, self.meta))
-
-
-def round_release(release: Release, granularity: float) -> Release:
-    """The release with every value rounded to the nearest multiple of ``granularity``.
-
-    Post-processing of a private release, so its guarantee and spend are unchanged; it hides the
-    low-order floating-point bits of the noisy value (Mironov 2012 reads them). It is not the full
-    snapping mechanism (no clamping), so it is a mitigation, not a proof: see docs/reliability.md.
-    """
-    if not (np.isfinite(granularity) and granularity > 0):
-        raise ValueError(f"granularity must be a finite number > 0, got {granularity!r}")
-    rounded = {k: np.round(v / granularity) * granularity for k, v in release.arrays().items()}
-    value = rounded if isinstance(release.value, Mapping) else rounded["value"]
-    meta = {**release.meta, "granularity": float(granularity)}
-    return Release(release.stream, release.step, release.mechanism, value, release.epsilon_spent,
-                   release.delta_spent, meta)

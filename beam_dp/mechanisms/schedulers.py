@@ -10,7 +10,8 @@ answers every query of its class within α with probability ≥ 1 − β wheneve
 * ``answer(synopsis, weights) -> float`` and ``histogram(synopsis) -> ndarray | None`` (post-processing);
 * attributes ``name``, ``p``, ``g`` (``None`` when no (p, g) is certified).
 
-Provided: :class:`LaplaceHistogram` (exact (1, 2N(1+ln N)) box, the certified substitute),
+Provided: :class:`LaplaceHistogram` (discrete Laplace integer counts, an exact (1, 2N(1+ln 2N)) box, the
+certified substitute),
 :class:`SmallDB` (exact (1/3, g) box, exponential: tiny instances only [G-4]) and :class:`MWEM`
 (no certified (p, g): accuracy claims empirical only [G-5]).
 
@@ -77,6 +78,10 @@ class BoxNoise:
     def laplace(self, sub: int, scale: float, size: int) -> np.ndarray:
         return self.noise.laplace(self.stream, self.purpose, self.index + (sub,), scale, size)
 
+    def discrete_laplace(self, sub: int, scale: float, size: int) -> np.ndarray:
+        """Integer draws ``P(x) ∝ exp(−|x|/scale)`` (exact on the integers; see docs/reliability.md §6)."""
+        return self.noise.discrete_laplace(self.stream, self.purpose, self.index + (sub,), scale, size)
+
     def generator(self, sub: int) -> np.random.Generator:
         """A keyed generator (for Gumbel/uniform draws), distinct from the Laplace keys."""
         return self.noise.generator(self.stream, f"{self.purpose}-gen", *self.index, sub)
@@ -96,21 +101,29 @@ class BlackBox(Protocol):
 
 
 class LaplaceHistogram:
-    """x̃ = counts/t + Lap(2/(ε t))^N (L1 sensitivity 2/t under substitution): ε-DP. Answers
-    ``clip(⟨f, x̃⟩, 0, 1)``; error ≤ ‖ν‖₁ ≤ 2N ln(N/β)/(ε t) w.p. ≥ 1−β: a (1, 2N(1 + ln N)) box (spec §2.2)."""
+    """Noisy integer histogram: ``c̃ = counts + DLap(2/ε)^N`` (discrete Laplace, L1 sensitivity 2 under
+    substitution on the integer counts): ε-DP, and exact on the integers, so the released counts carry
+    no floating-point pattern of the data (Mironov 2012). The synopsis is ``x̃ = c̃/t`` (post-processing).
+
+    Answers ``clip(⟨f, x̃⟩, 0, 1)``. A discrete Laplace coordinate has ``P(|ν| > a) < 2e^{−a ε/2}``, so
+    ``‖ν‖₁/t ≤ 2N ln(2N/β)/(ε t)`` w.p. ≥ 1−β: a (1, 2N(1 + ln 2N)) box (spec §2.2 with the factor 2 of
+    the discrete tail).
+    """
 
     name = "laplace_histogram"
     p = 1.0
 
     def __init__(self, universe_size: int):
         self.N = _check_int("universe_size", universe_size, 2)
-        self.g = 2.0 * self.N * (1.0 + math.log(self.N))
+        self.g = 2.0 * self.N * (1.0 + math.log(2.0 * self.N))
 
     def scale(self, t: int, epsilon: float) -> float:
+        """Noise scale of the released frequencies ``x̃`` (count scale ``2/ε`` divided by ``t``)."""
         return 2.0 / (epsilon * t)
 
     def run(self, counts, t, epsilon, alpha, beta, noise: BoxNoise) -> dict[str, np.ndarray]:
-        return {"histogram": counts / t + noise.laplace(0, self.scale(t, epsilon), self.N)}
+        noisy_counts = np.asarray(counts, dtype=np.int64) + noise.discrete_laplace(0, 2.0 / epsilon, self.N)
+        return {"histogram": noisy_counts / t}
 
     def answer(self, synopsis, weights) -> float:
         return float(np.clip(dot(weights, synopsis["histogram"]), 0.0, 1.0))

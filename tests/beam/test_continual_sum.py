@@ -284,17 +284,16 @@ def test_snapshot_restored_into_a_fresh_pipeline_continues_like_an_uninterrupted
         assert_that(out.dead_letter, reasons_are({Reason.LATE: 1}), label="late")
 
 
-def test_granularity_rounds_every_released_value_without_changing_the_spend():
-    from beam_dp.core.release import round_release
-
+def test_granularity_snaps_releases_to_the_grid_with_the_adjusted_mechanism():
+    """``granularity=0.3`` → grid 0.5; the pipeline equals the pure SnappedSum (calibrated for
+    R' = R + √d·g), every value lies on the grid and the spend is the wrapped mechanism's."""
     ids, ts, values = _events(n=100, seed=13)
-    params = ContinualSumParams(dim=3, epsilon=1.0, clip_bound=2.0, clock=CLOCK, granularity=0.25)
-    raw = expected_rows(params, ids, ts, values)
+    params = ContinualSumParams(dim=3, epsilon=1.0, clip_bound=2.0, clock=CLOCK, granularity=0.3)
     mechanism = params.build_mechanism()
-    expected = [release_to_row(round_release(row_to_release(r._asdict()), 0.25), mechanism.guarantee, r.step_start, r.step_end)
-                for r in raw]
-    assert all(np.all(np.asarray(r.value) / 0.25 == np.round(np.asarray(r.value) / 0.25)) for r in expected)
-    assert [r.epsilon_spent for r in expected] == [r.epsilon_spent for r in raw]
+    assert mechanism.granularity == 0.5 and mechanism.inner.clip_bound == pytest.approx(2.0 + 3**0.5 * 0.5)
+    expected = expected_rows(params, ids, ts, values)
+    assert all(np.array_equal(np.asarray(r.value) / 0.5, np.round(np.asarray(r.value) / 0.5)) for r in expected)
+    assert all(r.epsilon_spent <= 1.0 for r in expected)
     with beam.Pipeline(options=batch_options()) as p:
         out = p | beam.Create(_tuples(ids, ts, values)) | ContinualSum(params)
         assert_that(out.releases, rows_match(expected))

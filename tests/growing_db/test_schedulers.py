@@ -20,6 +20,7 @@ from beam_dp.mechanisms.schedulers import (
     bbimprover_epsilon,
     bbscheduler_plan,
 )
+from beam_dp.testing.audit import ScaledNoise
 from tests.conftest import TEST_KEY
 
 NOISE = NoiseSource(TEST_KEY)
@@ -161,14 +162,29 @@ def test_check16_smalldb_output_law():
         SmallDB(np.ones((2, 40)), max_range=1000).candidates(0.1)
 
 
-def test_laplace_histogram_noise_scale_and_negative_control():
+def _discrete_laplace_chi2_pvalue(draws: np.ndarray, scale: float) -> float:
+    """χ² goodness of fit of integer draws to P(x) ∝ e^{−|x|/scale}, tails pooled beyond ±k."""
+    q = math.exp(-1.0 / scale)
+    k = int(3 * scale) + 1
+    support = np.arange(-k, k + 1)
+    pmf = (1 - q) / (1 + q) * q ** np.abs(support)
+    expected = np.concatenate([[q**k / (1 + q)], pmf[1:-1], [q**k / (1 + q)]])  # P(X <= -k), ..., P(X >= k)
+    observed = np.bincount(np.clip(draws, -k, k) + k, minlength=2 * k + 1)
+    return float(stats.chisquare(observed, expected / expected.sum() * len(draws)).pvalue)
+
+
+@pytest.mark.parametrize("factor, fits", [(1.0, True), (0.5, False)])
+def test_laplace_histogram_draws_discrete_laplace_counts_and_negative_control(factor, fits):
+    """χ² fit of the count noise to discrete Laplace at the count scale 2/ε; the half-noise mutant fails."""
     box = LaplaceHistogram(64)
     counts, t, eps = np.full(64, 2), 128, 0.5
-    noise = np.concatenate([box.run(counts, t, eps, None, 0.05, BoxNoise(NOISE, "lh", "bbs", (k,)))["histogram"]
-                            - counts / t for k in range(300)])
-    assert stats.kstest(noise, stats.laplace(scale=2 / (eps * t)).cdf).pvalue > 1e-3
-    assert stats.kstest(noise / 2, stats.laplace(scale=2 / (eps * t)).cdf).pvalue < 1e-3  # half noise fails
-    assert box.p == 1.0 and box.g == pytest.approx(2 * 64 * (1 + math.log(64)))
+    source = ScaledNoise(TEST_KEY, factor)
+    runs = [box.run(counts, t, eps, None, 0.05, BoxNoise(source, "lh", "bbs", (k,)))["histogram"] for k in range(300)]
+    noise_counts = np.concatenate(runs) * t - counts[0]
+    assert np.array_equal(noise_counts, np.round(noise_counts))  # integer counts: exact on the integers
+    pvalue = _discrete_laplace_chi2_pvalue(np.round(noise_counts).astype(np.int64), 2 / eps)
+    assert (pvalue > 1e-3) if fits else (pvalue < 1e-6)
+    assert box.p == 1.0 and box.g == pytest.approx(2 * 64 * (1 + math.log(128)))
 
 
 def test_mwem_black_box_is_schedulable_with_explicit_gamma():

@@ -128,6 +128,22 @@ def test_count_output_and_budget_split(tmp_path, capsys):
     assert [(r["stream"], r["step"]) for r in got] == [(r.stream, r.step) for r in want]
     np.testing.assert_allclose([g["value"] for g in got], [w.value for w in want], rtol=1e-9, atol=1e-9)
     assert all(r["epsilon_spent"] <= 1.0 for r in got)
+    assert all(float(v) == round(float(v)) for r in got for v in r["value"])  # counts: exact integers
+
+
+def test_granularity_flag_snaps_the_sums(tmp_path):
+    ids, ts, values = _events(40, seed=4)
+    _write_csv(tmp_path / "e.csv", ids, ts, values)
+    argv = ["--input", str(tmp_path / "e.csv"), "--output", str(tmp_path / "out"), "--start", str(START),
+            "--period", str(PERIOD), "--end", str(END), "--granularity", "0.1", "--format", "jsonl"]
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    sum_params = continual_stats.plan(PipelineOptions(argv)).params["sum"]
+    assert sum_params.build_mechanism().granularity == 0.125
+    assert continual_stats.main(argv) == 0
+    got = read_releases(str(tmp_path / "out" / "sum-*"))
+    assert got and all(v / 0.125 == round(v / 0.125) for r in got for v in r["value"])
+    assert all(r["meta"]["granularity"] == 0.125 for r in got)
 
 
 # -- streaming: the Pub/Sub / Kafka source replaced by a TestStream of the same JSON messages ----------

@@ -1,0 +1,145 @@
+"""Grid-snapped continual sums: exact arithmetic on the data, data-independent noise (issue 8 item 6).
+
+Floating-point noise addition leaks (Mironov, CCS 2012): ``fl(x + n)`` has low-order bits and a set
+of reachable outputs that depend on ``x``. :class:`SnappedSum` wraps any *linear* continual-sum
+mechanism (every counter, the trees, the window tree: a release is the exact prefix sum plus a noise
+term that is a function of the key alone) and releases on a grid ``g = 2^k``:
+
+1. each step's clipped sum ``x_t`` is rounded to the grid, ``x̄_t = g·rint(x_t/g)``, and accumulated
+   **as an integer number of grid units** (int64: exact);
+2. the noise term is computed by running the wrapped mechanism on **all-zero steps** (its release is
+   then the noise alone: it never sees the data) and rounded to the grid, ``n̄_t = g·rint(n_t/g)``;
+3. the release is ``(S̄_t + n̄_t)`` in grid units times ``g``: an exact integer sum and an exact
+   power-of-two scaling (refused beyond ``2^52`` units, where float64 stops being exact).
+
+Guarantee. ``S̄_t + n̄_t = round_g(S̄_t + n_t)``, so each release is post-processing of the wrapped
+mechanism run on the rounded steps ``x̄``. A replace-one neighbour moves at most two steps; rounding
+moves each by at most ``√d·g/2`` more, so a node moves by at most ``2R + 2√d·g = 2R'`` with
+``R' = R + √d·g``. The wrapped mechanism is therefore **built and calibrated for clip bound R'**
+(the guarantee is adjusted: same ε, δ, slightly more noise) while contributions are clipped at ``R``.
+When every step sum is already on the grid (counts with ``g ≤ 1``: ``inputs_on_grid=True``) rounding
+is the identity and ``R' = R``.
+
+What this buys in floating point: the released value is a data-dependent grid point plus grid noise
+whose law does not depend on the data, added exactly; the low bits and the set of reachable outputs
+no longer depend on the data. What it does not: the *computed* noise law is numpy's floating-point
+approximation of the ideal one (e.g. its tails are truncated near 2^−53 probability), so the proved
+(ε, δ) holds for the ideal law and the real one differs from it by a data-independent approximation
+error that is not bounded formally here (docs/reliability.md §6).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from beam_dp.core.guarantee import Charge
+from beam_dp.core.noise import NoiseSource
+from beam_dp.core.state import decode_state, encode_state
+from beam_dp.mechanisms.base import ContinualSumMechanism
+
+__all__ = ["SnappedState", "SnappedSum", "power_of_two_at_least"]
+
+EXACT_UNITS = 2**52  # |grid units| below this: the float64 product units·g is exact
+
+
+def power_of_two_at_least(granularity: float) -> float:
+    """The grid actually used: the smallest power of two ``>= granularity`` (Mironov's Λ)."""
+    if not (isinstance(granularity, (int, float, np.floating)) and math.isfinite(granularity) and granularity > 0):
+        raise ValueError(f"granularity must be a finite number > 0, got {granularity!r}")
+    grid = math.ldexp(1.0, math.frexp(float(granularity))[1])
+    return grid / 2.0 if grid / 2.0 >= granularity else grid
+
+
+@dataclass(frozen=True)
+class SnappedState:
+    """``units``: the exact prefix sum of the rounded steps in grid units (int64, the only data);
+    ``inner``: the wrapped mechanism's state on all-zero steps (noise only)."""
+
+    stream: str
+    units: np.ndarray
+    inner: Any
+
+    @property
+    def t(self) -> int:
+        return int(self.inner.t)
+
+
+@dataclass(frozen=True)
+class _SnappedWire:
+    """Byte encoding of :class:`SnappedState` (the wrapped state as its own encoding)."""
+
+    STATE_VERSION = 1
+    stream: str
+    units: np.ndarray
+    inner: np.ndarray  # uint8 bytes of the wrapped mechanism's encode_state
+
+
+class SnappedSum(ContinualSumMechanism[SnappedState]):
+    """A linear continual sum released on the grid ``g`` with exact arithmetic (see the module docstring).
+
+    ``make_inner(clip_bound)`` builds the wrapped mechanism for a given clip bound; it is called with
+    ``R' = R + √d·g`` (or ``R`` when ``inputs_on_grid``). The guarantee is the wrapped mechanism's,
+    valid for contributions clipped at ``R``; ``epsilon_spent`` is its spend. Releases carry
+    ``meta["granularity"] = g`` and ``meta["snapped_clip_bound"] = R'``.
+    """
+
+    supports_discrete_laplace = True
+
+    def __init__(self, make_inner: Callable[[float], ContinualSumMechanism], *, clip_bound: float,
+                 granularity: float, inputs_on_grid: bool = False) -> None:
+        self.granularity = power_of_two_at_least(granularity)
+        probe = make_inner(clip_bound)
+        enlarged = clip_bound if inputs_on_grid else clip_bound + math.sqrt(probe.dim) * self.granularity
+        self.inner = probe if enlarged == clip_bound else make_inner(enlarged)
+        super().__init__(dim=self.inner.dim, epsilon=self.inner.epsilon, delta=self.inner.delta,
+                         clip_bound=clip_bound, noise=self.inner.noise_law, calibration=self.inner.calibration)
+        self.inputs_on_grid = bool(inputs_on_grid)
+        self.name = self.inner.name
+        self.guarantee = self.inner.guarantee
+        self.state_type = SnappedState
+
+    def __repr__(self) -> str:
+        return f"SnappedSum({self.inner!r}, granularity={self.granularity:g}, clip_bound={self.clip_bound:g})"
+
+    def init_state(self, stream: str) -> SnappedState:
+        return SnappedState(stream, np.zeros(self.dim, np.int64), self.inner.init_state(stream))
+
+    def _to_units(self, vector: np.ndarray) -> np.ndarray:
+        units = np.rint(vector / self.granularity)
+        if self.inputs_on_grid and not np.array_equal(units * self.granularity, vector):
+            raise ValueError("inputs_on_grid: a step sum is not a multiple of the granularity")
+        return units
+
+    def _advance(self, state: SnappedState, vector: np.ndarray, noise: NoiseSource):
+        # The wrapped mechanism sees zeros only: its release is the noise term, computed without the data.
+        inner_state, noise_value, meta, loss = self.inner._advance(state.inner, np.zeros(self.dim), noise)
+        units = state.units + self._to_units(vector).astype(np.int64)
+        total = units + np.rint(noise_value / self.granularity).astype(np.int64)
+        if np.abs(total).max(initial=0) >= EXACT_UNITS:
+            raise ValueError(f"a snapped release exceeds 2^52 grid units of {self.granularity:g}: "
+                             "float64 would no longer add exactly; use a coarser granularity")
+        meta = {**meta, "granularity": self.granularity, "snapped_clip_bound": self.inner.clip_bound,
+                "noise_std": math.sqrt(self.noise_var(inner_state.t))}
+        return SnappedState(state.stream, units, inner_state), total * self.granularity, meta, loss
+
+    def noise_var(self, t: int) -> float:
+        """The wrapped noise variance plus ``g²/12`` (rounding a noise much wider than the grid)."""
+        return self.inner.noise_var(t) + self.granularity**2 / 12.0
+
+    def charges_at(self, t: int) -> list[Charge]:
+        return self.inner.charges_at(t)
+
+    def encode_state(self, state: SnappedState) -> bytes:
+        inner = np.frombuffer(self.inner.encode_state(state.inner), dtype=np.uint8)
+        return encode_state(_SnappedWire(state.stream, state.units, inner))
+
+    def decode_state(self, data: bytes) -> SnappedState:
+        wire = decode_state(_SnappedWire, data)
+        units = np.asarray(wire.units)
+        if units.dtype != np.int64 or units.shape != (self.dim,):
+            raise ValueError(f"snapped state units must be int64 of shape ({self.dim},)")
+        return SnappedState(wire.stream, units, self.inner.decode_state(wire.inner.tobytes()))
