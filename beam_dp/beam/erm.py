@@ -71,6 +71,8 @@ class _ERMParams:
     huber: float = 1.0
     backend: Literal["numpy", "torch", "auto"] = "numpy"
     uncertified: bool = False
+    # release models on the power-of-two grid >= granularity with exact arithmetic (Δ(n) grows by sqrt(d)·g)
+    granularity: float | None = None
     streams: tuple[str, ...] | None = None
     noise_key: NoiseKey = field(default_factory=NoiseKey)
 
@@ -93,7 +95,7 @@ class _ERMParams:
 
     def _common(self) -> dict:
         return dict(model=self.model(), lam=self.lam, epsilon=self.epsilon, delta=self.delta, noise=self.noise,
-                    backend=self.backend, uncertified=self.uncertified)
+                    backend=self.backend, uncertified=self.uncertified, granularity=self.granularity)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ from typing import Callable, ClassVar, Literal
 from beam_dp.core.clock import StepClock
 from beam_dp.core.noise import KEY_ENV_VAR, NoiseSource
 from beam_dp.mechanisms.base import ContinualSumMechanism
-from beam_dp.mechanisms.snapping import SnappedSum, power_of_two_at_least
+from beam_dp.core.grid import power_of_two_at_least
+from beam_dp.mechanisms.snapping import SnappedSum
 
 __all__ = ["ContinualCountParams", "ContinualSumParams", "NoiseKey", "WindowedSumParams"]
 

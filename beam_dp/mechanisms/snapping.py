@@ -36,22 +36,13 @@ from typing import Any, Callable
 
 import numpy as np
 
+from beam_dp.core.grid import from_grid_units, power_of_two_at_least, to_grid_units
 from beam_dp.core.guarantee import Charge
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.state import decode_state, encode_state
 from beam_dp.mechanisms.base import ContinualSumMechanism
 
-__all__ = ["SnappedState", "SnappedSum", "power_of_two_at_least"]
-
-EXACT_UNITS = 2**52  # |grid units| below this: the float64 product units·g is exact
-
-
-def power_of_two_at_least(granularity: float) -> float:
-    """The grid actually used: the smallest power of two ``>= granularity`` (Mironov's Λ)."""
-    if not (isinstance(granularity, (int, float, np.floating)) and math.isfinite(granularity) and granularity > 0):
-        raise ValueError(f"granularity must be a finite number > 0, got {granularity!r}")
-    grid = math.ldexp(1.0, math.frexp(float(granularity))[1])
-    return grid / 2.0 if grid / 2.0 >= granularity else grid
+__all__ = ["SnappedState", "SnappedSum"]
 
 
 @dataclass(frozen=True)
@@ -109,7 +100,7 @@ class SnappedSum(ContinualSumMechanism[SnappedState]):
         return SnappedState(stream, np.zeros(self.dim, np.int64), self.inner.init_state(stream))
 
     def _to_units(self, vector: np.ndarray) -> np.ndarray:
-        units = np.rint(vector / self.granularity)
+        units = to_grid_units(vector, self.granularity)
         if self.inputs_on_grid and not np.array_equal(units * self.granularity, vector):
             raise ValueError("inputs_on_grid: a step sum is not a multiple of the granularity")
         return units
@@ -117,14 +108,11 @@ class SnappedSum(ContinualSumMechanism[SnappedState]):
     def _advance(self, state: SnappedState, vector: np.ndarray, noise: NoiseSource):
         # The wrapped mechanism sees zeros only: its release is the noise term, computed without the data.
         inner_state, noise_value, meta, loss = self.inner._advance(state.inner, np.zeros(self.dim), noise)
-        units = state.units + self._to_units(vector).astype(np.int64)
-        total = units + np.rint(noise_value / self.granularity).astype(np.int64)
-        if np.abs(total).max(initial=0) >= EXACT_UNITS:
-            raise ValueError(f"a snapped release exceeds 2^52 grid units of {self.granularity:g}: "
-                             "float64 would no longer add exactly; use a coarser granularity")
+        units = state.units + self._to_units(vector)
+        value = from_grid_units(units + to_grid_units(noise_value, self.granularity), self.granularity)
         meta = {**meta, "granularity": self.granularity, "snapped_clip_bound": self.inner.clip_bound,
                 "noise_std": math.sqrt(self.noise_var(inner_state.t))}
-        return SnappedState(state.stream, units, inner_state), total * self.granularity, meta, loss
+        return SnappedState(state.stream, units, inner_state), value, meta, loss
 
     def noise_var(self, t: int) -> float:
         """The wrapped noise variance plus ``g²/12`` (rounding a noise much wider than the grid)."""

@@ -30,6 +30,7 @@ import numpy as np
 
 from beam_dp.core.calibration import analytic_gaussian_epsilon, analytic_gaussian_sigma
 from beam_dp.core.clipping import clip_l2
+from beam_dp.core.grid import power_of_two_at_least, snap_sum
 from beam_dp.core.guarantee import Guarantee
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
@@ -86,7 +87,7 @@ class ERMMechanism:
 
     def __init__(self, *, model: LinearModel, lam: float, epsilon: float, delta: float = 0.0,
                  noise: NoiseLaw = "gamma", backend: Backend = "numpy", uncertified: bool = False,
-                 sgd: SGDConfig = SGDConfig(), tolerance: float = 1e-3) -> None:
+                 sgd: SGDConfig = SGDConfig(), tolerance: float = 1e-3, granularity: float | None = None) -> None:
         if not isinstance(model, LinearModel):
             raise ValueError("model must be a SoftmaxRegression or HuberRegression")
         if not (isinstance(lam, (int, float)) and math.isfinite(lam) and lam > 0):
@@ -109,12 +110,17 @@ class ERMMechanism:
         if not (isinstance(tolerance, float) and 0 < tolerance <= 1):
             raise ValueError(f"tolerance must lie in (0, 1] (a fraction of L/n), got {tolerance!r}")
         self.tolerance = tolerance
+        # Snapped release (docs/reliability.md §6): the model and its noise on the grid g = 2^k, added
+        # exactly; rounding the model moves it by <= sqrt(d)·g/2, so Δ(n) grows by sqrt(d)·g.
+        self.granularity = None if granularity is None else power_of_two_at_least(granularity)
         # μ* of the whole budget (Gaussian): the analytic-Gaussian μ of (ε, δ)
         self.mu_total = 1.0 / analytic_gaussian_sigma(self.epsilon, self.delta, 1.0) if noise == "gaussian" else 0.0
 
     # -- scales --------------------------------------------------------------------------------
     def sens(self, n_norm: int) -> float:
-        return self.model.sensitivity(self.lam, n_norm)
+        """L2 sensitivity of a model trained at size ``n_norm``: ``2L/(λ n)``, plus ``sqrt(d)·g`` when snapped."""
+        grid = 0.0 if self.granularity is None else math.sqrt(self.model.dim) * self.granularity
+        return self.model.sensitivity(self.lam, n_norm) + grid
 
     def scale(self, n_ref: int, eps_share: float, mu_share: float) -> float:
         """Noise scale so that a call at size ``n_ref`` costs ``eps_share`` (pure: b = Δ/ε_share) or
@@ -193,7 +199,13 @@ class ERMMechanism:
             "w_ref_id": int(w_ref_id), "epsilon": eps, "mu": mu,
             "certified": bool(result.certified), "solver_target": float(result.target), **(extra or {}),
         }
-        return TrainedModel(result.w + nu, event)
+        return TrainedModel(self._add_noise(result.w, nu), event)
+
+    def _add_noise(self, w: np.ndarray, nu: np.ndarray) -> np.ndarray:
+        """``w + ν``; snapped: ``(rint(w/g) + rint(ν/g))·g`` in exact integer grid units."""
+        if self.granularity is None:
+            return w + nu
+        return snap_sum(w, nu, self.granularity)
 
     # -- ledger (per unit block) ----------------------------------------------------------------
     @staticmethod
@@ -228,7 +240,8 @@ class ERMMechanism:
         return Release(stream, step, self.name, self.model.to_value(model.w), eps, delta, meta)
 
     def describe(self) -> dict[str, Any]:
-        return {"algorithm": self.algorithm, "guarantee": self.guarantee.describe(), "noise": self.noise_law}
+        return {"algorithm": self.algorithm, "guarantee": self.guarantee.describe(), "noise": self.noise_law,
+                "granularity": self.granularity}
 
 
 def _union(ranges: list[tuple[int, int]]) -> list[list[int]]:
