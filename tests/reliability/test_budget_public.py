@@ -26,6 +26,8 @@ from beam_dp.mechanisms.erm import HuberRegression, LabelledRows, SlidingWindowM
 from beam_dp.mechanisms.online import make_online_learner
 from beam_dp.mechanisms.pmwg import PMWG, GrowingBlock, Query
 from beam_dp.mechanisms.regression import make_incremental_regression
+from beam_dp.mechanisms.schedulers import BBImprover, BBScheduler, LaplaceHistogram
+from beam_dp.mechanisms.snapping import SnappedSum
 from beam_dp.mechanisms.tree import BinaryTreeSum, DoublingTreeSum, HybridTreeSum
 from beam_dp.mechanisms.window_tree import WindowTreeSum
 from tests.conftest import TEST_KEY
@@ -45,6 +47,8 @@ COUNTERS = {  # name -> (make, steps)
     "kary": (lambda: make_counter("kary", dim=1, epsilon=1.0, clip_bound=1.0), LONG),
     "honaker": (lambda: make_counter("honaker", horizon=1 << 12, dim=1, epsilon=1.0, clip_bound=1.0, **GAUSS), 1 << 12),
     "toeplitz": (lambda: make_counter("toeplitz", horizon=1024, dim=1, epsilon=1.0, clip_bound=1.0, **GAUSS), 1024),
+    "snapped hybrid": (lambda: SnappedSum(lambda r: HybridTreeSum(dim=1, epsilon=1.0, clip_bound=r), clip_bound=1.0,
+                                          granularity=0.5), LONG),
 }
 
 
@@ -87,7 +91,7 @@ def _long_run(name, make, steps):
             assert eps >= releases[-1].epsilon_spent * (1 - 1e-6)  # the release log is the ledger's worst
 
 
-def test_erm_online_regression_pmwg_spend_over_long_runs():
+def test_erm_online_regression_growing_db_spend_over_long_runs():
     rng = np.random.default_rng(0)
     huber = HuberRegression(n_features=2, clip_bound=1.0, huber=1.0)
     sliding = SlidingWindowMechanism(block=2, levels=3, model=huber, lam=1.0, epsilon=1.0)
@@ -95,12 +99,15 @@ def test_erm_online_regression_pmwg_spend_over_long_runs():
     cocop = make_online_learner("cocop", dim=2, constraint="simplex", loss="logistic", epsilon=1.0, window=8, mu=1.0)
     reg = make_incremental_regression("privincreg1", dim=2, epsilon=1.0, delta=1e-6, horizon=None)
     pmwg = PMWG(universe_size=3, n=4, epsilon=1.0, alpha=0.3)
+    growing = [GrowingBlock(np.array([0, 1, 2, 1]))] + [
+        GrowingBlock(np.array([i % 3]), (Query(5 + i, f"q{i}", rng.uniform(0, 1, 3)),)) for i in range(3000)]
     runs = [
         (sliding, blocks),
         (cocop, [(r, 1.0 if i % 2 else -1.0) for i, r in enumerate(rng.uniform(-0.5, 0.5, (20_000, 2)))]),
         (reg, [(r, 0.5) for r in rng.uniform(-0.5, 0.5, (5_000, 2))]),
-        (pmwg, [GrowingBlock(np.array([0, 1, 2, 1]))] + [
-            GrowingBlock(np.array([i % 3]), (Query(5 + i, f"q{i}", rng.uniform(0, 1, 3)),)) for i in range(3000)]),
+        (pmwg, growing),
+        (BBScheduler(LaplaceHistogram(3), universe_size=3, n=4, epsilon=1.0, gamma=0.5), growing),
+        (BBImprover(LaplaceHistogram(3), universe_size=3, n=4, epsilon=1.0, delta=1e-6), growing),
     ]
     for mech, steps in runs:
         noise, state, releases = NoiseSource(TEST_KEY), mech.init_state("s"), []
