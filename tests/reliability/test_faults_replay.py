@@ -1,9 +1,11 @@
 """Faults and replay (issue 8, item 3).
 
-* A stateful DoFn that raises once on the k-th element: the FnApiRunner does not retry a failed
-  bundle (the pipeline fails); re-running it — what a production runner does from its last
-  committed state, here the empty start of a batch replay — gives releases byte-identical to a
-  failure-free run, because every noise draw is a pure function of (key, stream, purpose, node).
+* A stateful DoFn that raises once, after processing (and writing state for) the k-th element: the
+  BundleBasedDirectRunner retries the bundle and the releases are byte-identical to a failure-free
+  run (state of the failed attempt is discarded, every noise draw is a pure function of (key,
+  stream, purpose, node)). The FnApiRunner does not retry (the pipeline fails); re-running it —
+  what a production runner does from its last committed state, here the empty start of a batch
+  replay — gives byte-identical releases too.
 * Snapshot/restore: every mechanism family's state is encoded mid-stream (``encode_state``),
   decoded into a FRESH mechanism instance and continued; the releases equal an uninterrupted run.
 * A replay under a different key changes the noise (same schedule, different values), and the
@@ -41,7 +43,7 @@ CLOCK = StepClock(start=0, period=10, end=50)
 
 
 class FlakyReleaseDoFn(ContinualReleaseDoFn):
-    """Raises once, on the k-th element it processes (``marker`` file: 'once' across pickled copies)."""
+    """Raises once, after processing the k-th element (``marker`` file: 'once' across pickled copies)."""
 
     def __init__(self, params, per_step_timers, marker: str, k: int = 3):
         super().__init__(params, per_step_timers)
@@ -53,11 +55,13 @@ class FlakyReleaseDoFn(ContinualReleaseDoFn):
                 pending=beam.DoFn.StateParam(ContinualReleaseDoFn.PENDING),
                 close=beam.DoFn.TimerParam(ContinualReleaseDoFn.CLOSE)):
         self._seen += 1
+        # the element is fully processed (its state writes done) before the fault: a retry must discard them
+        outputs = list(super().process(element, mechanism_state, next_step_state, buffered_state, pending, close))
         marker = Path(self._marker)
         if self._seen == self._k and not marker.exists():
             marker.write_text("failed once")
             raise RuntimeError("injected fault")
-        yield from super().process(element, mechanism_state, next_step_state, buffered_state, pending, close)
+        yield from outputs
 
 
 def _sum_pipeline(params, events):
@@ -84,6 +88,24 @@ def test_injected_fault_then_rerun_is_byte_identical(tmp_path, monkeypatch):
     assert marker.exists(), "the fault was never injected"
     assert retried, "the FnApiRunner retried the bundle itself (update docs/reliability.md)"
     assert pickle.dumps(sorted_releases(flaky.releases)) == pickle.dumps(clean)
+
+
+def test_injected_fault_is_retried_by_the_bundle_runner_with_byte_identical_releases(tmp_path, monkeypatch):
+    """The BundleBasedDirectRunner retries a failed bundle (up to 4 attempts) and commits state only
+    for a successful attempt: the fault must leave no trace in state or releases."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    params = ContinualSumParams(clock=CLOCK, streams=("a", "b"), dim=2, epsilon=1.0, clip_bound=1.0)
+    events = _sum_events(0)
+    options = PipelineOptions(runner="BundleBasedDirectRunner")
+    clean = sorted_releases(run_pipeline(_sum_pipeline(params, events), options).releases)
+    marker = tmp_path / "fault"
+    monkeypatch.setattr(transforms_module, "ContinualReleaseDoFn",
+                        lambda params, per_step_timers: FlakyReleaseDoFn(params, per_step_timers, str(marker)))
+    retried = run_pipeline(_sum_pipeline(params, events), options)
+    assert marker.exists(), "the fault was never injected"
+    assert clean and pickle.dumps(sorted_releases(retried.releases)) == pickle.dumps(clean)
+    assert any("injected fault" in line for line in retried.logs), "the runner did not log the failed attempt"
 
 
 # -- snapshot / restore of every mechanism family -------------------------------------------------
