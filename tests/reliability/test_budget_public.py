@@ -32,7 +32,7 @@ from beam_dp.mechanisms.tree import BinaryTreeSum, DoublingTreeSum, HybridTreeSu
 from beam_dp.mechanisms.window_tree import WindowTreeSum
 from tests.conftest import TEST_KEY
 from tests.reliability.harness import run_pipeline
-from tests.reliability.targets import CLOCK, UNIVERSE, _erm_events, _sum_events
+from tests.reliability.targets import CLOCK, UNIVERSE, _erm_events, _sum_events, all_targets
 
 TOL = 1e-9
 LONG = 1 << 14  # default run; the 10^5-step runs of the default counters are marked slow
@@ -191,3 +191,26 @@ def test_neighbouring_inputs_have_identical_release_schedules():
 
     replaced = elements[:1] + [("a", 11.5, {"colour": "red", "size": 0.5})] + elements[2:]
     assert _schedule(_run(growing(elements))) == _schedule(_run(growing(replaced)))
+
+
+def _private(element):
+    """The private field of an element: its last field (inside a tagged ``(tag, element)`` pair)."""
+    return _private(element[-1]) if isinstance(element[-1], tuple) else element[-1]
+
+
+def _with_private(element, value):
+    inner = _with_private(element[-1], value) if isinstance(element[-1], tuple) else value
+    return element[:-1] + (inner,)
+
+
+@pytest.mark.parametrize("target", all_targets(), ids=lambda t: t.name)
+def test_every_transform_releases_on_the_same_schedule_for_a_neighbouring_input(target):
+    """Replace the private field of one element (a sum's value, a count's timestamp, a label, a
+    growing-database record) by another element's, within its stream: the release schedule must
+    not move (a stream's arrival count and the stream set are public, its values are not)."""
+    first = target.good[0]
+    donor = next(e for e in target.good if _private(e) != _private(first) and type(e[-1]) is type(first[-1]))
+    neighbour = [_with_private(first, _private(donor))] + list(target.good[1:])
+    runs = [run_pipeline(lambda p, els=els: target.build(p, els)) for els in (target.good, neighbour)]
+    assert runs[0].releases and _schedule(runs[0].releases) == _schedule(runs[1].releases)
+    assert not runs[0].dead and not runs[1].dead
