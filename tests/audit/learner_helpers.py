@@ -1,0 +1,114 @@
+"""Audit drivers for the online learners and incremental regressions (``test_audit_learners.py``).
+
+A driver is ``run(neighbour, noise) -> np.ndarray``: one run of the real mechanism through its public
+``init_state``/``step`` API on D (``neighbour=False``) or D' (``True``), returning the audited releases
+flattened. :func:`llr_samples` turns it into ``sample(factor)`` for ``audit_with_mutant``: noise-free
+means from ``ZeroNoise`` runs, ``Σ`` from separate noisy runs (salt ``cov``), and the log-likelihood
+ratio of releases that are linear in Gaussian (``w · (s − m_D)``, ``w = Σ⁺(m_D' − m_D)``) or Laplace
+node noise. The audited configurations keep the releases (near-)linear in the noise: projections
+stay inactive.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from beam_dp.core.noise import NoiseSource
+from beam_dp.mechanisms.online import OnlineLoss, OnlineRecord
+from beam_dp.mechanisms.regression import RegressionBlock
+from beam_dp.testing import ZeroNoise
+from beam_dp.testing.audit import ScaledNoise, linear_statistic_weights, seeded_key
+
+Run = Callable[[bool, NoiseSource], np.ndarray]
+
+# Online learners: L = μ = 1 on the box [−1/2, 1/2] (D = 1), so μD = L and the tree's
+# Δ₂ = max(2L, L + μD) = 2L is attained by two gradients ±L.
+L = 1.0
+BOX = {"kind": "box", "lower": -0.5, "upper": 0.5}
+
+
+def constant_gradient_loss() -> OnlineLoss:
+    """Custom loss with ``∇f(x; a, b) = a``: the record *is* its gradient, so a neighbour pair can put
+    ``−L`` and ``+L`` into the tree (privacy never relies on the declared μ/L, only on the clip)."""
+    return OnlineLoss(kind="custom", mu=1.0, lipschitz=L, gradient=lambda x, a, b: np.array(a, dtype=np.float64))
+
+
+def llr_samples(run: Run, runs: int, law: str = "gaussian",
+                cov_runs: int = 1000) -> Callable[[float], tuple[np.ndarray, np.ndarray]]:
+    """``sample(factor)``: ``runs`` statistics per neighbour, a fresh ``ScaledNoise`` key per run.
+
+    ``law="gaussian"``: the harness's ``w · (s − m_D)``, ``w = Σ⁺Δm``. ``law="laplace"``: the releases
+    are a causal (lower-triangular) linear map of independent Laplace node noises, so whitening by the
+    Cholesky factor of ``Σ`` recovers those noises up to scale, ``u``; the statistic is their summed
+    Laplace log-likelihood ratio ``Σ_i |u_i| − |u_i − Δu_i|`` (exact up to one common factor).
+    """
+    m_d, m_dp = run(False, ZeroNoise()), run(True, ZeroNoise())
+
+    def sample(factor: float) -> tuple[np.ndarray, np.ndarray]:
+        def noisy(neighbour: bool, seed: int, salt: bytes) -> np.ndarray:
+            return run(neighbour, ScaledNoise(seeded_key(seed, salt), factor)) - m_d
+
+        cov_rows = np.stack([noisy(False, s, b"cov") for s in range(cov_runs)])
+        if law == "laplace":
+            chol = np.linalg.cholesky(np.atleast_2d(np.cov(cov_rows, rowvar=False)))
+            du = np.linalg.solve(chol, m_dp - m_d)
+
+            def statistic(v: np.ndarray) -> float:
+                u = np.linalg.solve(chol, v)
+                return float(np.sum(np.abs(u) - np.abs(u - du)))
+        else:
+            w = linear_statistic_weights(m_d, m_dp, cov_rows)
+
+            def statistic(v: np.ndarray) -> float:
+                return float(w @ v)
+
+        x = np.array([statistic(noisy(False, s, b"D")) for s in range(runs)])
+        y = np.array([statistic(noisy(True, s, b"D'")) for s in range(runs)])
+        return x, y
+
+    return sample
+
+
+def online_run(mech, changed_step: int) -> Run:
+    """WDP-COCOP/COCOL: the record at ``changed_step`` is ``a = −L`` (D) or ``+L`` (D'); every other
+    record has gradient 0. Returns the ``B`` releases made while it is protected (steps
+    ``changed_step .. changed_step + B − 1``).
+
+    The ``changed_step − 1`` earlier steps are one fixed prefix (its own key), run once and forked
+    (stepping a state twice is supported). Its releases do not depend on the changed record, so window
+    DP must hold conditionally on it; it only makes ``t`` large, so that the FTAL point
+    ``(S_t − ĝ_t/μ)/t`` stays inside the box (noise/(μt) ≪ D) and the releases are linear in ĝ.
+    ``changed_step`` should start a block (``≡ 1 mod B``) so the audited releases isolate its nodes.
+    """
+    zero = OnlineRecord(np.zeros(mech.dim), 0.0)
+    state = mech.init_state("audit")
+    prefix_noise = NoiseSource(seeded_key(0, b"prefix"))
+    for _ in range(changed_step - 1):
+        state, _ = mech.step(state, zero, prefix_noise)
+    first = {False: OnlineRecord(np.full(mech.dim, -L), 0.0), True: OnlineRecord(np.full(mech.dim, L), 0.0)}
+
+    def run(neighbour: bool, noise: NoiseSource) -> np.ndarray:
+        s, out = state, []
+        for k in range(mech.tree.block):
+            s, (release,) = mech.step(s, first[neighbour] if k == 0 else zero, noise)
+            out.append(release.value["x"])
+        return np.concatenate(out)
+
+    return run
+
+
+def regression_run(mech, steps: int, x: np.ndarray, padding: int = 0) -> Run:
+    """Incremental regression: step 1 holds the record ``(x, −1)`` (D) or ``(x, +1)`` (D') plus
+    ``padding`` records ``(0, 0)`` (zero gradient; they only shrink PRIVINCERM's step size); steps
+    ``2..steps`` are empty. Returns every release ``θ_1..θ_steps``."""
+    X = np.vstack([x[None, :], np.zeros((padding, x.size))])
+
+    def run(neighbour: bool, noise: NoiseSource) -> np.ndarray:
+        y = np.zeros(padding + 1)
+        y[0] = 1.0 if neighbour else -1.0
+        releases = mech.run("audit", [RegressionBlock(X, y)] + [None] * (steps - 1), noise)
+        return np.concatenate([r.value["theta"] for r in releases])
+
+    return run
