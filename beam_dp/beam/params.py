@@ -19,8 +19,8 @@ from typing import Callable, ClassVar, Literal
 
 from beam_dp.core.clock import StepClock
 from beam_dp.core.noise import KEY_ENV_VAR, NoiseSource
-from beam_dp.mechanisms.base import ContinualSumMechanism
 from beam_dp.core.grid import power_of_two_at_least
+from beam_dp.mechanisms.base import ContinualSumMechanism
 from beam_dp.mechanisms.snapping import SnappedSum
 
 __all__ = ["ContinualCountParams", "ContinualSumParams", "NoiseKey", "WindowedSumParams"]
@@ -81,13 +81,6 @@ class _StepParams:
     def event_time(self) -> bool:
         return self.clock is not None
 
-    def _snapped(self, make: Callable[[float], ContinualSumMechanism], clip_bound: float,
-                 inputs_on_grid: bool = False) -> ContinualSumMechanism:
-        """``make(clip_bound)``, wrapped in a ``SnappedSum`` when a granularity is set."""
-        if self.granularity is None or (inputs_on_grid and getattr(self, "noise", None) == "discrete_laplace"):
-            return make(clip_bound)  # (integer noise on integer counts is already exact on the grid)
-        return SnappedSum(make, clip_bound=clip_bound, granularity=self.granularity, inputs_on_grid=inputs_on_grid)
-
 
 @dataclass(frozen=True)
 class _VectorSumParams(_StepParams):
@@ -103,6 +96,14 @@ class _VectorSumParams(_StepParams):
             dim=self.dim, epsilon=self.epsilon, delta=self.delta, clip_bound=clip_bound,
             noise=self.noise, calibration=self.calibration,
         )
+
+    def _snapped(self, make: Callable[[float], ContinualSumMechanism],
+                 inputs_on_grid: bool = False) -> ContinualSumMechanism:
+        """``make(clip_bound)``, wrapped in a ``SnappedSum`` when a granularity is set."""
+        if self.granularity is None or (inputs_on_grid and self.noise == "discrete_laplace"):
+            return make(self.clip_bound)  # (integer noise on integer counts is already exact on the grid)
+        return SnappedSum(make, clip_bound=self.clip_bound, granularity=self.granularity,
+                          inputs_on_grid=inputs_on_grid)
 
 
 @dataclass(frozen=True)
@@ -147,8 +148,7 @@ class ContinualSumParams(_VectorSumParams):
                                 public_end=_public_end(self.clock), **self._mechanism_kwargs(clip_bound))
 
         # a count's steps are integers, already on any grid g <= 1: snapping them costs no sensitivity
-        return self._snapped(make, self.clip_bound,
-                             inputs_on_grid=self._integer_contributions and (self.granularity or 1.0) <= 1.0)
+        return self._snapped(make, inputs_on_grid=self._integer_contributions and (self.granularity or 1.0) <= 1.0)
 
 
 @dataclass(frozen=True)
@@ -174,8 +174,7 @@ class WindowedSumParams(_VectorSumParams):
     def build_mechanism(self):
         from beam_dp.mechanisms.window_tree import WindowTreeSum
 
-        return self._snapped(lambda bound: WindowTreeSum(window=self.window, **self._mechanism_kwargs(bound)),
-                             self.clip_bound)
+        return self._snapped(lambda bound: WindowTreeSum(window=self.window, **self._mechanism_kwargs(bound)))
 
 
 @dataclass(frozen=True)

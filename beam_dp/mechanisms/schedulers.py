@@ -117,10 +117,6 @@ class LaplaceHistogram:
         self.N = _check_int("universe_size", universe_size, 2)
         self.g = 2.0 * self.N * (1.0 + math.log(2.0 * self.N))
 
-    def scale(self, t: int, epsilon: float) -> float:
-        """Noise scale of the released frequencies ``x̃`` (count scale ``2/ε`` divided by ``t``)."""
-        return 2.0 / (epsilon * t)
-
     def run(self, counts, t, epsilon, alpha, beta, noise: BoxNoise) -> dict[str, np.ndarray]:
         noisy_counts = np.asarray(counts, dtype=np.int64) + noise.discrete_laplace(0, 2.0 / epsilon, self.N)
         return {"histogram": noisy_counts / t}
