@@ -8,6 +8,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from apache_beam.testing.util import BeamAssertException, assert_that
 
 from beam_dp.beam import ContinualCountParams, ContinualSumParams, WindowedSumParams
+from beam_dp.beam.params import _UnitCountSumParams
 from beam_dp.core import NoiseSource
 from beam_dp.core.budget import composition_of
 from beam_dp.io import release_to_row
@@ -30,7 +31,8 @@ def streaming_options() -> PipelineOptions:
 
 # the noise domain a transform applied with its default label binds (its full label in the test pipeline)
 DEFAULT_DOMAINS = {ContinualSumParams: "ContinualSum", WindowedSumParams: "WindowedSum",
-                   ContinualCountParams: "ContinualCount/Sum"}
+                   ContinualCountParams: "ContinualCount/Sum",
+                   _UnitCountSumParams: "ContinualCount/Sum"}  # ContinualCountParams.as_sum_params()
 
 
 def domain_of(params, domain: str | None = None) -> str:
