@@ -61,7 +61,8 @@ def test_online_learner_cli_equals_the_pure_mechanism(tmp_path, capsys):
     params = OnlineLearnerParams(dim=3, constraint={"kind": "l1_ball", "radius": 1.0}, epsilon=1.0, window=8,
                                  algorithm="cocol", loss="logistic", mu=0.5)
     mech = params.build_mechanism()
-    _check(out, _expected(params, {s: [mech.record(x, y) for x, y in recs] for s, recs in data.items()}, "OnlineLearner"))
+    records = {s: [mech.record(x, y) for x, y in recs] for s, recs in data.items()}
+    _check(out, _expected(params, records, "OnlineLearner"))
     # a logistic label 0.5 and a NaN feature: value-level reasons (the parse stage names which)
     assert value_reasons_merged(dead_letters(out)) == {"models:bad_input": 2, "read:malformed": 1,
                                                        "models:bad_stream_id": 1}
