@@ -45,13 +45,13 @@ from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
 from apache_beam.utils.timestamp import Timestamp
 
-from beam_dp.beam.events import DeadLetter, Reason, checked_stream, to_micros
+from beam_dp.steps.events import DeadLetter, Reason, checked_stream, to_micros
 from beam_dp.beam.params import NoiseKey
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.core.clock import StepClock
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
-from beam_dp.io.schema import ReleaseRow, release_to_row
+from beam_dp.steps.schema import ReleaseRow, release_to_row
 from beam_dp.mechanisms.pmwg import PMWG, GrowingBlock, GrowingQueryMechanism, Query
 from beam_dp.mechanisms.schedulers import BBImprover, BBScheduler, BlackBox, LaplaceHistogram
 from beam_dp.mechanisms.universe import Universe, check_query

@@ -39,11 +39,11 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
 
-from beam_dp.beam.events import DeadLetter, Reason, checked_stream, coerce_value
+from beam_dp.steps.events import DeadLetter, Reason, checked_stream, coerce_value
 from beam_dp.beam.params import NoiseKey
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.beam.transforms import ContinualOutputs
-from beam_dp.io.schema import ReleaseRow, release_to_row
+from beam_dp.steps.schema import ReleaseRow, release_to_row
 from beam_dp.mechanisms.lifelong.config import BoundedAGEMConfig, L2DPConfig, NaiveGaussianConfig, TaskData
 
 __all__ = ["END_OF_TASK", "LifelongLearner", "LifelongParams"]

@@ -14,12 +14,10 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from beam_dp.beam.events import DeadLetter, EventBatch, Reason, parse_event
+from beam_dp.steps.events import DEAD_LETTER, DeadLetter, EventBatch, Reason, parse_event
 from beam_dp.mechanisms.base import ClippedSum
 
 __all__ = ["DEAD_LETTER", "MergeClippedSums", "ParseEvents"]
-
-DEAD_LETTER = "dead_letter"
 
 
 class MergeClippedSums(beam.CombineFn):

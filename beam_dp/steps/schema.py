@@ -1,0 +1,98 @@
+"""The release row: one schema for every mechanism, as a typed NamedTuple and a pyarrow schema.
+
+Columns:
+
+* ``stream``, ``step``, ``mechanism``;
+* ``value`` (list<double>, flattened row-major) and ``shape`` (list<int64>); a release whose value
+  is a mapping of named arrays stores them concatenated in name order and lists
+  ``[[name, shape], ...]`` in ``parts`` (JSON; empty string for a single array);
+* ``epsilon_spent``, ``delta_spent``: worst-case loss of any element up to this release;
+* ``epsilon_budget``, ``delta_budget``, ``window``: the mechanism's guarantee (window null = forever);
+* ``step_start``, ``step_end``: the step's public event-time interval (UTC, µs; null for count steps);
+* ``meta``: public facts as sorted JSON (noise law, scale, ``noise_std``, node counts, calibration).
+"""
+
+import json
+from typing import List, NamedTuple, Optional
+
+import numpy as np
+import pyarrow as pa
+
+from beam_dp.core.guarantee import Guarantee
+from beam_dp.core.release import Release
+
+__all__ = ["RELEASE_SCHEMA", "ReleaseRow", "release_to_row"]
+
+
+class ReleaseRow(NamedTuple):
+    stream: str
+    step: int
+    mechanism: str
+    value: List[float]
+    shape: List[int]
+    parts: str
+    epsilon_spent: float
+    delta_spent: float
+    epsilon_budget: float
+    delta_budget: float
+    window: Optional[int]
+    step_start: Optional[int]
+    step_end: Optional[int]
+    meta: str
+
+
+RELEASE_SCHEMA = pa.schema(
+    [
+        ("stream", pa.string()),
+        ("step", pa.int64()),
+        ("mechanism", pa.string()),
+        ("value", pa.list_(pa.float64())),
+        ("shape", pa.list_(pa.int64())),
+        ("parts", pa.string()),
+        ("epsilon_spent", pa.float64()),
+        ("delta_spent", pa.float64()),
+        ("epsilon_budget", pa.float64()),
+        ("delta_budget", pa.float64()),
+        ("window", pa.int64()),
+        ("step_start", pa.timestamp("us", tz="UTC")),
+        ("step_end", pa.timestamp("us", tz="UTC")),
+        ("meta", pa.string()),
+    ]
+)
+
+
+def _json_default(obj):
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"meta value of type {type(obj).__name__} is not JSON-serialisable")
+
+
+def release_to_row(
+    release: Release, guarantee: Guarantee, step_start: int | None = None, step_end: int | None = None
+) -> ReleaseRow:
+    """Flatten a ``Release`` (times in µs since the epoch) into a ``ReleaseRow``."""
+    if isinstance(release.value, np.ndarray):
+        value, shape, parts = release.value.ravel().tolist(), list(release.value.shape), ""
+    else:
+        names = sorted(release.value)
+        value = [x for name in names for x in release.value[name].ravel().tolist()]
+        shape = []
+        parts = json.dumps([[name, list(release.value[name].shape)] for name in names])
+    return ReleaseRow(
+        stream=release.stream,
+        step=int(release.step),
+        mechanism=release.mechanism,
+        value=value,
+        shape=shape,
+        parts=parts,
+        epsilon_spent=float(release.epsilon_spent),
+        delta_spent=float(release.delta_spent),
+        epsilon_budget=float(guarantee.epsilon),
+        delta_budget=float(guarantee.delta),
+        window=guarantee.window,
+        step_start=step_start,
+        step_end=step_end,
+        meta=json.dumps(dict(release.meta), sort_keys=True, default=_json_default),
+    )
