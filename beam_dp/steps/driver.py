@@ -152,6 +152,14 @@ class StepDriver:
         state.watermark = watermark if state.watermark is None else max(state.watermark, watermark)
         return self.close_through(state, buffer, int(self.clock.step_of_micros(watermark - self.grace)) - 1)
 
+    def close_marked(self, state: KeyState, buffer: Buffer, step: int, original: Any = None) -> list[Output]:
+        """A marker (a lifelong task's end) closes ``step`` and every earlier open step now; a marker of
+        a closed step is late."""
+        if state.ended or step < state.next_step:
+            reason, detail = self.policy.late(step)
+            return [_dead(reason, detail, state.key, original)]
+        return self.close_through(state, buffer, step)
+
     def close_through(self, state: KeyState, buffer: Buffer, upto: int) -> list[Output]:
         """Close the open steps ``next_step..upto`` (clipped to the public end) in order, in one call."""
         if self.last_step is not None:
