@@ -11,8 +11,11 @@ timer (a lower bound of the watermark) and, for a key seen for the first time, t
 any key of the same transform reported in this worker process. So a new stream's first step is the
 first step not yet closed as far as this worker knows (Flink reports the exact watermark), and after a
 watermark jump of N steps a key closes its steps one firing per step. A ``close`` timer that fires in
-the same round as ``end`` counts as a watermark report: with a grace, at most ``⌈grace / period⌉``
-more steps may be released at the end than the exact rule allows.
+the same round as ``end`` counts as a watermark report; it was armed only once the watermark less
+the grace had reached its step's start, so the end rule can differ from the exact one only for a
+step that began exactly at the last finite watermark less the grace. Outputs of that final round
+carry timestamps behind the global window's end (a downstream ``GroupByKey`` in the global window
+may drop them; per-element sinks see them).
 
 Contract with the families: ``params`` offers ``build_mechanism()``, ``clock``, ``block_size``,
 ``allowed_lateness``, ``restore_states`` and ``noise_key``; a family's parse stage feeds

@@ -76,7 +76,8 @@ class KeyState:
     ``mechanism``: the mechanism's own versioned state encoding (uint8 array); ``next_step``: the first
     open step; ``buffered``: contributions waiting in an incomplete count step; ``watermark``: the
     latest finite watermark reported for this key (µs, or None); ``ended``: the input has ended (or
-    the public end was reached) and nothing more is released.
+    the public end was reached) and nothing more is released; ``offset``: the step before the key's
+    first step (a stream first seen late: its mechanism's step ``t`` is the schedule's ``t + offset``).
     """
 
     STATE_VERSION: ClassVar[int] = 1
@@ -86,6 +87,7 @@ class KeyState:
     buffered: int = 0
     watermark: int | None = None
     ended: bool = False
+    offset: int = 0
 
 
 def encode_key_state(state: KeyState) -> bytes:

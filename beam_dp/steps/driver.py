@@ -16,8 +16,8 @@ Public rules (the same on every engine):
   the start). So a stream first seen late never releases behind the watermark; its late items are
   dead-lettered. A key restored from a snapshot continues after the snapshot's step.
 * **End of input** (watermark at +infinity: drain, end of a bounded input, Flink ``stop --drain``):
-  the open steps that started before the last finite watermark are released, in order; no later
-  step is. With no finite watermark ever seen (a batch replay) the clock's public ``end`` is used.
+  the open steps that began before ``W − allowed_lateness`` (``W`` the last finite watermark) are
+  released, in order; no later step is. With no finite watermark ever seen (a batch replay) the clock's public ``end`` is used.
   Buffered items of steps that are not released go to the dead letters (``unclosed``).
 * **Count steps.** A block of ``block_size`` contributions in arrival order is one step; an
   incomplete block is never released.
@@ -29,6 +29,7 @@ The driver holds no privacy arithmetic: clipping, noise and accounting are the m
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Iterable, NamedTuple, Protocol
 
 import numpy as np
@@ -38,7 +39,7 @@ from beam_dp.steps.coder import KeyState
 from beam_dp.steps.events import DEAD_LETTER, DeadLetter, Reason
 from beam_dp.steps.schema import ReleaseRow, release_to_row
 
-__all__ = ["CARRIED", "RELEASE", "SNAPSHOTS", "Buffer", "Output", "StepDriver"]
+__all__ = ["CARRIED", "RELEASE", "SNAPSHOTS", "Buffer", "ListBuffer", "Output", "StepDriver"]
 
 RELEASE, SNAPSHOTS = "release", "snapshots"
 CARRIED = 0  # the step of buffered items that wait across steps (a growing database's queries)
@@ -57,6 +58,16 @@ class Buffer(Protocol):
     def add(self, entry: tuple[int, Any]) -> None: ...
     def read(self) -> Iterable[tuple[int, Any]]: ...
     def clear(self) -> None: ...
+
+
+class ListBuffer(list):
+    """A :class:`Buffer` in memory (pure replays, tests)."""
+
+    def add(self, entry: tuple[int, Any]) -> None:
+        self.append(entry)
+
+    def read(self) -> list[tuple[int, Any]]:
+        return list(self)
 
 
 def _dead(reason: str, detail: str, key: str | None, element: Any = None) -> Output:
@@ -100,7 +111,7 @@ class StepDriver:
         if self.clock is not None and watermark is not None:
             first = max(1, int(self.clock.step_of_micros(watermark - self.grace)))
         encoded = self.policy.mechanism.encode_state(self.policy.mechanism.init_state(key))
-        return KeyState(key, _as_array(encoded), first, watermark=watermark)
+        return KeyState(key, _as_array(encoded), first, watermark=watermark, offset=first - 1)
 
     def timer(self, state: KeyState) -> int | None:
         """When (µs) the engine should next report the watermark: the close of the first open step."""
@@ -209,6 +220,8 @@ class StepDriver:
         if self.clock is not None and self.policy.timed_rows:
             times = (self.clock.step_start_micros(step), self.clock.step_end_micros(step))
         guarantee = self.policy.mechanism.guarantee
+        if state.offset:  # the mechanism counts the key's own steps; rows carry the schedule's
+            releases = [dataclasses.replace(release, step=release.step + state.offset) for release in releases]
         out.extend(Output(RELEASE, release_to_row(release, guarantee, *times)) for release in releases)
         return new
 
@@ -220,8 +233,8 @@ class StepDriver:
             upto = self.last_step if self.block_size is None and self.last_step is not None else state.next_step - 1
         elif state.watermark is None:
             upto = self.last_step if self.last_step is not None else state.next_step - 1
-        else:  # steps that started before the last finite watermark
-            upto = int(self.clock.step_of_micros(state.watermark - 1))
+        else:  # steps begun before the last finite watermark less the grace
+            upto = int(self.clock.step_of_micros(state.watermark - self.grace - 1))
         out = self.close_through(state, buffer, upto)
         if self.block_size is None:  # an incomplete count block is simply never released
             unclosed = sorted({step for step, _ in buffer.read() if step != CARRIED})
