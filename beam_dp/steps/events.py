@@ -23,8 +23,8 @@ from typing import Any, Mapping, NamedTuple
 import numpy as np
 
 __all__ = [
-    "DEAD_LETTER", "DeadLetter", "EventBatch", "Reason", "checked_stream", "coerce_value", "named_fields", "parse_event",
-    "to_micros",
+    "DEAD_LETTER", "DeadLetter", "EventBatch", "Reason", "checked_stream", "coerce_value", "named_fields",
+    "parse_contribution", "parse_event", "to_micros",
 ]
 
 DEAD_LETTER = "dead_letter"  # the tag of every engine's dead-letter output
@@ -175,3 +175,21 @@ def parse_event(
         reason, _, detail = str(exc).partition(": ")
         return DeadLetter(reason, detail, stream, element)
     return stream, micros, vec
+
+
+def parse_contribution(element: Any, mechanism: Any, clock: Any, streams: frozenset[str] | None
+                       ) -> tuple[str, int | None, Any] | DeadLetter:
+    """One event -> ``(stream, step | None, clipped block)`` for ``mechanism`` (``clip_and_sum``) on
+    ``clock`` (a ``StepClock``, or None for count steps), or the ``DeadLetter`` saying why not."""
+    parsed = parse_event(element, mechanism.dim, clock is not None, streams)
+    if isinstance(parsed, DeadLetter):
+        return parsed
+    stream, micros, vec = parsed
+    step = None
+    if clock is not None:
+        where = int(clock.classify_micros(micros))
+        if where:
+            reason = Reason.BEFORE_START if where < 0 else Reason.AFTER_END
+            return DeadLetter(reason, "timestamp outside the public schedule", stream, element)
+        step = int(clock.step_of_micros(micros))
+    return stream, step, mechanism.clip_and_sum(vec)

@@ -8,7 +8,7 @@ import json
 import numpy as np
 
 from beam_dp.core import NoiseSource, StepClock
-from beam_dp.io.schema import release_to_row
+from beam_dp.steps.schema import release_to_row
 from beam_dp.mechanisms.replay import replay_event_time
 from beam_dp.mechanisms.tree import make_tree_sum
 from tests.conftest import TEST_KEY
