@@ -105,8 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
     streaming = args.streaming or bool(args.kafka_brokers)
     env = local_environment(args.parallelism, replay=not streaming)
-    if streaming:
-        env.enable_checkpointing(args.checkpoint_ms)
+    env.enable_checkpointing(args.checkpoint_ms)  # also commits the file sinks' last part files at the end
     if args.kafka_brokers:
         from pyflink.common.serialization import SimpleStringSchema
         from pyflink.datastream.connectors.kafka import (KafkaOffsetsInitializer, KafkaRecordSerializationSchema,
