@@ -7,8 +7,10 @@ with ``--window``) per stream; writes the releases to Parquet (or JSON lines) an
 to JSON lines next to them, and prints a short summary.
 
 With no ``--input`` it runs on the embedded demo dataset (``pipelines/demo_data.py``).
-``--epsilon`` is the total budget of the job: it is split equally between the transforms that run
-(sequential composition), and the summary says so.
+``--epsilon``/``--delta`` are the job's total budget per contribution: a ``JobBudget`` splits them
+equally between the transforms that run (pure epsilons add; Gaussian transforms compose exactly
+through their ``mu``), each transform draws in its own noise domain, and the summary verifies the
+total from the written release files (``python -m beam_dp.verify``).
 
     python -m pipelines.continual_stats --help
 """
@@ -35,8 +37,10 @@ from beam_dp.beam import (
     WindowedSumParams,
 )
 from beam_dp.core import StepClock
+from beam_dp.core.budget import JobBudget
 from beam_dp.io import read_releases
 from beam_dp.io.sources import value_columns
+from beam_dp.verify import verify_job
 from pipelines import demo_data
 from pipelines.common import (
     ReadEvents,
@@ -155,19 +159,22 @@ def plan(options: PipelineOptions) -> Plan:
         else:
             dim = opts.dim
     clock = params_or_usage_error(lambda: StepClock(start=start, period=period, end=end), "step schedule")
-    parts = 1 + bool(window) + bool(opts.count)
-    common = dict(
-        epsilon=opts.epsilon / parts, delta=opts.delta / parts, noise=opts.noise, calibration=opts.calibration,
-        clock=clock, streams=tuple(streams) if streams else None, noise_key=noise_key_of(opts),
-    )
+    # one budget for the job, split among its transforms (Gaussian ones compose exactly through their mu)
+    names = ["sum"] + ["count"] * bool(opts.count) + ["windowed"] * bool(window)
+    composition = "gaussian" if opts.noise == "gaussian" else "pure"
+    budget = params_or_usage_error(
+        lambda: JobBudget(opts.epsilon, opts.delta).split({name: composition for name in names}), "job budget")
+    common = dict(noise=opts.noise, calibration=opts.calibration, clock=clock,
+                  streams=tuple(streams) if streams else None, noise_key=noise_key_of(opts))
     vector = dict(dim=dim, clip_bound=opts.clip_bound, granularity=opts.granularity, **common)
-    params: dict[str, Any] = {"sum": params_or_usage_error(
-        lambda: ContinualSumParams(horizon=opts.horizon, unbounded=opts.unbounded, **vector), "sum")}
+    params: dict[str, Any] = {"sum": params_or_usage_error(lambda: ContinualSumParams(
+        horizon=opts.horizon, unbounded=opts.unbounded, **vector, **budget["sum"].params()), "sum")}
     if opts.count:
-        params["count"] = params_or_usage_error(
-            lambda: ContinualCountParams(horizon=opts.horizon, unbounded=opts.unbounded, **common), "count")
+        params["count"] = params_or_usage_error(lambda: ContinualCountParams(
+            horizon=opts.horizon, unbounded=opts.unbounded, **common, **budget["count"].params()), "count")
     if window:
-        params["windowed"] = params_or_usage_error(lambda: WindowedSumParams(window=window, **vector), "windowed")
+        params["windowed"] = params_or_usage_error(
+            lambda: WindowedSumParams(window=window, **vector, **budget["windowed"].params()), "windowed")
     return Plan(demo, pattern, out_dir, dim, clock, params, streaming)
 
 
@@ -213,10 +220,7 @@ def summarize(job: Plan, opts: ContinualStatsOptions) -> str:
     source = "embedded demo dataset" if job.demo else (opts.input or opts.source)
     lines.append(f"  input: {source}; dim={job.dim}; steps of {job.clock.period:g}s, {last_step} steps")
     for name in job.params:
-        try:
-            rows = read_releases(str(out_dir / f"{name}-*"))
-        except FileNotFoundError:
-            rows = []
+        rows = _read_or_empty(out_dir, name)
         if not rows:
             lines.append(f"  {name}: no releases (no valid events and no declared streams)")
             continue
@@ -232,11 +236,22 @@ def summarize(job: Plan, opts: ContinualStatsOptions) -> str:
     letters = [json.loads(line) for f in dead_files for line in f.read_text().splitlines() if line]
     reasons = Counter(f"{d['stage']}:{d['reason']}" for d in letters)
     lines.append(f"  dead letters: {len(letters)} {dict(sorted(reasons.items())) if reasons else ''}".rstrip())
-    if len(job.params) > 1:
-        share = opts.epsilon / len(job.params)
-        lines.append(f"  total privacy: the {len(job.params)} transforms each spend epsilon={share:g}: "
-                     f"{opts.epsilon:g} per contribution in all")
+    shares = ", ".join(f"{name} epsilon={params.epsilon:.4g}" for name, params in job.params.items())
+    lines.append(f"  job budget: ({opts.epsilon:g}, {opts.delta:g}) per contribution, split as {shares}")
+    all_rows = [row for name in job.params for row in _read_or_empty(out_dir, name)]
+    if all_rows:
+        verdict = verify_job(all_rows)
+        lines.append(f"  verified from the release files: worst contribution spends epsilon "
+                     f"{verdict.worst_epsilon:.4g} of {verdict.epsilon:g}" if verdict.ok else
+                     "  NOT verified: " + "; ".join(verdict.problems))
     return "\n".join(lines)
+
+
+def _read_or_empty(out_dir: Path, name: str) -> list[dict]:
+    try:
+        return read_releases(str(out_dir / f"{name}-*"))
+    except FileNotFoundError:
+        return []
 
 
 def run(options: PipelineOptions, job: Plan, messages=None) -> str:

@@ -42,6 +42,8 @@ from apache_beam.metrics import Metrics
 from apache_beam.pvalue import PCollection
 
 from beam_dp.beam.dofn import DriverDoFn
+from beam_dp.beam.domains import bind_noise_domain, release_labels
+from beam_dp.core.budget import BudgetShare, check_params_budget
 from beam_dp.core.clock import StepClock
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
@@ -98,6 +100,7 @@ class GrowingDatabaseParams:
     snapshots: bool = False
     streams: tuple[str, ...] | None = None
     noise_key: NoiseKey = field(default_factory=NoiseKey)
+    budget: BudgetShare | None = None  # this transform's share of its job's budget (**share.params())
     allowed_lateness: float = 0.0  # grace in seconds (see beam_dp.steps.params)
 
     def __post_init__(self) -> None:
@@ -109,7 +112,7 @@ class GrowingDatabaseParams:
         if self.mechanism not in ("pmwg", "bbscheduler", "bbimprover"):
             raise ValueError(f"mechanism must be 'pmwg', 'bbscheduler' or 'bbimprover', got {self.mechanism!r}")
         check_streams(self)
-        self.build_mechanism()
+        check_params_budget(self, self.build_mechanism())
 
     def build_mechanism(self) -> GrowingQueryMechanism:
         N = self.universe.size
@@ -314,7 +317,7 @@ class GrowingDatabaseQueries(beam.PTransform):
             elements, queries = inputs["elements"], inputs["queries"]
         else:
             elements, queries = inputs
-        params = self.params
+        params = bind_noise_domain(self.params, elements)
         bounded = bool(getattr(elements, "is_bounded", True)) and bool(getattr(queries, "is_bounded", True))
         if bounded and params.clock.last_step is None:
             raise ValueError("a batch replay needs a public end: StepClock(..., end=...)")
@@ -331,7 +334,8 @@ class GrowingDatabaseQueries(beam.PTransform):
         )
         out = merged | "Answer" >> beam.ParDo(GrowingDatabaseDoFn(params, per_step_timers=not bounded)).with_outputs(
             DEAD_LETTER, SNAPSHOTS, main="rows")
-        rows = out.rows | "Rows" >> beam.Map(lambda row: row).with_output_types(ReleaseRow)
-        snaps = out[SNAPSHOTS] | "SnapshotRows" >> beam.Map(lambda row: row).with_output_types(ReleaseRow)
+        labels = release_labels(params)
+        rows = out.rows | "Rows" >> beam.Map(labels).with_output_types(ReleaseRow)
+        snaps = out[SNAPSHOTS] | "SnapshotRows" >> beam.Map(labels).with_output_types(ReleaseRow)
         dead = (parsed_e[DEAD_LETTER], parsed_q[DEAD_LETTER], out[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
         return GrowingDatabaseOutputs(rows, snaps, dead)

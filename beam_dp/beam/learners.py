@@ -35,10 +35,12 @@ import numpy as np
 from apache_beam.metrics import Metrics
 
 from beam_dp.beam.dofn import ContinualReleaseDoFn
+from beam_dp.beam.domains import bind_noise_domain, release_labels
 from beam_dp.steps.events import DeadLetter, Reason, checked_stream, named_fields, to_micros
 from beam_dp.steps.params import NoiseKey, check_schedule, check_streams
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.beam.transforms import ContinualOutputs
+from beam_dp.core.budget import BudgetShare, check_params_budget
 from beam_dp.core.clock import StepClock
 from beam_dp.steps.schema import ReleaseRow
 
@@ -72,13 +74,14 @@ class OnlineLearnerParams:
     x1: tuple[float, ...] | None = None
     streams: tuple[str, ...] | None = None
     noise_key: NoiseKey = field(default_factory=NoiseKey)
+    budget: BudgetShare | None = None  # this transform's share of its job's budget (**share.params())
 
     allowed_lateness = 0.0  # the driver contract: count steps, nothing to restore
     restore_states = None
 
     def __post_init__(self) -> None:
         check_streams(self)
-        self.build_mechanism()
+        check_params_budget(self, self.build_mechanism())
 
     # the DoFn contract: count steps of one record
     @property
@@ -130,6 +133,7 @@ class IncrementalRegressionParams:
     block_size: int | None = None
     streams: tuple[str, ...] | None = None
     noise_key: NoiseKey = field(default_factory=NoiseKey)
+    budget: BudgetShare | None = None  # this transform's share of its job's budget (**share.params())
     allowed_lateness: float = 0.0  # grace in seconds (event time), see beam_dp.steps.params
 
     restore_states = None  # the driver contract: nothing to restore
@@ -140,7 +144,7 @@ class IncrementalRegressionParams:
         if self.horizon is not None and self.clock is not None and self.clock.last_step is not None:
             if self.clock.last_step > self.horizon:
                 raise ValueError(f"the clock has {self.clock.last_step} steps but horizon is {self.horizon}")
-        self.build_mechanism()
+        check_params_budget(self, self.build_mechanism())
 
     @property
     def event_time(self) -> bool:
@@ -252,7 +256,7 @@ class _LearnerTransform(beam.PTransform):
         self.params = params
 
     def expand(self, records) -> ContinualOutputs:
-        params = self.params
+        params = bind_noise_domain(self.params, records)
         bounded = bool(getattr(records, "is_bounded", True))
         if params.event_time and bounded and params.clock.last_step is None:
             raise ValueError("a batch replay with event-time steps needs a public end: StepClock(..., end=...)")
@@ -265,7 +269,7 @@ class _LearnerTransform(beam.PTransform):
             items = (items, declared) | "WithDeclared" >> beam.Flatten()
         released = items | "Release" >> beam.ParDo(
             ContinualReleaseDoFn(params, per_step_timers=not bounded)).with_outputs(DEAD_LETTER, main="rows")
-        rows = released.rows | "Rows" >> beam.Map(lambda row: row).with_output_types(ReleaseRow)
+        rows = released.rows | "Rows" >> beam.Map(release_labels(params)).with_output_types(ReleaseRow)
         dead = (parsed[DEAD_LETTER], released[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
         return ContinualOutputs(rows, dead)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Literal
 
+from beam_dp.core.budget import check_params_budget
 from beam_dp.core.clock import StepClock
 from beam_dp.mechanisms.base import ContinualSumMechanism
 from beam_dp.mechanisms.snapping import SnappedSum
@@ -86,7 +87,7 @@ class ContinualSumParams(_VectorSumParams):
         if self.horizon is not None and self.clock is not None and self.clock.last_step is not None:
             if self.clock.last_step > self.horizon:
                 raise ValueError(f"the clock has {self.clock.last_step} steps but horizon is {self.horizon}")
-        self.build_mechanism()
+        check_params_budget(self, self.build_mechanism())
 
     def build_mechanism(self):
         from beam_dp.mechanisms.counters import make_counter
@@ -117,7 +118,7 @@ class WindowedSumParams(_VectorSumParams):
 
     def __post_init__(self) -> None:
         self._validate_steps()
-        self.build_mechanism()
+        check_params_budget(self, self.build_mechanism())
 
     def build_mechanism(self):
         from beam_dp.mechanisms.window_tree import WindowTreeSum
@@ -156,7 +157,7 @@ class ContinualCountParams(StepParams):
             restore_states=self.restore_states, granularity=self.granularity, allowed_lateness=self.allowed_lateness,
             dim=1, epsilon=self.epsilon,
             clip_bound=1.0, delta=self.delta, noise=self.noise, calibration=self.calibration, horizon=self.horizon,
-            unbounded=self.unbounded, counter=self.counter,
+            unbounded=self.unbounded, counter=self.counter, budget=self.budget,
         )
 
     def build_mechanism(self):

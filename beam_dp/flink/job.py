@@ -31,10 +31,12 @@ from pyflink.datastream import OutputTag, RuntimeExecutionMode, StreamExecutionE
 from pyflink.datastream.functions import KeyedProcessFunction, RuntimeContext
 from pyflink.datastream.state import ListStateDescriptor, ValueStateDescriptor
 
+from beam_dp.core.budget import composition_of
 from beam_dp.steps.coder import decode_entry, decode_key_state, encode_entry, encode_key_state
 from beam_dp.steps.driver import RELEASE, Output, StepDriver
 from beam_dp.steps.events import DEAD_LETTER, DeadLetter, parse_contribution
 from beam_dp.steps.policies import BlockPolicy
+from beam_dp.steps.schema import ReleaseLabels
 
 __all__ = ["DEAD_LETTERS", "EVENT_TYPE", "ContinualReleaseFunction", "local_environment", "release_stream",
            "to_event"]
@@ -77,6 +79,7 @@ class ContinualReleaseFunction(KeyedProcessFunction):
         params = self._params
         self._mechanism = params.build_mechanism()
         self._driver = StepDriver.for_params(params, BlockPolicy(self._mechanism, params.noise_key.load()))
+        self._labels = ReleaseLabels(params.noise_key.domain, composition_of(self._mechanism), params.budget)
         self._streams = frozenset(params.streams) if params.streams is not None else None
         self._key = runtime_context.get_state(ValueStateDescriptor("beam_dp_key_state", _BYTES))
         self._buffer = _ListBuffer(runtime_context.get_list_state(ListStateDescriptor("beam_dp_buffer", _BYTES)))
@@ -84,7 +87,7 @@ class ContinualReleaseFunction(KeyedProcessFunction):
     def _emit(self, outputs: list[Output]) -> Iterator:
         for tag, value in outputs:
             if tag == RELEASE:
-                yield json.dumps(value._asdict(), sort_keys=True)
+                yield json.dumps(self._labels(value)._asdict(), sort_keys=True)
             else:
                 yield DEAD_LETTERS, _dead_json(value)
 

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from beam_dp.steps.params import StepParams
 
-__all__ = ["FlinkReleaseParams"]
+__all__ = ["DOMAIN", "FlinkReleaseParams"]
+
+#: The default noise domain of a Flink release function: every draw is keyed by (key, domain, stream,
+#: purpose, index); give each release operator of one job its own ``NoiseKey(domain=...)``.
+DOMAIN = "flink/ContinualRelease"
 
 
 @dataclass(frozen=True)
@@ -15,8 +20,9 @@ class FlinkReleaseParams(StepParams):
     """What :class:`~beam_dp.flink.job.ContinualReleaseFunction` needs: :class:`~beam_dp.steps.params.StepParams`
     (schedule, declared streams, grace, noise key location, restore) and ``build``, a picklable
     zero-argument factory of the mechanism (e.g. ``functools.partial(make_tree_sum, dim=2, epsilon=1.0,
-    clip_bound=1.0)``), called on each worker. Flink timers are in milliseconds, so the step period and
-    the grace must be whole milliseconds. Any Beam params object of the continual sums works in its place.
+    clip_bound=1.0)``), called on each worker. ``noise_key.domain`` defaults to :data:`DOMAIN`. Flink
+    timers are in milliseconds, so the step start, the period and the grace must be whole milliseconds.
+    A Beam params object of the continual sums with a bound ``noise_key.domain`` works in its place.
     """
 
     build: Callable[[], Any] | None = None
@@ -24,6 +30,8 @@ class FlinkReleaseParams(StepParams):
     def __post_init__(self) -> None:
         if not callable(self.build):
             raise ValueError("build must be a zero-argument factory of the mechanism")
+        if self.noise_key.domain is None:  # one release function per job by default
+            object.__setattr__(self, "noise_key", dataclasses.replace(self.noise_key, domain=DOMAIN))
         self._validate_steps()
         if self.clock is not None and (self.clock.period_micros % 1000 or self.clock.start_micros % 1000):
             raise ValueError("Flink timers are in milliseconds: the step start and period must be whole ms")

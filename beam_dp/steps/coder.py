@@ -77,7 +77,9 @@ class KeyState:
     open step; ``buffered``: contributions waiting in an incomplete count step; ``watermark``: the
     latest finite watermark reported for this key (µs, or None); ``ended``: the input has ended (or
     the public end was reached) and nothing more is released; ``offset``: the step before the key's
-    first step (a stream first seen late: its mechanism's step ``t`` is the schedule's ``t + offset``).
+    first step (a stream first seen late: its mechanism's step ``t`` is the schedule's ``t + offset``);
+    ``stream_ended``: the mechanism refused a step at its public end (horizon or budget); the stream
+    is over and its mechanism state freed.
     """
 
     STATE_VERSION: ClassVar[int] = 1
@@ -88,6 +90,7 @@ class KeyState:
     watermark: int | None = None
     ended: bool = False
     offset: int = 0
+    stream_ended: bool = False
 
 
 def encode_key_state(state: KeyState) -> bytes:

@@ -21,8 +21,10 @@ Public rules (the same on every engine):
   Buffered items of steps that are not released go to the dead letters (``unclosed``).
 * **Count steps.** A block of ``block_size`` contributions in arrival order is one step; an
   incomplete block is never released.
-* **Refusals.** A mechanism's ``ValueError`` (beyond its horizon or budget) leaves its state
-  unchanged and becomes a ``refused`` dead letter instead of failing the job.
+* **The end of a stream.** A mechanism refuses a step (``ValueError``) only at its public end (a
+  horizon or a budget fixed at construction, never the data). The stream then ends: one
+  ``stream_ended`` dead letter, its state and buffers are freed, no later step is fed, and every
+  later item is dead-lettered ``stream_ended`` with its element kept.
 
 The driver holds no privacy arithmetic: clipping, noise and accounting are the mechanism's.
 """
@@ -128,6 +130,8 @@ class StepDriver:
     # -- items ----------------------------------------------------------------------------------
     def add(self, state: KeyState, buffer: Buffer, step: int | None, item: Any, original: Any = None) -> list[Output]:
         """Buffer ``item`` for ``step`` (None: the next count step); a closed step's item is dead-lettered."""
+        if state.stream_ended:
+            return [_dead(Reason.STREAM_ENDED, "the stream has ended at its public horizon", state.key, original)]
         if self.block_size is not None:
             return self._add_count(state, buffer, item)
         if state.ended or step < state.next_step:
@@ -150,9 +154,9 @@ class StepDriver:
         state.buffered = 0
         mechanism = self.policy.mechanism
         out: list[Output] = []
-        new = self._close_one(state, mechanism.decode_state(_as_bytes(state.mechanism)), state.next_step, items,
-                              None, out)
-        if new is not None:  # a refused count step keeps its number and the state
+        new = self._close_one(state, buffer, mechanism.decode_state(_as_bytes(state.mechanism)), state.next_step,
+                              items, None, out)
+        if new is not None:
             state.mechanism = _as_array(mechanism.encode_state(new))
             state.next_step += 1
         return out
@@ -191,8 +195,9 @@ class StepDriver:
         context = self.policy.begin(carried)
         out: list[Output] = []
         for step in range(state.next_step, upto + 1):  # every step releases, empty ones included
-            new = self._close_one(state, mech_state, step, by_step.get(step, []), context, out)
-            mech_state = mech_state if new is None else new
+            mech_state = self._close_one(state, buffer, mech_state, step, by_step.get(step, []), context, out)
+            if mech_state is None:  # the stream ended at its public end
+                return out
         finished = self.last_step is not None and upto >= self.last_step
         outputs, carried = self.policy.end(state.key, mech_state, context, finished)
         out.extend(outputs)
@@ -206,14 +211,19 @@ class StepDriver:
             buffer.add((CARRIED, item))
         return out
 
-    def _close_one(self, state: KeyState, mech_state: Any, step: int, items: list, context: Any,
+    def _close_one(self, state: KeyState, buffer: Buffer, mech_state: Any, step: int, items: list, context: Any,
                    out: list[Output]) -> Any | None:
-        """Feed one step; a ``ValueError`` from the mechanism is a ``refused`` dead letter (returns None)."""
+        """Feed one step. A ``ValueError`` from the mechanism (its public end) ends the stream: one
+        ``stream_ended`` dead letter, state and buffers freed; returns None."""
         try:
             new, releases, letters = self.policy.close(state.key, mech_state, step, items, context)
         except ValueError as exc:
-            detail = f"step {step} refused by {self.policy.mechanism.name}: {str(exc)[:200]}"
-            out.append(_dead(Reason.REFUSED, detail, state.key))
+            reason = f"step {step} refused by {self.policy.mechanism.name}: {str(exc)[:200]}"
+            detail = f"the stream ended: {reason}; buffered contributions of later steps are discarded"
+            out.append(_dead(Reason.STREAM_ENDED, detail, state.key))
+            state.mechanism = np.zeros(0, dtype=np.uint8)
+            state.ended = state.stream_ended = True
+            buffer.clear()
             return None
         out.extend(Output(DEAD_LETTER, letter) for letter in letters)
         times = (None, None)

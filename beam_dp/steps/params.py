@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from beam_dp.core.budget import BudgetShare
 from beam_dp.core.clock import StepClock
 from beam_dp.core.grid import power_of_two_at_least
 from beam_dp.core.noise import KEY_ENV_VAR, NoiseSource
@@ -22,17 +23,35 @@ __all__ = ["NoiseKey", "StepParams", "check_schedule", "check_streams"]
 
 @dataclass(frozen=True)
 class NoiseKey:
-    """Where workers read the secret noise key at ``setup()``: a file path or an env var (hex).
+    """Where workers read the secret noise key at ``setup()`` (a file path or an env var, hex), and
+    the *noise domain* the transform draws in.
 
     Only the *location* travels in the pipeline graph, never the key. With neither present the
     workers draw a random key and log that the run is not reproducible.
+
+    ``domain`` names one transform instance of one job; every draw is keyed by (key, domain, stream,
+    purpose, index), so two transforms never share noise. Leave it ``None``: a beam_dp transform binds
+    it to its full label in the pipeline when it is applied (``beam_dp.beam.domains``) and refuses a
+    domain already claimed in the same pipeline. Set it explicitly to keep a transform's noise when it
+    is renamed, or to separate two jobs that reuse one key with the same labels.
     """
 
     env_var: str | None = KEY_ENV_VAR
     key_file: str | None = None
+    domain: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.domain is not None and (not isinstance(self.domain, str) or not self.domain):
+            raise ValueError(f"NoiseKey.domain must be a non-empty string or None, got {self.domain!r}")
 
     def load(self) -> NoiseSource:
-        return NoiseSource.from_config(self.env_var, self.key_file)
+        """The noise source of this key's domain (read on the worker; never pickled)."""
+        if self.domain is None:
+            raise ValueError(
+                "this noise key has no noise domain: apply the params through a beam_dp transform (which "
+                "binds its full label) or set NoiseKey(domain=...)"
+            )
+        return NoiseSource.from_config(self.env_var, self.key_file).for_domain(self.domain)
 
 
 def check_streams(params: Any) -> None:
@@ -74,6 +93,9 @@ class StepParams:
     # data-independent noise (beam_dp.mechanisms.snapping.SnappedSum): closes the floating-point channel
     # of Mironov 2012; the mechanism is calibrated for the clip bound R + sqrt(dim)*g (see docs/reliability.md).
     granularity: float | None = None
+    # this transform's share of its job's budget (JobBudget(...).split(...)[name]; pass **share.params()):
+    # refused at construction unless the mechanism fits it; releases then report the job's spend
+    budget: BudgetShare | None = None
     allowed_lateness: float = 0.0
 
     def _validate_steps(self) -> None:

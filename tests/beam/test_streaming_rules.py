@@ -13,11 +13,10 @@ from apache_beam.testing.test_stream import TestStream
 from apache_beam.transforms.window import TimestampedValue
 
 from beam_dp.beam import ContinualSum, ContinualSumParams, Reason
-from beam_dp.core import NoiseSource, StepClock
+from beam_dp.core import StepClock
 from beam_dp.mechanisms.replay import replay_event_time
 from beam_dp.steps.schema import release_to_row
-from tests.beam.helpers import reasons_are, rows_match, streaming_options
-from tests.conftest import TEST_KEY
+from tests.beam.helpers import domain_noise, labelled, reasons_are, rows_match, streaming_options
 
 pytestmark = pytest.mark.pipeline
 
@@ -44,10 +43,10 @@ def _expected(params, events, last_step, first_step=1):
     replay = StepClock(start=OPEN.start + offset * OPEN.period, period=OPEN.period,
                        end=OPEN.start + last_step * OPEN.period)
     by_stream = replay_event_time(mechanism, np.array([e[0] for e in events]), np.array([e[1] for e in events]),
-                                  np.array([e[2] for e in events]), replay, NoiseSource(TEST_KEY))
-    return [release_to_row(dataclasses.replace(r, step=r.step + offset), mechanism.guarantee,
-                           OPEN.step_start_micros(r.step + offset), OPEN.step_end_micros(r.step + offset))
-            for rels in by_stream.values() for r in rels]
+                                  np.array([e[2] for e in events]), replay, domain_noise(params))
+    return labelled([release_to_row(dataclasses.replace(r, step=r.step + offset), mechanism.guarantee,
+                                    OPEN.step_start_micros(r.step + offset), OPEN.step_end_micros(r.step + offset))
+                     for rels in by_stream.values() for r in rels], params)
 
 
 _SEEN: dict[str, list] = {}

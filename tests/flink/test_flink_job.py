@@ -47,11 +47,11 @@ def test_parallelism_2_releases_equal_the_beam_path_and_bad_rows_are_dead_letter
     assert sorted(d["reason"] for d in dead) == sorted(r for _, r in BAD)
 
 
-def test_a_mechanism_refusal_is_a_dead_letter_not_a_crash():
+def test_a_refusal_at_the_horizon_ends_the_stream_not_the_job():
     build = functools.partial(make_tree_sum, horizon=3, dim=2, epsilon=1.0, clip_bound=1.0)  # 3 of 10 steps
     rows, dead = _run(FlinkReleaseParams(build=build, clock=CLOCK, streams=("a",)), [("a", 1001.0, [0.1, 0.2])])
     assert sorted(r["step"] for r in rows) == [1, 2, 3]
-    assert [d["reason"] for d in dead] == ["refused"] * 7
+    assert [d["reason"] for d in dead] == ["stream_ended"]  # the stream ends at the horizon
 
 
 def test_streaming_with_an_open_clock_ends_at_the_end_of_input():

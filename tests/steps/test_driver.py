@@ -92,14 +92,18 @@ def test_end_of_a_batch_replay_uses_the_public_end():
     assert _steps(driver.finish(state, buf)) == [1, 2, 3, 4, 5]
 
 
-def test_a_refused_step_is_a_dead_letter_and_leaves_state_unchanged():
+def test_a_refusal_at_the_public_horizon_ends_the_stream():
     driver = _driver(clock=StepClock(start=0.0, period=10.0, end=50.0), horizon=2)
     state, buf = driver.open("a"), ListBuffer()
+    driver.add(state, buf, 4, _block(driver), "buffered for step 4")
     out = driver.advance(state, buf, 40 * S)
     assert _steps(out) == [1, 2]
-    refused = _steps(out, DEAD_LETTER)
-    assert [d.reason for d in refused] == [Reason.REFUSED, Reason.REFUSED] and "step 3" in refused[0].detail
-    assert state.next_step == 5
+    ended = _steps(out, DEAD_LETTER)
+    assert [(d.reason, d.element) for d in ended] == [(Reason.STREAM_ENDED, None)] and "step 3" in ended[0].detail
+    assert state.stream_ended and not buf and state.mechanism.size == 0 and driver.timer(state) is None
+    later = _steps(driver.add(state, buf, 5, _block(driver), "later"), DEAD_LETTER)
+    assert [(d.reason, d.element) for d in later] == [(Reason.STREAM_ENDED, "later")]
+    assert driver.advance(state, buf, 50 * S) == [] and driver.finish(state, buf) == []
 
 
 def test_count_steps_release_every_block_size_contributions():
