@@ -109,6 +109,15 @@ class DriverDoFn(beam.DoFn):
                     self._dead.inc()
                 yield beam.pvalue.TaggedOutput(tag, value)
 
+    def add(self, state: KeyState, key_state, buffer, step: int | None, item: Any, original: Any) -> Iterator:
+        """Hand one item to the driver; the key's state is written back only when it can have changed
+        (count steps, or a new lowest buffered step)."""
+        lowest = state.lowest
+        outputs = self._driver.add(state, buffer, step, item, original)
+        if self._driver.block_size is not None or state.lowest != lowest:
+            key_state.write(encode_key_state(state))
+        yield from self.emit(outputs)
+
     @on_timer(CLOSE)
     def on_close(self, fired=beam.DoFn.TimestampParam, key_state=beam.DoFn.StateParam(KEY_STATE),
                  buffer=beam.DoFn.StateParam(BUFFER), close=beam.DoFn.TimerParam(CLOSE)) -> Iterator:
@@ -142,7 +151,4 @@ class ContinualReleaseDoFn(DriverDoFn):
         state = self.key_state(stream, key_state, close, end)
         if block is None:
             return
-        outputs = self._driver.add(state, buffer, step, block, original)
-        if self._driver.block_size is not None:
-            key_state.write(encode_key_state(state))
-        yield from self.emit(outputs)
+        yield from self.add(state, key_state, buffer, step, block, original)

@@ -47,6 +47,7 @@ from beam_dp.core.budget import BudgetShare, check_params_budget
 from beam_dp.core.clock import StepClock
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
+from beam_dp.steps.coder import encode_key_state
 from beam_dp.steps.driver import SNAPSHOTS, StepDriver
 from beam_dp.steps.events import DEAD_LETTER, DeadLetter, Reason, checked_stream, to_micros
 from beam_dp.steps.params import NoiseKey, check_schedule, check_streams
@@ -292,10 +293,11 @@ class GrowingDatabaseDoFn(DriverDoFn):
         state = self.key_state(stream, key_state, close, end)
         if item[0] == "e":
             _, step, micros, index, original = item
-            yield from self.emit(self._driver.add(state, buffer, step, (micros, index), original))
+            yield from self.add(state, key_state, buffer, step, (micros, index), original)
         elif item[0] == "q":
             _, t, qid, weights, _ = item
-            self._driver.carry(buffer, (t, qid, weights))
+            self._driver.carry(state, buffer, (t, qid, weights))
+            key_state.write(encode_key_state(state))
 
 
 class GrowingDatabaseQueries(beam.PTransform):

@@ -194,7 +194,7 @@ class _LifelongDoFn(DriverDoFn):
             yield from self.emit(outputs)
             return
         task = TaskData(self._params.learner.task_ids[index], x, y)
-        yield from self.emit(self._driver.add(state, buffer, index + 1, task, original))
+        yield from self.add(state, key_state, buffer, index + 1, task, original)
 
 
 class LifelongLearner(beam.PTransform):

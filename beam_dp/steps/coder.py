@@ -79,7 +79,9 @@ class KeyState:
     the public end was reached) and nothing more is released; ``offset``: the step before the key's
     first step (a stream first seen late: its mechanism's step ``t`` is the schedule's ``t + offset``);
     ``stream_ended``: the mechanism refused a step at its public end (horizon or budget); the stream
-    is over and its mechanism state freed.
+    is over and its mechanism state freed; ``lowest``: the lowest step with buffered items (0 when
+    items are carried across steps, None when nothing is buffered), so closing empty steps never
+    reads the buffer.
     """
 
     STATE_VERSION: ClassVar[int] = 1
@@ -91,6 +93,7 @@ class KeyState:
     ended: bool = False
     offset: int = 0
     stream_ended: bool = False
+    lowest: int | None = None
 
 
 def encode_key_state(state: KeyState) -> bytes:

@@ -138,11 +138,13 @@ class StepDriver:
             reason, detail = self.policy.late(step)
             return [_dead(reason, detail, state.key, original)]
         buffer.add((step, item))
+        state.lowest = step if state.lowest is None else min(state.lowest, step)
         return []
 
-    def carry(self, buffer: Buffer, item: Any) -> None:
+    def carry(self, state: KeyState, buffer: Buffer, item: Any) -> None:
         """Buffer an item that waits across steps until the policy consumes it (a query)."""
         buffer.add((CARRIED, item))
+        state.lowest = CARRIED
 
     def _add_count(self, state: KeyState, buffer: Buffer, item: Any) -> list[Output]:
         buffer.add((state.next_step, item))
@@ -183,7 +185,8 @@ class StepDriver:
             return []
         by_step: dict[int, list] = {}
         keep, carried = [], []
-        for step, item in buffer.read():
+        consumed = state.lowest is not None and state.lowest <= upto  # else closing never reads the buffer
+        for step, item in buffer.read() if consumed else ():
             if step == CARRIED:
                 carried.append(item)
             elif step <= upto:
@@ -204,11 +207,14 @@ class StepDriver:
         state.mechanism = _as_array(mechanism.encode_state(mech_state))
         state.next_step = upto + 1
         state.ended = state.ended or finished
-        buffer.clear()
-        for entry in keep:
-            buffer.add(entry)
-        for item in carried:
-            buffer.add((CARRIED, item))
+        if consumed:
+            buffer.clear()
+            for entry in keep:
+                buffer.add(entry)
+            for item in carried:
+                buffer.add((CARRIED, item))
+            steps = [step for step, _ in keep] + ([CARRIED] if carried else [])
+            state.lowest = min(steps) if steps else None
         return out
 
     def _close_one(self, state: KeyState, buffer: Buffer, mech_state: Any, step: int, items: list, context: Any,
@@ -223,6 +229,7 @@ class StepDriver:
             out.append(_dead(Reason.STREAM_ENDED, detail, state.key))
             state.mechanism = np.zeros(0, dtype=np.uint8)
             state.ended = state.stream_ended = True
+            state.lowest = None
             buffer.clear()
             return None
         out.extend(Output(DEAD_LETTER, letter) for letter in letters)
@@ -254,6 +261,7 @@ class StepDriver:
                 carried = [item for step, item in buffer.read() if step == CARRIED]
                 out.extend(self.policy.end(state.key, None, self.policy.begin(carried), True)[0])
             buffer.clear()
+            state.lowest = None
         state.ended = True
         return out
 

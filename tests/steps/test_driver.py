@@ -147,3 +147,17 @@ def test_key_state_and_buffered_items_round_trip_through_the_versioned_coder():
         encode_entry(1, object())
     with pytest.raises(ValueError):
         decode_entry(b"garbage")
+
+
+def test_closing_steps_without_buffered_items_never_reads_the_buffer():
+    class NoRead(ListBuffer):
+        def read(self):
+            raise AssertionError("the buffer was read")
+
+    driver = _driver()
+    state, buf = driver.open("a"), NoRead()
+    driver.add(state, buf, 7, _block(driver), "e")
+    assert state.lowest == 7
+    assert _steps(driver.advance(state, buf, 60 * S)) == [1, 2, 3, 4, 5, 6]  # step 7 is not yet closed
+    with pytest.raises(AssertionError, match="buffer was read"):
+        driver.advance(state, buf, 70 * S)
