@@ -12,8 +12,9 @@ Files use PyFlink's built-in ``FileSource``/``FileSink``; ``--kafka-brokers`` wi
 ``--kafka-output-topic`` read and write Kafka instead (needs the Kafka connector jar: ``--kafka-jar`` or
 ``flink run --jarfile``; see docs/running.md). A bounded file input is a replay (no finite watermark:
 every step of the public schedule releases at the end); ``--streaming`` or Kafka follows the event-time
-watermark, with checkpointing every ``--checkpoint-ms`` (the driver's state is Flink keyed state). The noise key is read on the workers
-from ``BEAM_DP_NOISE_KEY`` or ``--key-file``.
+watermark. Checkpointing is on (every ``--checkpoint-ms``; the driver's state is Flink keyed state, and
+the file sinks commit on checkpoints). The noise key is read on the workers from ``BEAM_DP_NOISE_KEY``
+or ``--key-file``.
 """
 
 from __future__ import annotations

@@ -17,8 +17,9 @@ Public rules (the same on every engine):
   dead-lettered. A key restored from a snapshot continues after the snapshot's step.
 * **End of input** (watermark at +infinity: drain, end of a bounded input, Flink ``stop --drain``):
   the open steps that began before ``W − allowed_lateness`` (``W`` the last finite watermark) are
-  released, in order; no later step is. With no finite watermark ever seen (a batch replay) the clock's public ``end`` is used.
-  Buffered items of steps that are not released go to the dead letters (``unclosed``).
+  released, in order; no later step is. With no finite watermark ever seen (a batch replay) the
+  clock's public ``end`` is used. Buffered items of steps that are not released go to the dead
+  letters (``unclosed``).
 * **Count steps.** A block of ``block_size`` contributions in arrival order is one step; an
   incomplete block is never released.
 * **The end of a stream.** A mechanism refuses a step (``ValueError``) only at its public end (a

@@ -47,7 +47,8 @@ def expected_rows(events: list[tuple]) -> list[dict]:
     noise = NoiseSource(TEST_KEY).for_domain(DOMAIN)
     by_stream = replay_event_time(mechanism, ids, ts, values, CLOCK, noise, STREAMS)
     labels = ReleaseLabels(DOMAIN, composition_of(mechanism))
-    rows = [labels(release_to_row(r, mechanism.guarantee, CLOCK.step_start_micros(r.step), CLOCK.step_end_micros(r.step)))
+    rows = [labels(release_to_row(r, mechanism.guarantee, CLOCK.step_start_micros(r.step),
+                                  CLOCK.step_end_micros(r.step)))
             for releases in by_stream.values() for r in releases]
     return sorted((json.loads(json.dumps(r._asdict())) for r in rows), key=lambda r: (r["stream"], r["step"]))
 
