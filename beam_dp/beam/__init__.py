@@ -8,7 +8,7 @@ from beam_dp.beam.erm import (
     SlidingWindowModelRelease,
     SlidingWindowModelParams,
 )
-from beam_dp.beam.events import DeadLetter, EventBatch, Reason
+from beam_dp.steps.events import DeadLetter, EventBatch, Reason
 from beam_dp.beam.learners import (
     IncrementalRegression,
     IncrementalRegressionParams,

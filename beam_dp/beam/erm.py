@@ -32,12 +32,12 @@ from apache_beam.pvalue import PCollection
 
 from beam_dp.beam.dofn import ContinualReleaseDoFn
 from beam_dp.beam.domains import bind_noise_domain, release_labels
-from beam_dp.beam.events import DeadLetter, Reason, checked_stream, coerce_value, named_fields
-from beam_dp.beam.params import NoiseKey
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.beam.transforms import ContinualOutputs
 from beam_dp.core.budget import BudgetShare, check_params_budget
-from beam_dp.io.schema import ReleaseRow
+from beam_dp.steps.events import DeadLetter, Reason, checked_stream, coerce_value, named_fields
+from beam_dp.steps.params import NoiseKey, check_streams
+from beam_dp.steps.schema import ReleaseRow
 from beam_dp.mechanisms.erm import (ContinualReleaseMechanism, HuberRegression, LabelledRows, LinearModel,
                                     MultiResolutionMechanism, SlidingWindowMechanism, SoftmaxRegression)
 
@@ -79,15 +79,14 @@ class _ERMParams:
     noise_key: NoiseKey = field(default_factory=NoiseKey)
     budget: BudgetShare | None = None  # this transform's share of its job's budget (**share.params())
 
-    clock = None  # count steps only (contract of ContinualReleaseDoFn)
+    clock = None  # the driver contract: count steps only, no grace, nothing to restore
+    allowed_lateness = 0.0
+    restore_states = None
 
     def _check(self) -> None:
         if self.classes is not None:
             object.__setattr__(self, "classes", tuple(self.classes))
-        if self.streams is not None:
-            if isinstance(self.streams, str) or not all(isinstance(s, str) and s for s in self.streams):
-                raise ValueError("streams must be a tuple of non-empty strings")
-            object.__setattr__(self, "streams", tuple(dict.fromkeys(self.streams)))
+        check_streams(self)
         check_params_budget(self, self.build_mechanism())  # validates everything (ValueError)
 
     def model(self) -> LinearModel:

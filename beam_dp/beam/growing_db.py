@@ -26,9 +26,9 @@ Public: the clock, the arrival count per stream (t is the database size), the qu
 weights, the set of streams. Protected: which elements the database holds (event level,
 substitution from the element's arrival on). The privacy arithmetic is in the mechanisms.
 
-Own stateful DoFn (the generic ``ContinualReleaseDoFn`` drives one input with one release per step;
-this family is query-driven with two inputs), reusing its patterns: encoded mechanism state in
-``ReadModifyWriteState``, the noise key loaded in ``setup()``, event-time timers, dead letters, metrics.
+The stateful DoFn is a shell over the one step driver (:mod:`beam_dp.steps.driver`) with the
+growing-database policy (:class:`~beam_dp.steps.policies.GrowingPolicy`): two inputs, elements by
+step, queries carried until answered; the same end, lateness and refusal rules as every family.
 """
 
 from __future__ import annotations
@@ -38,23 +38,22 @@ from typing import Any, Iterable, Iterator, Literal, Mapping, NamedTuple, Tuple
 
 import apache_beam as beam
 import numpy as np
-from apache_beam.coders import BytesCoder, PickleCoder, VarIntCoder
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import PCollection
-from apache_beam.transforms.timeutil import TimeDomain
-from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
-from apache_beam.utils.timestamp import Timestamp
 
+from beam_dp.beam.dofn import DriverDoFn
 from beam_dp.beam.domains import bind_noise_domain, release_labels
-from beam_dp.beam.events import DeadLetter, Reason, checked_stream, to_micros
-from beam_dp.beam.params import NoiseKey
-from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.core.budget import BudgetShare, check_params_budget
 from beam_dp.core.clock import StepClock
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
-from beam_dp.io.schema import ReleaseRow, release_to_row
-from beam_dp.mechanisms.pmwg import PMWG, GrowingBlock, GrowingQueryMechanism, Query
+from beam_dp.steps.coder import encode_key_state
+from beam_dp.steps.driver import SNAPSHOTS, StepDriver
+from beam_dp.steps.events import DEAD_LETTER, DeadLetter, Reason, checked_stream, to_micros
+from beam_dp.steps.params import NoiseKey, check_schedule, check_streams
+from beam_dp.steps.policies import GrowingPolicy, plan_block
+from beam_dp.steps.schema import ReleaseRow
+from beam_dp.mechanisms.pmwg import PMWG, GrowingQueryMechanism
 from beam_dp.mechanisms.schedulers import BBImprover, BBScheduler, BlackBox, LaplaceHistogram
 from beam_dp.mechanisms.universe import Universe, check_query
 
@@ -67,7 +66,6 @@ __all__ = [
     "replay_growing_database",
 ]
 
-SNAPSHOTS = "snapshots"
 beam.coders.registry.register_coder(ReleaseRow, beam.coders.RowCoder)
 
 
@@ -104,18 +102,17 @@ class GrowingDatabaseParams:
     streams: tuple[str, ...] | None = None
     noise_key: NoiseKey = field(default_factory=NoiseKey)
     budget: BudgetShare | None = None  # this transform's share of its job's budget (**share.params())
+    allowed_lateness: float = 0.0  # grace in seconds (see beam_dp.steps.params)
 
     def __post_init__(self) -> None:
         if not isinstance(self.universe, Universe):
             raise ValueError("universe must be a beam_dp.mechanisms.universe.Universe")
         if not isinstance(self.clock, StepClock):
             raise ValueError("clock must be a StepClock (event-time steps)")
+        check_schedule(self.clock, None, self.allowed_lateness)
         if self.mechanism not in ("pmwg", "bbscheduler", "bbimprover"):
             raise ValueError(f"mechanism must be 'pmwg', 'bbscheduler' or 'bbimprover', got {self.mechanism!r}")
-        if self.streams is not None:
-            if isinstance(self.streams, str) or not all(isinstance(s, str) and s for s in self.streams):
-                raise ValueError("streams must be a tuple of non-empty strings")
-            object.__setattr__(self, "streams", tuple(dict.fromkeys(self.streams)))
+        check_streams(self)
         check_params_budget(self, self.build_mechanism())
 
     def build_mechanism(self) -> GrowingQueryMechanism:
@@ -134,23 +131,6 @@ class GrowingDatabaseOutputs(NamedTuple):
     releases: PCollection
     snapshots: PCollection
     dead_letter: PCollection
-
-
-# -- ordering shared by the DoFn and the pure replay -------------------------------------------
-def plan_block(size: int, items: Iterable[tuple[int, int]], queries: Iterable[tuple]
-               ) -> tuple[GrowingBlock, list[tuple], list[tuple]]:
-    """One closed step: elements ``(micros, index)`` sorted by time then index; the queries
-    ``(t, query_id, weights, ...)`` with ``size ≤ t ≤ size + len(elements)`` in ``(t, query_id)`` order.
-    Returns the block, the queries kept for later and the queries already passed (``t < size``)."""
-    ordered = sorted(items)
-    elements = np.array([index for _, index in ordered], dtype=np.int64)
-    top = size + len(elements)
-    now, later, passed = [], [], []
-    for q in queries:
-        (now if size <= q[0] <= top else later if q[0] > top else passed).append(q)
-    now.sort(key=lambda q: (q[0], q[1]))
-    block = GrowingBlock(elements, tuple(Query(q[0], q[1], q[2]) for q in now))
-    return block, later, passed
 
 
 def replay_growing_database(params: GrowingDatabaseParams, stream: str, elements: Iterable[tuple[float, Any]],
@@ -294,126 +274,30 @@ class _ParseGrowing(beam.DoFn):
 
 
 # -- the stateful DoFn -------------------------------------------------------------------------
-class GrowingDatabaseDoFn(beam.DoFn):
+class GrowingDatabaseDoFn(DriverDoFn):
     """Input ``(stream, ("e", step, micros, index, original) | ("q", t, query_id, weights, original)
-    | ("declare",))``. Main output: release rows; tagged ``snapshots`` and ``dead_letter``."""
+    | ("declare",))``. Main output: release rows; tagged ``snapshots`` and ``dead_letter``. A shell over
+    the step driver with a :class:`~beam_dp.steps.policies.GrowingPolicy`: elements wait by step,
+    queries are carried until the database reaches their size (a passed size is ``late``)."""
 
-    MECHANISM_STATE = ReadModifyWriteStateSpec("mechanism_state", BytesCoder())
-    NEXT_STEP = ReadModifyWriteStateSpec("next_step", VarIntCoder())
-    SIZE = ReadModifyWriteStateSpec("size", VarIntCoder())  # absorbed elements (public)
-    ELEMENTS = BagStateSpec("elements", PickleCoder())
-    QUERIES = BagStateSpec("queries", PickleCoder())
-    CLOSE = TimerSpec("close", TimeDomain.WATERMARK)
+    def make_driver(self) -> StepDriver:
+        params = self._params
+        policy = GrowingPolicy(params.build_mechanism(), params.noise_key.load(), params.snapshots)
+        return StepDriver(policy, clock=params.clock, last_step=params.clock.last_step,
+                          allowed_lateness=params.allowed_lateness)
 
-    def __init__(self, params: GrowingDatabaseParams, per_step_timers: bool):
-        self._params = params
-        self._per_step_timers = per_step_timers
-
-    def setup(self) -> None:
-        self._mechanism = self._params.build_mechanism()
-        self._noise = self._params.noise_key.load()  # read on the worker, never pickled
-        self._clock = self._params.clock
-        namespace = f"beam_dp/{self._mechanism.name}"
-        self._releases = Metrics.counter(namespace, "releases")
-        self._dead = Metrics.counter(namespace, "dead_letters")
-
-    def _timer_micros(self, next_step: int) -> int:
-        step = next_step if self._per_step_timers else self._clock.last_step
-        return self._clock.step_end_micros(step)
-
-    def _letter(self, reason: str, detail: str, stream: str, original: Any):
-        self._dead.inc()
-        return beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(reason, detail, stream, original))
-
-    def _rows(self, releases: list[Release]) -> Iterator:
-        for release in releases:
-            self._releases.inc()
-            yield release_to_row(release, self._mechanism.guarantee)
-
-    def process(
-        self,
-        element,
-        mechanism_state=beam.DoFn.StateParam(MECHANISM_STATE),
-        next_step_state=beam.DoFn.StateParam(NEXT_STEP),
-        size_state=beam.DoFn.StateParam(SIZE),
-        elements=beam.DoFn.StateParam(ELEMENTS),
-        queries=beam.DoFn.StateParam(QUERIES),
-        close=beam.DoFn.TimerParam(CLOSE),
-    ) -> Iterator:
+    def process(self, element, key_state=beam.DoFn.StateParam(DriverDoFn.KEY_STATE),
+                buffer=beam.DoFn.StateParam(DriverDoFn.BUFFER), close=beam.DoFn.TimerParam(DriverDoFn.CLOSE),
+                end=beam.DoFn.TimerParam(DriverDoFn.END)) -> Iterator:
         stream, item = element
-        next_step = next_step_state.read()
-        if next_step is None:
-            next_step = 1
-            next_step_state.write(next_step)
-            size_state.write(0)
-            mechanism_state.write(self._mechanism.encode_state(self._mechanism.init_state(stream)))
-            close.set(Timestamp(micros=self._timer_micros(next_step)))
+        state = self.key_state(stream, key_state, close, end)
         if item[0] == "e":
             _, step, micros, index, original = item
-            if step < next_step:
-                yield self._letter(Reason.LATE, f"step {step} was already absorbed", stream, original)
-                return
-            elements.add((step, micros, index))
+            yield from self.add(state, key_state, buffer, step, (micros, index), original)
         elif item[0] == "q":
-            _, t, qid, weights, original = item
-            if t < (size_state.read() or 0):
-                yield self._letter(Reason.LATE, f"the database already has more than {t} elements", stream, original)
-                return
-            queries.add((t, qid, weights, original))
-
-    @on_timer(CLOSE)
-    def close_steps(
-        self,
-        fired=beam.DoFn.TimestampParam,
-        key=beam.DoFn.KeyParam,
-        mechanism_state=beam.DoFn.StateParam(MECHANISM_STATE),
-        next_step_state=beam.DoFn.StateParam(NEXT_STEP),
-        size_state=beam.DoFn.StateParam(SIZE),
-        elements=beam.DoFn.StateParam(ELEMENTS),
-        queries=beam.DoFn.StateParam(QUERIES),
-        close=beam.DoFn.TimerParam(CLOSE),
-    ) -> Iterator:
-        clock, last = self._clock, self._clock.last_step
-        next_step = next_step_state.read()
-        upto = int(clock.step_of_micros(fired.micros)) - 1
-        if last is not None:
-            upto = min(upto, last)
-        if upto < next_step:
-            return
-        by_step: dict[int, list] = {}
-        keep_elements = []
-        for step, micros, index in elements.read():
-            if step <= upto:
-                by_step.setdefault(step, []).append((micros, index))
-            else:
-                keep_elements.append((step, micros, index))
-        pending = list(queries.read())  # (t, query_id, weights, original)
-        state = self._mechanism.decode_state(mechanism_state.read())
-        for step in range(next_step, upto + 1):
-            block, pending, passed = plan_block(state.t, by_step.get(step, []), pending)
-            for query in passed:  # process() refuses these already; defence in depth
-                yield self._letter(Reason.LATE, f"size {query[0]} already passed", key, query[3])
-            state, releases = self._mechanism.step(state, block, self._noise)
-            yield from self._rows(releases)
-        mechanism_state.write(self._mechanism.encode_state(state))
-        next_step_state.write(upto + 1)
-        size_state.write(state.t)
-        if self._params.snapshots:
-            snap = self._mechanism.snapshot(state)
-            if snap is not None:
-                yield beam.pvalue.TaggedOutput(SNAPSHOTS, release_to_row(snap, self._mechanism.guarantee))
-        elements.clear()
-        for item in keep_elements:
-            elements.add(item)
-        queries.clear()
-        finished = last is not None and upto >= last
-        for query in pending:
-            if finished:
-                yield self._letter(Reason.AFTER_END, f"the database never reached size {query[0]}", key, query[3])
-            else:
-                queries.add(query)
-        if self._per_step_timers and not finished:
-            close.set(Timestamp(micros=clock.step_end_micros(upto + 1)))
+            _, t, qid, weights, _ = item
+            self._driver.carry(state, buffer, (t, qid, weights))
+            key_state.write(encode_key_state(state))
 
 
 class GrowingDatabaseQueries(beam.PTransform):

@@ -36,22 +36,15 @@ from apache_beam.metrics import Metrics
 
 from beam_dp.beam.dofn import ContinualReleaseDoFn
 from beam_dp.beam.domains import bind_noise_domain, release_labels
-from beam_dp.beam.events import DeadLetter, Reason, checked_stream, named_fields, to_micros
-from beam_dp.beam.params import NoiseKey
+from beam_dp.steps.events import DeadLetter, Reason, checked_stream, named_fields, to_micros
+from beam_dp.steps.params import NoiseKey, check_schedule, check_streams
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.beam.transforms import ContinualOutputs
 from beam_dp.core.budget import BudgetShare, check_params_budget
 from beam_dp.core.clock import StepClock
-from beam_dp.io.schema import ReleaseRow
+from beam_dp.steps.schema import ReleaseRow
 
 __all__ = ["IncrementalRegression", "IncrementalRegressionParams", "OnlineLearner", "OnlineLearnerParams"]
-
-
-def _check_streams(params: Any) -> None:
-    if params.streams is not None:
-        if isinstance(params.streams, str) or not all(isinstance(s, str) and s for s in params.streams):
-            raise ValueError("streams must be a tuple of non-empty strings")
-        object.__setattr__(params, "streams", tuple(dict.fromkeys(params.streams)))
 
 
 @dataclass(frozen=True)
@@ -83,8 +76,11 @@ class OnlineLearnerParams:
     noise_key: NoiseKey = field(default_factory=NoiseKey)
     budget: BudgetShare | None = None  # this transform's share of its job's budget (**share.params())
 
+    allowed_lateness = 0.0  # the driver contract: count steps, nothing to restore
+    restore_states = None
+
     def __post_init__(self) -> None:
-        _check_streams(self)
+        check_streams(self)
         check_params_budget(self, self.build_mechanism())
 
     # the DoFn contract: count steps of one record
@@ -138,14 +134,13 @@ class IncrementalRegressionParams:
     streams: tuple[str, ...] | None = None
     noise_key: NoiseKey = field(default_factory=NoiseKey)
     budget: BudgetShare | None = None  # this transform's share of its job's budget (**share.params())
+    allowed_lateness: float = 0.0  # grace in seconds (event time), see beam_dp.steps.params
+
+    restore_states = None  # the driver contract: nothing to restore
 
     def __post_init__(self) -> None:
-        if (self.clock is None) == (self.block_size is None):
-            raise ValueError("give exactly one of clock (event-time steps) or block_size (count steps)")
-        if self.block_size is not None and (isinstance(self.block_size, bool) or not isinstance(self.block_size, int)
-                                            or self.block_size < 1):
-            raise ValueError(f"block_size must be an integer >= 1, got {self.block_size!r}")
-        _check_streams(self)
+        check_schedule(self.clock, self.block_size, self.allowed_lateness)
+        check_streams(self)
         if self.horizon is not None and self.clock is not None and self.clock.last_step is not None:
             if self.clock.last_step > self.horizon:
                 raise ValueError(f"the clock has {self.clock.last_step} steps but horizon is {self.horizon}")

@@ -34,18 +34,18 @@ from typing import Any, Iterator, Tuple
 
 import apache_beam as beam
 import numpy as np
-from apache_beam.coders import BytesCoder, PickleCoder, VarIntCoder
 from apache_beam.metrics import Metrics
-from apache_beam.transforms.timeutil import TimeDomain
-from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
 
+from beam_dp.beam.dofn import DriverDoFn
 from beam_dp.beam.domains import bind_noise_domain, release_labels
-from beam_dp.beam.events import DeadLetter, Reason, checked_stream, coerce_value
-from beam_dp.beam.params import NoiseKey
-from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.beam.transforms import ContinualOutputs
 from beam_dp.core.budget import BudgetShare, check_share
-from beam_dp.io.schema import ReleaseRow, release_to_row
+from beam_dp.steps.coder import encode_key_state
+from beam_dp.steps.driver import StepDriver
+from beam_dp.steps.events import DEAD_LETTER, DeadLetter, Reason, checked_stream, coerce_value
+from beam_dp.steps.params import NoiseKey, check_streams
+from beam_dp.steps.policies import TaskPolicy
+from beam_dp.steps.schema import ReleaseRow
 from beam_dp.mechanisms.lifelong.config import BoundedAGEMConfig, L2DPConfig, NaiveGaussianConfig, TaskData
 
 __all__ = ["END_OF_TASK", "LifelongLearner", "LifelongParams"]
@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 END_OF_TASK = "__end_of_task__"
 UNKNOWN_TASK = "unknown_task"
 BAD_LABEL = "bad_label"
-TASK_BACKWARDS = "task_backwards"
+TASK_BACKWARDS = TaskPolicy.TASK_BACKWARDS
 _DECLARE = -1
 _warned_paper_claim = False
 
@@ -78,10 +78,7 @@ class LifelongParams:
             raise ValueError("learner must be an L2DPConfig, BoundedAGEMConfig or NaiveGaussianConfig")
         if self.learner.task_ids is None:
             raise ValueError("the learner must declare task_ids (the public task order)")
-        if self.streams is not None:
-            if isinstance(self.streams, str) or not all(isinstance(s, str) and s for s in self.streams):
-                raise ValueError("streams must be a tuple of non-empty strings")
-            object.__setattr__(self, "streams", tuple(dict.fromkeys(self.streams)))
+        check_streams(self)
         if self.torch_threads is not None and (not isinstance(self.torch_threads, int) or self.torch_threads < 1):
             raise ValueError("torch_threads must be an integer >= 1 or None")
         if self.budget is not None:
@@ -165,82 +162,39 @@ class _ParseTaskRows(beam.DoFn):
         yield stream, (index, x, y.astype(np.int64), element)
 
 
-class _LifelongDoFn(beam.DoFn):
-    """Keyed by stream: the learner's encoded state, the next open task, buffered rows, one end timer."""
+class _LifelongDoFn(DriverDoFn):
+    """Keyed by stream, a shell over the step driver with a :class:`~beam_dp.steps.policies.TaskPolicy`:
+    step ``i + 1`` is task ``i``; a marker closes it (and every earlier open task), the end of the
+    input closes every declared task."""
 
-    LEARNER_STATE = ReadModifyWriteStateSpec("learner_state", BytesCoder())
-    NEXT_TASK = ReadModifyWriteStateSpec("next_task", VarIntCoder())
-    PENDING = BagStateSpec("pending", PickleCoder())
-    END = TimerSpec("end", TimeDomain.WATERMARK)
-
-    def __init__(self, params: LifelongParams):
-        self._params = params
-
-    def setup(self) -> None:
+    def make_driver(self) -> StepDriver:
         global _warned_paper_claim
         from beam_dp.mechanisms.lifelong.device import set_threads
 
         set_threads(self._params.torch_threads)
-        self._learner = self._params.build_mechanism()  # device chosen here, per worker
-        self._noise = self._params.noise_key.load()  # read on the worker, never pickled
-        self._task_ids = self._params.learner.task_ids
-        namespace = f"beam_dp/{self._learner.name}"
-        self._releases = Metrics.counter(namespace, "releases")
-        self._dead = Metrics.counter(namespace, "dead_letters")
-        if self._learner.guarantee_basis.startswith("paper_claim") and not _warned_paper_claim:
+        learner = self._params.build_mechanism()  # device chosen here, per worker
+        if learner.guarantee_basis.startswith("paper_claim") and not _warned_paper_claim:
             _warned_paper_claim = True
             log.warning("beam_dp: L2DP-ML's epsilon is the paper's claim (Lai et al. Thm 2), not a standard DP "
                         "proof; see docs/lifelong.md. BoundedAGEMConfig gives a standard (epsilon, delta).")
+        cfg = self._params.learner
+        policy = TaskPolicy(learner, self._params.noise_key.load(), cfg.task_ids, cfg.input_dim)
+        return StepDriver(policy, last_step=len(cfg.task_ids))
 
-    def process(self, element, window=beam.DoFn.WindowParam, learner_state=beam.DoFn.StateParam(LEARNER_STATE),
-                next_task=beam.DoFn.StateParam(NEXT_TASK), pending=beam.DoFn.StateParam(PENDING),
-                end=beam.DoFn.TimerParam(END)) -> Iterator:
+    def process(self, element, key_state=beam.DoFn.StateParam(DriverDoFn.KEY_STATE),
+                buffer=beam.DoFn.StateParam(DriverDoFn.BUFFER), close=beam.DoFn.TimerParam(DriverDoFn.CLOSE),
+                end=beam.DoFn.TimerParam(DriverDoFn.END)) -> Iterator:
         stream, (index, x, y, original) = element
-        nxt = next_task.read()
-        if nxt is None:
-            nxt = 0
-            next_task.write(0)
-            learner_state.write(self._learner.encode_state(self._learner.init_state(stream)))
-            end.set(window.max_timestamp())
+        state = self.key_state(stream, key_state, close, end)
         if index == _DECLARE:
             return
-        if index < nxt:
-            self._dead.inc()
-            yield _dead(TASK_BACKWARDS, "the task is already closed", stream, original)
+        if x is None:  # END_OF_TASK: close the task (and every earlier open one) now
+            outputs = self._driver.close_marked(state, buffer, index + 1, original)
+            key_state.write(encode_key_state(state))
+            yield from self.emit(outputs)
             return
-        if x is None:
-            yield from self._close(stream, index, learner_state, next_task, pending)
-        else:
-            pending.add((index, x, y))
-
-    @on_timer(END)
-    def flush(self, key=beam.DoFn.KeyParam, learner_state=beam.DoFn.StateParam(LEARNER_STATE),
-              next_task=beam.DoFn.StateParam(NEXT_TASK), pending=beam.DoFn.StateParam(PENDING)) -> Iterator:
-        yield from self._close(key, len(self._task_ids) - 1, learner_state, next_task, pending)
-
-    def _close(self, stream, upto, learner_state, next_task, pending) -> Iterator:
-        nxt = next_task.read()
-        if upto < nxt:
-            return
-        by_task, keep = {}, []
-        for index, x, y in pending.read():
-            (by_task.setdefault(index, []) if index <= upto else keep).append((x, y))
-        state = self._learner.decode_state(learner_state.read())
-        dim = self._params.learner.input_dim
-        for index in range(nxt, upto + 1):
-            chunks = by_task.get(index, [])
-            task_id = self._task_ids[index]
-            block = self._learner.merge_blocks([TaskData(task_id, x, y) for x, y in chunks] or
-                                               [TaskData(task_id, np.zeros((0, dim)), np.zeros(0, np.int64))])
-            state, releases = self._learner.step(state, block, self._noise)
-            for release in releases:
-                self._releases.inc()
-                yield release_to_row(release, self._learner.guarantee)
-        learner_state.write(self._learner.encode_state(state))
-        next_task.write(upto + 1)
-        pending.clear()
-        for index, x, y in keep:
-            pending.add((index, x, y))
+        task = TaskData(self._params.learner.task_ids[index], x, y)
+        yield from self.add(state, key_state, buffer, index + 1, task, original)
 
 
 class LifelongLearner(beam.PTransform):
@@ -265,7 +219,9 @@ class LifelongLearner(beam.PTransform):
             declared = events.pipeline | "DeclareStreams" >> beam.Create(
                 [(s, (_DECLARE, None, None, None)) for s in params.streams]).with_output_types(Tuple[str, Any])
             rows = (rows, declared) | "WithDeclared" >> beam.Flatten()
-        learned = rows | "Learn" >> beam.ParDo(_LifelongDoFn(params)).with_outputs(DEAD_LETTER, main="rows")
-        releases = learned.rows | "Rows" >> beam.Map(release_labels(params, params.composition)).with_output_types(ReleaseRow)
+        learned = rows | "Learn" >> beam.ParDo(_LifelongDoFn(params, per_step_timers=False)).with_outputs(
+            DEAD_LETTER, main="rows")
+        releases = learned.rows | "Rows" >> beam.Map(release_labels(params, params.composition)).with_output_types(
+            ReleaseRow)
         dead = (parsed[DEAD_LETTER], learned[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
         return ContinualOutputs(releases, dead)

@@ -14,50 +14,16 @@ Steps come from exactly one of:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, ClassVar, Literal
 
-from beam_dp.core.budget import BudgetShare, check_params_budget
+from beam_dp.core.budget import check_params_budget
 from beam_dp.core.clock import StepClock
-from beam_dp.core.noise import KEY_ENV_VAR, NoiseSource
-from beam_dp.core.grid import power_of_two_at_least
 from beam_dp.mechanisms.base import ContinualSumMechanism
 from beam_dp.mechanisms.snapping import SnappedSum
+from beam_dp.steps.params import NoiseKey, StepParams
 
 __all__ = ["ContinualCountParams", "ContinualSumParams", "NoiseKey", "WindowedSumParams"]
-
-
-@dataclass(frozen=True)
-class NoiseKey:
-    """Where workers read the secret noise key at ``setup()`` (a file path or an env var, hex), and
-    the *noise domain* the transform draws in.
-
-    Only the *location* travels in the pipeline graph, never the key. With neither present the
-    workers draw a random key and log that the run is not reproducible.
-
-    ``domain`` names one transform instance of one job; every draw is keyed by (key, domain, stream,
-    purpose, index), so two transforms never share noise. Leave it ``None``: a beam_dp transform binds
-    it to its full label in the pipeline when it is applied (``beam_dp.beam.domains``) and refuses a
-    domain already claimed in the same pipeline. Set it explicitly to keep a transform's noise when it
-    is renamed, or to separate two jobs that reuse one key with the same labels.
-    """
-
-    env_var: str | None = KEY_ENV_VAR
-    key_file: str | None = None
-    domain: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.domain is not None and (not isinstance(self.domain, str) or not self.domain):
-            raise ValueError(f"NoiseKey.domain must be a non-empty string or None, got {self.domain!r}")
-
-    def load(self) -> NoiseSource:
-        """The noise source of this key's domain (read on the worker; never pickled)."""
-        if self.domain is None:
-            raise ValueError(
-                "this noise key has no noise domain: apply the params through a beam_dp transform (which "
-                "binds its full label) or set NoiseKey(domain=...)"
-            )
-        return NoiseSource.from_config(self.env_var, self.key_file).for_domain(self.domain)
 
 
 def _public_end(clock: StepClock | None) -> int | None:
@@ -66,46 +32,7 @@ def _public_end(clock: StepClock | None) -> int | None:
 
 
 @dataclass(frozen=True)
-class _StepParams:
-    clock: StepClock | None = None
-    block_size: int | None = None
-    streams: tuple[str, ...] | None = None
-    noise_key: NoiseKey = field(default_factory=NoiseKey)
-    # Encoded mechanism states to resume streams from (stream -> mechanism.encode_state(...)), e.g. a
-    # snapshot taken mid-stream. A snapshot holds un-noised sums: it is as sensitive as the raw data.
-    restore_states: tuple[tuple[str, bytes], ...] | None = None
-    # Release on the grid g = 2^k (the power of two >= granularity) with exact arithmetic and
-    # data-independent noise (beam_dp.mechanisms.snapping.SnappedSum): closes the floating-point channel
-    # of Mironov 2012; the mechanism is calibrated for the clip bound R + sqrt(dim)*g (see docs/reliability.md).
-    granularity: float | None = None
-    # this transform's share of its job's budget (JobBudget(...).split(...)[name]; pass **share.params()):
-    # refused at construction unless the mechanism fits it; releases then report the job's spend
-    budget: BudgetShare | None = None
-
-    def _validate_steps(self) -> None:
-        if (self.clock is None) == (self.block_size is None):
-            raise ValueError("give exactly one of clock (event-time steps) or block_size (count steps)")
-        if self.granularity is not None:
-            power_of_two_at_least(self.granularity)  # raises ValueError unless finite and > 0
-        if self.restore_states is not None:
-            states = dict(self.restore_states)
-            if not all(isinstance(k, str) and isinstance(v, bytes) for k, v in states.items()):
-                raise ValueError("restore_states must be (stream, encoded state bytes) pairs")
-            object.__setattr__(self, "restore_states", tuple(sorted(states.items())))
-        if self.block_size is not None and (not isinstance(self.block_size, int) or self.block_size < 1):
-            raise ValueError(f"block_size must be an integer >= 1, got {self.block_size!r}")
-        if self.streams is not None:
-            if isinstance(self.streams, str) or not all(isinstance(s, str) and s for s in self.streams):
-                raise ValueError("streams must be a tuple of non-empty strings")
-            object.__setattr__(self, "streams", tuple(dict.fromkeys(self.streams)))
-
-    @property
-    def event_time(self) -> bool:
-        return self.clock is not None
-
-
-@dataclass(frozen=True)
-class _VectorSumParams(_StepParams):
+class _VectorSumParams(StepParams):
     dim: int = 1
     epsilon: float = 1.0
     clip_bound: float = 1.0
@@ -200,7 +127,7 @@ class WindowedSumParams(_VectorSumParams):
 
 
 @dataclass(frozen=True)
-class ContinualCountParams(_StepParams):
+class ContinualCountParams(StepParams):
     """Private running counts of events per stream: a continual sum of 1 per event (R = 1, so
     Δ₂ = 2 under replace-one neighbours). Same mechanisms (``counter``) and guarantees as ``ContinualSumParams``.
 
@@ -227,7 +154,8 @@ class ContinualCountParams(_StepParams):
     def as_sum_params(self) -> ContinualSumParams:
         return _UnitCountSumParams(
             clock=self.clock, block_size=self.block_size, streams=self.streams, noise_key=self.noise_key,
-            restore_states=self.restore_states, granularity=self.granularity, dim=1, epsilon=self.epsilon,
+            restore_states=self.restore_states, granularity=self.granularity, allowed_lateness=self.allowed_lateness,
+            dim=1, epsilon=self.epsilon,
             clip_bound=1.0, delta=self.delta, noise=self.noise, calibration=self.calibration, horizon=self.horizon,
             unbounded=self.unbounded, counter=self.counter, budget=self.budget,
         )

@@ -14,12 +14,10 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from beam_dp.beam.events import DeadLetter, EventBatch, Reason, parse_event
+from beam_dp.steps.events import DEAD_LETTER, DeadLetter, EventBatch, Reason, parse_contribution
 from beam_dp.mechanisms.base import ClippedSum
 
 __all__ = ["DEAD_LETTER", "MergeClippedSums", "ParseEvents"]
-
-DEAD_LETTER = "dead_letter"
 
 
 class MergeClippedSums(beam.CombineFn):
@@ -69,20 +67,11 @@ class ParseEvents(beam.DoFn):
         if isinstance(element, EventBatch):
             yield from self._process_batch(element)
             return
-        parsed = parse_event(element, self._mechanism.dim, self._clock is not None, self._streams)
+        parsed = parse_contribution(element, self._mechanism, self._clock, self._streams)
         if isinstance(parsed, DeadLetter):
             yield self._dead_letter(parsed)
             return
-        stream, micros, vec = parsed
-        step = None
-        if self._clock is not None:
-            where = int(self._clock.classify_micros(micros))
-            if where:
-                reason = Reason.BEFORE_START if where < 0 else Reason.AFTER_END
-                yield self._dead_letter(DeadLetter(reason, "timestamp outside the public schedule", stream, element))
-                return
-            step = int(self._clock.step_of_micros(micros))
-        block = self._mechanism.clip_and_sum(vec)
+        stream, step, block = parsed
         self._elements.inc()
         if block.clipped:
             self._clipped.inc(block.clipped)

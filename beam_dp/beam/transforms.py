@@ -24,10 +24,10 @@ from apache_beam.pvalue import PCollection
 
 from beam_dp.beam.dofn import ContinualReleaseDoFn
 from beam_dp.beam.domains import bind_noise_domain, release_labels
-from beam_dp.beam.events import EventBatch
+from beam_dp.steps.events import EventBatch
 from beam_dp.beam.params import ContinualCountParams, ContinualSumParams, WindowedSumParams
 from beam_dp.beam.parse import DEAD_LETTER, MergeClippedSums, ParseEvents
-from beam_dp.io.schema import ReleaseRow
+from beam_dp.steps.schema import ReleaseRow
 
 __all__ = ["ContinualCount", "ContinualOutputs", "ContinualSum", "WindowedSum"]
 

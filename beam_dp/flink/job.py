@@ -1,72 +1,136 @@
-"""The PyFlink job: ``KeyedProcessFunction`` with ``ValueState`` and event-time timers.
+"""The PyFlink job: a ``KeyedProcessFunction`` shell over the one step driver (:mod:`beam_dp.steps.driver`).
 
-    from beam_dp.flink.job import local_environment, release_stream
-    env = local_environment()
-    out = release_stream(env, env.from_collection(events, type_info=EVENT_TYPE), params)
-    with out.execute_and_collect() as results: ...   # ("release" | "dead_letter", json)
+    from beam_dp.flink.job import EVENT_TYPE, local_environment, release_stream, to_event
+    env = local_environment(parallelism=2)
+    releases, dead = release_stream(env, env.from_collection(events, type_info=EVENT_TYPE), params)
 
-``events`` are ``(stream_id, timestamp seconds, value list)``; ``params`` a
-:class:`~beam_dp.flink.params.FlinkReleaseParams` (or a Beam params object). Watermarks follow
-the event timestamps (monotonous, or bounded out-of-orderness with ``max_delay_ms``); a step is
-released when the watermark passes its end. A bounded input needs a public ``end`` (the final
-watermark would otherwise close every future step).
+``events`` are ``(stream_id, timestamp seconds, value)``; ``params`` a
+:class:`~beam_dp.flink.params.FlinkReleaseParams` (or a Beam params object of the continual sums).
+``releases`` is a DataStream of release rows as JSON (the columns of ``beam_dp.io.ReleaseRow``),
+``dead`` the dead-letter side output (JSON ``reason``, ``detail``, ``stream``, ``element``).
+
+Per key the function keeps the driver's state in Flink keyed state (a ``ValueState`` of the driver's
+versioned bytes and a ``ListState`` of buffered entries), so it is checkpointed with the job. The
+driver gets Flink's exact watermark: one timer firing closes every step the watermark has passed,
+and the watermark at +infinity (end of a bounded input, ``flink stop --drain``) applies the driver's
+end rule. A Flink watermark ``W`` (ms) means no more records with timestamp ``<= W``; the driver's
+watermarks are Beam's (no more records ``< W``, µs): ``(W + 1) * 1000``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import sys
-from typing import Any
+from typing import Any, Iterator
 
 from pyflink.common import Configuration, Duration, Types, WatermarkStrategy
 from pyflink.common.watermark_strategy import TimestampAssigner
-from pyflink.datastream import RuntimeExecutionMode, StreamExecutionEnvironment
+from pyflink.datastream import OutputTag, RuntimeExecutionMode, StreamExecutionEnvironment
 from pyflink.datastream.functions import KeyedProcessFunction, RuntimeContext
-from pyflink.datastream.state import ValueStateDescriptor
+from pyflink.datastream.state import ListStateDescriptor, ValueStateDescriptor
 
-from beam_dp.flink.steps import KeyedSteps
+from beam_dp.core.budget import composition_of
+from beam_dp.steps.coder import decode_entry, decode_key_state, encode_entry, encode_key_state
+from beam_dp.steps.driver import RELEASE, Output, StepDriver
+from beam_dp.steps.events import DEAD_LETTER, DeadLetter, parse_contribution
+from beam_dp.steps.policies import BlockPolicy
+from beam_dp.steps.schema import ReleaseLabels
 
-__all__ = ["EVENT_TYPE", "OUTPUT_TYPE", "ContinualReleaseFunction", "local_environment", "release_stream"]
+__all__ = ["DEAD_LETTERS", "EVENT_TYPE", "ContinualReleaseFunction", "local_environment", "release_stream",
+           "to_event"]
 
 EVENT_TYPE = Types.TUPLE([Types.STRING(), Types.DOUBLE(), Types.PICKLED_BYTE_ARRAY()])
-OUTPUT_TYPE = Types.TUPLE([Types.STRING(), Types.STRING()])
+DEAD_LETTERS = OutputTag(DEAD_LETTER, Types.STRING())
+_BYTES = Types.PRIMITIVE_ARRAY(Types.BYTE())
 _DECLARE = "beam_dp:declare-stream"  # Flink cannot carry a null value: the marker of a declared stream
+_MIN_WATERMARK, _MAX_WATERMARK = -(2 ** 63), 2 ** 63 - 1
+
+
+class _ListBuffer:
+    """The driver's :class:`~beam_dp.steps.driver.Buffer` over a Flink ``ListState`` of entry bytes."""
+
+    def __init__(self, state) -> None:
+        self._state = state
+
+    def add(self, entry: tuple[int, Any]) -> None:
+        self._state.add(encode_entry(*entry))
+
+    def read(self) -> list[tuple[int, Any]]:
+        return [decode_entry(bytes(data)) for data in (self._state.get() or ())]
+
+    def clear(self) -> None:
+        self._state.clear()
+
+
+def _dead_json(letter: DeadLetter) -> str:
+    return json.dumps({"reason": letter.reason, "detail": letter.detail, "stream": letter.stream,
+                       "element": None if letter.element is None else repr(letter.element)[:2000]})
 
 
 class ContinualReleaseFunction(KeyedProcessFunction):
-    """Keyed by stream. ``ValueState`` holds the pickled :class:`~beam_dp.flink.steps.KeyState`
-    (the mechanism's versioned state encoding plus the open steps); one event-time timer per key."""
+    """Keyed by stream; moves state and timers between Flink and the driver, nothing else."""
 
     def __init__(self, params: Any):
         self._params = params
 
     def open(self, runtime_context: RuntimeContext) -> None:
-        self._steps = KeyedSteps(self._params)  # builds the mechanism and loads the noise key here
-        self._state = runtime_context.get_state(ValueStateDescriptor("beam_dp_state", Types.PICKLED_BYTE_ARRAY()))
+        params = self._params
+        self._mechanism = params.build_mechanism()
+        self._driver = StepDriver.for_params(params, BlockPolicy(self._mechanism, params.noise_key.load()))
+        self._labels = ReleaseLabels(params.noise_key.domain, composition_of(self._mechanism), params.budget)
+        self._streams = frozenset(params.streams) if params.streams is not None else None
+        self._key = runtime_context.get_state(ValueStateDescriptor("beam_dp_key_state", _BYTES))
+        self._buffer = _ListBuffer(runtime_context.get_list_state(ListStateDescriptor("beam_dp_buffer", _BYTES)))
 
-    def _save(self, state) -> None:
-        if state is not None:
-            self._state.update(state)  # PICKLED_BYTE_ARRAY: Flink pickles the KeyState
+    def _emit(self, outputs: list[Output]) -> Iterator:
+        for tag, value in outputs:
+            if tag == RELEASE:
+                yield json.dumps(self._labels(value)._asdict(), sort_keys=True)
+            else:
+                yield DEAD_LETTERS, _dead_json(value)
 
-    def _load(self):
-        return self._state.value()
+    def _timer(self, ctx, state) -> None:
+        timer = self._driver.timer(state)
+        if timer is not None:
+            ctx.timer_service().register_event_time_timer(-(-timer // 1000) - 1)
+
+    def _state(self, key: str, ctx):
+        data = self._key.value()
+        if data is not None:
+            return decode_key_state(bytes(data))
+        watermark = ctx.timer_service().current_watermark()
+        state = self._driver.open(key, None if watermark == _MIN_WATERMARK else (watermark + 1) * 1000)
+        self._timer(ctx, state)
+        return state
 
     def process_element(self, value, ctx: KeyedProcessFunction.Context):
         stream, seconds, payload = value
-        element = (stream, seconds, None if payload == _DECLARE else payload)  # None: a declared-stream marker
-        state, outputs, timer = self._steps.on_element(self._load(), element)
-        self._save(state)
-        if timer is not None:
-            ctx.timer_service().register_event_time_timer(timer)
-        yield from outputs
+        if payload == _DECLARE:
+            if self._key.value() is None and isinstance(stream, str) and stream:
+                self._key.update(encode_key_state(self._state(stream, ctx)))
+            return
+        parsed = parse_contribution((stream, seconds, payload), self._mechanism, self._driver.clock, self._streams)
+        if isinstance(parsed, DeadLetter):
+            yield DEAD_LETTERS, _dead_json(parsed)
+            return
+        stream, step, block = parsed
+        state = self._state(stream, ctx)
+        outputs = self._driver.add(state, self._buffer, step, block, (stream, seconds, payload))
+        self._key.update(encode_key_state(state))
+        yield from self._emit(outputs)
 
     def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext):
-        state, outputs, timer = self._steps.on_timer(self._load(), timestamp)
-        self._save(state)
-        if timer is not None:
-            ctx.timer_service().register_event_time_timer(timer)
-        yield from outputs
+        state = decode_key_state(bytes(self._key.value()))
+        watermark = ctx.timer_service().current_watermark()
+        if watermark >= _MAX_WATERMARK:
+            outputs = self._driver.finish(state, self._buffer)
+        else:
+            outputs = self._driver.advance(state, self._buffer, (max(watermark, timestamp) + 1) * 1000)
+            self._timer(ctx, state)
+        self._key.update(encode_key_state(state))
+        yield from self._emit(outputs)
 
 
 class _EventTime(TimestampAssigner):
@@ -79,8 +143,13 @@ class _EventTime(TimestampAssigner):
         return 0
 
 
-def local_environment(parallelism: int = 1) -> StreamExecutionEnvironment:
-    """A local MiniCluster whose Python workers use this interpreter and see ``PYTHONPATH``."""
+def local_environment(parallelism: int = 1, replay: bool = True) -> StreamExecutionEnvironment:
+    """A local MiniCluster (STREAMING mode) whose Python workers use this interpreter and see ``PYTHONPATH``.
+
+    ``replay``: a bounded replay: no periodic watermarks, so the first watermark is +infinity at the
+    end of the input and the driver's end rule releases the whole public schedule (as a Beam batch
+    replay does). Otherwise watermarks follow the events every 200 ms. (Flink's BATCH mode is not
+    used: its keyed state follows one key at a time, which a Python keyed function does not honour.)"""
     config = Configuration()
     config.set_string("python.executable", sys.executable)  # else the workers use the system python
     config.set_string("python.client.executable", sys.executable)
@@ -89,25 +158,35 @@ def local_environment(parallelism: int = 1) -> StreamExecutionEnvironment:
     env = StreamExecutionEnvironment.get_execution_environment(config)
     env.set_parallelism(parallelism)
     env.set_runtime_mode(RuntimeExecutionMode.STREAMING)
+    env.get_config().set_auto_watermark_interval(0 if replay else 200)
     return env
 
 
-def release_stream(env: StreamExecutionEnvironment, events, params: Any, max_delay_ms: int = 0):
-    """``events`` (a DataStream of :data:`EVENT_TYPE`) -> a DataStream of ``(kind, json)``."""
+def watermarks(max_delay_ms: int = 0, idle_ms: int | None = None) -> WatermarkStrategy:
+    """Event-time watermarks from the events' seconds: monotonous, or bounded out-of-orderness
+    (``max_delay_ms``); ``idle_ms`` marks a silent source split idle so it does not hold the watermark."""
+    strategy = (WatermarkStrategy.for_monotonous_timestamps() if max_delay_ms == 0
+                else WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_millis(max_delay_ms)))
+    if idle_ms:
+        strategy = strategy.with_idleness(Duration.of_millis(idle_ms))
+    return strategy.with_timestamp_assigner(_EventTime())
+
+
+def release_stream(env: StreamExecutionEnvironment, events, params: Any, max_delay_ms: int = 0,
+                   idle_ms: int | None = None):
+    """``events`` (a DataStream of :data:`EVENT_TYPE`) -> ``(releases, dead_letters)``, JSON strings."""
     if params.clock is not None:
-        strategy = (WatermarkStrategy.for_monotonous_timestamps() if max_delay_ms == 0
-                    else WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_millis(max_delay_ms)))
-        events = events.assign_timestamps_and_watermarks(strategy.with_timestamp_assigner(_EventTime()))
+        events = events.assign_timestamps_and_watermarks(watermarks(max_delay_ms, idle_ms))
     if params.streams:
         start = params.clock.start if params.clock is not None else 0.0
         markers = env.from_collection([to_event(s, start, None) for s in params.streams], type_info=EVENT_TYPE)
         if params.clock is not None:
-            markers = markers.assign_timestamps_and_watermarks(
-                WatermarkStrategy.for_monotonous_timestamps().with_timestamp_assigner(_EventTime()))
+            markers = markers.assign_timestamps_and_watermarks(watermarks(0, idle_ms))
         events = events.union(markers)
-    return (events
-            .key_by(lambda e: e[0] if isinstance(e[0], str) else "", key_type=Types.STRING())
-            .process(ContinualReleaseFunction(params), output_type=OUTPUT_TYPE))
+    releases = (events
+                .key_by(lambda e: e[0] if isinstance(e[0], str) else "", key_type=Types.STRING())
+                .process(ContinualReleaseFunction(params), output_type=Types.STRING()))
+    return releases, releases.get_side_output(DEAD_LETTERS)
 
 
 def to_event(stream_id: Any, seconds: float, value: Any) -> tuple:

@@ -1,58 +1,43 @@
-"""Parameters of a Flink release job: the same contract as the Beam adapter's params objects."""
+"""Parameters of a Flink release job: the shared step-params contract plus a mechanism factory."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from beam_dp.core.clock import StepClock
-from beam_dp.core.noise import KEY_ENV_VAR, NoiseSource
+from beam_dp.steps.params import StepParams
 
-__all__ = ["FlinkReleaseParams"]
+__all__ = ["DOMAIN", "FlinkReleaseParams"]
+
+#: The default noise domain of a Flink release function: every draw is keyed by (key, domain, stream,
+#: purpose, index); give each release operator of one job its own ``NoiseKey(domain=...)``.
+DOMAIN = "flink/ContinualRelease"
 
 
 @dataclass(frozen=True)
-class FlinkReleaseParams:
-    """What :class:`~beam_dp.flink.job.ContinualReleaseFunction` needs.
-
-    ``build``: a picklable zero-argument factory of the mechanism (e.g. ``functools.partial(
-    make_tree_sum, dim=2, epsilon=1.0, clip_bound=1.0)``); it is called on each worker. Steps come
-    from exactly one of ``clock`` (event-time steps, closed by event-time timers; a bounded input
-    needs its public ``end``) or ``block_size`` (count steps). ``streams`` declares streams that
-    release from step 1 whether or not they see data. The noise key is read on the workers from
-    ``key_file`` or the env var ``key_env``; only those locations travel with the job.
-
-    Any object with ``build_mechanism()``, ``clock``, ``block_size``, ``streams`` and a
-    ``noise_key.load()`` (the Beam params objects) works in its place.
+class FlinkReleaseParams(StepParams):
+    """What :class:`~beam_dp.flink.job.ContinualReleaseFunction` needs: :class:`~beam_dp.steps.params.StepParams`
+    (schedule, declared streams, grace, noise key location, restore) and ``build``, a picklable
+    zero-argument factory of the mechanism (e.g. ``functools.partial(make_tree_sum, dim=2, epsilon=1.0,
+    clip_bound=1.0)``), called on each worker. ``noise_key.domain`` defaults to :data:`DOMAIN`. Flink
+    timers are in milliseconds, so the step start, the period and the grace must be whole milliseconds.
+    A Beam params object of the continual sums with a bound ``noise_key.domain`` works in its place.
     """
 
-    build: Callable[[], Any]
-    clock: StepClock | None = None
-    block_size: int | None = None
-    streams: tuple[str, ...] | None = None
-    key_env: str | None = KEY_ENV_VAR
-    key_file: str | None = None
-    # the noise domain of this release function (one per operator of a job): every draw is keyed by
-    # (key, domain, stream, purpose, index), so two operators under one key never share noise
-    domain: str = "flink/ContinualRelease"
+    build: Callable[[], Any] | None = None
 
     def __post_init__(self) -> None:
-        if (self.clock is None) == (self.block_size is None):
-            raise ValueError("give exactly one of clock (event-time steps) or block_size (count steps)")
-        if self.block_size is not None and (not isinstance(self.block_size, int) or self.block_size < 1):
-            raise ValueError(f"block_size must be an integer >= 1, got {self.block_size!r}")
-        if self.clock is not None and self.clock.period_micros % 1000:
-            raise ValueError("Flink timers are in milliseconds: the step period must be a whole number of ms")
-        if self.streams is not None:
-            object.__setattr__(self, "streams", tuple(dict.fromkeys(self.streams)))
+        if not callable(self.build):
+            raise ValueError("build must be a zero-argument factory of the mechanism")
+        if self.noise_key.domain is None:  # one release function per job by default
+            object.__setattr__(self, "noise_key", dataclasses.replace(self.noise_key, domain=DOMAIN))
+        self._validate_steps()
+        if self.clock is not None and (self.clock.period_micros % 1000 or self.clock.start_micros % 1000):
+            raise ValueError("Flink timers are in milliseconds: the step start and period must be whole ms")
+        if round(self.allowed_lateness * 1_000_000) % 1000:
+            raise ValueError("Flink timers are in milliseconds: allowed_lateness must be whole ms")
         self.build()  # invalid privacy parameters fail here, before a job is submitted
 
     def build_mechanism(self) -> Any:
         return self.build()
-
-    @property
-    def noise_key(self) -> "FlinkReleaseParams":
-        return self
-
-    def load(self) -> NoiseSource:
-        return NoiseSource.from_config(self.key_env, self.key_file).for_domain(self.domain)

@@ -2,7 +2,7 @@
 
 from beam_dp.io.models import LinearPredictor, load_model
 from beam_dp.io.readers import read_releases, row_to_release
-from beam_dp.io.schema import RELEASE_SCHEMA, ReleaseRow, release_to_row
+from beam_dp.steps.schema import RELEASE_SCHEMA, ReleaseRow, release_to_row
 from beam_dp.io.sinks import WriteReleasesToJsonLines, WriteReleasesToParquet
 
 __all__ = [

@@ -6,7 +6,7 @@ import json
 
 import apache_beam as beam
 
-from beam_dp.io.schema import RELEASE_SCHEMA, ReleaseRow
+from beam_dp.steps.schema import RELEASE_SCHEMA, ReleaseRow
 
 __all__ = ["WriteReleasesToJsonLines", "WriteReleasesToParquet"]
 

@@ -19,8 +19,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
-from beam_dp.beam.events import DeadLetter, EventBatch, Reason, to_micros
-from beam_dp.beam.parse import DEAD_LETTER
+from beam_dp.steps.events import DEAD_LETTER, DeadLetter, EventBatch, Reason, to_micros
 
 __all__ = ["ReadEventFiles", "value_columns"]
 

@@ -231,7 +231,7 @@ def test_secret_key_is_never_in_the_pipeline_graph(tmp_path):
     dofn = ContinualReleaseDoFn(params, per_step_timers=False)
     dofn.setup()
     with pytest.raises(TypeError):
-        pickle.dumps(dofn._noise)
+        pickle.dumps(dofn._driver.policy.noise)
 
 
 def test_same_key_same_releases_and_other_key_other_noise(monkeypatch):

@@ -8,7 +8,9 @@ import json
 import numpy as np
 
 from beam_dp.core import NoiseSource, StepClock
-from beam_dp.io.schema import release_to_row
+from beam_dp.core.budget import composition_of
+from beam_dp.flink.params import DOMAIN
+from beam_dp.steps.schema import ReleaseLabels, release_to_row
 from beam_dp.mechanisms.replay import replay_event_time
 from beam_dp.mechanisms.tree import make_tree_sum
 from tests.conftest import TEST_KEY
@@ -37,15 +39,16 @@ BAD = [
 ]
 
 
-def expected_rows(events: list[tuple], domain: str) -> list[dict]:
-    """The pure mechanism's rows under the test key in the release function's noise domain ``domain``."""
+def expected_rows(events: list[tuple]) -> list[dict]:
     ids = np.array([e[0] for e in events])
     ts = np.array([e[1] for e in events])
     values = np.array([e[2] for e in events])
     mechanism = BUILD()
-    by_stream = replay_event_time(mechanism, ids, ts, values, CLOCK, NoiseSource(TEST_KEY).for_domain(domain),
-                                  STREAMS)
-    rows = [release_to_row(r, mechanism.guarantee, CLOCK.step_start_micros(r.step), CLOCK.step_end_micros(r.step))
+    noise = NoiseSource(TEST_KEY).for_domain(DOMAIN)
+    by_stream = replay_event_time(mechanism, ids, ts, values, CLOCK, noise, STREAMS)
+    labels = ReleaseLabels(DOMAIN, composition_of(mechanism))
+    rows = [labels(release_to_row(r, mechanism.guarantee, CLOCK.step_start_micros(r.step),
+                                  CLOCK.step_end_micros(r.step)))
             for releases in by_stream.values() for r in releases]
     return sorted((json.loads(json.dumps(r._asdict())) for r in rows), key=lambda r: (r["stream"], r["step"]))
 

@@ -1,9 +1,9 @@
-"""A real local Flink job (PyFlink MiniCluster) on a small stream: its releases equal the pure
-mechanism's under the same key, and bad rows come out as dead letters. Needs .venv-flink
-(``make flink-test``); skipped in the main venv. One job only: each costs 6-8 s of start-up."""
+"""Real local Flink jobs (PyFlink MiniCluster) over the step driver. Needs .venv-flink (``make flink-test``);
+skipped in the main venv. Each job costs several seconds of start-up, so there are three."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -12,24 +12,78 @@ import pytest
 
 pytest.importorskip("pyflink")
 
+from beam_dp.core import StepClock  # noqa: E402
 from beam_dp.flink.job import EVENT_TYPE, local_environment, release_stream, to_event  # noqa: E402
 from beam_dp.flink.params import FlinkReleaseParams  # noqa: E402
+from beam_dp.mechanisms.tree import make_tree_sum  # noqa: E402
 from tests.flink.cases import BAD, BUILD, CLOCK, STREAMS, assert_rows_equal, expected_rows, good_events  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_local_flink_job_matches_the_pure_mechanism(monkeypatch):
+@pytest.fixture(autouse=True)
+def _workers_see_beam_dp(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+
+
+def _run(params, events, parallelism=2, replay=True):
+    env = local_environment(parallelism, replay=replay)
+    source = env.from_collection([to_event(*e) for e in events], type_info=EVENT_TYPE)
+    releases, dead = release_stream(env, source, params)
+    tagged = releases.map(lambda j: "release\t" + j).union(dead.map(lambda j: "dead\t" + j))
+    with tagged.execute_and_collect() as results:
+        outputs = [r.split("\t", 1) for r in results]
+    return ([json.loads(j) for kind, j in outputs if kind == "release"],
+            [json.loads(j) for kind, j in outputs if kind == "dead"])
+
+
+def test_parallelism_2_releases_equal_the_beam_path_and_bad_rows_are_dead_letters():
+    """``expected_rows`` is the pure replay the Beam tests (tests/beam) check the Beam path against."""
     events = good_events()
-    stream = sorted(events + [e for e, _ in BAD], key=lambda e: e[1])  # time order: no late data
-    params = FlinkReleaseParams(BUILD, clock=CLOCK, streams=STREAMS)
-    env = local_environment()
-    source = env.from_collection([to_event(*e) for e in stream], type_info=EVENT_TYPE)
-    with release_stream(env, source, params).execute_and_collect() as results:
-        outputs = list(results)
-    rows = [json.loads(j) for kind, j in outputs if kind == "release"]
-    dead = [json.loads(j) for kind, j in outputs if kind == "dead_letter"]
-    assert_rows_equal(rows, expected_rows(events, params.domain))
+    stream = sorted(events + [e for e, _ in BAD], key=lambda e: e[1])
+    rows, dead = _run(FlinkReleaseParams(build=BUILD, clock=CLOCK, streams=STREAMS), stream)
+    assert_rows_equal(rows, expected_rows(events))
     assert {r["stream"] for r in rows} == set(STREAMS) and max(r["step"] for r in rows) == CLOCK.last_step
     assert sorted(d["reason"] for d in dead) == sorted(r for _, r in BAD)
+
+
+def test_a_refusal_at_the_horizon_ends_the_stream_not_the_job():
+    build = functools.partial(make_tree_sum, horizon=3, dim=2, epsilon=1.0, clip_bound=1.0)  # 3 of 10 steps
+    rows, dead = _run(FlinkReleaseParams(build=build, clock=CLOCK, streams=("a",)), [("a", 1001.0, [0.1, 0.2])])
+    assert sorted(r["step"] for r in rows) == [1, 2, 3]
+    assert [d["reason"] for d in dead] == ["stream_ended"]  # the stream ends at the horizon
+
+
+def test_streaming_with_an_open_clock_ends_at_the_end_of_input():
+    """Watermark at +infinity with no public end: the job finishes; each stream releases consecutive
+    steps from 1 and none that began after the last finite watermark (<= the latest event time)."""
+    clock = StepClock(start=CLOCK.start, period=CLOCK.period)
+    events = good_events()
+    rows, dead = _run(FlinkReleaseParams(build=BUILD, clock=clock), events, replay=False)
+    last_event_step = int(clock.step_of(max(e[1] for e in events)))
+    for stream in {r["stream"] for r in rows}:
+        steps = sorted(r["step"] for r in rows if r["stream"] == stream)
+        assert steps == list(range(1, len(steps) + 1)) and steps[-1] <= last_event_step
+    assert {d["reason"] for d in dead} <= {"unclosed"}
+
+
+def test_the_submittable_entry_point_reads_and_writes_files(tmp_path):
+    """``python -m beam_dp.flink.run`` (what ``flink run --python beam_dp/flink/run.py`` executes) on CSV files."""
+    from beam_dp.flink.run import main
+
+    events = good_events(20)
+    (tmp_path / "in").mkdir()
+    lines = [f"{s},{t!r},{v[0]!r},{v[1]!r}" for s, t, v in events] + ["a,not-a-time,1,2", "b,1001.0,x,y"]
+    (tmp_path / "in" / "events.csv").write_text("\n".join(lines) + "\n")
+    code = main(["--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
+                 "--dead-letter", str(tmp_path / "dead"), "--start", str(CLOCK.start), "--period",
+                 str(CLOCK.period), "--end", str(CLOCK.end), "--dim", "2", "--streams", ",".join(STREAMS),
+                 "--counter", "tree", "--parallelism", "2", "--checkpoint-ms", "500"])
+    assert code == 0
+
+    def read(folder):
+        return [json.loads(line) for f in sorted((tmp_path / folder).rglob("*")) if f.is_file()
+                and not f.name.startswith(".") for line in f.read_text().splitlines() if line]
+
+    assert_rows_equal(read("out"), expected_rows(events))  # counter "tree" without a horizon: BUILD's hybrid tree
+    assert sorted(d["reason"] for d in read("dead")) == ["bad_timestamp", "bad_value"]

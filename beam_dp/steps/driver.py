@@ -1,0 +1,275 @@
+"""The one step driver: everything about steps, for every engine (Beam-free, Flink-free).
+
+An engine (a Beam DoFn, a Flink ``KeyedProcessFunction``) only moves state and timers: per key it
+stores one :class:`~beam_dp.steps.coder.KeyState` and a buffer of ``(step, item)`` entries (encoded
+by :mod:`beam_dp.steps.coder`), and calls :meth:`StepDriver.add`, :meth:`advance` (a watermark),
+:meth:`close_through` (an explicit marker) and :meth:`finish` (the watermark reached +infinity).
+The driver returns :class:`Output` s: release rows, dead letters, snapshots.
+
+Public rules (the same on every engine):
+
+* **Event-time steps.** Step ``s`` closes when the watermark reaches ``end(s) + allowed_lateness``;
+  one call closes *every* step the watermark has passed, in order, each releasing whether or not it
+  has data. An item for a closed step is late: dead-lettered whole (``late``), never in state.
+* **First step of a key.** The first step not yet closed by the watermark the engine knows when the
+  key is first seen (step 1 when no watermark is known, e.g. a batch replay or declared streams at
+  the start). So a stream first seen late never releases behind the watermark; its late items are
+  dead-lettered. A key restored from a snapshot continues after the snapshot's step.
+* **End of input** (watermark at +infinity: drain, end of a bounded input, Flink ``stop --drain``):
+  the open steps that began before ``W − allowed_lateness`` (``W`` the last finite watermark) are
+  released, in order; no later step is. With no finite watermark ever seen (a batch replay) the
+  clock's public ``end`` is used. Buffered items of steps that are not released go to the dead
+  letters (``unclosed``).
+* **Count steps.** A block of ``block_size`` contributions in arrival order is one step; an
+  incomplete block is never released.
+* **The end of a stream.** A mechanism refuses a step (``ValueError``) only at its public end (a
+  horizon or a budget fixed at construction, never the data). The stream then ends: one
+  ``stream_ended`` dead letter, its state and buffers are freed, no later step is fed, and every
+  later item is dead-lettered ``stream_ended`` with its element kept.
+
+The driver holds no privacy arithmetic: clipping, noise and accounting are the mechanism's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable, NamedTuple, Protocol
+
+import numpy as np
+
+from beam_dp.core.clock import StepClock
+from beam_dp.steps.coder import KeyState
+from beam_dp.steps.events import DEAD_LETTER, DeadLetter, Reason
+from beam_dp.steps.schema import ReleaseRow, release_to_row
+
+__all__ = ["CARRIED", "RELEASE", "SNAPSHOTS", "Buffer", "ListBuffer", "Output", "StepDriver"]
+
+RELEASE, SNAPSHOTS = "release", "snapshots"
+CARRIED = 0  # the step of buffered items that wait across steps (a growing database's queries)
+
+
+class Output(NamedTuple):
+    """``tag``: ``RELEASE`` / ``SNAPSHOTS`` (a ``ReleaseRow``) or ``DEAD_LETTER`` (a ``DeadLetter``)."""
+
+    tag: str
+    value: ReleaseRow | DeadLetter
+
+
+class Buffer(Protocol):
+    """An engine's per-key store of ``(step, item)`` entries (Beam ``BagState``, Flink ``ListState``)."""
+
+    def add(self, entry: tuple[int, Any]) -> None: ...
+    def read(self) -> Iterable[tuple[int, Any]]: ...
+    def clear(self) -> None: ...
+
+
+class ListBuffer(list):
+    """A :class:`Buffer` in memory (pure replays, tests)."""
+
+    def add(self, entry: tuple[int, Any]) -> None:
+        self.append(entry)
+
+    def read(self) -> list[tuple[int, Any]]:
+        return list(self)
+
+
+def _dead(reason: str, detail: str, key: str | None, element: Any = None) -> Output:
+    return Output(DEAD_LETTER, DeadLetter(reason, detail, key, element))
+
+
+class StepDriver:
+    """Drives one ``policy`` (see :mod:`beam_dp.steps.policies`) for many keys.
+
+    ``clock`` (event-time steps) or ``block_size`` (count steps) or neither (marker steps: the engine
+    calls :meth:`close_through`); ``last_step`` the public end (None: open-ended);
+    ``allowed_lateness`` the grace in seconds; ``restored`` encoded mechanism states by key.
+    """
+
+    def __init__(self, policy: Any, clock: StepClock | None = None, block_size: int | None = None,
+                 last_step: int | None = None, allowed_lateness: float = 0.0,
+                 restored: Iterable[tuple[str, bytes]] | None = None):
+        self.policy = policy
+        self.clock = clock
+        self.block_size = block_size
+        self.last_step = last_step
+        self.grace = round(allowed_lateness * 1_000_000)
+        self._restored = dict(restored or ())
+
+    @classmethod
+    def for_params(cls, params: Any, policy: Any) -> "StepDriver":
+        """A driver for a step-params object (``clock``, ``block_size``, ``allowed_lateness``, ``restore_states``)."""
+        clock = params.clock
+        return cls(policy, clock=clock, block_size=params.block_size,
+                   last_step=None if clock is None else clock.last_step,
+                   allowed_lateness=params.allowed_lateness, restored=params.restore_states)
+
+    # -- keys and timers ------------------------------------------------------------------------
+    def open(self, key: str, watermark: int | None = None) -> KeyState:
+        """The state of a key seen for the first time (see the module rules for its first step)."""
+        restored = self._restored.get(key)
+        if restored is not None:
+            state = self.policy.mechanism.decode_state(restored)
+            return KeyState(key, _as_array(restored), int(state.t) + 1, watermark=watermark)
+        first = 1
+        if self.clock is not None and watermark is not None:
+            first = max(1, int(self.clock.step_of_micros(watermark - self.grace)))
+        encoded = self.policy.mechanism.encode_state(self.policy.mechanism.init_state(key))
+        return KeyState(key, _as_array(encoded), first, watermark=watermark, offset=first - 1)
+
+    def timer(self, state: KeyState) -> int | None:
+        """When (µs) the engine should next report the watermark: the close of the first open step."""
+        if self.clock is None or state.ended or (self.last_step is not None and state.next_step > self.last_step):
+            return None
+        return self.clock.step_end_micros(state.next_step) + self.grace
+
+    def final_timer(self) -> int | None:
+        """A batch replay's single timer: the close of the public last step."""
+        if self.clock is None or self.last_step is None:
+            return None
+        return self.clock.step_end_micros(self.last_step) + self.grace
+
+    # -- items ----------------------------------------------------------------------------------
+    def add(self, state: KeyState, buffer: Buffer, step: int | None, item: Any, original: Any = None) -> list[Output]:
+        """Buffer ``item`` for ``step`` (None: the next count step); a closed step's item is dead-lettered."""
+        if state.stream_ended:
+            return [_dead(Reason.STREAM_ENDED, "the stream has ended at its public horizon", state.key, original)]
+        if self.block_size is not None:
+            return self._add_count(state, buffer, item)
+        if state.ended or step < state.next_step:
+            reason, detail = self.policy.late(step)
+            return [_dead(reason, detail, state.key, original)]
+        buffer.add((step, item))
+        state.lowest = step if state.lowest is None else min(state.lowest, step)
+        return []
+
+    def carry(self, state: KeyState, buffer: Buffer, item: Any) -> None:
+        """Buffer an item that waits across steps until the policy consumes it (a query)."""
+        buffer.add((CARRIED, item))
+        state.lowest = CARRIED
+
+    def _add_count(self, state: KeyState, buffer: Buffer, item: Any) -> list[Output]:
+        buffer.add((state.next_step, item))
+        state.buffered += self.policy.count(item)
+        if state.buffered < self.block_size:
+            return []
+        items = [it for _, it in buffer.read()]
+        buffer.clear()
+        state.buffered = 0
+        mechanism = self.policy.mechanism
+        out: list[Output] = []
+        new = self._close_one(state, buffer, mechanism.decode_state(_as_bytes(state.mechanism)), state.next_step,
+                              items, None, out)
+        if new is not None:
+            state.mechanism = _as_array(mechanism.encode_state(new))
+            state.next_step += 1
+        return out
+
+    # -- closing --------------------------------------------------------------------------------
+    def advance(self, state: KeyState, buffer: Buffer, watermark: int) -> list[Output]:
+        """The watermark (µs) reached ``watermark``: close every step whose end + grace it passed."""
+        state.watermark = watermark if state.watermark is None else max(state.watermark, watermark)
+        return self.close_through(state, buffer, int(self.clock.step_of_micros(watermark - self.grace)) - 1)
+
+    def close_marked(self, state: KeyState, buffer: Buffer, step: int, original: Any = None) -> list[Output]:
+        """A marker (a lifelong task's end) closes ``step`` and every earlier open step now; a marker of
+        a closed step is late."""
+        if state.ended or step < state.next_step:
+            reason, detail = self.policy.late(step)
+            return [_dead(reason, detail, state.key, original)]
+        return self.close_through(state, buffer, step)
+
+    def close_through(self, state: KeyState, buffer: Buffer, upto: int) -> list[Output]:
+        """Close the open steps ``next_step..upto`` (clipped to the public end) in order, in one call."""
+        if self.last_step is not None:
+            upto = min(upto, self.last_step)
+        if state.ended or upto < state.next_step:
+            return []
+        by_step: dict[int, list] = {}
+        keep, carried = [], []
+        consumed = state.lowest is not None and state.lowest <= upto  # else closing never reads the buffer
+        for step, item in buffer.read() if consumed else ():
+            if step == CARRIED:
+                carried.append(item)
+            elif step <= upto:
+                by_step.setdefault(step, []).append(item)
+            else:
+                keep.append((step, item))
+        mechanism = self.policy.mechanism
+        mech_state = mechanism.decode_state(_as_bytes(state.mechanism))
+        context = self.policy.begin(carried)
+        out: list[Output] = []
+        for step in range(state.next_step, upto + 1):  # every step releases, empty ones included
+            mech_state = self._close_one(state, buffer, mech_state, step, by_step.get(step, []), context, out)
+            if mech_state is None:  # the stream ended at its public end
+                return out
+        finished = self.last_step is not None and upto >= self.last_step
+        outputs, carried = self.policy.end(state.key, mech_state, context, finished)
+        out.extend(outputs)
+        state.mechanism = _as_array(mechanism.encode_state(mech_state))
+        state.next_step = upto + 1
+        state.ended = state.ended or finished
+        if consumed:
+            buffer.clear()
+            for entry in keep:
+                buffer.add(entry)
+            for item in carried:
+                buffer.add((CARRIED, item))
+            steps = [step for step, _ in keep] + ([CARRIED] if carried else [])
+            state.lowest = min(steps) if steps else None
+        return out
+
+    def _close_one(self, state: KeyState, buffer: Buffer, mech_state: Any, step: int, items: list, context: Any,
+                   out: list[Output]) -> Any | None:
+        """Feed one step. A ``ValueError`` from the mechanism (its public end) ends the stream: one
+        ``stream_ended`` dead letter, state and buffers freed; returns None."""
+        try:
+            new, releases, letters = self.policy.close(state.key, mech_state, step, items, context)
+        except ValueError as exc:
+            reason = f"step {step} refused by {self.policy.mechanism.name}: {str(exc)[:200]}"
+            detail = f"the stream ended: {reason}; buffered contributions of later steps are discarded"
+            out.append(_dead(Reason.STREAM_ENDED, detail, state.key))
+            state.mechanism = np.zeros(0, dtype=np.uint8)
+            state.ended = state.stream_ended = True
+            state.lowest = None
+            buffer.clear()
+            return None
+        out.extend(Output(DEAD_LETTER, letter) for letter in letters)
+        times = (None, None)
+        if self.clock is not None and self.policy.timed_rows:
+            times = (self.clock.step_start_micros(step), self.clock.step_end_micros(step))
+        guarantee = self.policy.mechanism.guarantee
+        if state.offset:  # the mechanism counts the key's own steps; rows carry the schedule's
+            releases = [dataclasses.replace(release, step=release.step + state.offset) for release in releases]
+        out.extend(Output(RELEASE, release_to_row(release, guarantee, *times)) for release in releases)
+        return new
+
+    def finish(self, state: KeyState, buffer: Buffer) -> list[Output]:
+        """The watermark reached +infinity: release what the end rule allows, dead-letter the rest."""
+        if state.ended:
+            return []
+        if self.clock is None:
+            upto = self.last_step if self.block_size is None and self.last_step is not None else state.next_step - 1
+        elif state.watermark is None:
+            upto = self.last_step if self.last_step is not None else state.next_step - 1
+        else:  # steps begun before the last finite watermark less the grace
+            upto = int(self.clock.step_of_micros(state.watermark - self.grace - 1))
+        out = self.close_through(state, buffer, upto)
+        if self.block_size is None:  # an incomplete count block is simply never released
+            unclosed = sorted({step for step, _ in buffer.read() if step != CARRIED})
+            out.extend(_dead(Reason.UNCLOSED, f"step {step} never closed: the input ended first", state.key)
+                       for step in unclosed)
+            if not state.ended:
+                carried = [item for step, item in buffer.read() if step == CARRIED]
+                out.extend(self.policy.end(state.key, None, self.policy.begin(carried), True)[0])
+            buffer.clear()
+            state.lowest = None
+        state.ended = True
+        return out
+
+
+def _as_array(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, dtype=np.uint8).copy()
+
+
+def _as_bytes(array: np.ndarray) -> bytes:
+    return np.asarray(array, dtype=np.uint8).tobytes()

@@ -1,0 +1,114 @@
+"""The step-parameter contract every engine shares, validated in one place (Beam-free).
+
+Steps come from exactly one of ``clock`` (event time, :class:`~beam_dp.core.StepClock`) or
+``block_size`` (count steps: blocks of ``block_size`` contributions in arrival order).
+``allowed_lateness`` (seconds, event time only) is the grace: a step closes when the watermark
+passes its end plus the grace; data for it arriving within the grace counts, later data is
+dead-lettered whole (reason ``late``). ``streams`` declares streams that release from step 1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from beam_dp.core.budget import BudgetShare
+from beam_dp.core.clock import StepClock
+from beam_dp.core.grid import power_of_two_at_least
+from beam_dp.core.noise import KEY_ENV_VAR, NoiseSource
+
+__all__ = ["NoiseKey", "StepParams", "check_schedule", "check_streams"]
+
+
+@dataclass(frozen=True)
+class NoiseKey:
+    """Where workers read the secret noise key at ``setup()`` (a file path or an env var, hex), and
+    the *noise domain* the transform draws in.
+
+    Only the *location* travels in the pipeline graph, never the key. With neither present the
+    workers draw a random key and log that the run is not reproducible.
+
+    ``domain`` names one transform instance of one job; every draw is keyed by (key, domain, stream,
+    purpose, index), so two transforms never share noise. Leave it ``None``: a beam_dp transform binds
+    it to its full label in the pipeline when it is applied (``beam_dp.beam.domains``) and refuses a
+    domain already claimed in the same pipeline. Set it explicitly to keep a transform's noise when it
+    is renamed, or to separate two jobs that reuse one key with the same labels.
+    """
+
+    env_var: str | None = KEY_ENV_VAR
+    key_file: str | None = None
+    domain: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.domain is not None and (not isinstance(self.domain, str) or not self.domain):
+            raise ValueError(f"NoiseKey.domain must be a non-empty string or None, got {self.domain!r}")
+
+    def load(self) -> NoiseSource:
+        """The noise source of this key's domain (read on the worker; never pickled)."""
+        if self.domain is None:
+            raise ValueError(
+                "this noise key has no noise domain: apply the params through a beam_dp transform (which "
+                "binds its full label) or set NoiseKey(domain=...)"
+            )
+        return NoiseSource.from_config(self.env_var, self.key_file).for_domain(self.domain)
+
+
+def check_streams(params: Any) -> None:
+    """Validate ``params.streams`` (None or non-empty strings) and store it as a de-duplicated tuple."""
+    streams = params.streams
+    if streams is None:
+        return
+    if isinstance(streams, str) or not all(isinstance(s, str) and s for s in streams):
+        raise ValueError("streams must be a tuple of non-empty strings")
+    object.__setattr__(params, "streams", tuple(dict.fromkeys(streams)))
+
+
+def check_schedule(clock: StepClock | None, block_size: Any, allowed_lateness: Any = 0.0) -> None:
+    """Exactly one of ``clock`` and ``block_size``; ``block_size`` an integer >= 1; a finite grace >= 0
+    (event time only)."""
+    if (clock is None) == (block_size is None):
+        raise ValueError("give exactly one of clock (event-time steps) or block_size (count steps)")
+    if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1):
+        raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
+    if isinstance(allowed_lateness, bool) or not isinstance(allowed_lateness, (int, float)) or not (
+            math.isfinite(allowed_lateness) and allowed_lateness >= 0):
+        raise ValueError(f"allowed_lateness must be a finite number of seconds >= 0, got {allowed_lateness!r}")
+    if allowed_lateness and clock is None:
+        raise ValueError("allowed_lateness applies to event-time steps (a clock) only")
+
+
+@dataclass(frozen=True)
+class StepParams:
+    """Base of the continual transforms' params: steps, declared streams, noise key, restore, grid."""
+
+    clock: StepClock | None = None
+    block_size: int | None = None
+    streams: tuple[str, ...] | None = None
+    noise_key: NoiseKey = field(default_factory=NoiseKey)
+    # Encoded mechanism states to resume streams from (stream -> mechanism.encode_state(...)), e.g. a
+    # snapshot taken mid-stream. A snapshot holds un-noised sums: it is as sensitive as the raw data.
+    restore_states: tuple[tuple[str, bytes], ...] | None = None
+    # Release on the grid g = 2^k (the power of two >= granularity) with exact arithmetic and
+    # data-independent noise (beam_dp.mechanisms.snapping.SnappedSum): closes the floating-point channel
+    # of Mironov 2012; the mechanism is calibrated for the clip bound R + sqrt(dim)*g (see docs/reliability.md).
+    granularity: float | None = None
+    # this transform's share of its job's budget (JobBudget(...).split(...)[name]; pass **share.params()):
+    # refused at construction unless the mechanism fits it; releases then report the job's spend
+    budget: BudgetShare | None = None
+    allowed_lateness: float = 0.0
+
+    def _validate_steps(self) -> None:
+        check_schedule(self.clock, self.block_size, self.allowed_lateness)
+        if self.granularity is not None:
+            power_of_two_at_least(self.granularity)  # raises ValueError unless finite and > 0
+        if self.restore_states is not None:
+            states = dict(self.restore_states)
+            if not all(isinstance(k, str) and isinstance(v, bytes) for k, v in states.items()):
+                raise ValueError("restore_states must be (stream, encoded state bytes) pairs")
+            object.__setattr__(self, "restore_states", tuple(sorted(states.items())))
+        check_streams(self)
+
+    @property
+    def event_time(self) -> bool:
+        return self.clock is not None

@@ -1,0 +1,130 @@
+"""What one step means for each family, for :class:`~beam_dp.steps.driver.StepDriver`.
+
+A policy owns the ``mechanism`` and the noise source and answers four questions: how many
+contributions an item holds (``count``), how a closed step is fed (``close``: returns the new
+state, the releases and any dead letters), why a closed step's item is refused (``late``), and
+what happens to items carried across steps when a call ends (``begin`` / ``end``).
+
+* :class:`BlockPolicy` — one input, blocks merged per step (sums, counts, learners, ERM);
+* :class:`TaskPolicy` — lifelong learning: step ``i`` is the ``i``-th declared task, closed by a
+  task marker or the end of the input;
+* :class:`GrowingPolicy` — growing databases: elements buffered by step, queries carried until the
+  database reaches their size.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import numpy as np
+
+from beam_dp.core.noise import NoiseSource
+from beam_dp.steps.driver import SNAPSHOTS, Output
+from beam_dp.steps.events import DEAD_LETTER, DeadLetter, Reason
+from beam_dp.steps.schema import release_to_row
+
+__all__ = ["BlockPolicy", "GrowingPolicy", "TaskPolicy", "plan_block"]
+
+
+class BlockPolicy:
+    """A continual mechanism fed one merged block per step (``None`` for an empty step)."""
+
+    timed_rows = True  # rows carry the step's public event-time interval
+
+    def __init__(self, mechanism: Any, noise: NoiseSource):
+        self.mechanism, self.noise = mechanism, noise
+
+    def count(self, item: Any) -> int:
+        return self.mechanism.block_count(item)
+
+    def late(self, step: int) -> tuple[str, str]:
+        return Reason.LATE, f"step {step} was already released"
+
+    def close(self, key: str, state: Any, step: int, items: list, context: Any) -> tuple[Any, list, list]:
+        block = self.mechanism.merge_blocks(items) if items else None
+        state, releases = self.mechanism.step(state, block, self.noise)
+        return state, releases, []
+
+    def begin(self, carried: list) -> None:
+        return None
+
+    def end(self, key: str, state: Any, context: Any, finished: bool) -> tuple[list, list]:
+        return [], []
+
+
+class TaskPolicy(BlockPolicy):
+    """Lifelong learning: step ``i`` trains on the ``i``-th of ``task_ids`` (rows of ``input_dim``)."""
+
+    timed_rows = False
+    TASK_BACKWARDS = "task_backwards"
+
+    def __init__(self, mechanism: Any, noise: NoiseSource, task_ids: tuple[str, ...], input_dim: int):
+        super().__init__(mechanism, noise)
+        self.task_ids, self.input_dim = tuple(task_ids), input_dim
+
+    def late(self, step: int) -> tuple[str, str]:
+        return self.TASK_BACKWARDS, "the task is already closed"
+
+    def close(self, key: str, state: Any, step: int, items: list, context: Any) -> tuple[Any, list, list]:
+        from beam_dp.mechanisms.lifelong.config import TaskData
+
+        task_id = self.task_ids[step - 1]
+        items = items or [TaskData(task_id, np.zeros((0, self.input_dim)), np.zeros(0, np.int64))]
+        state, releases = self.mechanism.step(state, self.mechanism.merge_blocks(items), self.noise)
+        return state, releases, []
+
+
+def plan_block(size: int, items: Iterable[tuple[int, int]], queries: Iterable[tuple]) -> tuple[Any, list, list]:
+    """One closed step of a growing database: elements ``(micros, index)`` sorted by time then index;
+    the queries ``(t, query_id, weights, ...)`` with ``size ≤ t ≤ size + len(elements)`` in
+    ``(t, query_id)`` order. Returns the block, the queries kept for later and those already passed."""
+    from beam_dp.mechanisms.pmwg import GrowingBlock, Query
+
+    ordered = sorted(items)
+    elements = np.array([index for _, index in ordered], dtype=np.int64)
+    top = size + len(elements)
+    now, later, passed = [], [], []
+    for q in queries:
+        (now if size <= q[0] <= top else later if q[0] > top else passed).append(q)
+    now.sort(key=lambda q: (q[0], q[1]))
+    block = GrowingBlock(elements, tuple(Query(q[0], q[1], q[2]) for q in now))
+    return block, later, passed
+
+
+def _query_letter(reason: str, detail: str, key: str, query: tuple) -> DeadLetter:
+    return DeadLetter(reason, detail, key, {"query_id": query[1], "t": query[0]})
+
+
+class GrowingPolicy(BlockPolicy):
+    """Elements ``(micros, index)`` by step; queries ``(t, query_id, weights)`` carried until answered."""
+
+    timed_rows = False
+
+    def __init__(self, mechanism: Any, noise: NoiseSource, snapshots: bool):
+        super().__init__(mechanism, noise)
+        self.snapshots = snapshots
+
+    def late(self, step: int) -> tuple[str, str]:
+        return Reason.LATE, f"step {step} was already absorbed"
+
+    def begin(self, carried: list) -> list:
+        return list(carried)  # the pending queries, consumed step by step
+
+    def close(self, key: str, state: Any, step: int, items: list, pending: list) -> tuple[Any, list, list]:
+        block, later, passed = plan_block(state.t, items, pending)
+        state, releases = self.mechanism.step(state, block, self.noise)
+        pending[:] = later
+        letters = [_query_letter(Reason.LATE, f"size {q[0]} already passed", key, q) for q in passed]
+        return state, releases, letters
+
+    def end(self, key: str, state: Any, pending: list, finished: bool) -> tuple[list, list]:
+        out = []
+        if self.snapshots and state is not None:
+            snap = self.mechanism.snapshot(state)
+            if snap is not None:
+                out.append(Output(SNAPSHOTS, release_to_row(snap, self.mechanism.guarantee)))
+        if not finished:
+            return out, pending
+        out.extend(Output(DEAD_LETTER, _query_letter(Reason.AFTER_END, f"the database never reached size {q[0]}",
+                                                     key, q)) for q in pending)
+        return out, []

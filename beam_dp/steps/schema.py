@@ -1,0 +1,147 @@
+"""The release row: one schema for every mechanism, as a typed NamedTuple and a pyarrow schema.
+
+Columns:
+
+* ``stream``, ``step``, ``mechanism``;
+* ``value`` (list<double>, flattened row-major) and ``shape`` (list<int64>); a release whose value
+  is a mapping of named arrays stores them concatenated in name order and lists
+  ``[[name, shape], ...]`` in ``parts`` (JSON; empty string for a single array);
+* ``epsilon_spent``, ``delta_spent``: worst-case loss of any element up to this release;
+* ``epsilon_budget``, ``delta_budget``, ``window``: the mechanism's guarantee (window null = forever);
+* ``step_start``, ``step_end``: the step's public event-time interval (UTC, µs; null for count steps);
+* ``meta``: public facts as sorted JSON (noise law, scale, ``noise_std``, node counts, calibration);
+* ``noise_domain``: the transform instance that made the release (its noise domain; see
+  ``beam_dp.beam.domains``) and ``composition`` (``"pure"``, ``"gaussian"`` or ``"approx"``: how its
+  spend composes with other transforms', ``beam_dp.core.budget``);
+* ``job_epsilon_spent``, ``job_delta_spent``: the job's worst per-contribution loss so far (this
+  transform's spend composed with every other transform's full share of the job's budget);
+  ``job_epsilon_budget``, ``job_delta_budget``: the job's declared total. Without a job budget the
+  transform is the whole job and these equal its own columns.
+"""
+
+import functools
+import json
+from dataclasses import dataclass
+from typing import List, NamedTuple, Optional
+
+import numpy as np
+import pyarrow as pa
+
+from beam_dp.core.budget import BudgetShare, Composition
+from beam_dp.core.guarantee import Guarantee
+from beam_dp.core.release import Release
+
+__all__ = ["RELEASE_SCHEMA", "ReleaseLabels", "ReleaseRow", "release_to_row"]
+
+
+class ReleaseRow(NamedTuple):
+    stream: str
+    step: int
+    mechanism: str
+    value: List[float]
+    shape: List[int]
+    parts: str
+    epsilon_spent: float
+    delta_spent: float
+    epsilon_budget: float
+    delta_budget: float
+    window: Optional[int]
+    step_start: Optional[int]
+    step_end: Optional[int]
+    meta: str
+    noise_domain: str = ""
+    composition: str = ""
+    job_epsilon_spent: float = 0.0
+    job_delta_spent: float = 0.0
+    job_epsilon_budget: float = 0.0
+    job_delta_budget: float = 0.0
+
+
+RELEASE_SCHEMA = pa.schema(
+    [
+        ("stream", pa.string()),
+        ("step", pa.int64()),
+        ("mechanism", pa.string()),
+        ("value", pa.list_(pa.float64())),
+        ("shape", pa.list_(pa.int64())),
+        ("parts", pa.string()),
+        ("epsilon_spent", pa.float64()),
+        ("delta_spent", pa.float64()),
+        ("epsilon_budget", pa.float64()),
+        ("delta_budget", pa.float64()),
+        ("window", pa.int64()),
+        ("step_start", pa.timestamp("us", tz="UTC")),
+        ("step_end", pa.timestamp("us", tz="UTC")),
+        ("meta", pa.string()),
+        ("noise_domain", pa.string()),
+        ("composition", pa.string()),
+        ("job_epsilon_spent", pa.float64()),
+        ("job_delta_spent", pa.float64()),
+        ("job_epsilon_budget", pa.float64()),
+        ("job_delta_budget", pa.float64()),
+    ]
+)
+
+
+def _json_default(obj):
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"meta value of type {type(obj).__name__} is not JSON-serialisable")
+
+
+def release_to_row(
+    release: Release, guarantee: Guarantee, step_start: int | None = None, step_end: int | None = None
+) -> ReleaseRow:
+    """Flatten a ``Release`` (times in µs since the epoch) into a ``ReleaseRow``."""
+    if isinstance(release.value, np.ndarray):
+        value, shape, parts = release.value.ravel().tolist(), list(release.value.shape), ""
+    else:
+        names = sorted(release.value)
+        value = [x for name in names for x in release.value[name].ravel().tolist()]
+        shape = []
+        parts = json.dumps([[name, list(release.value[name].shape)] for name in names])
+    return ReleaseRow(
+        stream=release.stream,
+        step=int(release.step),
+        mechanism=release.mechanism,
+        value=value,
+        shape=shape,
+        parts=parts,
+        epsilon_spent=float(release.epsilon_spent),
+        delta_spent=float(release.delta_spent),
+        epsilon_budget=float(guarantee.epsilon),
+        delta_budget=float(guarantee.delta),
+        window=guarantee.window,
+        step_start=step_start,
+        step_end=step_end,
+        meta=json.dumps(dict(release.meta), sort_keys=True, default=_json_default),
+    )
+
+
+@dataclass(frozen=True)
+class ReleaseLabels:
+    """What a transform stamps on each of its rows: its noise domain, how its spend composes, and its
+    share of the job's budget (``None``: the transform is the whole job)."""
+
+    noise_domain: str
+    composition: Composition
+    budget: BudgetShare | None = None
+
+    def __call__(self, row: ReleaseRow) -> ReleaseRow:
+        if self.budget is None:
+            job_eps, job_delta = row.epsilon_spent, row.delta_spent
+            job_eps_budget, job_delta_budget = row.epsilon_budget, row.delta_budget
+        else:
+            job_eps, job_delta = _job_spend(self.budget, row.epsilon_spent, row.delta_spent)
+            job_eps_budget, job_delta_budget = self.budget.plan.epsilon, self.budget.plan.delta
+        return row._replace(noise_domain=self.noise_domain, composition=self.composition,
+                            job_epsilon_spent=float(job_eps), job_delta_spent=float(job_delta),
+                            job_epsilon_budget=float(job_eps_budget), job_delta_budget=float(job_delta_budget))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _job_spend(share: BudgetShare, epsilon_spent: float, delta_spent: float) -> tuple[float, float]:
+    # a transform's spend takes one value per step whatever the stream: cache the (bisection-heavy) composition
+    return share.job_spend(epsilon_spent, delta_spent)
