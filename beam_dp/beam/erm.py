@@ -32,6 +32,7 @@ from apache_beam.pvalue import PCollection
 
 from beam_dp.beam.dofn import ContinualReleaseDoFn
 from beam_dp.beam.events import DeadLetter, Reason, checked_stream, coerce_value, named_fields
+from beam_dp.beam.limits import check_streams
 from beam_dp.beam.params import NoiseKey
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.beam.transforms import ContinualOutputs
@@ -81,10 +82,7 @@ class _ERMParams:
     def _check(self) -> None:
         if self.classes is not None:
             object.__setattr__(self, "classes", tuple(self.classes))
-        if self.streams is not None:
-            if isinstance(self.streams, str) or not all(isinstance(s, str) and s for s in self.streams):
-                raise ValueError("streams must be a tuple of non-empty strings")
-            object.__setattr__(self, "streams", tuple(dict.fromkeys(self.streams)))
+        object.__setattr__(self, "streams", check_streams(self.streams))
         self.build_mechanism()  # validates everything (ValueError)
 
     def model(self) -> LinearModel:

@@ -45,7 +45,8 @@ from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
 from apache_beam.utils.timestamp import Timestamp
 
-from beam_dp.beam.events import DeadLetter, Reason, checked_stream, to_micros
+from beam_dp.beam.events import DeadLetter, Reason, checked_stream, timestamp_letter, to_micros
+from beam_dp.beam.limits import MAX_COUNT, check_streams, is_utf8
 from beam_dp.beam.params import NoiseKey
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.core.clock import StepClock
@@ -73,7 +74,6 @@ class GrowingReason(Reason):
     """Dead-letter reasons of this family (``Reason`` plus universe and query checks)."""
 
     OUTSIDE_UNIVERSE = "outside_universe"
-    OUT_OF_RANGE = "out_of_range"
 
 
 @dataclass(frozen=True)
@@ -109,10 +109,7 @@ class GrowingDatabaseParams:
             raise ValueError("clock must be a StepClock (event-time steps)")
         if self.mechanism not in ("pmwg", "bbscheduler", "bbimprover"):
             raise ValueError(f"mechanism must be 'pmwg', 'bbscheduler' or 'bbimprover', got {self.mechanism!r}")
-        if self.streams is not None:
-            if isinstance(self.streams, str) or not all(isinstance(s, str) and s for s in self.streams):
-                raise ValueError("streams must be a tuple of non-empty strings")
-            object.__setattr__(self, "streams", tuple(dict.fromkeys(self.streams)))
+        object.__setattr__(self, "streams", check_streams(self.streams))
         self.build_mechanism()
 
     def build_mechanism(self) -> GrowingQueryMechanism:
@@ -226,8 +223,8 @@ class _ParseGrowing(beam.DoFn):
             return
         try:
             micros = to_micros(ts)
-        except (ValueError, TypeError, OverflowError):
-            yield self._letter(Reason.BAD_TIMESTAMP, "timestamp is not a usable event time", stream, element)
+        except (ValueError, TypeError, OverflowError) as exc:
+            yield self._letter(*timestamp_letter(exc, stream, element))
             return
         where = int(self._params.clock.classify_micros(np.array([micros]))[0])
         if where:
@@ -262,11 +259,14 @@ class _ParseGrowing(beam.DoFn):
         if bad is not None:
             yield bad
             return
-        if not isinstance(qid, (str, int)) or isinstance(qid, bool):
-            yield self._letter(Reason.MALFORMED, "query_id must be a string or an integer", stream, element)
+        if not isinstance(qid, (str, int)) or isinstance(qid, bool) or (isinstance(qid, str) and not is_utf8(qid)):
+            yield self._letter(Reason.MALFORMED, "query_id must be a UTF-8 string or an integer", stream, element)
             return
         if not isinstance(t, (int, np.integer)) or isinstance(t, bool):
             yield self._letter(Reason.MALFORMED, "t (the database size) must be an integer", stream, element)
+            return
+        if t > MAX_COUNT:
+            yield self._letter(GrowingReason.OUT_OF_RANGE, "t (the database size) must be at most 2**62", stream, element)
             return
         if t < self._params.n:
             yield self._letter(Reason.BEFORE_START, f"queries need t >= n = {self._params.n}", stream, element)

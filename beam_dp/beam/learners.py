@@ -35,7 +35,8 @@ import numpy as np
 from apache_beam.metrics import Metrics
 
 from beam_dp.beam.dofn import ContinualReleaseDoFn
-from beam_dp.beam.events import DeadLetter, Reason, checked_stream, named_fields, to_micros
+from beam_dp.beam.events import DeadLetter, Reason, checked_stream, named_fields, timestamp_letter, to_micros
+from beam_dp.beam.limits import check_streams
 from beam_dp.beam.params import NoiseKey
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.beam.transforms import ContinualOutputs
@@ -46,10 +47,7 @@ __all__ = ["IncrementalRegression", "IncrementalRegressionParams", "OnlineLearne
 
 
 def _check_streams(params: Any) -> None:
-    if params.streams is not None:
-        if isinstance(params.streams, str) or not all(isinstance(s, str) and s for s in params.streams):
-            raise ValueError("streams must be a tuple of non-empty strings")
-        object.__setattr__(params, "streams", tuple(dict.fromkeys(params.streams)))
+    object.__setattr__(params, "streams", check_streams(params.streams))
 
 
 @dataclass(frozen=True)
@@ -208,8 +206,8 @@ class ParseRecords(beam.DoFn):
         if self._clock is not None:
             try:
                 micros = to_micros(ts)
-            except (ValueError, TypeError, OverflowError):
-                yield self._dead_letter(Reason.BAD_TIMESTAMP, "unusable timestamp", stream, element)
+            except (ValueError, TypeError, OverflowError) as exc:
+                yield self._dead_letter(*timestamp_letter(exc, stream, element))
                 return
             where = int(self._clock.classify_micros(micros))
             if where:

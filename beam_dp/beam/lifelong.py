@@ -40,6 +40,7 @@ from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
 
 from beam_dp.beam.events import DeadLetter, Reason, checked_stream, coerce_value
+from beam_dp.beam.limits import check_streams
 from beam_dp.beam.params import NoiseKey
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.beam.transforms import ContinualOutputs
@@ -75,10 +76,7 @@ class LifelongParams:
             raise ValueError("learner must be an L2DPConfig, BoundedAGEMConfig or NaiveGaussianConfig")
         if self.learner.task_ids is None:
             raise ValueError("the learner must declare task_ids (the public task order)")
-        if self.streams is not None:
-            if isinstance(self.streams, str) or not all(isinstance(s, str) and s for s in self.streams):
-                raise ValueError("streams must be a tuple of non-empty strings")
-            object.__setattr__(self, "streams", tuple(dict.fromkeys(self.streams)))
+        object.__setattr__(self, "streams", check_streams(self.streams))
         if self.torch_threads is not None and (not isinstance(self.torch_threads, int) or self.torch_threads < 1):
             raise ValueError("torch_threads must be an integer >= 1 or None")
 

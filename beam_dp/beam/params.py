@@ -14,9 +14,14 @@ Steps come from exactly one of:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Literal
 
+import numpy as np
+
+from beam_dp.beam.limits import (EPSILON_RANGE, MAX_DIM, MAX_SCALE, check_clock, check_count, check_noise_std,
+                                 check_number, check_streams)
 from beam_dp.core.clock import StepClock
 from beam_dp.core.noise import KEY_ENV_VAR, NoiseSource
 from beam_dp.core.grid import power_of_two_at_least
@@ -63,19 +68,17 @@ class _StepParams:
     def _validate_steps(self) -> None:
         if (self.clock is None) == (self.block_size is None):
             raise ValueError("give exactly one of clock (event-time steps) or block_size (count steps)")
+        check_clock(self.clock)
         if self.granularity is not None:
-            power_of_two_at_least(self.granularity)  # raises ValueError unless finite and > 0
+            check_number("granularity", self.granularity, 0.0, MAX_SCALE, low_open=True)
         if self.restore_states is not None:
             states = dict(self.restore_states)
             if not all(isinstance(k, str) and isinstance(v, bytes) for k, v in states.items()):
                 raise ValueError("restore_states must be (stream, encoded state bytes) pairs")
             object.__setattr__(self, "restore_states", tuple(sorted(states.items())))
-        if self.block_size is not None and (not isinstance(self.block_size, int) or self.block_size < 1):
-            raise ValueError(f"block_size must be an integer >= 1, got {self.block_size!r}")
-        if self.streams is not None:
-            if isinstance(self.streams, str) or not all(isinstance(s, str) and s for s in self.streams):
-                raise ValueError("streams must be a tuple of non-empty strings")
-            object.__setattr__(self, "streams", tuple(dict.fromkeys(self.streams)))
+        if self.block_size is not None:
+            check_count("block_size", self.block_size)
+        object.__setattr__(self, "streams", check_streams(self.streams))
 
     @property
     def event_time(self) -> bool:
@@ -90,6 +93,30 @@ class _VectorSumParams(_StepParams):
     delta: float = 0.0
     noise: Literal["gamma", "gaussian"] = "gamma"
     calibration: Literal["paper", "analytic"] = "paper"
+
+    #: the noise laws of this family (a counter may accept fewer: it says which)
+    _noises: ClassVar[tuple[str, ...]] = ("gamma", "gaussian")
+
+    def _validate_numbers(self) -> None:
+        """Ranges of the numeric fields (``beam_dp.beam.limits``), checked before the mechanism is built."""
+        check_count("dim", self.dim, 1, MAX_DIM)
+        check_number("epsilon", self.epsilon, *EPSILON_RANGE)
+        check_number("clip_bound", self.clip_bound, 0.0, MAX_SCALE, low_open=True)
+        if self.noise not in self._noises:
+            raise ValueError(f"noise must be one of {', '.join(map(repr, self._noises))}, got {self.noise!r}")
+        if self.granularity is not None and power_of_two_at_least(self.granularity) < self.clip_bound * 2.0**-40:
+            raise ValueError(f"granularity must be at least clip_bound * 2**-40 = {self.clip_bound * 2.0**-40:g} "
+                             f"(a step's sum must fit the exact 2**52 grid units), got {self.granularity!r}")
+
+    def _validate_noise(self, mechanism: ContinualSumMechanism, last_step: int | None) -> None:
+        """Refuse parameters whose release noise overflows float64, at the first and the last public step."""
+        with np.errstate(all="ignore"):
+            for t in {1, last_step or 1}:
+                try:
+                    std = math.sqrt(mechanism.noise_var(t))
+                except (OverflowError, ZeroDivisionError, FloatingPointError):
+                    std = math.inf
+                check_noise_std(std, f"epsilon={self.epsilon!r}, clip_bound={self.clip_bound!r}")
 
     def _mechanism_kwargs(self, clip_bound: float) -> dict:
         return dict(
@@ -135,10 +162,11 @@ class ContinualSumParams(_VectorSumParams):
                 "noise='discrete_laplace' is for ContinualCount only: a non-integer sum plus integer noise "
                 "would leak its fractional part"
             )
+        self._validate_numbers()
         if self.horizon is not None and self.clock is not None and self.clock.last_step is not None:
             if self.clock.last_step > self.horizon:
                 raise ValueError(f"the clock has {self.clock.last_step} steps but horizon is {self.horizon}")
-        self.build_mechanism()
+        self._validate_noise(self.build_mechanism(), self.horizon or _public_end(self.clock))
 
     def build_mechanism(self):
         from beam_dp.mechanisms.counters import make_counter
@@ -157,6 +185,7 @@ class _UnitCountSumParams(ContinualSumParams):
     integer law ``noise="discrete_laplace"`` is admitted."""
 
     _integer_contributions: ClassVar[bool] = True
+    _noises: ClassVar[tuple[str, ...]] = ("gamma", "gaussian", "discrete_laplace")
 
 
 @dataclass(frozen=True)
@@ -169,7 +198,9 @@ class WindowedSumParams(_VectorSumParams):
 
     def __post_init__(self) -> None:
         self._validate_steps()
-        self.build_mechanism()
+        self._validate_numbers()
+        check_count("window", self.window)
+        self._validate_noise(self.build_mechanism(), _public_end(self.clock))
 
     def build_mechanism(self):
         from beam_dp.mechanisms.window_tree import WindowTreeSum
