@@ -22,7 +22,7 @@ from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
-from beam_dp.beam.limits import MAX_ABS_SECONDS, is_utf8
+from beam_dp.core.limits import MAX_ABS_SECONDS, is_utf8
 
 __all__ = ["DeadLetter", "EventBatch", "OutOfRange", "Reason", "checked_stream", "encodable", "named_fields",
            "parse_event", "timestamp_letter", "to_micros"]
@@ -151,9 +151,10 @@ def named_fields(element: Any, names: tuple[str, ...]) -> tuple:
 
 def checked_stream(stream: Any, streams: frozenset[str] | None, element: Any) -> str | DeadLetter:
     """The stream id as a plain ``str``, or the ``DeadLetter`` for a bad or undeclared one."""
-    if not isinstance(stream, str) or not stream or not is_utf8(stream):
-        return DeadLetter(Reason.BAD_STREAM_ID, "stream_id must be a non-empty string encodable as UTF-8",
-                          None, element)
+    if not isinstance(stream, str) or not stream:
+        return DeadLetter(Reason.BAD_STREAM_ID, "stream_id must be a non-empty string", None, element)
+    if not is_utf8(stream):
+        return DeadLetter(Reason.BAD_STREAM_ID, "stream_id must be encodable as UTF-8", None, element)
     stream = str(stream)  # numpy.str_ would pickle differently and split the key's state
     if streams is not None and stream not in streams:
         return DeadLetter(Reason.UNDECLARED_STREAM, "stream_id is not among the declared streams", stream, element)

@@ -46,7 +46,8 @@ from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateS
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_dp.beam.events import DeadLetter, Reason, checked_stream, timestamp_letter, to_micros
-from beam_dp.beam.limits import MAX_COUNT, check_streams, is_utf8
+from beam_dp.core.limits import (EPSILON_RANGE, MAX_COUNT, MAX_SCALE, MIN_SCALE, check_clock, check_count, check_delta,
+                                 check_number, check_streams, is_utf8)
 from beam_dp.beam.params import NoiseKey
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.core.clock import StepClock
@@ -110,6 +111,16 @@ class GrowingDatabaseParams:
         if self.mechanism not in ("pmwg", "bbscheduler", "bbimprover"):
             raise ValueError(f"mechanism must be 'pmwg', 'bbscheduler' or 'bbimprover', got {self.mechanism!r}")
         object.__setattr__(self, "streams", check_streams(self.streams))
+        check_clock(self.clock)
+        check_count("n", self.n)
+        check_number("epsilon", self.epsilon, *EPSILON_RANGE)
+        check_delta(self.delta)
+        check_number("alpha", self.alpha, 1e-9, 1.0)
+        check_number("beta", self.beta, MIN_SCALE, 1.0)
+        if self.gamma is not None:
+            check_number("gamma", self.gamma, 1e-6, 1e3)
+        if self.xi_n is not None:
+            check_number("xi_n", self.xi_n, MIN_SCALE, MAX_SCALE)
         self.build_mechanism()
 
     def build_mechanism(self) -> GrowingQueryMechanism:

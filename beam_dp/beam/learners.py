@@ -36,7 +36,8 @@ from apache_beam.metrics import Metrics
 
 from beam_dp.beam.dofn import ContinualReleaseDoFn
 from beam_dp.beam.events import DeadLetter, Reason, checked_stream, named_fields, timestamp_letter, to_micros
-from beam_dp.beam.limits import check_streams
+from beam_dp.core.limits import (EPSILON_RANGE, MAX_DIM, MAX_SCALE, check_clock, check_count, check_delta, check_number,
+                                 check_streams, check_window)
 from beam_dp.beam.params import NoiseKey
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.beam.transforms import ContinualOutputs
@@ -80,6 +81,12 @@ class OnlineLearnerParams:
 
     def __post_init__(self) -> None:
         _check_streams(self)
+        check_count("dim", self.dim, 1, MAX_DIM)
+        check_number("epsilon", self.epsilon, *EPSILON_RANGE)
+        check_delta(self.delta)
+        check_window(self.window, self.dim)
+        check_number("mu", self.mu, 0.0, MAX_SCALE)
+        check_number("beta", self.beta, 0.0, 1.0, low_open=True)
         self.build_mechanism()
 
     # the DoFn contract: count steps of one record
@@ -140,6 +147,14 @@ class IncrementalRegressionParams:
                                             or self.block_size < 1):
             raise ValueError(f"block_size must be an integer >= 1, got {self.block_size!r}")
         _check_streams(self)
+        check_clock(self.clock)
+        check_count("dim", self.dim, 1, MAX_DIM)
+        check_number("epsilon", self.epsilon, *EPSILON_RANGE)
+        check_delta(self.delta)
+        check_count("release_every", self.release_every)
+        for name in ("horizon", "block_size"):
+            if getattr(self, name) is not None:
+                check_count(name, getattr(self, name))
         if self.horizon is not None and self.clock is not None and self.clock.last_step is not None:
             if self.clock.last_step > self.horizon:
                 raise ValueError(f"the clock has {self.clock.last_step} steps but horizon is {self.horizon}")

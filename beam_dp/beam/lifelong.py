@@ -40,7 +40,7 @@ from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
 
 from beam_dp.beam.events import DeadLetter, Reason, checked_stream, coerce_value
-from beam_dp.beam.limits import check_streams
+from beam_dp.core.limits import check_streams
 from beam_dp.beam.params import NoiseKey
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.beam.transforms import ContinualOutputs

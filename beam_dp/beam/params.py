@@ -20,8 +20,8 @@ from typing import Callable, ClassVar, Literal
 
 import numpy as np
 
-from beam_dp.beam.limits import (EPSILON_RANGE, MAX_DIM, MAX_SCALE, check_clock, check_count, check_noise_std,
-                                 check_number, check_streams)
+from beam_dp.core.limits import (EPSILON_RANGE, MAX_DIM, MAX_SCALE, MIN_SCALE, check_clock, check_count, check_delta, check_noise_std,
+                                 check_number, check_streams, check_window)
 from beam_dp.core.clock import StepClock
 from beam_dp.core.noise import KEY_ENV_VAR, NoiseSource
 from beam_dp.core.grid import power_of_two_at_least
@@ -98,25 +98,28 @@ class _VectorSumParams(_StepParams):
     _noises: ClassVar[tuple[str, ...]] = ("gamma", "gaussian")
 
     def _validate_numbers(self) -> None:
-        """Ranges of the numeric fields (``beam_dp.beam.limits``), checked before the mechanism is built."""
+        """Ranges of the numeric fields (``beam_dp.core.limits``), checked before the mechanism is built."""
         check_count("dim", self.dim, 1, MAX_DIM)
         check_number("epsilon", self.epsilon, *EPSILON_RANGE)
-        check_number("clip_bound", self.clip_bound, 0.0, MAX_SCALE, low_open=True)
+        check_number("clip_bound", self.clip_bound, MIN_SCALE, MAX_SCALE)
+        check_delta(self.delta)
         if self.noise not in self._noises:
             raise ValueError(f"noise must be one of {', '.join(map(repr, self._noises))}, got {self.noise!r}")
-        if self.granularity is not None and power_of_two_at_least(self.granularity) < self.clip_bound * 2.0**-40:
-            raise ValueError(f"granularity must be at least clip_bound * 2**-40 = {self.clip_bound * 2.0**-40:g} "
-                             f"(a step's sum must fit the exact 2**52 grid units), got {self.granularity!r}")
 
     def _validate_noise(self, mechanism: ContinualSumMechanism, last_step: int | None) -> None:
-        """Refuse parameters whose release noise overflows float64, at the first and the last public step."""
+        """Refuse parameters whose release noise overflows float64, at the first and the last public step,
+        and a granularity so fine that a step's clipped sum plus its noise leaves the exact 2**52 grid units."""
         with np.errstate(all="ignore"):
             for t in {1, last_step or 1}:
                 try:
                     std = math.sqrt(mechanism.noise_var(t))
                 except (OverflowError, ZeroDivisionError, FloatingPointError):
                     std = math.inf
-                check_noise_std(std, f"epsilon={self.epsilon!r}, clip_bound={self.clip_bound!r}")
+                check_noise_std(std, f"epsilon={self.epsilon!r}, delta={self.delta!r}, clip_bound={self.clip_bound!r}")
+                finest = (self.clip_bound + 64.0 * std) * 2.0**-44  # 2**8 units of headroom for sums over steps
+                if self.granularity is not None and power_of_two_at_least(self.granularity) < finest:
+                    raise ValueError(f"granularity must be at least (clip_bound + 64·noise std)·2**-44 = {finest:.3g} "
+                                     f"(exact grid units stop at 2**52), got {self.granularity!r}")
 
     def _mechanism_kwargs(self, clip_bound: float) -> dict:
         return dict(
@@ -163,6 +166,8 @@ class ContinualSumParams(_VectorSumParams):
                 "would leak its fractional part"
             )
         self._validate_numbers()
+        if self.horizon is not None:
+            check_count("horizon", self.horizon)
         if self.horizon is not None and self.clock is not None and self.clock.last_step is not None:
             if self.clock.last_step > self.horizon:
                 raise ValueError(f"the clock has {self.clock.last_step} steps but horizon is {self.horizon}")
@@ -199,7 +204,7 @@ class WindowedSumParams(_VectorSumParams):
     def __post_init__(self) -> None:
         self._validate_steps()
         self._validate_numbers()
-        check_count("window", self.window)
+        check_window(self.window, self.dim)
         self._validate_noise(self.build_mechanism(), _public_end(self.clock))
 
     def build_mechanism(self):

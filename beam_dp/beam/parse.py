@@ -15,7 +15,7 @@ import numpy as np
 from apache_beam.metrics import Metrics
 
 from beam_dp.beam.events import DeadLetter, EventBatch, Reason, parse_event
-from beam_dp.beam.limits import MAX_ABS_SECONDS, is_utf8
+from beam_dp.core.limits import MAX_ABS_SECONDS, is_utf8
 from beam_dp.mechanisms.base import ClippedSum
 
 __all__ = ["DEAD_LETTER", "MergeClippedSums", "ParseEvents"]

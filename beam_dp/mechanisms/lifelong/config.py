@@ -15,11 +15,12 @@ id), ``eval_sets`` (public test data per task for the accuracy metadata), ``devi
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping
 
 import numpy as np
+
+from beam_dp.core.limits import MAX_SCALE, check_number
 
 __all__ = [
     "AGEMConfig",
@@ -51,9 +52,7 @@ def _positive_int(name: str, value: Any) -> None:
 
 
 def _positive_float(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not (
-            math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    check_number(name, value, 0.0, MAX_SCALE, low_open=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,7 +172,7 @@ class _DPSGDConfig(LifelongConfig):
         super().__post_init__()
         _positive_float("epsilon", self.epsilon)
         _positive_float("clip_norm", self.clip_norm)
-        if not 0.0 < self.delta < 1.0:
+        if check_number("delta", self.delta, 0.0, 1.0, low_open=True) == 1.0:
             raise ValueError(f"delta must lie in (0, 1), got {self.delta!r}")
 
 
