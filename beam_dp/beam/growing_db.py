@@ -1,6 +1,6 @@
 """``GrowingDatabaseQueries``: linear queries on growing databases (PMWG, BBScheduler, BBImprover) on Beam.
 
-Two inputs keyed by stream (spec growing-databases §5):
+Two inputs keyed by stream (Cummings et al., "Differential Privacy for Growing Databases"):
 
 * **elements** ``(stream_id, timestamp, record)`` (or mappings with those fields): ``record`` is a row
   of the declared :class:`~beam_dp.mechanisms.universe.Universe` (a mapping by field, a tuple in

@@ -12,7 +12,7 @@ Records:
 
 * ``OnlineLearner``: ``(stream_id, features, label)`` or a mapping / ``beam.Row`` with fields
   ``stream_id``, ``features``, ``label``. One record per step in arrival order within a stream
-  (count steps, spec [O-7]): **the arrival order and count are public**, as are release times.
+  (count steps): **the arrival order and count are public**, as are release times.
 * ``IncrementalRegression``: the same, plus ``timestamp`` (``(stream_id, timestamp, features,
   label)``) when steps come from a ``StepClock``; with ``block_size = b`` a step is ``b`` records.
 

@@ -3,7 +3,7 @@
 ``NoiseSource(key)`` derives an independent counter-based generator (numpy ``Philox``) for each
 ``(stream, purpose, index...)`` from a secret key with a keyed BLAKE2b hash. The same node always
 gets the same noise, so a bundle retry or a replay re-emits identical releases instead of fresh,
-averageable noise (spec tree-mechanisms [T-4]). The key is a secret: it is never shown by
+averageable noise (Chan, Shi & Song, "Private and Continual Release of Statistics"). The key is a secret: it is never shown by
 ``repr``, never pickled (so it cannot end up in a Beam pipeline graph) and never logged.
 
 Samplers (module functions take a ``numpy.random.Generator``; the ``NoiseSource`` methods take a

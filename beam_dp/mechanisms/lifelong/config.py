@@ -4,7 +4,7 @@ Every config is a frozen, keyword-only dataclass validated at construction (``Va
 ``build()`` returns its learner (that import pulls in torch, so a pipeline graph holding a config
 does not need torch until a worker builds the learner).
 
-Common knobs (spec lifelong-dp §7, §9): ``input_dim`` d, ``n_classes`` K (one shared head),
+Common knobs (Lai et al., "Lifelong DP: Consistently Bounded Differential Privacy in Lifelong Machine Learning"): ``input_dim`` d, ``n_classes`` K (one shared head),
 ``hidden`` β (width of the input layer θ_1), ``g_layers`` (widths of G's hidden layers; the last
 one, n_π, is clipped to [−1, 1] and gets a constant bias unit), ``batch_size`` λ,
 ``learning_rate``/``optimizer`` ("adam" per block, or the paper's plain "sgd"), the schedule
@@ -178,7 +178,7 @@ class _DPSGDConfig(LifelongConfig):
 
 @dataclass(frozen=True, kw_only=True)
 class NaiveGaussianConfig(_DPSGDConfig):
-    """The paper's NaiveGaussian baseline (spec §10): ``num_tasks`` m declared up front; each task spends
+    """The paper's NaiveGaussian baseline: ``num_tasks`` m declared up front; each task spends
     ε/(2m) on its own data and ε/(2m) on the memory (δ/(2m) each), so the total reaches ε after m tasks
     and a task beyond m is refused. ``noise_multiplier`` fixes z instead (the paper's grid)."""
 
