@@ -97,3 +97,28 @@ def test_growing_database_queries_at_enormous_sizes_are_out_of_range():
     # mappings, so that beam.Create does not infer an int64 coder for t (a source hands the int over as it is)
     _check("GrowingDatabaseQueries", [("Q", {"stream_id": "a", "query_id": f"big{i}", "t": t, "weights": [0.5] * n_weights})
                                       for i, t in enumerate(HUGE_SIZES)], Reason.OUT_OF_RANGE)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_event_files_with_non_utf8_stream_ids_dead_letter_those_rows(fmt, tmp_path):
+    import apache_beam as beam
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from beam_dp.io.sources import ReadEventFiles
+
+    ids = [b"a", b"\xff\xfe", b"b", b"\xc3\x28", "é".encode()]
+    path = tmp_path / f"events.{fmt}"
+    if fmt == "csv":
+        path.write_bytes(b"stream_id,timestamp,value\n" + b"".join(i + b",1.5,0.25\n" for i in ids))
+    else:
+        pq.write_table(pa.table({"stream_id": pa.array(ids, pa.binary()), "timestamp": [1.5] * 5, "value": [0.25] * 5}),
+                       path)
+
+    def build(p):
+        batches, dead = p | ReadEventFiles(str(path))
+        return {"releases": batches | beam.FlatMap(lambda b: list(b.stream_ids)), "dead": dead}
+
+    out = run_pipeline(build)
+    assert sorted(out.releases) == ["a", "b", "é"]
+    assert [d.reason for d in out.dead] == [Reason.BAD_STREAM_ID] * 2
