@@ -12,19 +12,21 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["beam_dp", "beam_dp.*", "pipelines", "pipelines.*"]),
     package_data={"pipelines": ["data/*.csv"]},
+    # Everything the README shows after `make demo` runs on the base install (README "Dependencies and
+    # why"): [yaml] for the YAML templates, scikit-learn for the jobs' bundled demo datasets,
+    # matplotlib for `python -m beam_dp.report`. Only torch (lifelong, ~2 GB) stays optional.
     install_requires=[
-        "apache-beam>=2.60,<3",
+        "apache-beam[yaml]>=2.60,<3",
         "numpy>=1.24,<2.5",
         "scipy>=1.10",
         "pyarrow>=14,<26",
         "dp-accounting>=0.4",
+        "scikit-learn>=1.3",
+        "matplotlib>=3.7",
     ],
     extras_require={
         "torch": ["torch==2.13.0"],
-        "report": ["matplotlib>=3.7"],
-        "yaml": ["apache-beam[yaml]>=2.60,<3"],
-        "test": ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6", "scikit-learn>=1.3", "matplotlib>=3.7",
-                 "apache-beam[yaml]>=2.60,<3"],
+        "test": ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6"],
     },
     entry_points={"console_scripts": ["beam-dp-continual-stats=pipelines.continual_stats:main",
                                       "beam-dp-report=beam_dp.report.__main__:main"]},

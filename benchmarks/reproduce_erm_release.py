@@ -1,4 +1,4 @@
-"""Reproduce the ERM-release experiments (seed 000, Watson et al.) qualitatively.
+"""Reproduce the ERM-release experiments (Watson et al., "Continual and Sliding Window Release for Private ERM", Watson et al.) qualitatively.
 
 Runs the pure mechanisms (no Beam) over a shuffled stream and records the test accuracy of every
 release: continual cumulative release (Alg. 2 prefix base + Alg. 4), the independent per-block

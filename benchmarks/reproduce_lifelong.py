@@ -2,7 +2,7 @@
 
 Learners: L2DP-ML (the paper's claim), NaiveGaussian (DP-SGD, ε/m per task), the sound bounded-
 participation DP-SGD + A-GEM, and non-private A-GEM, at ε ∈ {0.5, 1, 2} by default. Metrics: the
-accuracy matrix a[l, t], average accuracy A_τ after each task and average forgetting F_m (spec §11).
+accuracy matrix a[l, t], average accuracy A_τ after each task and average forgetting F_m.
 
 Default run (a few minutes on 2 CPU cores): permuted MNIST with 10 tasks of 1,000 training / 500 test
 images each, and HAPT with 5 tasks (groups of 6 subjects), 1 epoch, a dense network (β = 64, G = 64

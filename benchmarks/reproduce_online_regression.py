@@ -1,10 +1,10 @@
-"""Reproduction: private online learning with expiration (seed 002) and incremental regression (seed 004).
+"""Reproduction: private online learning with expiration (Lou & Cheung, "Projection-free Online ERM with Privacy-preserving and Privacy Expiration") and incremental regression (Kasiviswanathan, Nissim & Jin, "Private Incremental Regression").
 
 Default run (a few minutes on 2 cores; run with ``nice -n 10``)::
 
     nice -n 10 .venv/bin/python benchmarks/reproduce_online_regression.py --out /tmp/online_repro
 
-Full sizes (spec checks 5, 6, 8 at their sizes; d up to 1,000): add ``--full`` (long: ~1 h).
+Full sizes (the acceptance checks at their full sizes; d up to 1,000): add ``--full`` (long: ~1 h).
 
 Parts
 1. Regret vs T: WDP-COCOP (unit ball, d = 5, f_t = ½‖x − z_t‖², W = 16, ε = 4, Gamma noise) against
@@ -249,7 +249,7 @@ def tables(res) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="/tmp/online_repro")
-    parser.add_argument("--full", action="store_true", help="spec sizes (8 seeds to 2^15, COCOL to 2^16, d = 1000)")
+    parser.add_argument("--full", action="store_true", help="full sizes (8 seeds to 2^15, COCOL to 2^16, d = 1000)")
     parser.add_argument("--skip-online", action="store_true")
     parser.add_argument("--skip-regression", action="store_true")
     parser.add_argument("--dims", type=int, nargs="+", default=None,

@@ -32,6 +32,8 @@ from apache_beam.pvalue import PCollection
 
 from beam_dp.beam.dofn import ContinualReleaseDoFn
 from beam_dp.beam.domains import bind_noise_domain, release_labels
+from beam_dp.core.limits import (EPSILON_RANGE, LAMBDA_RANGE, MAX_DIM, MAX_SCALE, MIN_SCALE, check_count,
+                                 check_delta, check_number)
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.beam.transforms import ContinualOutputs
 from beam_dp.core.budget import BudgetShare, check_params_budget
@@ -84,6 +86,19 @@ class _ERMParams:
     restore_states = None
 
     def _check(self) -> None:
+        check_count("n_features", self.n_features, 1, MAX_DIM)
+        check_number("epsilon", self.epsilon, *EPSILON_RANGE)
+        check_delta(self.delta)
+        check_number("lam", self.lam, *LAMBDA_RANGE)
+        check_number("clip_bound", self.clip_bound, MIN_SCALE, MAX_SCALE)
+        check_number("huber", self.huber, MIN_SCALE, MAX_SCALE)
+        if self.granularity is not None:
+            check_number("granularity", self.granularity, MIN_SCALE, self.clip_bound)
+        for name in ("block", "update", "base", "window", "max_level"):  # the step sizes of the subclasses
+            if getattr(self, name, None) is not None:
+                check_count(name, getattr(self, name))
+        if hasattr(self, "base_fraction"):
+            check_number("base_fraction", self.base_fraction, 0.0, 1.0, low_open=True)
         if self.classes is not None:
             object.__setattr__(self, "classes", tuple(self.classes))
         check_streams(self)

@@ -4,13 +4,16 @@ from beam_dp.steps.events import (  # noqa: F401
     DEAD_LETTER,
     DeadLetter,
     EventBatch,
+    OutOfRange,
     Reason,
     checked_stream,
     coerce_value,
+    encodable,
     named_fields,
     parse_event,
+    timestamp_letter,
     to_micros,
 )
 
-__all__ = ["DeadLetter", "EventBatch", "Reason", "checked_stream", "coerce_value", "named_fields", "parse_event",
-           "to_micros"]
+__all__ = ["DeadLetter", "EventBatch", "OutOfRange", "Reason", "checked_stream", "coerce_value", "encodable",
+           "named_fields", "parse_event", "timestamp_letter", "to_micros"]

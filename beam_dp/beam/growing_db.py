@@ -1,6 +1,6 @@
 """``GrowingDatabaseQueries``: linear queries on growing databases (PMWG, BBScheduler, BBImprover) on Beam.
 
-Two inputs keyed by stream (spec growing-databases §5):
+Two inputs keyed by stream (Cummings et al., "Differential Privacy for Growing Databases"):
 
 * **elements** ``(stream_id, timestamp, record)`` (or mappings with those fields): ``record`` is a row
   of the declared :class:`~beam_dp.mechanisms.universe.Universe` (a mapping by field, a tuple in
@@ -44,12 +44,14 @@ from apache_beam.pvalue import PCollection
 from beam_dp.beam.dofn import DriverDoFn
 from beam_dp.beam.domains import bind_noise_domain, release_labels
 from beam_dp.core.budget import BudgetShare, check_params_budget
+from beam_dp.core.limits import (EPSILON_RANGE, MAX_COUNT, MAX_SCALE, MIN_SCALE, check_clock, check_count,
+                                 check_delta, check_number, is_utf8)
 from beam_dp.core.clock import StepClock
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
 from beam_dp.steps.coder import encode_key_state
 from beam_dp.steps.driver import SNAPSHOTS, StepDriver
-from beam_dp.steps.events import DEAD_LETTER, DeadLetter, Reason, checked_stream, to_micros
+from beam_dp.steps.events import DEAD_LETTER, DeadLetter, Reason, checked_stream, timestamp_letter, to_micros
 from beam_dp.steps.params import NoiseKey, check_schedule, check_streams
 from beam_dp.steps.policies import GrowingPolicy, plan_block
 from beam_dp.steps.schema import ReleaseRow
@@ -73,7 +75,6 @@ class GrowingReason(Reason):
     """Dead-letter reasons of this family (``Reason`` plus universe and query checks)."""
 
     OUTSIDE_UNIVERSE = "outside_universe"
-    OUT_OF_RANGE = "out_of_range"
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,16 @@ class GrowingDatabaseParams:
         if self.mechanism not in ("pmwg", "bbscheduler", "bbimprover"):
             raise ValueError(f"mechanism must be 'pmwg', 'bbscheduler' or 'bbimprover', got {self.mechanism!r}")
         check_streams(self)
+        check_clock(self.clock)
+        check_count("n", self.n)
+        check_number("epsilon", self.epsilon, *EPSILON_RANGE)
+        check_delta(self.delta)
+        check_number("alpha", self.alpha, 1e-9, 1.0)
+        check_number("beta", self.beta, MIN_SCALE, 1.0)
+        if self.gamma is not None:
+            check_number("gamma", self.gamma, 1e-6, 1e3)
+        if self.xi_n is not None:
+            check_number("xi_n", self.xi_n, MIN_SCALE, MAX_SCALE)
         check_params_budget(self, self.build_mechanism())
 
     def build_mechanism(self) -> GrowingQueryMechanism:
@@ -209,8 +220,8 @@ class _ParseGrowing(beam.DoFn):
             return
         try:
             micros = to_micros(ts)
-        except (ValueError, TypeError, OverflowError):
-            yield self._letter(Reason.BAD_TIMESTAMP, "timestamp is not a usable event time", stream, element)
+        except (ValueError, TypeError, OverflowError) as exc:
+            yield self._letter(*timestamp_letter(exc, stream, element))
             return
         where = int(self._params.clock.classify_micros(np.array([micros]))[0])
         if where:
@@ -245,11 +256,14 @@ class _ParseGrowing(beam.DoFn):
         if bad is not None:
             yield bad
             return
-        if not isinstance(qid, (str, int)) or isinstance(qid, bool):
-            yield self._letter(Reason.MALFORMED, "query_id must be a string or an integer", stream, element)
+        if not isinstance(qid, (str, int)) or isinstance(qid, bool) or (isinstance(qid, str) and not is_utf8(qid)):
+            yield self._letter(Reason.MALFORMED, "query_id must be a UTF-8 string or an integer", stream, element)
             return
         if not isinstance(t, (int, np.integer)) or isinstance(t, bool):
             yield self._letter(Reason.MALFORMED, "t (the database size) must be an integer", stream, element)
+            return
+        if t > MAX_COUNT:
+            yield self._letter(GrowingReason.OUT_OF_RANGE, "t (the database size) must be at most 2**62", stream, element)
             return
         if t < self._params.n:
             yield self._letter(Reason.BEFORE_START, f"queries need t >= n = {self._params.n}", stream, element)

@@ -12,7 +12,7 @@ Records:
 
 * ``OnlineLearner``: ``(stream_id, features, label)`` or a mapping / ``beam.Row`` with fields
   ``stream_id``, ``features``, ``label``. One record per step in arrival order within a stream
-  (count steps, spec [O-7]): **the arrival order and count are public**, as are release times.
+  (count steps): **the arrival order and count are public**, as are release times.
 * ``IncrementalRegression``: the same, plus ``timestamp`` (``(stream_id, timestamp, features,
   label)``) when steps come from a ``StepClock``; with ``block_size = b`` a step is ``b`` records.
 
@@ -36,8 +36,10 @@ from apache_beam.metrics import Metrics
 
 from beam_dp.beam.dofn import ContinualReleaseDoFn
 from beam_dp.beam.domains import bind_noise_domain, release_labels
-from beam_dp.steps.events import DeadLetter, Reason, checked_stream, named_fields, to_micros
+from beam_dp.steps.events import DeadLetter, Reason, checked_stream, named_fields, timestamp_letter, to_micros
 from beam_dp.steps.params import NoiseKey, check_schedule, check_streams
+from beam_dp.core.limits import (EPSILON_RANGE, MAX_DIM, MAX_SCALE, check_clock, check_count, check_delta,
+                                 check_number, check_window)
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.beam.transforms import ContinualOutputs
 from beam_dp.core.budget import BudgetShare, check_params_budget
@@ -81,6 +83,12 @@ class OnlineLearnerParams:
 
     def __post_init__(self) -> None:
         check_streams(self)
+        check_count("dim", self.dim, 1, MAX_DIM)
+        check_number("epsilon", self.epsilon, *EPSILON_RANGE)
+        check_delta(self.delta)
+        check_window(self.window, self.dim)
+        check_number("mu", self.mu, 0.0, MAX_SCALE)
+        check_number("beta", self.beta, 0.0, 1.0, low_open=True)
         check_params_budget(self, self.build_mechanism())
 
     # the DoFn contract: count steps of one record
@@ -141,6 +149,14 @@ class IncrementalRegressionParams:
     def __post_init__(self) -> None:
         check_schedule(self.clock, self.block_size, self.allowed_lateness)
         check_streams(self)
+        check_clock(self.clock)
+        check_count("dim", self.dim, 1, MAX_DIM)
+        check_number("epsilon", self.epsilon, *EPSILON_RANGE)
+        check_delta(self.delta)
+        check_count("release_every", self.release_every)
+        for name in ("horizon", "block_size"):
+            if getattr(self, name) is not None:
+                check_count(name, getattr(self, name))
         if self.horizon is not None and self.clock is not None and self.clock.last_step is not None:
             if self.clock.last_step > self.horizon:
                 raise ValueError(f"the clock has {self.clock.last_step} steps but horizon is {self.horizon}")
@@ -207,8 +223,8 @@ class ParseRecords(beam.DoFn):
         if self._clock is not None:
             try:
                 micros = to_micros(ts)
-            except (ValueError, TypeError, OverflowError):
-                yield self._dead_letter(Reason.BAD_TIMESTAMP, "unusable timestamp", stream, element)
+            except (ValueError, TypeError, OverflowError) as exc:
+                yield self._dead_letter(*timestamp_letter(exc, stream, element))
                 return
             where = int(self._clock.classify_micros(micros))
             if where:

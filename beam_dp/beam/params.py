@@ -14,10 +14,15 @@ Steps come from exactly one of:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Literal
 
+import numpy as np
+
 from beam_dp.core.budget import check_params_budget
+from beam_dp.core.limits import (EPSILON_RANGE, MAX_DIM, MAX_SCALE, MIN_SCALE, check_count, check_delta, check_noise_std,
+                                 check_number, check_window)
 from beam_dp.core.clock import StepClock
 from beam_dp.mechanisms.base import ContinualSumMechanism
 from beam_dp.mechanisms.snapping import SnappedSum
@@ -39,6 +44,29 @@ class _VectorSumParams(StepParams):
     delta: float = 0.0
     noise: Literal["gamma", "gaussian"] = "gamma"
     calibration: Literal["paper", "analytic"] = "paper"
+
+    #: the noise laws of this family (a counter may accept fewer: it says which)
+    _noises: ClassVar[tuple[str, ...]] = ("gamma", "gaussian")
+
+    def _validate_numbers(self) -> None:
+        """Ranges of the numeric fields (``beam_dp.core.limits``), checked before the mechanism is built."""
+        check_count("dim", self.dim, 1, MAX_DIM)
+        check_number("epsilon", self.epsilon, *EPSILON_RANGE)
+        check_number("clip_bound", self.clip_bound, MIN_SCALE, MAX_SCALE)
+        check_delta(self.delta)
+        if self.noise not in self._noises:
+            raise ValueError(f"noise must be one of {', '.join(map(repr, self._noises))}, got {self.noise!r}")
+
+    def _validate_noise(self, mechanism: ContinualSumMechanism, last_step: int | None) -> None:
+        """Refuse parameters whose release noise overflows float64, at the first and the last public step.
+        (Any granularity works: snapped units are exact integers at any size, beam_dp.core.grid.)"""
+        with np.errstate(all="ignore"):
+            for t in {1, last_step or 1}:
+                try:
+                    std = math.sqrt(mechanism.noise_var(t))
+                except (OverflowError, ZeroDivisionError, FloatingPointError):
+                    std = math.inf
+                check_noise_std(std, f"epsilon={self.epsilon!r}, delta={self.delta!r}, clip_bound={self.clip_bound!r}")
 
     def _mechanism_kwargs(self, clip_bound: float) -> dict:
         return dict(
@@ -84,10 +112,15 @@ class ContinualSumParams(_VectorSumParams):
                 "noise='discrete_laplace' is for ContinualCount only: a non-integer sum plus integer noise "
                 "would leak its fractional part"
             )
+        self._validate_numbers()
+        if self.horizon is not None:
+            check_count("horizon", self.horizon)
         if self.horizon is not None and self.clock is not None and self.clock.last_step is not None:
             if self.clock.last_step > self.horizon:
                 raise ValueError(f"the clock has {self.clock.last_step} steps but horizon is {self.horizon}")
-        check_params_budget(self, self.build_mechanism())
+        mechanism = self.build_mechanism()
+        self._validate_noise(mechanism, self.horizon or _public_end(self.clock))
+        check_params_budget(self, mechanism)
 
     def build_mechanism(self):
         from beam_dp.mechanisms.counters import make_counter
@@ -106,6 +139,7 @@ class _UnitCountSumParams(ContinualSumParams):
     integer law ``noise="discrete_laplace"`` is admitted."""
 
     _integer_contributions: ClassVar[bool] = True
+    _noises: ClassVar[tuple[str, ...]] = ("gamma", "gaussian", "discrete_laplace")
 
 
 @dataclass(frozen=True)
@@ -118,7 +152,11 @@ class WindowedSumParams(_VectorSumParams):
 
     def __post_init__(self) -> None:
         self._validate_steps()
-        check_params_budget(self, self.build_mechanism())
+        self._validate_numbers()
+        check_window(self.window, self.dim)
+        mechanism = self.build_mechanism()
+        self._validate_noise(mechanism, _public_end(self.clock))
+        check_params_budget(self, mechanism)
 
     def build_mechanism(self):
         from beam_dp.mechanisms.window_tree import WindowTreeSum

@@ -14,6 +14,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
+from beam_dp.core.limits import MAX_ABS_SECONDS, is_utf8
 from beam_dp.steps.events import DEAD_LETTER, DeadLetter, EventBatch, Reason, parse_contribution
 from beam_dp.mechanisms.base import ClippedSum
 
@@ -95,13 +96,17 @@ class ParseEvents(beam.DoFn):
                 yield from self.process(batch.row(i))
             return
         reasons = np.full(n, "", dtype=object)
-        good_id = np.array([isinstance(s, str) and bool(s) for s in streams], dtype=bool)
+        good_id = np.array([isinstance(s, str) and bool(s) and is_utf8(s) for s in streams], dtype=bool)
         reasons[~good_id] = Reason.BAD_STREAM_ID
         if self._streams is not None:
             declared = np.array([s in self._streams for s in streams], dtype=bool)
             reasons[good_id & ~declared] = Reason.UNDECLARED_STREAM
         finite_ts = np.isfinite(micros)
         reasons[(reasons == "") & ~finite_ts] = Reason.BAD_TIMESTAMP
+        with np.errstate(invalid="ignore"):
+            outside = finite_ts & (np.abs(micros) > MAX_ABS_SECONDS * 1e6)
+        reasons[(reasons == "") & outside] = Reason.OUT_OF_RANGE
+        finite_ts &= ~outside
         where = np.zeros(n, dtype=np.int8)
         where[finite_ts] = self._clock.classify_micros(micros[finite_ts].astype(np.int64))
         reasons[(reasons == "") & (where < 0)] = Reason.BEFORE_START

@@ -93,7 +93,7 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float, re
 
 
 def sigma_window_002(epsilon: float, delta: float, sensitivity: float, levels: int) -> float:
-    """Seed 002 (eq. 13/16): sigma^2 = 8 D^2 L^2 ln^2(2/delta) / epsilon^2. Certify before use."""
+    """Lou & Cheung, "Projection-free Online ERM with Privacy-preserving and Privacy Expiration" (eq. 13/16): sigma^2 = 8 D^2 L^2 ln^2(2/delta) / epsilon^2. Certify before use."""
     _check_positive("epsilon", epsilon)
     _check_delta(delta)
     _check_positive("sensitivity", sensitivity)
@@ -101,7 +101,7 @@ def sigma_window_002(epsilon: float, delta: float, sensitivity: float, levels: i
 
 
 def sigma_tree_004(epsilon: float, delta: float, sensitivity: float, levels: int) -> float:
-    """Seed 004 (Alg. 4 line 8): sigma^2 = 2 L^2 D^2 ln(2/delta) / epsilon^2. Certify before use."""
+    """Kasiviswanathan, Nissim & Jin, "Private Incremental Regression" (Alg. 4 line 8): sigma^2 = 2 L^2 D^2 ln(2/delta) / epsilon^2. Certify before use."""
     _check_positive("epsilon", epsilon)
     _check_delta(delta)
     _check_positive("sensitivity", sensitivity)

@@ -5,7 +5,7 @@
 derives the source of one *noise domain* (one transform instance of one job): every draw a transform
 makes is keyed by ``(key, domain, stream, purpose, index)``, so two transforms never share noise. The same node always
 gets the same noise, so a bundle retry or a replay re-emits identical releases instead of fresh,
-averageable noise (spec tree-mechanisms [T-4]). The key is a secret: it is never shown by
+averageable noise (Chan, Shi & Song, "Private and Continual Release of Statistics"). The key is a secret: it is never shown by
 ``repr``, never pickled (so it cannot end up in a Beam pipeline graph) and never logged.
 
 Samplers (module functions take a ``numpy.random.Generator``; the ``NoiseSource`` methods take a

@@ -69,6 +69,20 @@ def _timestamps(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return seconds, ok
 
 
+def _stream_ids(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Column -> (stream ids as ``str`` objects, ok mask); bytes that are not UTF-8 are not ok."""
+    if not (pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
+        return (np.asarray(pc.cast(column, pa.string()).to_numpy(zero_copy_only=False), dtype=object),
+                np.ones(len(column), dtype=bool))
+    ids, ok = np.empty(len(column), dtype=object), np.ones(len(column), dtype=bool)
+    for i, raw in enumerate(column.to_pylist()):
+        try:
+            ids[i] = None if raw is None else raw.decode("utf-8")
+        except UnicodeDecodeError:
+            ok[i] = False
+    return ids, ok
+
+
 class _BadRows:
     """pyarrow's invalid-row handler: remember the row text, skip the row."""
 
@@ -96,7 +110,9 @@ class _ReadEventFile(beam.DoFn):
                     fh,
                     read_options=pacsv.ReadOptions(block_size=1 << 22),
                     parse_options=pacsv.ParseOptions(invalid_row_handler=bad_rows),
-                    convert_options=pacsv.ConvertOptions(strings_can_be_null=False),
+                    # stream ids as bytes: a non-UTF-8 id is one dead letter, not a failed file
+                    convert_options=pacsv.ConvertOptions(strings_can_be_null=False,
+                                                         column_types={"stream_id": pa.binary()}),
                 )
                 batches = list(reader)
         for text in bad_rows.texts:
@@ -109,8 +125,12 @@ class _ReadEventFile(beam.DoFn):
         if "stream_id" not in names or (self._timestamps and "timestamp" not in names):
             raise ValueError(f"event files need columns stream_id, timestamp, value...; got {names}")
         cols = value_columns(names)
-        streams = np.asarray(pc.cast(batch.column("stream_id"), pa.string()).to_numpy(zero_copy_only=False), dtype=object)
-        ok = np.ones(batch.num_rows, dtype=bool)
+        streams, utf8 = _stream_ids(batch.column("stream_id"))
+        for i in np.flatnonzero(~utf8):
+            row = {name: batch.column(name)[i].as_py() for name in names}
+            yield beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(Reason.BAD_STREAM_ID, "stream_id is not UTF-8",
+                                                                   None, row))
+        ok = utf8.copy()
         values = np.empty((batch.num_rows, len(cols)))
         for j, name in enumerate(cols):
             values[:, j], col_ok = _to_float(batch.column(name))
@@ -119,7 +139,7 @@ class _ReadEventFile(beam.DoFn):
         if self._timestamps:
             seconds, ts_ok = _timestamps(batch.column("timestamp"))
             ok &= ts_ok
-        for i in np.flatnonzero(~ok):
+        for i in np.flatnonzero(~ok & utf8):
             row = {name: batch.column(name)[i].as_py() for name in names}
             yield beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(Reason.MALFORMED, "unparsable number", None, row))
         if ok.any():

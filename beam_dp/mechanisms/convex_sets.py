@@ -1,6 +1,6 @@
 """Convex constraint sets: Euclidean projections, local linear oracles, sizes and Gaussian widths.
 
-Used by the online learners (spec ``online-and-incremental-regression.md`` §0, §3.2) and the
+Used by the online learners (Lou & Cheung, "Projection-free Online ERM with Privacy-preserving and Privacy Expiration"; Kasiviswanathan, Nissim & Jin, "Private Incremental Regression") and the
 incremental regression mechanisms (§4–§6). Everything here is public geometry: no data, no noise,
 so nothing in this module affects privacy (all uses are post-processing of private releases).
 
@@ -17,10 +17,10 @@ set                           projection       LLO, ρ        D (diam.)    R_C =
 ``Polytope.from_halfspaces``  none             LP, √d       LP bounds    LP bounds
 ============================  ===============  ============  ===========  ================
 
-A *local linear oracle* ``llo(x, r, c)`` (seed 002, §3.2 of the spec) returns ``p ∈ P`` with
+A *local linear oracle* ``llo(x, r, c)`` (Lou & Cheung, "Projection-free Online ERM with Privacy-preserving and Privacy Expiration") returns ``p ∈ P`` with
 ``⟨p, c⟩ ≤ min{⟨y, c⟩ : y ∈ P, ‖y − x‖₂ ≤ r}`` and ``‖p − x‖₂ ≤ ρ r``, ``ρ = c_P √d``. Each oracle
 here is the exact minimiser of ``⟨·, c⟩`` over a relaxation that contains ``B(x, r) ∩ P`` (so the
-first property holds) and whose size gives the second ([O-4]).
+first property holds) and whose size gives the second.
 
 :func:`make_convex_set` parses a declarative spec (``{"kind": "l1_ball", "radius": 1.0}``, ...);
 unknown or non-convex kinds and empty sets raise ``ValueError``.
@@ -50,7 +50,7 @@ __all__ = [
     "simplex_greedy_llo",
 ]
 
-_WIDTH_DRAWS = 10_000  # Monte Carlo draws for Gaussian widths without a closed form ([O-14])
+_WIDTH_DRAWS = 10_000  # Monte Carlo draws for Gaussian widths without a closed form
 _WIDTH_SEED = 20_240_002  # fixed, public, data-independent
 
 
@@ -70,7 +70,7 @@ def _dimension(dim: Any) -> int:
 
 
 def project_simplex(v: np.ndarray, radius: float = 1.0) -> np.ndarray:
-    """Euclidean projection of ``v`` onto ``{x >= 0, Σx = radius}`` (sort-based, spec §0).
+    """Euclidean projection of ``v`` onto ``{x >= 0, Σx = radius}`` (sort-based).
 
     Sort descending, find the largest k with ``u_k > (Σ_{i<=k} u_i − R)/k``, subtract that
     threshold, clip at 0. ``v`` may be ``(d,)`` or ``(n, d)`` (rows projected independently).
@@ -88,7 +88,7 @@ def project_simplex(v: np.ndarray, radius: float = 1.0) -> np.ndarray:
 
 
 def simplex_greedy_llo(x: np.ndarray, c: np.ndarray, mass: float) -> np.ndarray:
-    """The simplex oracle's greedy move (spec §3.2): remove a total ``mass`` from the coordinates in
+    """The simplex oracle's greedy move: remove a total ``mass`` from the coordinates in
     decreasing order of ``c`` (ties: lowest index first), taking ``min(p_j, remaining)`` from each,
     and add it to ``argmin c`` (lowest index on ties). Exact minimiser of ``⟨p, c⟩`` over
     ``{p in the simplex through x, ‖p − x‖₁ <= 2·mass}`` when ``mass <= Σx``."""
@@ -141,7 +141,7 @@ class ConvexSet(abc.ABC):
         raise NotImplementedError(f"{self.kind} has no Minkowski functional here")
 
     def gaussian_width(self) -> float:
-        """``w(C) = E sup_{θ∈C} ⟨θ, g⟩``, ``g ~ N(0, I_d)`` ([O-14])."""
+        """``w(C) = E sup_{θ∈C} ⟨θ, g⟩``, ``g ~ N(0, I_d)``."""
         g = np.random.default_rng(_WIDTH_SEED).standard_normal((_WIDTH_DRAWS, self.dim))
         return float(np.mean(self._support(g)))
 

@@ -1,6 +1,6 @@
 """Private online convex optimisation with privacy expiration: WDP-COCOP and WDP-COCOL.
 
-Seed 002 (Lou & Cheung), Algorithms 1 and 2; spec ``online-and-incremental-regression.md`` §1–§3.
+Lou & Cheung, "Projection-free Online ERM with Privacy-preserving and Privacy Expiration", Algorithms 1 and 2.
 Both are private *follow the approximate leader* (FTAL): the only private quantity, the running
 sum of (clipped) gradients ``g_t = Σ_{τ<=t} clip(∇f_τ(x̂_τ), L)``, comes from the foundation's
 :class:`~beam_dp.mechanisms.window_tree.WindowTreeSum`; everything released is post-processing
@@ -8,18 +8,18 @@ of the tree's estimates ``ĝ_t`` and public quantities.
 
 Guarantee
 ---------
-*Window DP, event level* (neighbouring streams differ in one record; one record per step, [O-7]):
+*Window DP, event level* (neighbouring streams differ in one record; one record per step):
 window ε-DP with Gamma/K-norm node noise (``noise="gamma"``, Option I) or window (ε, δ)-DP with
-Gaussian node noise (``noise="gaussian"``, Option II, seed 002 eq. 16, certified by the analytic
+Gaussian node noise (``noise="gaussian"``, Option II, Lou & Cheung, "Projection-free Online ERM with Privacy-preserving and Privacy Expiration" eq. 16, certified by the analytic
 Gaussian test). A record is protected while fewer than ``B = 2^⌈log₂ W⌉ >= W`` later steps have
 been released. **Expired records are effectively published**: from ``B`` steps after a record on,
-its clipped gradient enters every later ``ĝ_t`` without noise (tree spec [T-9]); deploy only where
+its clipped gradient enters every later ``ĝ_t`` without noise; deploy only where
 old data may become public. ``epsilon_spent`` on each release is the tree's worst per-record spend
 so far (at most ε, reached once ``t >= 2^{L_W − 1}``).
 
-Sensitivity ([O-1]): the tree is fed ``v_t = clip(∇f_t(x̂_t), L)``; ``x̂_t`` depends only on earlier
+Sensitivity: the tree is fed ``v_t = clip(∇f_t(x̂_t), L)``; ``x̂_t`` depends only on earlier
 releases, so neighbours differ in one ``v_t`` by at most ``2L``. The tree gets
-``Δ₂ = max(2L, L + μD)`` (seed 002 uses ``L + μD``; equal when ``μD >= L``, never below the true
+``Δ₂ = max(2L, L + μD)`` (Lou & Cheung, "Projection-free Online ERM with Privacy-preserving and Privacy Expiration" uses ``L + μD``; equal when ``μD >= L``, never below the true
 bound). Node scale: Gamma ``c_W = Δ₂(⌈log₂W⌉+1)/ε``, Gaussian ``σ_W² = 8Δ₂²(⌈log₂W⌉+1)² ln²(2/δ)/ε²``.
 
 Steps
@@ -27,8 +27,8 @@ Steps
 Step ``t``: receive record ``z_t = (a_t, b_t)`` (features clipped to ``‖a‖ <= 1``), feed ``v_t``,
 get ``ĝ_t``, ``S_t = S_{t−1} + x̂_t`` (public), then
 
-* COCOP: ``x̂_{t+1} = Π_C((S_t − ĝ_t/μ)/t)`` (the exact FTAL minimiser, [O-2]);
-* COCOL: ``c_t = ĝ_t + μ((t + C_0)x̂_t − S_t − C_0 x_1)`` ([O-3]), ``p̂_t = LLO(x̂_t, r_t, c_t)``,
+* COCOP: ``x̂_{t+1} = Π_C((S_t − ĝ_t/μ)/t)`` (the exact FTAL minimiser);
+* COCOL: ``c_t = ĝ_t + μ((t + C_0)x̂_t − S_t − C_0 x_1)``, ``p̂_t = LLO(x̂_t, r_t, c_t)``,
   ``x̂_{t+1} = (1 − α)x̂_t + α p̂_t`` with the paper's constants (§3.3) unless overridden
   (``meta["paper_constants"] = False`` then).
 
@@ -66,7 +66,7 @@ class OnlineRecord:
 
 @dataclass(frozen=True)
 class OnlineLoss:
-    """A loss family ``f(x; a, b)`` (spec §1 table), μ-strongly convex and L-Lipschitz on ``C``.
+    """A loss family ``f(x; a, b)``, μ-strongly convex and L-Lipschitz on ``C``.
 
     * ``"logistic"``: ``ln(1 + e^{−b⟨a,x⟩}) + (μ/2)‖x‖²``, ``b ∈ {−1, +1}``, ``L = 1 + μR_C``;
     * ``"squared"``: ``½(⟨a,x⟩ − b)² + (μ/2)‖x‖²``, ``|b| <= 1`` (clipped), ``L = (R_C + 1) + μR_C``;
@@ -223,7 +223,7 @@ class _PrivateFTAL:
         return OnlineState(wire.stream, wire.t, wire.x, wire.S, self.tree.decode_state(wire.tree.tobytes()))
 
     def merge_blocks(self, items: list) -> OnlineRecord:
-        """One record per step ([O-7]): a step is exactly one buffered record."""
+        """One record per step: a step is exactly one buffered record."""
         if len(items) != 1:
             raise ValueError(f"online learners take exactly one record per step, got {len(items)}")
         return items[0]
@@ -297,7 +297,7 @@ class _PrivateFTAL:
 
 
 class WDPCOCOP(_PrivateFTAL):
-    """WDP-COCOP (seed 002, Algorithm 1): private FTAL with projection onto ``C``.
+    """WDP-COCOP (Lou & Cheung, "Projection-free Online ERM with Privacy-preserving and Privacy Expiration", Algorithm 1): private FTAL with projection onto ``C``.
 
     Guarantee and spend: see the module docstring (window ε-DP / (ε, δ)-DP over the last
     ``B = 2^⌈log₂W⌉`` steps, event level, one record per step; expired records are published).
@@ -316,15 +316,15 @@ class WDPCOCOP(_PrivateFTAL):
 
 
 class WDPCOCOL(_PrivateFTAL):
-    """WDP-COCOL (seed 002, Algorithm 2): projection-free private FTAL with one local linear oracle
+    """WDP-COCOL (Lou & Cheung, "Projection-free Online ERM with Privacy-preserving and Privacy Expiration", Algorithm 2): projection-free private FTAL with one local linear oracle
     call per step on a polytope ``P`` (simplex, L1 ball, box, vertex/halfspace polytope).
 
-    Constants (spec §3.3; ``ρ = c_P√d`` from the set, ``ℓ_W = max(1, ⌈log₂W⌉)`` [O-5], ``β`` only
-    shapes step sizes [O-6]): ``α = 1/(5ρ²)``, ``C_0 = (25ρ²)²``,
+    Constants (``ρ = c_P√d`` from the set, ``ℓ_W = max(1, ⌈log₂W⌉)``, ``β`` only
+    shapes step sizes): ``α = 1/(5ρ²)``, ``C_0 = (25ρ²)²``,
     ``C_W = 2α d ℓ_W^{1.5} ln(d/β)/((1−α)ε)`` (Gamma) or ``2α √d ℓ_W^{1.5} ln(1/β)/((1−α)ε)``
     (Gaussian), ``C_1 = 26ρ²(L + μD)(1 + C_W)``, ``η_t = C_1²/(μ(t + C_0))``,
     ``r_t = √(4η_t/(μ(t + C_0)) + 2(L + μD)/(μ(t + C_0)))``. ``alpha``/``C0`` may be overridden
-    (privacy-neutral); releases then carry ``meta["paper_constants"] = False`` ([O-18]).
+    (privacy-neutral); releases then carry ``meta["paper_constants"] = False``.
     Same guarantee as WDP-COCOP; every ``x̂_{t+1}`` is a convex combination of points of ``P``.
     """
 
@@ -358,7 +358,7 @@ class WDPCOCOL(_PrivateFTAL):
         self.C1 = 26.0 * rho2 * self.G * (1.0 + self.CW)
 
     def schedule(self, t: int) -> tuple[float, float]:
-        """``(η_t, r_t)`` of spec §3.3."""
+        """``(η_t, r_t)``"""
         denom = self.mu * (t + self.C0)
         eta = self.C1**2 / denom
         return eta, math.sqrt(4.0 * eta / denom + 2.0 * self.G / denom)

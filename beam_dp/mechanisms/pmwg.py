@@ -1,13 +1,13 @@
-"""PMWG: private multiplicative weights for growing databases (spec ``growing-databases.md`` §1).
+"""PMWG: private multiplicative weights for growing databases (Cummings et al., "Differential Privacy for Growing Databases").
 
-Setting (spec §0.1). Universe 𝒳 = {0, …, N−1}; one element arrives per time step, so t is both the
+Setting. Universe 𝒳 = {0, …, N−1}; one element arrives per time step, so t is both the
 time and the database size; the analysis starts at the public size ``n``. A linear query
 ``f ∈ [0,1]^N`` asked at size t is answered against ``x_t = counts/t``; on ``x_t`` it has L1
 sensitivity ``1/t`` (substitution of one element). Neighbouring streams differ in one entry from
 some time ``t* ≥ n`` on (an element that arrived before n counts as ``t* = n``).
 
-Mechanism (spec §1.3–1.5; the dynamic subroutine, the noise function and the constants are the
-spec's reconstruction, "ours" [G-1]):
+Mechanism (the dynamic subroutine, the noise function and the constants are the
+our reconstruction, "ours"):
 
 * public histogram ``y``: uniform at t = n; *uniform mixing* ``y ← ((t−1)/t)·y + 1/(tN)`` on every
   arrival (uses only the public arrival count); a multiplicative-weights step with learning rate
@@ -91,7 +91,7 @@ def _check_int(name: str, value: Any, low: int) -> int:
     return int(value)
 
 
-# -- accuracy bookkeeping (spec §1.5) ----------------------------------------------------------
+# -- accuracy bookkeeping ----------------------------------------------------------
 def hard_query_bound(t: int | np.ndarray, N: int, n: int, alpha: float) -> np.ndarray:
     """H(t) of paper Lemma 6 / Corollary 7: the most hard queries up to size t on the good event."""
     t_arr = np.atleast_1d(np.asarray(t, dtype=np.int64))
@@ -103,7 +103,7 @@ def hard_query_bound(t: int | np.ndarray, N: int, n: int, alpha: float) -> np.nd
 
 
 def default_xi_n(N: int, n: int, epsilon: float, alpha: float, delta: float = 0.0, a: float = 0.5) -> float:
-    """ξ_n of spec §1.5 (ours): the accountant never refuses while the subroutine is α/3-accurate."""
+    """ξ_n (ours): the accountant never refuses while the subroutine is α/3-accurate."""
     c = 36.0 / alpha**2
     if delta == 0.0:
         K = 1.0 + c * (math.log(N) + (math.log(N * n) + 2.0) / (1.0 - a) + 1.0 / (1.0 - a) ** 2)
@@ -125,9 +125,9 @@ def relative_entropy(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return terms.sum(axis=-1)
 
 
-# -- the dynamic NumericSparse subroutine (spec §1.4, §1.8) ------------------------------------
+# -- the dynamic NumericSparse subroutine ------------------------------------
 class DynamicNumericSparse:
-    """Dynamic NumericSparse over 1/t-sensitive queries with a time-rescaled threshold (ours, spec §1.4).
+    """Dynamic NumericSparse over 1/t-sensitive queries with a time-rescaled threshold (ours).
 
     Noise function ``ξ_t = ξ_n (n/t)^a``; normalised sensitivity ``s_t = 1/(t ξ_t)``. A segment opened
     at t0 costs at most ``2.25·s_{t0}`` (AboveThreshold ``2 s`` plus the numeric answer ``s/4``); the
@@ -161,7 +161,7 @@ class DynamicNumericSparse:
         return total + cost if self.delta == 0.0 else total + cost * cost
 
     def allows(self, total: float, t: int) -> bool:
-        """May a segment open at t? (the filter of spec §1.5; public inputs only)."""
+        """May a segment open at t? (the filter; public inputs only)."""
         return self.spent(self.charged(total, self.segment_cost(t))) <= self.epsilon
 
     # keyed draws, each key used once
@@ -196,7 +196,7 @@ class GrowingBlock:
 
 class GrowingQueryMechanism(abc.ABC):
     """Drives a growing-database mechanism: absorb elements one size at a time, answer each query
-    exactly when the database has its size ``t`` (spec §5). Subclasses implement ``init_state``,
+    exactly when the database has its size ``t``. Subclasses implement ``init_state``,
     ``_absorb`` (a chunk of elements, returning releases of runs it triggers) and ``_answer``."""
 
     name: str
@@ -264,7 +264,7 @@ class GrowingQueryMechanism(abc.ABC):
 # -- PMWG ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PMWGState:
-    """PMWG state (spec §1.2). ``counts`` and ``z`` are private; ``y`` and everything else is public.
+    """PMWG state. ``counts`` and ``z`` are private; ``y`` and everything else is public.
 
     ``segments``: (k, 2) int64 rows ``(t0, closing size or -1 while open)``; ``total``: the
     accountant (pure: Σ costs; δ > 0: S = Σ costs²); ``seq``: queries answered so far."""
@@ -287,10 +287,10 @@ class PMWGState:
 
 
 class PMWG(GrowingQueryMechanism):
-    """Private multiplicative weights for growing databases (spec §1; see the module docstring).
+    """Private multiplicative weights for growing databases (see the module docstring).
 
     Parameters: ``universe_size`` N ≥ 2, starting size ``n`` ≥ 1, ``epsilon`` > 0, ``delta`` ∈ [0, 1),
-    accuracy ``alpha`` ∈ (0, 1], noise-decay exponent ``a`` ∈ [0, 1), ``xi_n`` (default spec §1.5).
+    accuracy ``alpha`` ∈ (0, 1], noise-decay exponent ``a`` ∈ [0, 1), ``xi_n`` (default).
     Per-element spend: at most the accountant total, reported as ``epsilon_spent`` (≤ ε always).
     """
 
@@ -338,7 +338,7 @@ class PMWG(GrowingQueryMechanism):
                          t0=0, z=0.0, segment_index=0, total=0.0, hard_count=0, beta_bound=0.0, seq=0,
                          segments=np.zeros((0, 2), np.int64))
 
-    # -- arrivals (spec §1.3): public mixing, one numpy operation per chunk --------------------
+    # -- arrivals: public mixing, one numpy operation per chunk --------------------
     def _absorb(self, state: PMWGState, elements: np.ndarray, noise: NoiseSource) -> tuple[PMWGState, list[Release]]:
         k = len(elements)
         if k == 0:
@@ -358,7 +358,7 @@ class PMWG(GrowingQueryMechanism):
                 y = (start * y + (t_new - start) / N) / t_new
         return replace(state, t=t_new, counts=counts, y=y), []
 
-    # -- queries (spec §1.4) -------------------------------------------------------------------
+    # -- queries -------------------------------------------------------------------
     def _spend(self, state: PMWGState) -> tuple[float, float]:
         eps = self.sub.spent(state.total)
         return eps, (self.delta if (self.delta > 0 and state.total > 0) else 0.0)
@@ -425,7 +425,7 @@ class PMWG(GrowingQueryMechanism):
                        meta={"t": state.t, "kind": "synthetic_histogram", "hard_count": state.hard_count})
 
     def element_spend(self, state: PMWGState, t_star: np.ndarray) -> np.ndarray:
-        """Per-element ε spend recomputed from the segment log (spec §1.5, ledger), vectorised over t*."""
+        """Per-element ε spend recomputed from the segment log (ledger), vectorised over t*."""
         ts = np.maximum(np.asarray(t_star, dtype=np.int64), self.n)
         if len(state.segments) == 0:
             return np.zeros(ts.shape)
@@ -442,7 +442,7 @@ class PMWG(GrowingQueryMechanism):
 
 def greedy_worst_case_spend(N: int, n: int, alpha: float, epsilon: float, horizon: int, *, delta: float = 0.0,
                             a: float = 0.5, xi_n: float | None = None) -> float:
-    """ε spent by the accountant's worst case up to ``horizon`` (spec §6 check 7): hard queries as
+    """ε spent by the accountant's worst case up to ``horizon``: hard queries as
     early as H(t) allows, each segment opening at the previous hard query (the first at n), plus the
     segment open at the end."""
     xi_n = default_xi_n(N, n, epsilon, alpha, delta, a) if xi_n is None else xi_n

@@ -1,18 +1,18 @@
 """Private incremental regression: PRIVINCERM, PRIVINCREG₁, PRIVINCREG₂ and NOISYPROJGRAD.
 
-Seed 004 (Kasiviswanathan, Nissim, Jin): Mechanism 1, Algorithms 2 and 3, Appendix C;
-spec ``online-and-incremental-regression.md`` §4–§7. At every step ``t`` the mechanisms release
+Kasiviswanathan, Nissim & Jin, "Private Incremental Regression": Mechanism 1, Algorithms 2 and 3, Appendix C;
+At every step ``t`` the mechanisms release
 ``θ_t ∈ C`` approximately minimising the least-squares loss ``L(θ; Γ_t) = Σ_{i<=t}(y_i − ⟨x_i, θ⟩)²``.
 
 Neighbours and normalisation
 ----------------------------
 Event level: neighbouring streams differ in one record ``(x, y)`` (replace-one). Every record is
-normalised before it touches state ([O-11]): ``x ← x/max(1, ‖x‖)``, ``y ← clip(y, −1, 1)``. A step
+normalised before it touches state: ``x ← x/max(1, ‖x‖)``, ``y ← clip(y, −1, 1)``. A step
 may hold several records (event-time steps or blocks); the trees sum them.
 
 * :class:`PrivIncReg1` — two Gaussian tree mechanisms (foundation :func:`make_tree_sum`, purposes
   ``"tree-q"`` and ``"tree-Q"``, so they never share noise) over ``x·y ∈ R^d`` and ``x xᵀ`` flattened
-  row-major to ``R^{d²}``; both have ``Δ₂ = 2`` (Frobenius for the matrix, [T-14]) and budget
+  row-major to ``R^{d²}``; both have ``Δ₂ = 2`` (Frobenius for the matrix) and budget
   ``(ε/2, δ/2)``: **(ε, δ)-DP forever**. The private gradient ``g_t(θ) = 2(Q̂_t θ − q̂_t)`` is
   post-processing; ``θ_t = NOISYPROJGRAD`` with the spec's ``α_t``, ``L_t``, ``r_t`` (capped at
   ``r_max``) and a warm start.
@@ -20,7 +20,7 @@ may hold several records (event-time steps or blocks); the trees sum them.
   solved over ``ΦC`` and lifted back to ``C`` by the Minkowski functional (L1/L2 balls).
   **(ε, δ)-DP forever**; Φ is public (fixed seed, data-independent).
 * :class:`PrivIncERM` — reruns an (ε′, δ′)-DP batch solver every ``τ`` steps on all records so
-  far; ``ε′ = ε/(2√(2l ln(2/δ)))``, ``δ′ = δ/(2l)``, ``l = ⌈T/τ⌉`` (advanced composition, seed 004
+  far; ``ε′ = ε/(2√(2l ln(2/δ)))``, ``δ′ = δ/(2l)``, ``l = ⌈T/τ⌉`` (advanced composition, Kasiviswanathan, Nissim & Jin, "Private Incremental Regression"
   Thm A.4 with ``δ* = δ/2``): **(ε, δ)-DP over the horizon T**. Default solver: noisy projected
   gradient descent (zCDP), whose composition is reported exactly (jointly Gaussian).
 
@@ -98,12 +98,12 @@ def noisy_proj_grad(
     start: np.ndarray,
     start_aux: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """NOISYPROJGRAD (seed 004 App. C): ``θ_{k+1} = Π(θ_k − η g(θ_k))`` for ``k = 1..r``; returns the
+    """NOISYPROJGRAD (Kasiviswanathan, Nissim & Jin, "Private Incremental Regression" App. C): ``θ_{k+1} = Π(θ_k − η g(θ_k))`` for ``k = 1..r``; returns the
     average of ``θ_1..θ_r`` (the last iterate is not averaged) and the average of the projection's
     auxiliary outputs (PRIVINCREG₂'s preimages; ``None`` if unused).
 
     ``project(v, aux) -> (point, aux)`` gets the current aux as a warm start. Guarantee (Prop. C.1
-    with the safe constants of [O-12]): if ``‖g − ∇f‖ <= α`` on C, f convex and L-Lipschitz on C,
+    with the safe constants of): if ``‖g − ∇f‖ <= α`` on C, f convex and L-Lipschitz on C,
     ``η = R_C/(√r (α + L))``: ``f(θ̄) − f* <= 2.5 R_C (L + α)/√r + 2α R_C``.
     """
     theta, aux = start, start_aux
@@ -226,15 +226,15 @@ class RegState:
 
 
 class PrivIncReg1(_RegressionBase):
-    """PRIVINCREG₁ (seed 004, Algorithm 2): tree-maintained private gradient + NOISYPROJGRAD.
+    """PRIVINCREG₁ (Kasiviswanathan, Nissim & Jin, "Private Incremental Regression", Algorithm 2): tree-maintained private gradient + NOISYPROJGRAD.
 
-    Guarantee: (ε, δ)-DP, event level (replace one record), forever (``horizon=None``: hybrid trees,
-    [O-16]) or up to ``horizon`` (plain trees, steps beyond it refused). Each tree is Gaussian at
+    Guarantee: (ε, δ)-DP, event level (replace one record), forever (``horizon=None``: hybrid trees)
+    or up to ``horizon`` (plain trees, steps beyond it refused). Each tree is Gaussian at
     ``(ε/2, δ/2)`` with ``Δ₂ = 2`` (``sigma_tree_004`` certified by the analytic Gaussian test, or the
     exact sigma with ``calibration="analytic"``); ``epsilon_spent``/``delta_spent`` add the two trees'
     spends (basic composition).
 
-    Per step (spec §5): ``u = √(2 ln(2/β))``, ``s² = noise_var(t)`` of each tree,
+    Per step: ``u = √(2 ln(2/β))``, ``s² = noise_var(t)`` of each tree,
     ``α_t = 2R_C s_Q(2√d + u) + 2 s_q(√d + u)`` (w.p. ``1 − β`` the gradient error on C is below it),
     ``L_t = 2t(R_C + 1)``, ``r_t = min(r_max, ⌈(1 + L_t/α_t)²⌉)``, ``η_t = R_C/(√r_t(α_t + L_t))``,
     ``θ_t = NOISYPROJGRAD(C, g_t, r_t, η_t, θ_{t−1})`` (first start ``Π_C(0)``). Meta carries
@@ -317,7 +317,7 @@ class PrivIncReg1(_RegressionBase):
 
     # -- accuracy schedule (public: depends on t and the trees' noise variances only) --------------
     def schedule(self, t: int) -> dict:
-        """``alpha_t, L_t, r_t, eta_t`` of spec §5 at step ``t``."""
+        """``alpha_t, L_t, r_t, eta_t`` at step ``t``."""
         m, R = self.m, self.space_radius
         s_q = math.sqrt(self.tree_q.noise_var(t))
         s_Q = math.sqrt(self.tree_Q.noise_var(t))
@@ -374,14 +374,14 @@ def gaussian_width(domain: Any, dim: int) -> float:
 
 
 class PrivIncReg2(PrivIncReg1):
-    """PRIVINCREG₂ (seed 004, Algorithm 3): PRIVINCREG₁ on Gaussian-projected inputs, lifted back.
+    """PRIVINCREG₂ (Kasiviswanathan, Nissim & Jin, "Private Incremental Regression", Algorithm 3): PRIVINCREG₁ on Gaussian-projected inputs, lifted back.
 
     Guarantee: as :class:`PrivIncReg1` ((ε, δ)-DP, event level; trees in dimensions ``m`` and
     ``m²`` with ``Δ₂ = 2`` since ``‖Φx̃‖ = ‖x‖ <= 1``). ``Φ ∈ R^{m×d}`` has i.i.d. ``N(0, 1/m)`` entries
     from the public seed ``phi_seed`` (privacy does not need it secret; utility needs it
     data-independent).
 
-    ``m`` (spec §6): ``W = w(X) + w(C)``, ``γ = (W/T)^{1/3}``, ``m = ⌈c_m max(W², ln(T/β))/γ²⌉``; if that
+    ``m``: ``W = w(X) + w(C)``, ``γ = (W/T)^{1/3}``, ``m = ⌈c_m max(W², ln(T/β))/γ²⌉``; if that
     is ``>= d`` or ``> m_max`` it is capped at ``min(d − 1, m_max)`` and ``meta["m_capped"]`` is set.
     ``m`` may be given; use :func:`make_incremental_regression` to fall back to PRIVINCREG₁ when
     ``m >= d``. Constraint: L1 or L2 ball (the lift needs their Minkowski functional). Releases carry
@@ -464,7 +464,7 @@ class PrivIncReg2(PrivIncReg1):
         return self.phi @ u, u
 
     def project_space(self, v: np.ndarray, warm: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """``Π_{ΦC}(v) = Φu*``, ``u* = argmin_{u∈C} ‖Φu − v‖²``; returns ``(Φu*, u*)`` (spec §6)."""
+        """``Π_{ΦC}(v) = Φu*``, ``u* = argmin_{u∈C} ‖Φu − v‖²``; returns ``(Φu*, u*)``."""
         C = self.constraint
         if isinstance(C, L2Ball):
             w = self._U.T @ v
@@ -521,7 +521,7 @@ class PrivIncReg2(PrivIncReg1):
 # PRIVINCERM
 # ---------------------------------------------------------------------------------------------
 def advanced_composition(k: int, epsilon: float, delta: float, delta_star: float) -> tuple[float, float]:
-    """Seed 004 Thm A.4: ``k`` adaptive (ε, δ)-DP calls are
+    """Kasiviswanathan, Nissim & Jin, "Private Incremental Regression" Thm A.4: ``k`` adaptive (ε, δ)-DP calls are
     ``(ε√(2k ln(1/δ*)) + 2kε², kδ + δ*)``-DP (stated for ``ε <= 1``)."""
     if k == 0:
         return 0.0, 0.0
@@ -540,10 +540,10 @@ def tau_schedule(
     width: float | None = None,
     curvature: float | None = None,
 ) -> int:
-    """τ of seed 004 Theorem 3.1 (spec §4 table), clamped to ``[1, T]``.
+    """τ of Kasiviswanathan, Nissim & Jin, "Private Incremental Regression" Theorem 3.1, clamped to ``[1, T]``.
 
     ``convex``: ``⌈(Td)^{1/3}/ε^{2/3}⌉``; ``strongly_convex``: ``⌈√(dL)/(ν^{1/2} ε R_C^{1/2})⌉``;
-    ``gaussian_width``: ``⌈√(T w(C)) C_j^{1/4}/((L R_C)^{1/4} ε^{1/2})⌉`` ([O-10]).
+    ``gaussian_width``: ``⌈√(T w(C)) C_j^{1/4}/((L R_C)^{1/4} ε^{1/2})⌉``.
     """
     T = _check_int("horizon", horizon)
     if case == "convex":
@@ -562,7 +562,7 @@ def tau_schedule(
 
 
 class NoisyGradientDescent:
-    """Default PRIVINCERM batch solver (spec §4): full-batch noisy projected gradient descent.
+    """Default PRIVINCERM batch solver: full-batch noisy projected gradient descent.
 
     ``(ε′, δ′)``-DP for least squares on normalised records: ``ρ′ = (√(ln(1/δ′) + ε′) − √ln(1/δ′))²``,
     ``σ = 2L√(K/(2ρ′))``; each of the ``K`` iterations adds ``N(0, σ² I_d)`` to a sum of gradients
@@ -621,11 +621,11 @@ class ERMState:
 
 
 class PrivIncERM(_RegressionBase):
-    """PRIVINCERM (seed 004, Mechanism 1): rerun a private batch ERM every ``τ`` steps.
+    """PRIVINCERM (Kasiviswanathan, Nissim & Jin, "Private Incremental Regression", Mechanism 1): rerun a private batch ERM every ``τ`` steps.
 
     Guarantee: (ε, δ)-DP, event level, for a stream of at most ``horizon`` steps (more are refused).
     ``l = ⌈T/τ⌉`` calls at ``ε′ = ε/(2√(2l ln(2/δ)))``, ``δ′ = δ/(2l)``; the constructor requires
-    ``ε′ <= 1`` and ``ε <= 2 ln(2/δ)`` (the conditions of the composition theorem, [O-9]).
+    ``ε′ <= 1`` and ``ε <= 2 ln(2/δ)`` (the conditions of the composition theorem).
     ``epsilon_spent`` after ``k`` calls: Thm A.4 ``(ε′√(2k ln(2/δ)) + 2kε′², kδ′ + δ/2)`` for any
     solver; for the default solver the exact composition of its ``kK`` Gaussian iterations
     (μ = 2L√(kK)/σ, analytic conversion at δ) when smaller. Before the first call: ``θ_0``, spend 0.
@@ -735,7 +735,7 @@ class PrivIncERM(_RegressionBase):
 
 def make_incremental_regression(algorithm: Literal["privincreg1", "privincreg2", "privincerm"], **kwargs: Any):
     """The regression mechanism named ``algorithm``; PRIVINCREG₂ with an explicit ``m >= dim`` falls
-    back to PRIVINCREG₁ (no reduction, spec §6)."""
+    back to PRIVINCREG₁ (no reduction)."""
     if algorithm == "privincreg1":
         return PrivIncReg1(**kwargs)
     if algorithm == "privincreg2":

@@ -1,4 +1,4 @@
-"""Black-box schedulers for growing databases: BBScheduler and BBImprover (spec growing-databases §2–4).
+"""Black-box schedulers for growing databases: BBScheduler and BBImprover (Cummings et al., "Differential Privacy for Growing Databases").
 
 A **(p, g)-black box** (paper Definition 4) is an ε-DP algorithm ``M(x, ε, α, β, t)`` whose output
 answers every query of its class within α with probability ≥ 1 − β whenever
@@ -12,12 +12,12 @@ answers every query of its class within α with probability ≥ 1 − β wheneve
 
 Provided: :class:`LaplaceHistogram` (discrete Laplace integer counts, an exact (1, 2N(1+ln 2N)) box, the
 certified substitute),
-:class:`SmallDB` (exact (1/3, g) box, exponential: tiny instances only [G-4]) and :class:`MWEM`
-(no certified (p, g): accuracy claims empirical only [G-5]).
+:class:`SmallDB` (exact (1/3, g) box, exponential: tiny instances only) and :class:`MWEM`
+(no certified (p, g): accuracy claims empirical only).
 
-**BBScheduler** (spec §3) runs M at epochs ``t_i = ⌈(1+γ)^i n⌉`` on the whole database with
+**BBScheduler** runs M at epochs ``t_i = ⌈(1+γ)^i n⌉`` on the whole database with
 ``ε_i, α_i, β_i``; a query at size t is answered by the latest run with ``t_i ≤ t``. δ = 0: ``Σ ε_i = ε``
-(basic composition); δ > 0: ``Σ ε_i² = S_tot`` (CDP). **BBImprover** (spec §4) runs M at every size
+(basic composition); δ > 0: ``Σ ε_i² = S_tot`` (CDP). **BBImprover** runs M at every size
 ``t ≥ n`` with ``ε_t² = S_tot ln(n−1)(1/ln(t−1) − 1/ln t)`` (telescoping, Σ < S_tot), (ε, δ)-DP. Its runs
 are evaluated lazily, only at sizes where a query (or snapshot) needs them: the noise is keyed by t,
 so the output equals that of an eager run, and the accountant charges every size regardless.
@@ -106,7 +106,7 @@ class LaplaceHistogram:
     no floating-point pattern of the data (Mironov 2012). The synopsis is ``x̃ = c̃/t`` (post-processing).
 
     Answers ``clip(⟨f, x̃⟩, 0, 1)``. A discrete Laplace coordinate has ``P(|ν| > a) < 2e^{−a ε/2}``, so
-    ``‖ν‖₁/t ≤ 2N ln(2N/β)/(ε t)`` w.p. ≥ 1−β: a (1, 2N(1 + ln 2N)) box (spec §2.2 with the factor 2 of
+    ``‖ν‖₁/t ≤ 2N ln(2N/β)/(ε t)`` w.p. ≥ 1−β: a (1, 2N(1 + ln 2N)) box (with the factor 2 of
     the discrete tail).
     """
 
@@ -133,7 +133,7 @@ class SmallDB:
 
     Range: histograms of all multisets of size ``m = ⌈ln k/α'²⌉`` (α' = α/2); output ∝ exp(ε t u/2) with
     ``u = −max_f |f(x) − f(y)|`` (sensitivity 1/t): ε-DP. (1/3, (16 ln N ln k + 4)^{1/3}) box. Exact
-    sampling by enumeration (Gumbel-max); refuses ranges above ``max_range`` [G-4]."""
+    sampling by enumeration (Gumbel-max); refuses ranges above ``max_range``."""
 
     name = "smalldb"
     p = 1.0 / 3.0
@@ -181,8 +181,8 @@ class SmallDB:
 class MWEM:
     """MWEM (Hardt–Ligett–McSherry 2012) over a finite query class (k × N), ``rounds`` T: each round
     spends ε/(2T) selecting a query (exponential mechanism, score |q(A) − q(x)|, sensitivity 1/t) and
-    ε/(2T) measuring it (Lap(2T/(ε t))); output the average of A_1…A_T. ε-DP. **No certified (p, g)**
-    [G-5]: schedule it with an explicit γ; its accuracy is empirical only."""
+    ε/(2T) measuring it (Lap(2T/(ε t))); output the average of A_1…A_T. ε-DP. **No certified (p, g)**:
+    schedule it with an explicit γ; its accuracy is empirical only."""
 
     name = "mwem"
     p = None
@@ -224,7 +224,7 @@ class MWEM:
 # -- parameter schedules -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class EpochPlan:
-    """BBScheduler's public schedule (spec §3): γ, x, the per-epoch ε_i (closed form), β_i, α_i."""
+    """BBScheduler's public schedule: γ, x, the per-epoch ε_i (closed form), β_i, α_i."""
 
     n: int
     epsilon: float
@@ -258,7 +258,7 @@ class EpochPlan:
 
 def bbscheduler_plan(*, n: int, epsilon: float, beta: float, delta: float = 0.0, p: float | None = None,
                      g: float | None = None, gamma: float | None = None) -> EpochPlan:
-    """Validate and build BBScheduler's schedule (γ from spec §3.1/§3.2 unless given)."""
+    """Validate and build BBScheduler's schedule (γ/§3.2 unless given)."""
     n = _check_int("n", n, 1)
     epsilon = _check_positive("epsilon", epsilon)
     beta = _check_positive("beta", beta, upper=math.exp(-1.0))
@@ -288,7 +288,7 @@ def bbscheduler_plan(*, n: int, epsilon: float, beta: float, delta: float = 0.0,
 
 
 def bbimprover_epsilon(t: int | np.ndarray, n: int, s_tot: float) -> np.ndarray:
-    """ε_t = √(S_tot ln(n−1) (1/ln(t−1) − 1/ln t)) for t ≥ n ≥ 3 (spec §4)."""
+    """ε_t = √(S_tot ln(n−1) (1/ln(t−1) − 1/ln t)) for t ≥ n ≥ 3."""
     t = np.asarray(t, dtype=np.float64)
     return np.sqrt(s_tot * math.log(n - 1) * (1.0 / np.log(t - 1.0) - 1.0 / np.log(t)))
 
@@ -362,7 +362,7 @@ class _Scheduler(GrowingQueryMechanism):
 
 
 class BBScheduler(_Scheduler):
-    """BBScheduler (spec §3): fixed accuracy α_i as data accumulate, runs at ``t_i = ⌈(1+γ)^i n⌉``.
+    """BBScheduler: fixed accuracy α_i as data accumulate, runs at ``t_i = ⌈(1+γ)^i n⌉``.
 
     Guarantee: ε-DP (δ = 0, Σ ε_i = ε) or (ε, δ)-DP (δ > 0, Σ ε_i² = S_tot, CDP) for neighbouring
     database streams. An element arriving at t* is in the runs with t_i ≥ t*; ``epsilon_spent`` is the
@@ -394,7 +394,7 @@ class BBScheduler(_Scheduler):
                 counts = state.counts + np.bincount(elements[done : done + take], minlength=self.universe_size)
                 state = replace(state, t=state.t + take, counts=counts)
                 done += take
-            while state.t == self.plan.epoch_time(state.next_epoch):  # equal rounded epochs all run [G-8]
+            while state.t == self.plan.epoch_time(state.next_epoch):  # equal rounded epochs all run
                 i = state.next_epoch
                 state = replace(state, next_epoch=i + 1)
                 state, rel = self._run(state, i, self.plan.epsilon_i(i), self.plan.alpha, self.plan.beta_i(i), noise)
@@ -403,7 +403,7 @@ class BBScheduler(_Scheduler):
 
 
 class BBImprover(_Scheduler):
-    """BBImprover (spec §4): a run at every size t ≥ n with ε_t (squares telescoping to < S_tot),
+    """BBImprover: a run at every size t ≥ n with ε_t (squares telescoping to < S_tot),
     β_t = βn/(t(t+1)), α_t = g (ln(1/β_t)/(ε_t t))^p. (ε, δ)-DP, δ > 0 required; ``epsilon_spent`` at
     size t is the CDP conversion of S(t) = S_tot ln(n−1)(1/ln(n−1) − 1/ln t), charged for every size
     whether or not its (lazy) run was evaluated."""

@@ -1,26 +1,26 @@
-"""Binary tree mechanisms for private continual prefix sums of vectors (spec ``tree-mechanisms.md``).
+"""Binary tree mechanisms for private continual prefix sums of vectors (Chan, Shi & Song, "Private and Continual Release of Statistics").
 
 Three mechanisms, all pure state machines over numpy (ARCHITECTURE §3):
 
-* :class:`BinaryTreeSum` (``"binary_tree"``) -- the binary tree / TREEMECH of spec §2 for a known
+* :class:`BinaryTreeSum` (``"binary_tree"``) -- the binary tree / TREEMECH for a known
   horizon ``T``; steps beyond ``T`` are refused.
-* :class:`HybridTreeSum` (``"hybrid_tree"``) -- Chan–Shi–Song's hybrid mechanism of spec §3.1 for an
-  unbounded horizon (the default, [T-5]): a logarithmic mechanism at ``ε/2`` plus one binary tree
+* :class:`HybridTreeSum` (``"hybrid_tree"``) -- Chan–Shi–Song's hybrid mechanism for an
+  unbounded horizon (the default): a logarithmic mechanism at ``ε/2`` plus one binary tree
   ``B_k`` with ``k`` levels per segment ``(2^k, 2^{k+1})`` at ``ε/2``.
-* :class:`DoublingTreeSum` (``"doubling_tree"``) -- doubling restarts of spec §3.2: block ``k`` covers
+* :class:`DoublingTreeSum` (``"doubling_tree"``) -- doubling restarts: block ``k`` covers
   steps ``[2^k, 2^{k+1} - 1]`` with its own ``k+1``-level tree at the full ``ε``; noisy roots of
   finished blocks are carried forward.
 
 :func:`make_tree_sum` picks one of them from ``horizon``/``unbounded``.
 
-Common conventions (spec §0). Steps ``t = 1, 2, ...`` are public. A step's vector is the sum of
+Common conventions. Steps ``t = 1, 2, ...`` are public. A step's vector is the sum of
 that step's contributions, each clipped to L2 norm ``R`` (``clip_bound``), so replacing one
 contribution moves one step vector by at most ``Δ₂ = 2R`` (``sensitivity``) in L2 norm (Frobenius
 for flattened matrices). Units: ``epsilon`` in nats, ``delta`` a probability, ``Δ₂``, ``R``, Gamma
 scale ``c`` and Gaussian ``sigma`` in the units of the summed vectors.
 
 A *node* is a dyadic interval of steps with one noise vector. Node noise is drawn from the
-``NoiseSource`` under a key ``(stream, purpose, (block, level, index))`` (spec §1.3, [T-4]); it is a
+``NoiseSource`` under a key ``(stream, purpose, (block, level, index))``; it is a
 pure function of that key and every node is drawn at exactly one step (the step it completes), so
 replays and retries reproduce it and a second, averageable draw cannot happen. Purposes:
 
@@ -34,10 +34,10 @@ doubling, block k   ``"doubling-<k>"``              ``(k, ℓ, i)`` for node ``N
 ==================  ==============================  =========================================
 
 The purpose prefix can be changed with ``purpose=`` (e.g. ``"tree-q"``/``"tree-Q"`` for the two
-trees of PRIVINCREG, spec §6), so that two mechanisms on the same stream and key never share noise.
+trees of PRIVINCREG), so that two mechanisms on the same stream and key never share noise.
 
 Node identifiers returned by the introspection helpers (``nodes_used``, ``nodes_noised_at``, ...):
-binary tree ``(ℓ, k)`` = spec ``N(ℓ, k)``; hybrid ``("L", j)`` for ``η_j`` and ``("B", k, ℓ, i)``;
+binary tree ``(ℓ, k)`` = TREEMECH node ``N(ℓ, k)``; hybrid ``("L", j)`` for ``η_j`` and ``("B", k, ℓ, i)``;
 doubling ``(k, ℓ, i)`` = node ``N(ℓ, i)`` of block ``k`` (in block-local steps).
 """
 
@@ -69,7 +69,7 @@ MAX_STEP = 2**62
 
 
 # ---------------------------------------------------------------------------------------------
-# bit helpers and the shared streaming tree step (spec §2.2, §2.4)
+# bit helpers and the shared streaming tree step
 # ---------------------------------------------------------------------------------------------
 def _tz(n: int) -> int:
     """Number of trailing zero bits of ``n >= 1``."""
@@ -89,7 +89,7 @@ def _floor_log2(n: int) -> int:
 
 
 def _prefix_nodes(u: int) -> list[tuple[int, int]]:
-    """Nodes ``(ℓ, k)`` whose disjoint union is ``[1..u]`` (spec §2.2), highest level first."""
+    """Nodes ``(ℓ, k)`` whose disjoint union is ``[1..u]``, highest level first."""
     return [(level, u >> level) for level in range(u.bit_length() - 1, -1, -1) if (u >> level) & 1]
 
 
@@ -101,7 +101,7 @@ def _frozen(arr: np.ndarray) -> np.ndarray:
 def _tree_step(
     clean: np.ndarray, noisy: np.ndarray, u: int, vector: np.ndarray, draw: Callable[[int, int], np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """TREEMECH step (spec §2.4) at local step ``u`` of a tree with ``clean.shape[0]`` levels.
+    """TREEMECH step at local step ``u`` of a tree with ``clean.shape[0]`` levels.
 
     ``clean[j]``/``noisy[j]`` hold the clean and noisy value of the last completed node of level ``j``
     that later prefixes may still use. Exactly one node, ``N(tz(u), u >> tz(u))``, completes with
@@ -205,7 +205,7 @@ class _TreeFamily(ContinualSumMechanism):
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True, eq=False)
 class BinaryTreeState:
-    """State of :class:`BinaryTreeSum` after ``t`` steps (spec §2.4): ``clean[j]``/``noisy[j]``,
+    """State of :class:`BinaryTreeSum` after ``t`` steps: ``clean[j]``/``noisy[j]``,
     ``j = 0..h``, are the arrays ``a``/``b`` of TREEMECH, shape ``(h+1, d)`` (``2(h+1)`` vectors)."""
 
     STATE_VERSION: ClassVar[int] = 1
@@ -216,7 +216,7 @@ class BinaryTreeState:
 
 
 class BinaryTreeSum(_TreeFamily):
-    """Binary tree mechanism (TREEMECH) for prefix sums over a known horizon ``T`` (spec §2).
+    """Binary tree mechanism (TREEMECH) for prefix sums over a known horizon ``T``.
 
     Guarantee: ``epsilon``-DP with Gamma (K-norm) noise, ``(epsilon, delta)``-DP with Gaussian noise;
     event level (neighbouring streams differ in one contribution, replace-one, ``Δ₂ = 2R``); for the
@@ -344,7 +344,7 @@ class BinaryTreeSum(_TreeFamily):
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True, eq=False)
 class HybridTreeState:
-    """State of :class:`HybridTreeSum` after ``t`` steps (spec §3.1).
+    """State of :class:`HybridTreeSum` after ``t`` steps.
 
     ``beta``: running sum of all step vectors plus the log noises ``η_0..η_j`` drawn so far;
     ``lout``: the last milestone output ``Lout(2^j)``; ``clean``/``noisy``: the TREEMECH arrays of the
@@ -362,7 +362,7 @@ class HybridTreeState:
 
 
 class HybridTreeSum(_TreeFamily):
-    """Chan–Shi–Song hybrid mechanism for prefix sums over an unbounded horizon (spec §3.1).
+    """Chan–Shi–Song hybrid mechanism for prefix sums over an unbounded horizon.
 
     Guarantee: ``epsilon``-DP (Gamma) or ``(epsilon, delta)``-DP (Gaussian), event level
     (replace-one contribution, ``Δ₂ = 2R``), forever, for every stream length, adaptive inputs allowed.
@@ -557,7 +557,7 @@ class HybridTreeSum(_TreeFamily):
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True, eq=False)
 class DoublingTreeState:
-    """State of :class:`DoublingTreeSum` after ``t`` steps (spec §3.2).
+    """State of :class:`DoublingTreeSum` after ``t`` steps.
 
     ``carry``: ``C_k``, the sum of the noisy roots of the finished blocks; ``clean``/``noisy``: the
     TREEMECH arrays of the block that step ``t + 1`` belongs to (``k + 1`` rows for block ``k``).
@@ -572,7 +572,7 @@ class DoublingTreeState:
 
 
 class DoublingTreeSum(_TreeFamily):
-    """Doubling restarts for prefix sums over an unbounded horizon (spec §3.2).
+    """Doubling restarts for prefix sums over an unbounded horizon.
 
     Guarantee: ``epsilon``-DP (Gamma) or ``(epsilon, delta)``-DP (Gaussian), event level
     (replace-one contribution, ``Δ₂ = 2R``), forever, adaptive inputs allowed.
@@ -714,7 +714,7 @@ class DoublingTreeSum(_TreeFamily):
 # ---------------------------------------------------------------------------------------------
 def make_tree_sum(*, horizon: int | None = None, unbounded: str = "hybrid", **kwargs: Any) -> ContinualSumMechanism:
     """A tree prefix-sum mechanism: :class:`BinaryTreeSum` when ``horizon`` is given, otherwise
-    :class:`HybridTreeSum` (``unbounded="hybrid"``, default, [T-5]) or :class:`DoublingTreeSum`
+    :class:`HybridTreeSum` (``unbounded="hybrid"``, default) or :class:`DoublingTreeSum`
     (``unbounded="doubling"``). ``kwargs`` go to the constructor (``dim``, ``epsilon``, ...)."""
     if unbounded not in ("hybrid", "doubling"):
         raise ValueError(f"unbounded must be 'hybrid' or 'doubling', got {unbounded!r}")

@@ -1,4 +1,4 @@
-"""A declared finite data universe 𝒳 = {0, …, N−1} and linear queries over it (spec growing-databases §0.1).
+"""A declared finite data universe 𝒳 = {0, …, N−1} and linear queries over it (Cummings et al., "Differential Privacy for Growing Databases").
 
 A :class:`Universe` is a product of fields, each mapping a raw value to a code in ``[0, size)``:
 

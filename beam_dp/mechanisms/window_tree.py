@@ -1,6 +1,6 @@
-"""Window tree mechanism: private prefix sums with privacy expiration (spec tree-mechanisms §4).
+"""Window tree mechanism: private prefix sums with privacy expiration (Chan, Shi & Song, "Private and Continual Release of Statistics").
 
-Seed 002 (Lou & Cheung, Lemmas 1 and 3, Fig. 1), built on the running sums with privacy
+Lou & Cheung, "Projection-free Online ERM with Privacy-preserving and Privacy Expiration" (Lemmas 1 and 3, Fig. 1), built on the running sums with privacy
 expiration of Bolot et al. 2013.
 
 Guarantee
@@ -11,12 +11,12 @@ a step ``t`` with ``T - t < B`` (one of the last ``B`` steps) is protected: chan
 contributions changes the probability of any event over the whole release sequence ``s_1..s_T``
 by a factor at most ``e^ε`` (Gamma / K-norm noise: window ε-DP) or ``e^ε`` plus ``δ`` (Gaussian
 noise: window (ε, δ)-DP). ``B = 2^⌈log₂ W⌉ >= W`` is the block size, so the requested window
-``W`` is protected too ([T-6]); ``Guarantee.window`` is ``B`` and ``Guarantee.window_requested``
+``W`` is protected too; ``Guarantee.window`` is ``B`` and ``Guarantee.window_requested``
 is ``W``. ε is in nats, δ is a probability.
 
 **Expired steps are published.** Once ``B`` later steps have arrived, a step has no guarantee
 at all: from the release at step ``t + B`` on, its exact value is part of the *clean* (un-noised)
-part of every release ([T-9], seed 002 Definition 6). Use this mechanism only where old data may
+part of every release (Lou & Cheung, "Projection-free Online ERM with Privacy-preserving and Privacy Expiration" Definition 6). Use this mechanism only where old data may
 become public.
 
 Construction
@@ -26,29 +26,29 @@ Block ``b >= 1`` holds steps ``(b-1)B+1 .. bB`` and carries a complete binary tr
 covering block positions ``(i-1)2^ℓ+1 .. i·2^ℓ``. A step lies in exactly ``L_W = h + 1 =
 ⌈log₂ W⌉ + 1`` nodes, all in its own block. A node's noise is drawn when it completes, keyed by
 ``(stream, "wtm", block, level, index)`` in the ``NoiseSource``, so it is a pure function of its
-key and can never be redrawn ([T-4]). The release at step ``t`` (block ``k``, position ``j``) is
+key and can never be redrawn. The release at step ``t`` (block ``k``, position ``j``) is
 
     exact sum of steps 1..t-B (blocks 1..k-2 and positions 1..j of block k-1)
     + noisy suffix of block k-1 (positions j+1..B; right children; popcount(B-j) nodes)
     + noisy prefix of block k   (positions 1..j; left children / root; popcount(j) nodes)
 
 so it uses at most ``L_W`` noisy nodes (§4.4) and the first block is a plain tree with ``L_W``
-levels ([T-12]).
+levels.
 
 Noise and spend per node
 ------------------------
 * ``noise="gamma"``: K-norm noise, ``‖n‖ ~ Gamma(d, c_W)``, uniform direction,
-  ``c_W = Δ₂ (⌈log₂ W⌉ + 1) / ε`` (seed 002 eq. 11). One node costs ``Δ₂ / c_W = ε / L_W``;
+  ``c_W = Δ₂ (⌈log₂ W⌉ + 1) / ε`` (Lou & Cheung, "Projection-free Online ERM with Privacy-preserving and Privacy Expiration" eq. 11). One node costs ``Δ₂ / c_W = ε / L_W``;
   a step is in ``L_W`` nodes, so ``L_W · ε / L_W = ε``. Per-coordinate node variance
   ``(d+1) c_W²``.
-* ``noise="gaussian"``: ``N(0, σ_W² I_d)`` with ``σ_W² = 8 Δ₂² L_W² ln²(2/δ) / ε²`` (seed 002
+* ``noise="gaussian"``: ``N(0, σ_W² I_d)`` with ``σ_W² = 8 Δ₂² L_W² ln²(2/δ) / ε²`` (Lou & Cheung, "Projection-free Online ERM with Privacy-preserving and Privacy Expiration"
   eq. 13, ``calibration="paper"``), certified by the analytic Gaussian test on the joint
   sensitivity ``Δ₂ √L_W`` (raises ``ValueError`` if it fails), or the smallest σ passing that test
   (``calibration="analytic"``). One node is a Gaussian charge ``μ = Δ₂ / σ_W``.
 
 ``Release.epsilon_spent`` is the spend of the worst step still protected: ``ε · m_t / L_W`` with
 ``m_t = min(L_W, ⌊log₂ t⌋ + 1)`` completed nodes (Gamma), or the analytic ε' at δ of ``m_t``
-Gaussian charges (``delta_spent = δ``) ([T-13]).
+Gaussian charges (``delta_spent = δ``).
 
 State
 -----
@@ -91,7 +91,7 @@ _Gather = tuple[np.ndarray, np.ndarray, np.ndarray]  # (hi, lo, noise rows) inde
 
 @dataclass(frozen=True)
 class WindowTreeState:
-    """State of one stream after ``t`` steps (spec §4.7). ``k``/``j`` below refer to step ``t + 1``.
+    """State of one stream after ``t`` steps. ``k``/``j`` below refer to step ``t + 1``.
 
     ``clean_base``  (d,)          exact sum of all blocks before the previous one;
     ``prev_prefix`` (B+1, d)      exact prefix sums of the previous block (``(0, d)`` if none);

@@ -1,12 +1,15 @@
 """Report figures from release rows (any mechanism: one schema, ``beam_dp.io.ReleaseRow``).
 
 * ``values_<mechanism>.png``: the released value (first coordinates; for mapping-valued releases,
-  the first part) per step, per stream, with a band of ``± band × meta["noise_std"]`` (the
-  per-coordinate standard deviation of the release error that each mechanism reports);
+  the first part) per step, per stream, with a band of ``± band × noise std``: the per-coordinate
+  standard deviation of the release error, ``meta["noise_std"]`` where the mechanism reports it, or
+  derived from an output-perturbed model's ``law``/``noise_scale`` (Gaussian: σ; K-norm in d
+  dimensions: √(d+1)·b). Releases without either (projected or post-processed models) are drawn
+  without a band, and the title says so;
 * ``privacy_spend.png``: ``epsilon_spent`` (and ``delta_spent`` when non-zero) per step per stream,
   with the budget as a dashed line;
-* ``accuracy.png``: where the release meta has ``accuracy`` (e.g. model-snapshot accuracy of the
-  ERM/online families), that value per step per stream;
+* ``accuracy.png``: where the release meta has an accuracy (e.g. model-snapshot accuracy; a mapping
+  of per-task accuracies, as lifelong snapshots carry, is drawn as their mean), per step per stream;
 * ``summary.json`` and one summary line: rows read, streams, steps released, dead letters.
 
 Releases hold no raw data, so the report shows nothing the releases did not already publish.
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Iterable
 
 import numpy as np
+import pyarrow as pa
 
 from beam_dp.io import read_releases
 
@@ -30,8 +34,10 @@ __all__ = ["ACCURACY_KEYS", "ReportSummary", "load_releases", "make_report"]
 
 log = logging.getLogger("beam_dp.report")
 
-#: Meta keys read as model-snapshot accuracy, first match wins.
-ACCURACY_KEYS = ("accuracy", "snapshot_accuracy", "test_accuracy")
+#: Meta keys read as model-snapshot accuracy, first numeric (or mapping of numbers) match wins.
+ACCURACY_KEYS = ("accuracy", "average_accuracy", "snapshot_accuracy", "test_accuracy")
+#: Columns every release row has (``beam_dp.io.RELEASE_SCHEMA``) that the report reads.
+REQUIRED_COLUMNS = ("stream", "step", "mechanism", "value", "epsilon_spent", "delta_spent", "epsilon_budget", "meta")
 
 
 @dataclass
@@ -67,11 +73,25 @@ def load_releases(patterns: Iterable[str], progress_every: float = 5.0) -> tuple
     rows: list[dict] = []
     last = time.monotonic()
     for i, path in enumerate(paths, 1):
-        rows.extend(read_releases(path))
+        rows.extend(_read_release_file(path))
         if time.monotonic() - last >= progress_every:
             log.info("read %d/%d files, %d rows", i, len(paths), len(rows))
             last = time.monotonic()
     return rows, len(paths)
+
+
+def _read_release_file(path: str) -> list[dict]:
+    """The rows of one release file; ``ValueError`` naming the file when it is not one."""
+    try:
+        rows = read_releases(path)
+    except (ValueError, TypeError, KeyError, OSError, pa.ArrowException) as exc:
+        raise ValueError(f"{path} is not a beam_dp release file (Parquet or JSON lines of release rows): "
+                         f"{type(exc).__name__}") from None
+    for row in rows:
+        missing = [c for c in REQUIRED_COLUMNS if c not in row]
+        if missing or not isinstance(row["meta"], dict):
+            raise ValueError(f"{path} is not a beam_dp release file: its rows lack {', '.join(missing) or 'a meta mapping'}")
+    return rows
 
 
 def _count_dead_letters(pattern: str | None, release_paths: list[str]) -> int | None:
@@ -91,10 +111,30 @@ def _first_coordinate(row: dict) -> float:
 
 
 def _noise_std(row: dict) -> float:
-    std = row["meta"].get("noise_std")
-    if std is None:
-        return float("nan")
-    return float(np.ravel(std)[0])
+    """Per-coordinate standard deviation of the release error; NaN where the release does not say."""
+    meta = row["meta"]
+    std = meta.get("noise_std")
+    if std is not None:
+        return float(np.ravel(std)[0])
+    scale, law = meta.get("noise_scale"), meta.get("law")
+    if isinstance(scale, (int, float)) and law == "gaussian":
+        return float(scale)
+    if isinstance(scale, (int, float)) and law == "gamma":  # K-norm in d dims: variance (d + 1)·b² per coordinate
+        return float(np.sqrt(len(row["value"]) + 1) * scale)
+    return float("nan")
+
+
+def _accuracy(meta: dict) -> float | None:
+    """The first accuracy in ``meta`` (a number, or the mean of a mapping of per-task numbers)."""
+    for key in ACCURACY_KEYS:
+        value = meta.get(key)
+        if isinstance(value, dict):
+            numbers = [v for v in value.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            if numbers:
+                return float(np.mean(numbers))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return None
 
 
 def _by_stream(rows: list[dict], streams: list[str]) -> dict[str, list[dict]]:
@@ -133,6 +173,7 @@ def make_report(patterns: Iterable[str], out_dir: str | Path, dead_letters: str 
     for mechanism in mechanisms:
         series = _by_stream([r for r in rows if r["mechanism"] == mechanism], streams)
         fig, ax = plt.subplots(figsize=(9, 4.5))
+        banded = unbanded = 0
         for stream, srows in series.items():
             if not srows:
                 continue
@@ -140,10 +181,17 @@ def make_report(patterns: Iterable[str], out_dir: str | Path, dead_letters: str 
             values = np.array([_first_coordinate(r) for r in srows])
             std = np.array([_noise_std(r) for r in srows])
             (line,) = ax.plot(steps, values, label=stream, lw=1.2)
-            ax.fill_between(steps, values - band * std, values + band * std, color=line.get_color(), alpha=0.15)
+            known = np.isfinite(std)
+            banded += int(known.sum())
+            unbanded += int((~known).sum())
+            if known.any():
+                ax.fill_between(steps, values - band * std, values + band * std, where=known,
+                                color=line.get_color(), alpha=0.25, label=f"{stream} ±{band:g}·noise std")
         ax.set_xlabel("step")
         ax.set_ylabel("released value (first coordinate)")
-        ax.set_title(f"{mechanism}: releases with ±{band:g}·noise_std bands")
+        ax.set_title(f"{mechanism}: " + (f"releases with ±{band:g}·noise std bands" if banded and not unbanded else
+                                         f"releases, ±{band:g}·noise std bands where the meta gives it" if banded else
+                                         "releases (no noise std in the release meta: no band)"))
         ax.legend(fontsize="small", ncol=2)
         name = f"values_{mechanism}.png"
         fig.tight_layout()
@@ -172,12 +220,11 @@ def make_report(patterns: Iterable[str], out_dir: str | Path, dead_letters: str 
     plt.close(fig)
     summary.figures.append("privacy_spend.png")
 
-    accuracy_rows = [r for r in rows if any(k in r["meta"] for k in ACCURACY_KEYS)]
+    accuracy_rows = [r for r in rows if _accuracy(r["meta"]) is not None]
     if accuracy_rows:
         fig, ax = plt.subplots(figsize=(9, 4.5))
         for (stream, mechanism), srows in sorted(_group(accuracy_rows, streams).items()):
-            key = next(k for k in ACCURACY_KEYS if k in srows[0]["meta"])
-            ax.plot([r["step"] for r in srows], [float(r["meta"][key]) for r in srows], marker=".",
+            ax.plot([r["step"] for r in srows], [_accuracy(r["meta"]) for r in srows], marker=".",
                     label=f"{stream} ({mechanism})")
         ax.set_xlabel("step")
         ax.set_ylabel("model-snapshot accuracy")

@@ -22,9 +22,11 @@ from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
+from beam_dp.core.limits import MAX_ABS_SECONDS, is_utf8
+
 __all__ = [
-    "DEAD_LETTER", "DeadLetter", "EventBatch", "Reason", "checked_stream", "coerce_value", "named_fields",
-    "parse_contribution", "parse_event", "to_micros",
+    "DEAD_LETTER", "DeadLetter", "EventBatch", "OutOfRange", "Reason", "checked_stream", "coerce_value",
+    "encodable", "named_fields", "parse_contribution", "parse_event", "timestamp_letter", "to_micros",
 ]
 
 DEAD_LETTER = "dead_letter"  # the tag of every engine's dead-letter output
@@ -44,6 +46,7 @@ class Reason:
     WRONG_SHAPE = "wrong_shape"
     NON_FINITE = "non_finite"
     LATE = "late"
+    OUT_OF_RANGE = "out_of_range"  # a number beyond the representable range (e.g. |timestamp| > 1e12 s)
     REFUSED = "refused"  # the mechanism refused a step (e.g. beyond its horizon or budget)
     # the stream reached its mechanism's public end (horizon or budget): one dead letter when it ends
     # (element None), then one per later element (element kept); its state is freed
@@ -51,13 +54,44 @@ class Reason:
     UNCLOSED = "unclosed"  # buffered for a step the input ended before (see beam_dp.steps.driver)
 
 
-class DeadLetter(NamedTuple):
-    """A rejected input: why (``reason``), a value-free explanation, and the original element."""
-
+class _DeadLetterFields(NamedTuple):
     reason: str
     detail: str
     stream: str | None
     element: Any
+
+
+class DeadLetter(_DeadLetterFields):
+    """A rejected input: why (``reason``), a value-free explanation, and the original element.
+
+    Text that Beam's coders cannot encode (lone surrogates) and integers beyond int64 in ``stream`` or
+    ``element`` are kept as escaped text (``encodable``), so any rejected input can be written out."""
+
+    __slots__ = ()
+
+    def __new__(cls, reason: str, detail: str, stream: str | None, element: Any):
+        return super().__new__(cls, reason, detail, encodable(stream), encodable(element))
+
+
+_INT64 = 2**63
+
+
+def encodable(value: Any) -> Any:
+    """``value`` with every non-UTF-8 string (lone surrogates) backslash-escaped and every integer
+    beyond int64 turned into its decimal text, inside tuples, lists and dicts; other values unchanged."""
+    if isinstance(value, str):
+        return value if is_utf8(value) else value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, int) and not isinstance(value, bool) and not -_INT64 <= value < _INT64:
+        return str(value)
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(encodable(v) for v in value)
+    if isinstance(value, dict):
+        return {encodable(k): encodable(v) for k, v in value.items()}
+    return value
+
+
+class OutOfRange(ValueError):
+    """A timestamp that is a number, but beyond ±``MAX_ABS_SECONDS`` (dead-lettered ``out_of_range``)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,25 +115,34 @@ class EventBatch:
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
 
 
+def _in_range(micros: int) -> int:
+    if abs(micros) > MAX_ABS_SECONDS * 1_000_000:
+        raise OutOfRange(f"timestamp beyond ±{MAX_ABS_SECONDS:g} s from the epoch")
+    return micros
+
+
 def to_micros(ts: Any) -> int:
-    """Event time -> integer microseconds since the epoch. Raises ``ValueError`` if unusable."""
+    """Event time -> integer microseconds since the epoch. Raises ``ValueError`` if unusable
+    (``OutOfRange`` for a time beyond ±``MAX_ABS_SECONDS``)."""
     if isinstance(ts, bool) or ts is None:
         raise ValueError("timestamp missing or boolean")
     if hasattr(ts, "micros"):  # apache_beam.utils.timestamp.Timestamp
-        return int(ts.micros)
+        return _in_range(int(ts.micros))
     if isinstance(ts, _dt.datetime):
         if ts.tzinfo is None:
             ts = ts.replace(tzinfo=_dt.timezone.utc)
-        return (ts - _EPOCH) // _dt.timedelta(microseconds=1)
+        return _in_range((ts - _EPOCH) // _dt.timedelta(microseconds=1))
     if isinstance(ts, (int, np.integer)):
-        return int(ts) * 1_000_000
+        return _in_range(int(ts) * 1_000_000)
     if isinstance(ts, (float, np.floating)):
-        if not math.isfinite(ts) or abs(ts) > 1e13:
-            raise ValueError("timestamp not finite or out of range")
-        return round(float(ts) * 1_000_000)
+        if not math.isfinite(ts):
+            raise ValueError("timestamp not finite")
+        return _in_range(round(float(ts) * 1_000_000))
     if isinstance(ts, str):
         try:
             return to_micros(float(ts))
+        except OutOfRange:
+            raise
         except ValueError:
             return to_micros(_dt.datetime.fromisoformat(ts))
     raise ValueError(f"unsupported timestamp type {type(ts).__name__}")
@@ -118,6 +161,8 @@ def checked_stream(stream: Any, streams: frozenset[str] | None, element: Any) ->
     """The stream id as a plain ``str``, or the ``DeadLetter`` for a bad or undeclared one."""
     if not isinstance(stream, str) or not stream:
         return DeadLetter(Reason.BAD_STREAM_ID, "stream_id must be a non-empty string", None, element)
+    if not is_utf8(stream):
+        return DeadLetter(Reason.BAD_STREAM_ID, "stream_id must be encodable as UTF-8", None, element)
     stream = str(stream)  # numpy.str_ would pickle differently and split the key's state
     if streams is not None and stream not in streams:
         return DeadLetter(Reason.UNDECLARED_STREAM, "stream_id is not among the declared streams", stream, element)
@@ -154,6 +199,14 @@ def coerce_value(value: Any, dim: int) -> np.ndarray:
     return arr
 
 
+def timestamp_letter(exc: Exception, stream: str | None, element: Any) -> DeadLetter:
+    """The dead letter of an event time that ``to_micros`` refused with ``exc``."""
+    if isinstance(exc, OutOfRange):
+        return DeadLetter(Reason.OUT_OF_RANGE, str(exc), stream, element)
+    detail = "timestamp must be finite epoch seconds, a datetime, a Beam Timestamp or ISO-8601 text"
+    return DeadLetter(Reason.BAD_TIMESTAMP, detail, stream, element)
+
+
 def parse_event(
     element: Any, dim: int, need_timestamp: bool, streams: frozenset[str] | None
 ) -> tuple[str, int | None, np.ndarray] | DeadLetter:
@@ -169,9 +222,8 @@ def parse_event(
     if need_timestamp:
         try:
             micros = to_micros(ts)
-        except (ValueError, TypeError, OverflowError):
-            detail = "timestamp must be finite epoch seconds, a datetime, a Beam Timestamp or ISO-8601 text"
-            return DeadLetter(Reason.BAD_TIMESTAMP, detail, stream, element)
+        except (ValueError, TypeError, OverflowError) as exc:
+            return timestamp_letter(exc, stream, element)
     try:
         vec = coerce_value(value, dim)
     except ValueError as exc:

@@ -13,9 +13,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from beam_dp.core import limits
 from beam_dp.core.budget import BudgetShare
 from beam_dp.core.clock import StepClock
-from beam_dp.core.grid import power_of_two_at_least
 from beam_dp.core.noise import KEY_ENV_VAR, NoiseSource
 
 __all__ = ["NoiseKey", "StepParams", "check_schedule", "check_streams"]
@@ -55,13 +55,9 @@ class NoiseKey:
 
 
 def check_streams(params: Any) -> None:
-    """Validate ``params.streams`` (None or non-empty strings) and store it as a de-duplicated tuple."""
-    streams = params.streams
-    if streams is None:
-        return
-    if isinstance(streams, str) or not all(isinstance(s, str) and s for s in streams):
-        raise ValueError("streams must be a tuple of non-empty strings")
-    object.__setattr__(params, "streams", tuple(dict.fromkeys(streams)))
+    """Validate ``params.streams`` (``beam_dp.core.limits.check_streams``: None, or a non-empty tuple of
+    non-empty UTF-8 strings) and store it as a de-duplicated tuple."""
+    object.__setattr__(params, "streams", limits.check_streams(params.streams))
 
 
 def check_schedule(clock: StepClock | None, block_size: Any, allowed_lateness: Any = 0.0) -> None:
@@ -69,8 +65,8 @@ def check_schedule(clock: StepClock | None, block_size: Any, allowed_lateness: A
     (event time only)."""
     if (clock is None) == (block_size is None):
         raise ValueError("give exactly one of clock (event-time steps) or block_size (count steps)")
-    if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1):
-        raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
+    if block_size is not None:
+        limits.check_count("block_size", block_size)
     if isinstance(allowed_lateness, bool) or not isinstance(allowed_lateness, (int, float)) or not (
             math.isfinite(allowed_lateness) and allowed_lateness >= 0):
         raise ValueError(f"allowed_lateness must be a finite number of seconds >= 0, got {allowed_lateness!r}")
@@ -100,8 +96,9 @@ class StepParams:
 
     def _validate_steps(self) -> None:
         check_schedule(self.clock, self.block_size, self.allowed_lateness)
+        limits.check_clock(self.clock)
         if self.granularity is not None:
-            power_of_two_at_least(self.granularity)  # raises ValueError unless finite and > 0
+            limits.check_number("granularity", self.granularity, 0.0, limits.MAX_SCALE, low_open=True)
         if self.restore_states is not None:
             states = dict(self.restore_states)
             if not all(isinstance(k, str) and isinstance(v, bytes) for k, v in states.items()):

@@ -1,4 +1,4 @@
-"""Gaussian calibrations and the analytic-Gaussian validity check (spec §1.2, §8.5, §8.6, [T-3])."""
+"""Gaussian calibrations and the analytic-Gaussian validity check."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def test_analytic_delta_monotone_and_limits():
     assert 0.0 < tiny < 1e-12
 
 
-KNOWN_FAILURES = [  # (ε, L, δ, δ_A as rounded in spec §1.2, half a unit of its last digit), Δ₂ = 1
+KNOWN_FAILURES = [  # (ε, L, δ, δ_A as rounded, half a unit of its last digit), Δ₂ = 1
     (10.0, 1, 1e-5, 1.36e-5, 0.005e-5),
     (20.0, 1, 1e-5, 9.7e-4, 0.05e-4),
     (50.0, 2, 1e-5, 2.1e-4, 0.05e-4),
@@ -106,7 +106,7 @@ def test_sigma_tree_004_known_failures(eps, L, delta, reported, half_unit):
     mu = sens * math.sqrt(L) / sigma
     achieved = analytic_gaussian_delta(eps, mu)
     assert achieved > delta
-    # The spec quotes 2–3 significant digits: the exact value must round to them.
+    # The reference values have 2–3 significant digits: the exact value must round to them.
     assert abs(achieved - reported) <= half_unit
     with pytest.raises(ValueError, match="analytic"):
         certify_gaussian(sigma, sens, L, eps, delta)
@@ -151,7 +151,7 @@ def test_analytic_sigma_spec_8_6():
     achieved = analytic_gaussian_delta(20.0, 1.0 / sigma)
     assert achieved <= delta
     assert achieved > 0.99 * delta
-    # It is smaller than seed 004's (invalid) sigma would have to be raised to, and certifies.
+    # It is smaller than Kasiviswanathan, Nissim & Jin, "Private Incremental Regression"'s (invalid) sigma would have to be raised to, and certifies.
     assert certify_gaussian(sigma, 1.0, 1, 20.0, delta) <= delta
     assert sigma > sigma_tree_004(20.0, delta, 1.0, 1)
 

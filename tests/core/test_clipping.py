@@ -1,4 +1,4 @@
-"""Clipping before state (spec §0, §8.16, [T-1]; beam_dp/core/clipping.py).
+"""Clipping before state (beam_dp/core/clipping.py).
 
 Floating point: scaling x by R/‖x‖ gives a vector whose recomputed norm is R up to a few ulps (it can
 exceed R by ~2e-16 relative), so "exactly R" is checked to 1e-12 relative.
@@ -130,7 +130,7 @@ def test_empty_block():
 
 @pytest.mark.parametrize("scale", [10.0, 1e6, 1e150, 1e200])  # 1e200: ‖x‖² overflows
 def test_neighbouring_streams_clipped_sums_differ_by_at_most_2R(scale):
-    # §8.16 / [T-1]: replace one contribution by a huge one; after clipping, the step sums (and so
+    # §8.16 /: replace one contribution by a huge one; after clipping, the step sums (and so
     # every clean node value containing that step) move by at most Δ₂ = 2R in L2.
     rng = np.random.default_rng(3)
     R, d = 0.75, 6

@@ -1,4 +1,4 @@
-"""Samplers and the keyed ``NoiseSource`` (spec tree-mechanisms §1.1, §1.3, §8.4, §8.5; ARCHITECTURE §4).
+"""Samplers and the keyed ``NoiseSource`` (Chan, Shi & Song, "Private and Continual Release of Statistics"; ARCHITECTURE §4).
 
 Every statistical check is a function returning ``True``/``False``. Each is asserted twice: it must
 PASS on draws from the real sampler and FAIL on draws from a deliberately mis-calibrated one (the
@@ -34,7 +34,7 @@ def _gen(*index: int, purpose: str = "test") -> np.random.Generator:
 
 
 # --------------------------------------------------------------------------------------------------
-# K-norm ("Gamma") sampler, spec §8.4
+# K-norm ("Gamma") sampler,
 # --------------------------------------------------------------------------------------------------
 
 
@@ -159,7 +159,7 @@ def test_laplace_validation_and_scalar():
 
 
 # --------------------------------------------------------------------------------------------------
-# Gaussian, incl. spec §8.5 for both calibrations
+# Gaussian, incl. for both calibrations
 # --------------------------------------------------------------------------------------------------
 
 

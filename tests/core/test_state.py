@@ -1,4 +1,4 @@
-"""Versioned byte encoding of mechanism state (beam_dp/core/state.py; spec §8.15 restore)."""
+"""Versioned byte encoding of mechanism state (beam_dp/core/state.py; restore)."""
 
 from __future__ import annotations
 

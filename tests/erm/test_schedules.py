@@ -56,7 +56,7 @@ def test_multires_spends():  # check 6
 
 
 # -- Algorithm 4 ------------------------------------------------------------------------------
-TABLE = {  # spec §4 table, b0 = 1, B = 4: t -> (role, members, w_ref = the release at time ...)
+TABLE = {  # table, b0 = 1, B = 4: t -> (role, members, w_ref = the release at time ...)
     4: ("base", (1, 4), None), 5: ("large", (5, 5), 4), 6: ("large", (5, 6), 4), 7: ("small", (7, 7), 6),
     8: ("base", (1, 8), None), 9: ("large", (9, 9), 8), 10: ("large", (9, 10), 8), 11: ("small", (11, 11), 10),
     12: ("large", (9, 12), 8), 13: ("small", (13, 13), 12), 14: ("small", (14, 14), 12),
@@ -121,7 +121,7 @@ def test_continual_gaussian_ledger():
 
 
 # -- Algorithm 5 ------------------------------------------------------------------------------
-# spec §5.3, paper 0-indexed elements: (trained [(a, b)] in order, chain [(a, b)] released first)
+#, paper 0-indexed elements: (trained [(a, b)] in order, chain [(a, b)] released first)
 TRACE = [
     ([(3, 6), (1, 2), (0, 0)], [(0, 0), (1, 2), (3, 6)]),
     ([(7, 7)], [(7, 7), (1, 2), (3, 6)]),
@@ -156,7 +156,7 @@ def test_sliding_window_example_1_and_extended_trace():  # check 9
                 assert link["w_ref_id"] == r.meta["chain"][i + 1][0]
 
 
-def test_sliding_window_general_w0():  # spec §5.3 closing example: w0 = 2, k = 3
+def test_sliding_window_general_w0():  # closing example: w0 = 2, k = 3
     mech = SlidingWindowMechanism(block=2, levels=3, model=TINY, lam=1.0, epsilon=EPS)
     per_step = run(mech, blocks(7, 2))
     (r,) = per_step[6]

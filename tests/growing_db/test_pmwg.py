@@ -1,4 +1,4 @@
-"""PMWG structure, invariants and accounting (spec growing-databases §6, checks 1–4 and 6–8)."""
+"""PMWG structure, invariants and accounting (Cummings et al., "Differential Privacy for Growing Databases", checks 1–4 and 6–8)."""
 
 from __future__ import annotations
 
@@ -198,7 +198,7 @@ def test_tiny_xi_pauses_from_the_start():
 @pytest.mark.parametrize("a, pure, approx", [(0.25, 0.9220, 0.964), (0.5, 0.9041, 0.961), (0.75, 0.7579, 0.950)])
 def test_default_xi_n_covers_the_greedy_worst_case(a, pure, approx):
     spend = greedy_worst_case_spend(16, 200, 0.5, 1.0, 10**6, a=a)
-    assert spend <= 1.0 and spend == pytest.approx(pure, abs=1e-3)  # spec prints 0.923/0.910/0.781: see docs
+    assert spend <= 1.0 and spend == pytest.approx(pure, abs=1e-3)  # reference values 0.923/0.910/0.781: see docs
     spend = greedy_worst_case_spend(16, 200, 0.5, 1.0, 10**6, a=a, delta=1e-6)
     assert spend <= 1.0 and spend == pytest.approx(approx, abs=1e-3)
 

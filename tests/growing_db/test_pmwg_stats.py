@@ -1,4 +1,4 @@
-"""Statistical ring for PMWG (spec §6 checks 5, 9, 10), each with a negative control where it applies."""
+"""Statistical ring for PMWG (checks 5, 9, 10), each with a negative control where it applies."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tests.conftest import TEST_KEY
 
 NOISE = NoiseSource(TEST_KEY)
 DRAWS = 20_000
-KS_LEVEL = 1e-3  # spec check 5: KS not rejected at 1e-3 (a correct sampler fails w.p. 1e-3 per test)
+KS_LEVEL = 1e-3  # KS not rejected at 1e-3 (a correct sampler fails w.p. 1e-3 per test)
 
 
 class _HalfAnswerNoise(DynamicNumericSparse):

@@ -1,4 +1,4 @@
-"""BBScheduler, BBImprover and the black boxes (spec growing-databases §6, checks 11–16)."""
+"""BBScheduler, BBImprover and the black boxes (Cummings et al., "Differential Privacy for Growing Databases", checks 11–16)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ NOISE = NoiseSource(TEST_KEY)
 
 
 class _Box:
-    """A user black box meeting the interface: (p, g) = (1/3, 2) (values of spec check 11)."""
+    """A user black box meeting the interface: (p, g) = (1/3, 2)."""
 
     name, p, g = "toy", 1.0 / 3.0, 2.0
 
@@ -54,7 +54,7 @@ def test_check11_epochs_epsilons_betas_alphas():
     assert sum(plan.epsilon_i(i) for i in range(2000)) <= 1.0 + 1e-12
     assert sum(plan.beta_i(i) for i in range(200)) == pytest.approx(0.05, rel=1e-12)
     assert plan.alpha == pytest.approx(1.2990242, abs=1e-7)
-    # α_i = g (ln(1/β_i)/(ε_i (1+γ)^i n))^p is the same for every epoch [G-7]
+    # α_i = g (ln(1/β_i)/(ε_i (1+γ)^i n))^p is the same for every epoch
     for i in range(8):
         a_i = 2.0 * (math.log(1 / plan.beta_i(i)) / (plan.epsilon_i(i) * 1.5**i * 100)) ** (1 / 3)
         assert plan.epoch_time(i) == math.ceil(100 * 1.5**i - 1e-9)

@@ -40,7 +40,7 @@ def test_budget_split_reproduces_epsilon(eps, lam, b_theta):
 
 
 def test_budget_worked_example_conv_mnist():
-    budget = l2dp_budget(0.5, 0.5, 256, 1.0, 4950.0, 1026.0)  # spec §4.3
+    budget = l2dp_budget(0.5, 0.5, 256, 1.0, 4950.0, 1026.0)
     assert budget.epsilon_1 == pytest.approx(0.2320, abs=5e-5)
     assert 4950 / (budget.epsilon_1 * 256) == pytest.approx(83, abs=0.5)
 

@@ -1,4 +1,4 @@
-"""Tests of the binary tree, hybrid and doubling mechanisms (spec tree-mechanisms.md §2, §3, §8).
+"""Tests of the binary tree, hybrid and doubling mechanisms (Chan, Shi & Song, "Private and Continual Release of Statistics").
 
 Numbers in comments like "§8.7" refer to the spec's list of checks. Statistical tests use fixed keys,
 so they are deterministic; their tolerances come from the sampling distribution of the statistic
@@ -247,7 +247,7 @@ def _random_blocks(rng, steps, d):
     for t in range(steps):
         kind = t % 4
         if kind == 0:
-            blocks.append(None)  # empty step [T-10]
+            blocks.append(None)  # empty step
         elif kind == 1:
             blocks.append(rng.normal(size=(rng.integers(0, 4), d)))  # raw contributions, maybe none
         elif kind == 2:
@@ -323,8 +323,8 @@ def test_hybrid_milestone_is_sum_plus_log_noises(law):  # §8.12, first half
 @pytest.mark.parametrize("law", LAWS)
 @pytest.mark.parametrize("kind", KINDS)
 def test_each_node_drawn_once_and_charged(kind, law):
-    """Every noise draw is a node of charges_at(t) at the step it completes; no key is drawn twice
-    ([T-4]); every node a release uses was drawn no later than that release."""
+    """Every noise draw is a node of charges_at(t) at the step it completes; no key is drawn twice;
+    every node a release uses was drawn no later than that release."""
     mech = make(kind, law, horizon=300)
     noise = RecordingNoise(KEY)
     state = mech.init_state("s")
@@ -583,7 +583,7 @@ def test_noise_var_formulas(law):  # §6
 
 
 # ---------------------------------------------------------------------------------------------
-# §8.9 ledger, §2.6 / [T-13] epsilon_spent, §8.11 memory
+# §8.9 ledger, §2.6 / epsilon_spent, §8.11 memory
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("law", LAWS)
 @pytest.mark.parametrize("kind", KINDS)

@@ -1,4 +1,4 @@
-"""Window tree mechanism (spec tree-mechanisms §4, checks §8 items 1, 2, 3, 5, 7–11, 13–16).
+"""Window tree mechanism (Chan, Shi & Song, "Private and Continual Release of Statistics", checks §8 items 1, 2, 3, 5, 7–11, 13–16).
 
 Statistical tests use a fixed key, one stream name per independent run, and tolerances taken from
 the sampling distribution of the statistic (stated at each test). Every calibration test also
@@ -91,7 +91,7 @@ def incidence(mech, steps, nodes):
 
 
 def three_case_k(t, B, L):
-    """k_t of spec §4.4."""
+    """k_t"""
     k, j = (t - 1) // B + 1, t - ((t - 1) // B) * B
     if k == 1:
         return bin(t).count("1")
@@ -152,7 +152,7 @@ def test_blocks_levels_scale_and_guarantee(window):
     assert mech.sensitivity == 3.0
     assert mech.guarantee == Guarantee(0.7, 0.0, window=B, window_requested=window)
     assert "window DP" in mech.guarantee.describe()
-    # c_W = Δ₂ (⌈log W⌉ + 1) / ε  (seed 002 eq. 11); one node costs ε / L_W
+    # c_W = Δ₂ (⌈log W⌉ + 1) / ε (Lou & Cheung, "Projection-free Online ERM with Privacy-preserving and Privacy Expiration" eq. 11); one node costs ε / L_W
     assert mech.node_noise == NodeNoise("gamma", 3.0 * L / 0.7, "exact")
     assert mech.node_noise.charge(1, 1, mech.sensitivity).loss.pure_epsilon == pytest.approx(0.7 / L, rel=1e-14)
 

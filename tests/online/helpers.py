@@ -1,4 +1,4 @@
-"""Shared setups of the online-learning tests (spec §9 checks 4–6, 8)."""
+"""Shared setups of the online-learning tests (checks 4–6, 8)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def quadratic_loss(mu: float = 1.0, lipschitz: float = 2.4) -> OnlineLoss:
 
 
 def ball_points(T: int, d: int, seed: int) -> np.ndarray:
-    """z_t = (0.9, 0, ..., 0) + a uniform point of the ball of radius 0.5 (spec check 5)."""
+    """z_t = (0.9, 0, ..., 0) + a uniform point of the ball of radius 0.5."""
     rng = np.random.default_rng(seed)
     u = rng.standard_normal((T, d))
     u /= np.linalg.norm(u, axis=1, keepdims=True)

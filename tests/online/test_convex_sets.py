@@ -1,4 +1,4 @@
-"""Projections, local linear oracles and constraint specs (spec §0, §3.2, checks 7 and bad input)."""
+"""Projections, local linear oracles and constraint specs (checks 7 and bad input)."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def test_projection_matches_an_independent_solver():
 
 
 def _relaxation_value(C, x, r, c):
-    """The LP value over the relaxation each oracle is exact on (spec §3.2), by linprog."""
+    """The LP value over the relaxation each oracle is exact on, by linprog."""
     d = C.dim
     if isinstance(C, Box):
         lo = np.maximum(C.lower, x - r)

@@ -1,4 +1,4 @@
-"""WDP-COCOP / WDP-COCOL (spec §1–§3; checks 1–8 and 14 of §9)."""
+"""WDP-COCOP / WDP-COCOL (checks 1–8 and 14 of §9)."""
 
 from __future__ import annotations
 

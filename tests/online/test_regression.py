@@ -1,4 +1,4 @@
-"""PRIVINCERM, PRIVINCREG₁, PRIVINCREG₂, NOISYPROJGRAD (spec §4–§7; checks 9–14 of §9)."""
+"""PRIVINCERM, PRIVINCREG₁, PRIVINCREG₂, NOISYPROJGRAD (checks 9–14 of §9)."""
 
 from __future__ import annotations
 

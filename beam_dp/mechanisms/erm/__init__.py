@@ -1,4 +1,4 @@
-"""Continual and sliding-window private model release (spec erm-release; seed 000, Watson et al.).
+"""Continual and sliding-window private model release (Watson et al., "Continual and Sliding Window Release for Private Empirical Risk Minimization").
 
 Pure state machines over numpy (no Beam): models with data-independent Lipschitz constants, the
 certified solver, output perturbation with K-norm (pure ε) or Gaussian ((ε, δ)) noise, and the

@@ -1,7 +1,7 @@
 """Re-deriving per-element spend from the release log, and dp-accounting cross-checks.
 
 ``spend_from_log`` rebuilds each position's loss from the training events carried in the release
-meta (spec §0.5): an event charges every position of its member ranges ``ε_event`` (pure) or a
+meta: an event charges every position of its member ranges ``ε_event`` (pure) or a
 Gaussian ``μ``; charges add (pure) or compose exactly into one Gaussian (μ² add). It uses the core
 :class:`~beam_dp.core.PrivacyLedger`, so the release log alone proves each element's spend.
 

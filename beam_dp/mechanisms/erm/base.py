@@ -1,7 +1,7 @@
 """Shared machinery of the ERM release mechanisms: configuration, one private training call
 (Algorithm 1 / PBERM: certified solve + output perturbation), the per-element ledger and releases.
 
-Privacy of one training call (spec §0.4, §0.5): a certified call on a member set with public
+Privacy of one training call: a certified call on a member set with public
 normaliser ``n_norm`` has L2 sensitivity ``Δ(n_norm) = 2L/(λ n_norm)``.
 
 * ``noise="gamma"`` (pure ε): ``ŵ + ν`` with ν ~ K-norm, ``‖ν‖ ~ Gamma(d, b)``, uniform direction
@@ -49,7 +49,7 @@ def is_power_of_two(i: int) -> bool:
 
 
 def sampling_probability(share: float, inner: float) -> float:
-    """p with ln(1 + p(e^{inner} − 1)) = share (spec §6, [D-11])."""
+    """p with ln(1 + p(e^{inner} − 1)) = share."""
     return math.expm1(share) / math.expm1(inner)
 
 
@@ -162,7 +162,7 @@ class ERMMechanism:
         return f"erm/{self.algorithm}/{what}"
 
     def sample_mask(self, noise: NoiseSource, stream: str, model_id: int, n: int, p: float) -> np.ndarray:
-        """Independent Bernoulli(p) inclusion of each of ``n`` members [D-12], keyed by the model id."""
+        """Independent Bernoulli(p) inclusion of each of ``n`` members, keyed by the model id."""
         return noise.generator(stream, self._purpose("sample"), model_id).random(n) < p
 
     def perturbation(self, noise: NoiseSource, stream: str, model_id: int, scale: float) -> np.ndarray:

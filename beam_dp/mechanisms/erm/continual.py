@@ -14,11 +14,11 @@ One step = one block of ``b0`` elements; t counts elements. Variants:
      (cost ε_upd/2).
 * ``"basic"``: rule 1, else a small update on the last b0-block regularised to the previous
   release (scale ``4L/(λ b0 ε_upd)``, each element once: ε_upd/2).
-* ``"independent"`` (baseline [D-8]): Algorithm 1 on each b0-block alone, scale ``2L/(λ b0 ε)``
+* ``"independent"`` (baseline): Algorithm 1 on each b0-block alone, scale ``2L/(λ b0 ε)``
   (each element once: ε). Releases from t = b0.
 
 Guarantee: ε-DP (gamma) or (ε, δ)-DP (gaussian), event level, forever. The budget is split
-ε_base = f·ε and ε_upd = (1 − f)·ε (``base_fraction`` f, default 1/2 [D-7]); every element's spend
+ε_base = f·ε and ε_upd = (1 − f)·ε (``base_fraction`` f, default 1/2); every element's spend
 is base + update < ε. Gaussian: μ_base = μ*√f, μ_upd = μ*√(1−f), each family's scale set so its
 worst element's Σμ² stays within its share (prefix models: Σ 4^{−k} = 4/3; updates: the first
 block of an epoch, also 4/3; basic and independent: each element once).

@@ -1,4 +1,4 @@
-"""Linear models with data-independent Lipschitz constants (spec erm-release §0.2, [D-2]).
+"""Linear models with data-independent Lipschitz constants (Watson et al., "Continual and Sliding Window Release for Private Empirical Risk Minimization").
 
 Every feature vector is clipped to L2 norm ``clip_bound`` (R_x) and a constant bias coordinate 1 is
 appended, so the augmented vector has ``‖x̃‖₂ ≤ R = sqrt(R_x² + 1)``. Parameters are a matrix
@@ -68,7 +68,7 @@ class LinearModel:
         raise NotImplementedError
 
     def sensitivity(self, lam: float, n_norm: int) -> float:
-        """Δ(n) = 2L/(λn): L2 sensitivity of a certified training call (spec §0.3)."""
+        """Δ(n) = 2L/(λn): L2 sensitivity of a certified training call."""
         return 2.0 * self.lipschitz / (lam * n_norm)
 
     # -- data ---------------------------------------------------------------------------------

@@ -1,12 +1,12 @@
 """Algorithm 5 (PSWERM: private sliding-window ERM) and its fine-tuning sampling variant.
 
 Spec erm-release §5 and §6. One step = one block of ``w0`` elements; the window is the last
-``2^k − 1`` blocks (w = (2^k − 1)·w0 [D-9]), H = 2^{k−1}. The window is tiled by a **base**
+``2^k − 1`` blocks (w = (2^k − 1)·w0), H = 2^{k−1}. The window is tiled by a **base**
 bucket of H blocks (Algorithm 1, scale ``6L/(λ ε H w0)``, cost ε/3) and one **update** bucket of
 each size 2^j blocks, j = 0..k−2, left (older than the base) or right (newer), each PBERM on its
 blocks (n_norm = 2^j w0) regularised to the size-2^{j+1} bucket's model (the base for j = k−2),
 scale ``12L/(λ ε w0)`` (cost ε/(6·2^j)). The released model is the end of the chain: the size-1
-bucket's (the base if k = 1) [D-10]. Transitions (the binary-counter rule of §5.2) are
+bucket's (the base if k = 1). Transitions (the binary-counter rule of §5.2) are
 :func:`start_layout`, :func:`advance_layout` and :func:`refresh_layout`.
 
 Guarantee: ε-DP (gamma) or (ε, δ)-DP (gaussian), event level, forever (not window DP: elements
@@ -14,7 +14,7 @@ that left the window stay protected). Per element: ≤ ε/3 + 2·Σ_j ε/(6·2^j
 that arrived after the first window and left it has spent exactly (2/3)(1 − 2^{−k})ε.
 Gaussian: σ_base = Δ(Hw0)/(μ*/√3), σ_upd = Δ(w0)/(μ*/2) (μ² ≤ μ*²/3 + 2·Σ_j μ*²/(4·4^j) < μ*²).
 Sampling (gamma only): a size-2^j update uses ``b_j = 12L/(λ 2^j w0 ε)`` on a Bernoulli(p_j)
-sample, p_j = (e^{ε/(6·2^j)} − 1)/(e^{ε/6} − 1); same ledger. The base is never sampled [D-14].
+sample, p_j = (e^{ε/(6·2^j)} − 1)/(e^{ε/6} − 1); same ledger. The base is never sampled.
 
 State: the window's rows, the bucket layout with each bucket's model, r, the spend of the blocks
 in the window and the running maximum of departed blocks (O(window)).

@@ -1,4 +1,4 @@
-"""Training calls: the certified solver (spec §0.3 [D-4]) and the uncertified replication SGD.
+"""Training calls: the certified solver and the uncertified replication SGD.
 
 Objective of every call (paper's convention, λ not λ/2)::
 

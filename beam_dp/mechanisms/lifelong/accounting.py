@@ -1,6 +1,6 @@
 """Privacy arithmetic of the lifelong learners (no torch here).
 
-* L2DP-ML (Lai et al., spec lifelong-dp §2–4): the sensitivities ``Δ_R = d(β + 2)`` and
+* L2DP-ML (Lai et al., "Lifelong DP: Consistently Bounded Differential Privacy in Lifelong Machine Learning"): the sensitivities ``Δ_R = d(β + 2)`` and
   ``Δ_L = 2(n_π + 1)``, the Theorem 2 total ``ε = ε_1 + ε_1/γ_x + ε_1/γ + ε_2`` with
   ``γ_x = Δ_R/λ`` and ``1/γ ≤ λ B_θ / (2 Δ_R)`` (the entrywise clip of §4.2), and the split of a
   target ε into ``(ε_1, ε_2)`` (§4.3). This total is the *paper's claim* (§4.4), not a standard proof.
@@ -32,14 +32,14 @@ __all__ = [
 
 
 def sensitivity_reconstruction(input_dim: int, hidden: int) -> float:
-    """``Δ_R = d(β + 2)`` of the first-order reconstruction coefficients (dense layer, spec §2.1)."""
+    """``Δ_R = d(β + 2)`` of the first-order reconstruction coefficients (dense layer)."""
     if input_dim < 1 or hidden < 1:
         raise ValueError("input_dim and hidden must be >= 1")
     return float(input_dim * (hidden + 2))
 
 
 def sensitivity_label(last_hidden: int) -> float:
-    """``Δ_L = 2(n_π + 1)`` of the label coefficients with the constant bias unit (spec §2.2, [L-6])."""
+    """``Δ_L = 2(n_π + 1)`` of the label coefficients with the constant bias unit."""
     if last_hidden < 1:
         raise ValueError("last_hidden must be >= 1")
     return float(2 * (last_hidden + 1))
@@ -63,7 +63,7 @@ class L2DPBudget:
 
 def l2dp_budget(epsilon: float, rho_s: float, batch_size: int, b_theta: float, delta_r: float,
                 delta_l: float) -> L2DPBudget:
-    """Split a target ε (spec §4.3): ``ε_2 = (1−ρ_s)ε``, ``ε_1 = ρ_s ε / (1 + λ/Δ_R + λB_θ/(2Δ_R))``."""
+    """Split a target ε: ``ε_2 = (1−ρ_s)ε``, ``ε_1 = ρ_s ε / (1 + λ/Δ_R + λB_θ/(2Δ_R))``."""
     if not (math.isfinite(epsilon) and epsilon > 0):
         raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
     if not 0.0 < rho_s < 1.0:

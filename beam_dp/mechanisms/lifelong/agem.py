@@ -1,4 +1,4 @@
-"""A-GEM projection (spec lifelong-dp §8, [L-8]), per parameter block. Post-processing: no privacy cost."""
+"""A-GEM projection (Lai et al., "Lifelong DP: Consistently Bounded Differential Privacy in Lifelong Machine Learning"), per parameter block. Post-processing: no privacy cost."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Every config is a frozen, keyword-only dataclass validated at construction (``Va
 ``build()`` returns its learner (that import pulls in torch, so a pipeline graph holding a config
 does not need torch until a worker builds the learner).
 
-Common knobs (spec lifelong-dp §7, §9): ``input_dim`` d, ``n_classes`` K (one shared head),
+Common knobs (Lai et al., "Lifelong DP: Consistently Bounded Differential Privacy in Lifelong Machine Learning"): ``input_dim`` d, ``n_classes`` K (one shared head),
 ``hidden`` β (width of the input layer θ_1), ``g_layers`` (widths of G's hidden layers; the last
 one, n_π, is clipped to [−1, 1] and gets a constant bias unit), ``batch_size`` λ,
 ``learning_rate``/``optimizer`` ("adam" per block, or the paper's plain "sgd"), the schedule
@@ -15,11 +15,12 @@ id), ``eval_sets`` (public test data per task for the accuracy metadata), ``devi
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping
 
 import numpy as np
+
+from beam_dp.core.limits import MAX_SCALE, check_number
 
 __all__ = [
     "AGEMConfig",
@@ -51,9 +52,7 @@ def _positive_int(name: str, value: Any) -> None:
 
 
 def _positive_float(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not (
-            math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    check_number(name, value, 0.0, MAX_SCALE, low_open=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,13 +172,13 @@ class _DPSGDConfig(LifelongConfig):
         super().__post_init__()
         _positive_float("epsilon", self.epsilon)
         _positive_float("clip_norm", self.clip_norm)
-        if not 0.0 < self.delta < 1.0:
+        if check_number("delta", self.delta, 0.0, 1.0, low_open=True) == 1.0:
             raise ValueError(f"delta must lie in (0, 1), got {self.delta!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
 class NaiveGaussianConfig(_DPSGDConfig):
-    """The paper's NaiveGaussian baseline (spec §10): ``num_tasks`` m declared up front; each task spends
+    """The paper's NaiveGaussian baseline: ``num_tasks`` m declared up front; each task spends
     ε/(2m) on its own data and ε/(2m) on the memory (δ/(2m) each), so the total reaches ε after m tasks
     and a task beyond m is refused. ``noise_multiplier`` fixes z instead (the paper's grid)."""
 

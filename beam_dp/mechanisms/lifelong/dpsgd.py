@@ -9,7 +9,7 @@ Poisson-sampled with rate ``q = λ/|D_τ|`` for ``epochs × round(|D_τ|/λ)`` s
 ``steps_per_task``). Neighbouring: add/remove one training example; task sizes are public (the usual
 DP-SGD convention for ``q``); every sampling choice and noise draw is keyed.
 
-* ``NaiveGaussian`` (the paper's baseline, spec §10, [L-16]): ``num_tasks`` m declared; per task
+* ``NaiveGaussian`` (the paper's baseline): ``num_tasks`` m declared; per task
   ε/(2m) at δ/(2m) for the task stream and the same for the memory stream (Poisson over all memory
   rows, rate λ/|𝕄|); ``epsilon_spent`` after τ tasks is the sum of the accountant's values (basic
   composition), reaching ≤ ε after m tasks; task m+1 is refused.

@@ -1,6 +1,6 @@
-"""L2DP-ML (Lai et al., "Lifelong DP", Algorithm 2; spec lifelong-dp §1–9).
+"""L2DP-ML (Lai et al., "Lifelong DP: Consistently Bounded Differential Privacy in Lifelong Machine Learning", Algorithm 2).
 
-Guarantee — **the paper's claim** (Theorem 2), not a standard proof (spec §4.4, [L-15]):
+Guarantee — **the paper's claim** (Theorem 2), not a standard proof:
 ``ε = ε_1 + ε_1/γ_x + ε_1/γ + ε_2``-Lifelong DP for any number of tasks, under lifelong neighbours
 (Def. 2: one tuple per task set and per memory set). ``epsilon_spent = ε`` on every release. The
 caveat: ``χ_1`` is one vector shared by all tuples, so ``x̄_r − x̄_r' = x_r − x_r'`` are noise-free,
@@ -43,7 +43,7 @@ _LN2 = math.log(2.0)
 
 
 def taylor_loss(z, y):
-    """Second-order expansion at 0 of the sigmoid cross-entropy [L-5]: ``ln 2 + (½ − y) z + z²/8``."""
+    """Second-order expansion at 0 of the sigmoid cross-entropy: ``ln 2 + (½ − y) z + z²/8``."""
     return _LN2 + (0.5 - y) * z + z * z / 8.0
 
 
@@ -102,7 +102,7 @@ class L2DPML(Learner):
 
     @property
     def noise_scales(self) -> dict[str, float]:
-        """Laplace scales of the one-time draws (spec §3)."""
+        """Laplace scales of the one-time draws."""
         return {"l2dp-chi1": self.delta_r / self.budget.epsilon_1, "l2dp-chi2": self.delta_r / self.budget.epsilon_1,
                 "l2dp-chi3": self.delta_l / self.budget.epsilon_2}
 

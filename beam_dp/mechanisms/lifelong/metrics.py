@@ -1,4 +1,4 @@
-"""Continual-learning metrics (spec lifelong-dp §11): average accuracy, forgetting, p-values.
+"""Continual-learning metrics (Lai et al., "Lifelong DP: Consistently Bounded Differential Privacy in Lifelong Machine Learning"): average accuracy, forgetting, p-values.
 
 ``acc[l, t]`` is the test accuracy on task t after training task l (0-based here; rows l < t may
 hold anything, they are not read by the average accuracy).
@@ -42,5 +42,5 @@ def average_forgetting(acc, tau: int | None = None) -> float:
 
 
 def curve_p_value(curve_a, curve_b) -> float:
-    """Two-sided two-sample Student t-test (equal variances) between two average-accuracy curves [L-17]."""
+    """Two-sided two-sample Student t-test (equal variances) between two average-accuracy curves."""
     return float(stats.ttest_ind(np.asarray(curve_a, float), np.asarray(curve_b, float), equal_var=True).pvalue)

@@ -1,13 +1,13 @@
-"""The network f(x) = G(a(x, θ_1), θ_2) as pure functions of a parameter dict (spec lifelong-dp §1).
+"""The network f(x) = G(a(x, θ_1), θ_2) as pure functions of a parameter dict (Lai et al., "Lifelong DP: Consistently Bounded Differential Privacy in Lifelong Machine Learning").
 
 Parameters (names are stable; they are the keys of the released weights):
 
 * ``enc.W`` (d, β), ``enc.b`` (β): the input layer ``h = clip(x W + b, −1, 1)`` (θ_1);
 * ``g{i}.W``, ``g{i}.b``: G's hidden layers (ReLU, the last one clipped to [−1, 1]);
-* ``head.W`` (n_π + 1, K): scores ``z = [h_π, 1] head.W`` (the constant unit is the output bias [L-6]).
+* ``head.W`` (n_π + 1, K): scores ``z = [h_π, 1] head.W`` (the constant unit is the output bias).
 
 With ``batch_stats=True`` G starts with a normalisation by the current batch's mean and variance
-(L2DP-ML, [L-11]); the DP-SGD learners use ``batch_stats=False`` because batch statistics would couple
+(L2DP-ML); the DP-SGD learners use ``batch_stats=False`` because batch statistics would couple
 the examples of a batch and break per-example clipping.
 """
 
@@ -58,7 +58,7 @@ def _batch_norm(h: torch.Tensor) -> torch.Tensor:
 
 def encode(p: dict[str, torch.Tensor], x: torch.Tensor, batch_norm: bool = False) -> torch.Tensor:
     """Hidden layer of θ_1: ``clip(x W + b, −1, 1)``; with ``batch_norm`` the pre-activation is first
-    normalised by the batch's statistics (the predecessor code's option, spec §1.1)."""
+    normalised by the batch's statistics (the predecessor code's option)."""
     pre = x @ p["enc.W"] + p["enc.b"]
     return torch.clamp(_batch_norm(pre) if batch_norm else pre, -1.0, 1.0)
 

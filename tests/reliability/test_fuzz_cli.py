@@ -1,0 +1,64 @@
+"""CLI fuzz (issue 18): every job's numeric flags with extreme values, through ``main(argv)`` of the
+``python -m pipelines.<job>`` entry points. Each case must end as a one-line ``<prog>: error: ...`` with
+exit code 2, or pass validation (the pipeline would run: ``Pipeline.run`` is stubbed to stop there).
+Any other exception (a traceback) fails. The number of cases is counted and printed (``-s``)."""
+
+from __future__ import annotations
+
+import importlib
+
+import apache_beam as beam
+import pytest
+
+VALUES = ("0", "-1", "1e20", "-1e20", "1e308", "1e400", "1e-320", "nan", "inf", "9223372036854775808", "abc", "",
+          "1,2", "\udcff")
+JOBS = {
+    "continual_stats": ("--dim", "--epsilon", "--delta", "--clip-bound", "--start", "--period", "--end", "--horizon",
+                        "--window", "--granularity"),
+    "model_release": ("--dim", "--epsilon", "--delta", "--clip-bound", "--lam", "--huber", "--update-size", "--base-size",
+                      "--block-size", "--window", "--max-level"),
+    "growing_db_queries": ("--n", "--epsilon", "--delta", "--alpha", "--beta", "--gamma", "--start", "--period", "--end"),
+    "online_learning": ("--dim", "--epsilon", "--delta", "--radius", "--mu", "--window", "--horizon", "--release-every",
+                        "--block-size", "--start", "--period", "--end"),
+    "lifelong": ("--dim", "--epsilon", "--delta", "--clip-norm", "--memory-uses", "--hidden", "--batch-size", "--epochs",
+                 "--steps-per-task", "--learning-rate", "--torch-threads"),
+}
+COUNTS: dict[str, int] = {}
+
+
+class _WouldRun(Exception):
+    """Raised instead of running a pipeline: the flags passed validation."""
+
+
+@pytest.fixture
+def no_pipeline_runs(monkeypatch):
+    def stop(self, *args, **kwargs):
+        raise _WouldRun()
+    monkeypatch.setattr(beam.Pipeline, "run", stop)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("job", list(JOBS))
+def test_extreme_flag_values_are_one_line_errors_or_valid(job, no_pipeline_runs, tmp_path, capsys):
+    main = importlib.import_module(f"pipelines.{job}").main
+    prog = f"python -m pipelines.{job}"
+    outcomes = {"error": 0, "valid": 0}
+    for flag in JOBS[job]:
+        for value in VALUES:
+            argv = [f"{flag}={value}", f"--output={tmp_path / 'out'}"]
+            try:
+                main(argv)
+            except _WouldRun:
+                outcomes["valid"] += 1
+                continue
+            except SystemExit as exc:
+                err = capsys.readouterr().err.strip()
+                assert exc.code == 2, (argv, exc.code, err)
+                assert len(err.splitlines()) == 1 and err.startswith(f"{prog}: error:"), (argv, err)
+                assert "Traceback" not in err
+                outcomes["error"] += 1
+                continue
+            outcomes["valid"] += 1  # returned without running (nothing to run)
+    COUNTS[job] = sum(outcomes.values())
+    print(f"\nCLI fuzz {job}: {COUNTS[job]} cases, {outcomes}")
+    assert outcomes["error"] > 0
