@@ -213,6 +213,9 @@ class ERMMechanism:
         subsample when p < 1, drawn under purpose "sample"), perturb once under ``model_id``."""
         ref = np.zeros(self.model.dim) if w_ref is None else np.asarray(w_ref, dtype=np.float64)
         Xf = clip_l2(X.astype(np.float64), self.model.radius)[0] if len(X) else np.zeros((0, self.model.n_features + 1))
+        # the paper's data-dependent L over this call's member rows, before sampling (NOT PRIVATE mode only;
+        # the bias column makes ‖X‖_F ≥ √m > 0)
+        l_ratio = self.published_lipschitz(Xf) / self.model.lipschitz if self.not_private and len(Xf) else 1.0
         if p < 1.0:
             keep = self.sample_mask(noise, stream, model_id, len(Xf), p)
             Xf, y = Xf[keep], y[keep]
@@ -222,9 +225,7 @@ class ERMMechanism:
         else:
             result = certified_solve(self.model, Xf, y, n_norm, self.lam, ref, self.backend, self.tolerance)
         delta_n = self.sens(n_norm)
-        if self.not_private:  # the paper's data-dependent L over this call's rows (NOT PRIVATE)
-            scale *= self.published_lipschitz(Xf) / self.model.lipschitz
-            delta_n *= self.published_lipschitz(Xf) / self.model.lipschitz
+        scale, delta_n = scale * l_ratio, delta_n * l_ratio
         nu = self.perturbation(noise, stream, model_id, scale)
         if self.noise_law == "gamma":
             eps, mu = math.log1p(p * math.expm1(delta_n / scale)), 0.0
