@@ -155,6 +155,19 @@ RATE_METHODS = {
 }
 
 
+def answer_errors(mech, stream: np.ndarray, queries: dict[int, list[np.ndarray]], noise: NoiseSource, name: str):
+    """Absorb ``stream`` up to each size t of ``queries`` (ascending) and answer its queries there
+    (mechanism stream ``name``); returns the final state and every |answer − f(x_t)|."""
+    state, done, errs = mech.init_state(name), 0, []
+    for t in sorted(queries):
+        state, _ = mech.absorb(state, stream[done:t], noise)
+        done = t
+        for j, f in enumerate(queries[t]):
+            state, rel = mech.answer(state, Query(t, f"q{j}", f), noise)
+            errs.append(abs(rel[-1].value[0] - f @ state.counts / t))
+    return state, errs
+
+
 def run_rates(N: int, ns: list[int], eps: float, delta: float, seeds: int, per_step: int = 5) -> dict:
     """Mean |error| of answers asked at sizes t ∈ [n, 2n] (11 sizes, ``per_step`` random counting
     queries each) on the drifting synthetic stream, per start size n; the log-log slope against n is
@@ -169,14 +182,8 @@ def run_rates(N: int, ns: list[int], eps: float, delta: float, seeds: int, per_s
         for label, (build, _) in RATE_METHODS.items():
             errs = []
             for seed in range(seeds):
-                mech, noise = build(N, n, eps, delta), NoiseSource(bytes([seed + 1]) * 32)
-                state, done = mech.init_state(f"rate-{n}-{seed}"), 0
-                for t in sizes:
-                    state, _ = mech.absorb(state, stream[done:t], noise)
-                    done = t
-                    for j, f in enumerate(queries[t]):
-                        state, rel = mech.answer(state, Query(t, f"q{j}", f), noise)
-                        errs.append(abs(rel[-1].value[0] - f @ state.counts / t))
+                errs += answer_errors(build(N, n, eps, delta), stream, queries, NoiseSource(bytes([seed + 1]) * 32),
+                                      f"rate-{n}-{seed}")[1]
             out[label]["mean_abs_error"].append(float(np.mean(errs)))
     for res in out.values():
         res["fitted_slope"] = float(np.polyfit(np.log(ns), np.log(res["mean_abs_error"]), 1)[0])
@@ -191,8 +198,7 @@ def choose_segments(ks=(4, 8, 16, 32, 64, 128, 512), seeds: int = 2) -> None:
     N, n, T = 1 << 10, 1000, 20000
     rng = np.random.default_rng(2024)
     stream = synthetic(N, T, rng)
-    sizes = list(range(n, T + 1, 500))
-    qs = {t: random_queries(N, 5, rng) for t in sizes}
+    qs = {t: random_queries(N, 5, rng) for t in range(n, T + 1, 500)}
     for delta in (0.0, 1e-6):
         for k in (None, *ks):
             errs = []
@@ -200,13 +206,8 @@ def choose_segments(ks=(4, 8, 16, 32, 64, 128, 512), seeds: int = 2) -> None:
                 noise = NoiseSource(bytes([seed + 1]) * 32)
                 kw = dict(xi_n=worst_case_xi_n(N, n, 1.0, 0.2, delta)) if k is None else dict(segments=k)
                 mech = PMWG(universe_size=N, n=n, epsilon=1.0, alpha=0.2, delta=delta, **kw)
-                state, done = mech.init_state("k"), 0
-                for t in sizes:
-                    state, _ = mech.absorb(state, stream[done:t], noise)
-                    done = t
-                    for j, f in enumerate(qs[t]):
-                        state, rel = mech.answer(state, Query(t, f"q{j}", f), noise)
-                        errs.append(abs(rel[-1].value[0] - f @ state.counts / t))
+                state, run_errs = answer_errors(mech, stream, qs, noise, "k")
+                errs += run_errs
             print(f"δ={delta:g} K={k or 'worst case'} ξ_n={mech.xi_n:.4g} mean |error| {np.mean(errs):.4f} "
                   f"hard={state.hard_count} ε spent={mech.sub.spent(state.total):.3f}", flush=True)
 
