@@ -1,7 +1,11 @@
 """Reproduce Lai et al. (Lifelong DP) on permuted MNIST and a HAPT activity task sequence, on CPU or GPU.
 
-Learners: L2DP-ML (the paper's claim), NaiveGaussian (DP-SGD, ε/m per task), the sound bounded-
-participation DP-SGD + A-GEM, and non-private A-GEM, at ε ∈ {0.5, 1, 2} by default. Metrics: the
+Learners: L2DP-ML (the paper's claim) with (``l2dp``) and without (``l2dp-nobn``) the encoder
+normalisation, NaiveGaussian (DP-SGD, ε/m per task), the sound bounded-participation DP-SGD + A-GEM,
+and non-private A-GEM, at ε ∈ {0.5, 1, 2} by default; ``--seeds`` repeats every run (data,
+permutations and noise key change with the seed) and reports mean ± sd. With ≥ 3 ε values the
+sanity rule of issue 17 is checked per learner (does accuracy rise with ε?) and ``--sweep-figure``
+draws A_m against ε. Metrics: the
 accuracy matrix a[l, t], average accuracy A_τ after each task and average forgetting F_m (spec §11).
 
 Default run (a few minutes on 2 CPU cores): permuted MNIST with 10 tasks of 1,000 training / 500 test
@@ -10,6 +14,8 @@ ReLU → 32 clipped). The paper's setting: ``--tasks 20 --train-per-task 0`` (al
 and more epochs; the paper's conv architecture is not implemented (dense layers only).
 
     nice -n 10 .venv/bin/python benchmarks/reproduce_lifelong.py --data /work/shared/data
+    nice -n 19 .venv/bin/python benchmarks/reproduce_lifelong.py --data /work/shared/data \
+        --eps 0.01 0.1 1 10 100 1000 --seeds 0 1 2 --learners l2dp l2dp-nobn bounded agem --sweep-figure
 
 The data are read from ``--data`` (never copied): ``mnist/mnist.npz`` and ``uci_hapt/hapt_raw.npz``
 (HAPT: non-commercial licence). Prints tables, wall time and device; writes JSON and figures.
