@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 
 from beam_dp.beam.erm import ContinualModelParams
-from beam_dp.mechanisms.erm import ContinualReleaseMechanism, SlidingWindowMechanism, SoftmaxRegression
+from beam_dp.mechanisms.erm import ContinualReleaseMechanism, HuberRegression, SlidingWindowMechanism, SoftmaxRegression
 from beam_dp.mechanisms.erm.base import NotPrivateWarning
-from beam_dp.mechanisms.erm import HuberRegression
 from tests.erm.util import blocks, run, test_noise
 
 MODEL = SoftmaxRegression(n_features=3, clip_bound=2.0, n_classes=3)
