@@ -25,15 +25,14 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import time
 from pathlib import Path
 
 import numpy as np
 
 from beam_dp.core import NoiseSource
-from beam_dp.mechanisms.pmwg import PMWG, Query, hard_query_bound
-from beam_dp.mechanisms.schedulers import BBScheduler, LaplaceHistogram
+from beam_dp.mechanisms.pmwg import PMWG, Query, hard_query_bound, worst_case_xi_n
+from beam_dp.mechanisms.schedulers import BBImprover, BBScheduler, LaplaceHistogram
 from beam_dp.mechanisms.universe import Bucketed, Categorical, Universe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,6 +138,104 @@ def run_accuracy(name: str, N: int, stream: np.ndarray, n: int, every: int, per_
             "pmwg": extra}
 
 
+# error vs n: the mechanisms at their defaults, and the exponent of n their theorems give (up to logs)
+RATE_METHODS = {
+    "PMWG ε (default ξ_n)": (lambda N, n, eps, delta: PMWG(universe_size=N, n=n, epsilon=eps, alpha=0.2), -1 / 3),
+    "PMWG ε (default ξ_n, α = 0.2·(1000/n)^(1/3))": (lambda N, n, eps, delta: PMWG(
+        universe_size=N, n=n, epsilon=eps, alpha=min(1.0, 0.2 * (1000 / n) ** (1 / 3))), -1 / 3),
+    "PMWG ε (worst-case ξ_n)": (lambda N, n, eps, delta: PMWG(universe_size=N, n=n, epsilon=eps, alpha=0.2,
+                                                                xi_n=worst_case_xi_n(N, n, eps, 0.2)), -1 / 3),
+    "BBScheduler(LaplaceHistogram) ε": (lambda N, n, eps, delta: BBScheduler(LaplaceHistogram(N), universe_size=N,
+                                                                              n=n, epsilon=eps), -1 / 3),
+    "BBScheduler(LaplaceHistogram) (ε,δ)": (lambda N, n, eps, delta: BBScheduler(
+        LaplaceHistogram(N), universe_size=N, n=n, epsilon=eps, delta=delta), -0.4),
+    "BBImprover(LaplaceHistogram) (ε,δ)": (lambda N, n, eps, delta: BBImprover(
+        LaplaceHistogram(N), universe_size=N, n=n, epsilon=eps, delta=delta), -0.5),
+}
+
+
+def answer_errors(mech, stream: np.ndarray, queries: dict[int, list[np.ndarray]], noise: NoiseSource, name: str):
+    """Absorb ``stream`` up to each size t of ``queries`` (ascending) and answer its queries there
+    (mechanism stream ``name``); returns the final state and every |answer − f(x_t)|."""
+    state, done, errs = mech.init_state(name), 0, []
+    for t in sorted(queries):
+        state, _ = mech.absorb(state, stream[done:t], noise)
+        done = t
+        for j, f in enumerate(queries[t]):
+            state, rel = mech.answer(state, Query(t, f"q{j}", f), noise)
+            errs.append(abs(rel[-1].value[0] - f @ state.counts / t))
+    return state, errs
+
+
+def run_rates(N: int, ns: list[int], eps: float, delta: float, seeds: int, per_step: int = 5) -> dict:
+    """Mean |error| of answers asked at sizes t ∈ [n, 2n] (11 sizes, ``per_step`` random counting
+    queries each) on the drifting synthetic stream, per start size n; the log-log slope against n is
+    fitted by least squares and compared with the theorem's exponent (PMWG Thm 5 and BBScheduler
+    Thm 9 with p = 1: −1/3 (pure), −p/(1.5p+1) = −0.4 ((ε, δ)); BBImprover α_t = Õ(1/(ε√t)): −1/2)."""
+    out = {label: {"theory_slope": slope, "mean_abs_error": []} for label, (_, slope) in RATE_METHODS.items()}
+    for n in ns:
+        rng = np.random.default_rng(n)
+        stream = synthetic(N, 2 * n, rng)
+        sizes = [n + k * n // 10 for k in range(11)]
+        queries = {t: random_queries(N, per_step, rng) for t in sizes}
+        for label, (build, _) in RATE_METHODS.items():
+            errs = []
+            for seed in range(seeds):
+                errs += answer_errors(build(N, n, eps, delta), stream, queries, NoiseSource(bytes([seed + 1]) * 32),
+                                      f"rate-{n}-{seed}")[1]
+            out[label]["mean_abs_error"].append(float(np.mean(errs)))
+    for res in out.values():
+        res["fitted_slope"] = float(np.polyfit(np.log(ns), np.log(res["mean_abs_error"]), 1)[0])
+        res["fitted_slope_large_n"] = float(np.polyfit(np.log(ns[-5:]), np.log(res["mean_abs_error"][-5:]), 1)[0])
+    return {"N": N, "ns": ns, "epsilon": eps, "delta": delta, "seeds": seeds, "methods": out}
+
+
+def choose_segments(ks=(4, 8, 16, 32, 64, 128, 512), seeds: int = 2) -> None:
+    """How the default K of ``planned_xi_n`` was chosen: mean |error| of PMWG on the public synthetic
+    stream (N = 2^10, n = 1 000, T = 20 000, α = 0.2, ε = 1, 5 counting queries every 500 arrivals)
+    for each K, and for the worst-case noise function (K = None)."""
+    N, n, T = 1 << 10, 1000, 20000
+    rng = np.random.default_rng(2024)
+    stream = synthetic(N, T, rng)
+    qs = {t: random_queries(N, 5, rng) for t in range(n, T + 1, 500)}
+    for delta in (0.0, 1e-6):
+        for k in (None, *ks):
+            errs = []
+            for seed in range(seeds):
+                noise = NoiseSource(bytes([seed + 1]) * 32)
+                kw = dict(xi_n=worst_case_xi_n(N, n, 1.0, 0.2, delta)) if k is None else dict(segments=k)
+                mech = PMWG(universe_size=N, n=n, epsilon=1.0, alpha=0.2, delta=delta, **kw)
+                state, run_errs = answer_errors(mech, stream, qs, noise, "k")
+                errs += run_errs
+            print(f"δ={delta:g} K={k or 'worst case'} ξ_n={mech.xi_n:.4g} mean |error| {np.mean(errs):.4f} "
+                  f"hard={state.hard_count} ε spent={mech.sub.spent(state.total):.3f}", flush=True)
+
+
+def plot_rates(rates: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ns = np.array(rates["ns"], dtype=float)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, res in rates["methods"].items():
+        err = np.array(res["mean_abs_error"])
+        line, = ax.plot(ns, err, "o-", label=f"{label}: slope {res['fitted_slope']:.2f}, "
+                        f"large n {res['fitted_slope_large_n']:.2f} (theory {res['theory_slope']:.2f})")
+        ax.plot(ns, err[0] * (ns / ns[0]) ** res["theory_slope"], ":", color=line.get_color(), lw=1)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("start size n (queries at t ∈ [n, 2n])")
+    ax.set_ylabel("mean |answer − f(x_t)|")
+    ax.set_title(f"error vs n: N={rates['N']}, ε={rates['epsilon']}, δ={rates['delta']:g}, {rates['seeds']} keys "
+                 "(dotted: theory slope)", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def run_throughput(N: int, arrivals: int, queries: int) -> dict:
     rng = np.random.default_rng(0)
     noise = NoiseSource(bytes(range(32)))
@@ -192,7 +289,26 @@ def main() -> None:
     ap.add_argument("--data", help="CSV of categorical columns to use instead of scikit-learn's digits")
     ap.add_argument("--out", default=str(ROOT / "docs" / "figures" / "growing_db_error.png"))
     ap.add_argument("--json", default=None, help="write the results as JSON here")
+    ap.add_argument("--rates-only", action="store_true", help="only the error-vs-n rates (figure growing_db_rates.png)")
+    ap.add_argument("--rates-out", default=str(ROOT / "docs" / "figures" / "growing_db_rates.png"))
+    ap.add_argument("--choose-segments", action="store_true", help="only the table that chose PMWG's default K")
     args = ap.parse_args()
+    if args.choose_segments:
+        choose_segments()
+        return
+    rates = run_rates(1 << 8, [250 * 2**k for k in range(11)] if not args.quick else [250, 500, 1000, 2000, 4000],
+                      1.0, 1e-6, 1 if args.quick else args.seeds)
+    print(f"\nerror vs n (N={rates['N']}, ε={rates['epsilon']}, δ={rates['delta']:g}, queries at t ∈ [n, 2n], "
+          f"{rates['seeds']} keys):")
+    print("| method | " + " | ".join(f"n={n}" for n in rates["ns"]) + " | fitted slope (all n) | (5 largest n) | theory slope |")
+    print("|---" * (len(rates["ns"]) + 4) + "|")
+    for label, res in rates["methods"].items():
+        print(f"| {label} | " + " | ".join(f"{e:.4f}" for e in res["mean_abs_error"]) +
+              f" | {res['fitted_slope']:.3f} | {res['fitted_slope_large_n']:.3f} | {res['theory_slope']:.3f} |")
+    plot_rates(rates, Path(args.rates_out))
+    print(f"figure: {args.rates_out}")
+    if args.rates_only:
+        return
     rng = np.random.default_rng(2024)
     seeds = 1 if args.quick else args.seeds
     results = []

@@ -42,7 +42,7 @@ from beam_dp.core.guarantee import Guarantee
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
 from beam_dp.core.state import decode_state, encode_state
-from beam_dp.mechanisms.universe import check_elements, check_query
+from beam_dp.mechanisms.universe import check_elements, check_query, clamp_answer
 
 __all__ = [
     "DynamicNumericSparse",
@@ -51,13 +51,15 @@ __all__ = [
     "PMWG",
     "PMWGState",
     "Query",
+    "DEFAULT_SEGMENTS",
     "cdp_epsilon",
     "cdp_budget_sq",
-    "default_xi_n",
     "greedy_worst_case_spend",
     "hard_query_bound",
+    "planned_xi_n",
     "relative_entropy",
     "replay_growing",
+    "worst_case_xi_n",
 ]
 
 NEIGHBOURING = "growing database: substitute one element from its arrival on (t* >= n)"
@@ -102,8 +104,26 @@ def hard_query_bound(t: int | np.ndarray, N: int, n: int, alpha: float) -> np.nd
     return (36.0 / alpha**2) * (math.log(N) + cum[np.clip(t_arr - n, 0, None)])
 
 
-def default_xi_n(N: int, n: int, epsilon: float, alpha: float, delta: float = 0.0, a: float = 0.5) -> float:
-    """ξ_n (ours): the accountant never refuses while the subroutine is α/3-accurate."""
+DEFAULT_SEGMENTS = 16
+
+
+def planned_xi_n(n: int, epsilon: float, delta: float = 0.0, segments: int = DEFAULT_SEGMENTS) -> float:
+    """The default ξ_n: the smallest noise under which ``segments`` segments, all opened at the start
+    size n (their most expensive time: a segment opened at t costs ``2.25/(t ξ_t)``, decreasing in t
+    for a < 1), fit the budget: pure ``2.25·K/(n ε)``; δ > 0 ``2.25·√K/(n·√S)``, S = cdp_budget_sq(ε, δ).
+    Public inputs only (n, ε, δ and the constant K), so privacy does not depend on it; segments opened
+    later are cheaper, so more than K fit. When the budget is spent the accountant pauses (answers
+    from the public histogram, flagged ``unchecked``). K = 16 was chosen on the synthetic stream of
+    ``benchmarks/bench_growing_db.py`` (docs/growing_db.md), never on user data."""
+    _check_int("segments", segments, 1)
+    if delta == 0.0:
+        return 2.25 * segments / (n * epsilon)
+    return 2.25 * math.sqrt(segments) / (n * math.sqrt(cdp_budget_sq(epsilon, delta)))
+
+
+def worst_case_xi_n(N: int, n: int, epsilon: float, alpha: float, delta: float = 0.0, a: float = 0.5) -> float:
+    """ξ_n (ours, worst case): the accountant never refuses while the subroutine is α/3-accurate (the
+    worst case of Lemma 6: noise sized for H(t) hard queries; answers within α only from n ≈ 10^6)."""
     c = 36.0 / alpha**2
     if delta == 0.0:
         K = 1.0 + c * (math.log(N) + (math.log(N * n) + 2.0) / (1.0 - a) + 1.0 / (1.0 - a) ** 2)
@@ -290,7 +310,9 @@ class PMWG(GrowingQueryMechanism):
     """Private multiplicative weights for growing databases (see the module docstring).
 
     Parameters: ``universe_size`` N ≥ 2, starting size ``n`` ≥ 1, ``epsilon`` > 0, ``delta`` ∈ [0, 1),
-    accuracy ``alpha`` ∈ (0, 1], noise-decay exponent ``a`` ∈ [0, 1), ``xi_n`` (default).
+    accuracy ``alpha`` ∈ (0, 1], noise-decay exponent ``a`` ∈ [0, 1), ``xi_n`` (default
+    :func:`planned_xi_n` for ``segments`` planned segments; :func:`worst_case_xi_n` gives the
+    §1.5 worst-case noise). Answers are clamped to the query's range ``[min f, max f]`` (post-processing).
     Per-element spend: at most the accountant total, reported as ``epsilon_spent`` (≤ ε always).
     """
 
@@ -307,6 +329,7 @@ class PMWG(GrowingQueryMechanism):
         delta: float = 0.0,
         a: float = 0.5,
         xi_n: float | None = None,
+        segments: int = DEFAULT_SEGMENTS,
         purpose: str = "pmwg",
         subroutine: type[DynamicNumericSparse] = DynamicNumericSparse,
     ):
@@ -320,7 +343,7 @@ class PMWG(GrowingQueryMechanism):
             raise ValueError(f"a must lie in [0, 1), got {a!r}")
         self.delta, self.a = float(delta), float(a)
         if xi_n is None:
-            xi_n = default_xi_n(self.universe_size, self.n, self.epsilon, self.alpha, self.delta, self.a)
+            xi_n = planned_xi_n(self.n, self.epsilon, self.delta, segments)
         self.xi_n = _check_positive("xi_n", xi_n)
         self.eta = self.alpha / 6.0
         self.threshold = 2.0 * self.alpha / 3.0
@@ -363,12 +386,13 @@ class PMWG(GrowingQueryMechanism):
         eps = self.sub.spent(state.total)
         return eps, (self.delta if (self.delta > 0 and state.total > 0) else 0.0)
 
-    def _release(self, state: PMWGState, query: Query, answer: float, **meta) -> Release:
+    def _release(self, state: PMWGState, query: Query, f: np.ndarray, answer: float, **meta) -> Release:
+        """The answer clamped to the range of ``⟨f, x⟩`` over histograms (post-processing)."""
         eps, delta = self._spend(state)
         info = {"query_id": query.query_id, "t": state.t, "hard": False, "sign": 0, "unchecked": False,
                 "segment_index": None, "beta_bound": state.beta_bound, "hard_count": state.hard_count}
         info.update(meta)
-        return Release(stream=state.stream, step=state.t, mechanism=self.name, value=np.array([answer]),
+        return Release(stream=state.stream, step=state.t, mechanism=self.name, value=np.array([clamp_answer(answer, f)]),
                        epsilon_spent=eps, delta_spent=delta, meta=info)
 
     def _answer(self, state: PMWGState, query: Query, f: np.ndarray, noise: NoiseSource) -> tuple[PMWGState, list[Release]]:
@@ -378,7 +402,7 @@ class PMWG(GrowingQueryMechanism):
         if not state.open:
             if not sub.allows(state.total, t):  # paused: post-processing only, no data access
                 state = replace(state, seq=seq + 1)
-                return state, [self._release(state, query, est, unchecked=True)]
+                return state, [self._release(state, query, f, est, unchecked=True)]
             z = sub.threshold_draw(noise, stream, state.segment_index)
             state = replace(
                 state, open=True, t0=t, z=z, segment_index=state.segment_index + 1,
@@ -402,7 +426,7 @@ class PMWG(GrowingQueryMechanism):
         segment = state.segment_index - 1
         if sign == 0:
             state = replace(state, beta_bound=beta, seq=seq + 1)
-            return state, [self._release(state, query, est, segment_index=segment)]
+            return state, [self._release(state, query, f, est, segment_index=segment)]
         omega = sub.answer_noise(noise, stream, seq, t)
         answer = truth + sign * omega
         r = (1.0 - f) if sign > 0 else f  # y under-estimates (σ = +1) or over-estimates (σ = −1)
@@ -412,7 +436,7 @@ class PMWG(GrowingQueryMechanism):
         segments[-1, 1] = t
         state = replace(state, y=y, open=False, z=0.0, hard_count=state.hard_count + 1, beta_bound=beta + tail,
                         seq=seq + 1, segments=segments)
-        return state, [self._release(state, query, answer, hard=True, sign=sign, segment_index=segment)]
+        return state, [self._release(state, query, f, answer, hard=True, sign=sign, segment_index=segment)]
 
     # -- public views ----------------------------------------------------------------------------
     def snapshot(self, state: PMWGState) -> Release | None:
@@ -445,7 +469,7 @@ def greedy_worst_case_spend(N: int, n: int, alpha: float, epsilon: float, horizo
     """ε spent by the accountant's worst case up to ``horizon``: hard queries as
     early as H(t) allows, each segment opening at the previous hard query (the first at n), plus the
     segment open at the end."""
-    xi_n = default_xi_n(N, n, epsilon, alpha, delta, a) if xi_n is None else xi_n
+    xi_n = worst_case_xi_n(N, n, epsilon, alpha, delta, a) if xi_n is None else xi_n
     H = np.floor(hard_query_bound(np.arange(n, horizon + 1), N, n, alpha) + 1e-9)
     k = np.arange(1, int(H[-1]) + 1)
     hard_times = n + np.searchsorted(H, k, side="left")  # first t with H(t) >= k

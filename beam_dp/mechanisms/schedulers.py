@@ -49,7 +49,7 @@ from beam_dp.mechanisms.pmwg import (
     cdp_epsilon,
     dot,
 )
-from beam_dp.mechanisms.universe import check_query
+from beam_dp.mechanisms.universe import check_query, clamp_answer
 
 __all__ = [
     "BBImprover",
@@ -344,7 +344,7 @@ class _Scheduler(GrowingQueryMechanism):
         state, releases = self._ensure_run(state, noise)
         spent, delta = self._spend(state)
         meta = {"query_id": query.query_id, "t": state.t, "run": state.run, "alpha": self._alpha_of(state.run)}
-        value = np.array([self.black_box.answer(state.synopsis, weights)])
+        value = np.array([clamp_answer(self.black_box.answer(state.synopsis, weights), weights)])
         return state, releases + [Release(state.stream, state.t, self.name, value, spent, delta, meta)]
 
     def snapshot(self, state: SchedulerState) -> Release | None:

@@ -25,7 +25,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["Bucketed", "Categorical", "IntRange", "Universe", "check_elements", "check_query"]
+__all__ = ["Bucketed", "Categorical", "IntRange", "Universe", "check_elements", "check_query", "clamp_answer"]
 
 MAX_UNIVERSE = 1 << 26  # dense y and f of 2^26 float64 = 512 MiB each: refuse anything larger
 
@@ -293,6 +293,13 @@ def _object_columns(columns: Mapping[str, list]) -> dict[str, np.ndarray]:
         arr[:] = col
         out[name] = arr
     return out
+
+
+def clamp_answer(answer: float, weights: np.ndarray) -> float:
+    """Clamp an answer to a linear query ``⟨f, x⟩`` on a normalised histogram x (a probability
+    vector) to the range that query can take, ``[min f, max f]``. Post-processing of a private
+    answer with the public query: no privacy cost."""
+    return float(np.clip(answer, float(np.min(weights)), float(np.max(weights))))
 
 
 def check_query(weights: Any, size: int) -> np.ndarray:

@@ -14,7 +14,7 @@ from beam_dp.mechanisms.pmwg import (
     Query,
     cdp_budget_sq,
     cdp_epsilon,
-    default_xi_n,
+    worst_case_xi_n,
     greedy_worst_case_spend,
     hard_query_bound,
     relative_entropy,
@@ -116,7 +116,8 @@ def test_mw_step_lowers_relative_entropy_by_alpha_sq_over_36():
 # -- check 4: Corollary 7 on a noise-free run ----------------------------------------------------
 def test_hard_count_never_exceeds_H_on_noise_free_adversarial_run():
     N, n, alpha = 8, 40, 0.5
-    mech = PMWG(universe_size=N, n=n, epsilon=1.0, alpha=alpha)
+    # the worst-case noise function: the accountant never pauses while the subroutine is accurate
+    mech = PMWG(universe_size=N, n=n, epsilon=1.0, alpha=alpha, xi_n=worst_case_xi_n(N, n, 1.0, alpha))
     zero = ZeroNoise()
     rng = np.random.default_rng(4)
     state = _absorb_all(mech, mech.init_state("s"), rng.integers(0, 2, n), zero)
@@ -196,7 +197,7 @@ def test_tiny_xi_pauses_from_the_start():
 
 # -- check 7 and 8: default xi_n -------------------------------------------------------------------
 @pytest.mark.parametrize("a, pure, approx", [(0.25, 0.9220, 0.964), (0.5, 0.9041, 0.961), (0.75, 0.7579, 0.950)])
-def test_default_xi_n_covers_the_greedy_worst_case(a, pure, approx):
+def test_worst_case_xi_n_covers_the_greedy_worst_case(a, pure, approx):
     spend = greedy_worst_case_spend(16, 200, 0.5, 1.0, 10**6, a=a)
     assert spend <= 1.0 and spend == pytest.approx(pure, abs=1e-3)  # reference values 0.923/0.910/0.781: see docs
     spend = greedy_worst_case_spend(16, 200, 0.5, 1.0, 10**6, a=a, delta=1e-6)
@@ -205,10 +206,10 @@ def test_default_xi_n_covers_the_greedy_worst_case(a, pure, approx):
 
 def test_worked_numbers_of_section_1_5():
     N, n, alpha = 1024, 10**6, 0.25
-    xi = default_xi_n(N, n, 1.0, alpha)
+    xi = worst_case_xi_n(N, n, 1.0, alpha)
     assert xi * n / 2.25 == pytest.approx(32502.05, rel=1e-4)
     assert xi == pytest.approx(0.0731, rel=1e-3) and alpha / (12 * xi) == pytest.approx(0.285, rel=1e-3)
-    xi = default_xi_n(N, n, 1.0, alpha, delta=1e-6)
+    xi = worst_case_xi_n(N, n, 1.0, alpha, delta=1e-6)
     u = math.sqrt(cdp_budget_sq(1.0, 1e-6))
     assert u == pytest.approx(0.186917, rel=1e-5)
     assert (xi * n * u / 2.25) ** 2 == pytest.approx(17671.79, rel=1e-4)

@@ -57,7 +57,7 @@ def test_pmwg_hard_answer_uses_the_subroutine_answer_noise():
     state, (rel,) = mech.answer(state, Query(10, "q", np.array([1.0, 0, 0, 0])), NOISE)
     assert rel.meta["hard"] and rel.meta["sign"] == 1
     omega = mech.sub.answer_noise(NOISE, "h", 0, 10)
-    assert rel.value[0] == 1.0 + omega
+    assert rel.value[0] == min(1.0, 1.0 + omega)  # clamped to the query's range [0, 1]
 
 
 def test_accuracy_within_alpha_when_beta_bound_is_small():

@@ -13,6 +13,16 @@ normaliser ``n_norm`` has L2 sensitivity ``Δ(n_norm) = 2L/(λ n_norm)``.
   (``1/analytic_gaussian_sigma(ε, δ, 1)``) and each algorithm splits ``μ*²`` over its geometric
   schedule. ``accounting.pld_epsilon`` re-derives the same ε with dp-accounting's PLD accountant.
 
+**As-published calibration — NOT PRIVATE** (``as_published_not_private=True``, research use only, to
+draw the paper's figures beside the certified ones; the Beam transforms cannot request it): the
+paper's own noise, coordinate-wise ``Lap(b)`` on every one of the d parameters, with
+``b = 2L_data/(λ n ε_call)`` and the data-dependent Lipschitz constant of its text,
+``L_data = (C − 1)/(2 m C)·‖X‖_F`` over the m (clipped, bias-augmented) rows of the call. Neither
+part is ε-DP: coordinate Laplace needs L1 sensitivity (up to √d·Δ), and ``L_data`` is computed
+from the private rows and shrinks like 1/√m. Construction warns (``NotPrivateWarning``); every
+release carries ``meta["not_private"] = True``, ``epsilon_spent = inf``, ``delta_spent = 1`` and the
+paper's claimed ε as ``meta["claimed_epsilon"]``.
+
 Every training call is an *event* (a dict in the release meta ``events``) with its member ranges
 (1-based inclusive positions), ``n_norm``, law, scale, sampling probability and cost, so each
 element's spend can be recomputed from the release log alone (``accounting.spend_from_log``).
@@ -23,6 +33,7 @@ keeps their cumulative cost (pure ε and μ²) and ``epsilon_spent`` is the maxi
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -38,10 +49,18 @@ from beam_dp.core.state import decode_state, encode_state
 from beam_dp.mechanisms.erm.models import LinearModel
 from beam_dp.mechanisms.erm.solver import Backend, SGDConfig, SolveResult, certified_solve, resolve_backend, sgd_solve
 
-__all__ = ["ERMMechanism", "LabelledRows", "NEIGHBOURING", "TrainedModel", "is_power_of_two", "sampling_probability"]
+__all__ = ["ERMMechanism", "LabelledRows", "NEIGHBOURING", "NotPrivateWarning", "TrainedModel", "is_power_of_two",
+           "sampling_probability"]
 
 NoiseLaw = Literal["gamma", "gaussian"]
 NEIGHBOURING = "event-level: replace one element's value at one stream position (absence = null element)"
+
+
+NOT_PRIVATE_LAW = "coordinate_laplace_data_L_NOT_PRIVATE"
+
+
+class NotPrivateWarning(UserWarning):
+    """Raised (as a warning) when a mechanism is built in a mode whose releases are NOT differentially private."""
 
 
 def is_power_of_two(i: int) -> bool:
@@ -78,7 +97,9 @@ class ERMMechanism:
     Parameters common to all: ``model`` (a :class:`LinearModel`), ``lam`` (λ > 0), ``epsilon``,
     ``delta`` (0 for ``noise="gamma"``), ``noise`` ("gamma" or "gaussian"), ``backend`` of the
     certified solver and its ``tolerance`` (stop at ‖∇F‖ ≤ tolerance·L/n_norm, a fraction ≤ 1 of the
-    certified bound), ``uncertified`` (replication SGD, releases marked ``certified=False``).
+    certified bound), ``uncertified`` (replication SGD, releases marked ``certified=False``),
+    ``as_published_not_private`` (the paper's calibration, NOT PRIVATE: see the module docstring;
+    softmax model and ``noise="gamma"`` only).
     """
 
     name = "erm"
@@ -87,7 +108,8 @@ class ERMMechanism:
 
     def __init__(self, *, model: LinearModel, lam: float, epsilon: float, delta: float = 0.0,
                  noise: NoiseLaw = "gamma", backend: Backend = "numpy", uncertified: bool = False,
-                 sgd: SGDConfig = SGDConfig(), tolerance: float = 1e-3, granularity: float | None = None) -> None:
+                 sgd: SGDConfig = SGDConfig(), tolerance: float = 1e-3, granularity: float | None = None,
+                 as_published_not_private: bool = False) -> None:
         if not isinstance(model, LinearModel):
             raise ValueError("model must be a SoftmaxRegression or HuberRegression")
         if not (isinstance(lam, (int, float)) and math.isfinite(lam) and lam > 0):
@@ -98,6 +120,16 @@ class ERMMechanism:
             raise ValueError("K-norm (gamma) noise gives pure ε-DP: leave delta at 0")
         if noise == "gaussian" and not (isinstance(delta, (int, float)) and 0 < delta < 1):
             raise ValueError(f"Gaussian noise needs 0 < delta < 1, got {delta!r}")
+        if as_published_not_private is not False and as_published_not_private is not True:
+            raise ValueError("as_published_not_private must be True or False")
+        if as_published_not_private:
+            if noise != "gamma" or model.kind != "softmax" or granularity is not None:
+                raise ValueError("the as-published (NOT PRIVATE) calibration exists only for the paper's setting: "
+                                 "softmax model, noise='gamma', no granularity")
+            warnings.warn("ERM mechanism built with as_published_not_private=True: coordinate Laplace noise with a "
+                          "data-dependent Lipschitz constant, as in the paper. Its releases are NOT PRIVATE "
+                          "(epsilon_spent = inf, meta not_private = true).", NotPrivateWarning, stacklevel=2)
+        self.not_private = bool(as_published_not_private)
         self.guarantee = Guarantee(epsilon, delta, NEIGHBOURING)
         self.model = model
         self.lam = float(lam)
@@ -166,7 +198,10 @@ class ERMMechanism:
         return noise.generator(stream, self._purpose("sample"), model_id).random(n) < p
 
     def perturbation(self, noise: NoiseSource, stream: str, model_id: int, scale: float) -> np.ndarray:
-        """The output noise ν of model ``model_id``: K-norm with scale b, or N(0, σ² I_d)."""
+        """The output noise ν of model ``model_id``: K-norm with scale b, or N(0, σ² I_d); coordinate
+        Laplace in the NOT PRIVATE as-published mode."""
+        if self.not_private:
+            return noise.laplace(stream, self._purpose("laplace-not-private"), (model_id,), scale, self.model.dim)
         if self.noise_law == "gamma":
             return noise.k_norm(stream, self._purpose("gamma"), (model_id,), scale, self.model.dim)
         return noise.gaussian(stream, self._purpose("gaussian"), (model_id,), scale, self.model.dim)
@@ -178,6 +213,9 @@ class ERMMechanism:
         subsample when p < 1, drawn under purpose "sample"), perturb once under ``model_id``."""
         ref = np.zeros(self.model.dim) if w_ref is None else np.asarray(w_ref, dtype=np.float64)
         Xf = clip_l2(X.astype(np.float64), self.model.radius)[0] if len(X) else np.zeros((0, self.model.n_features + 1))
+        # the paper's data-dependent L over this call's member rows, before sampling (NOT PRIVATE mode only;
+        # the bias column makes ‖X‖_F ≥ √m > 0)
+        l_ratio = self.published_lipschitz(Xf) / self.model.lipschitz if self.not_private and len(Xf) else 1.0
         if p < 1.0:
             keep = self.sample_mask(noise, stream, model_id, len(Xf), p)
             Xf, y = Xf[keep], y[keep]
@@ -187,6 +225,7 @@ class ERMMechanism:
         else:
             result = certified_solve(self.model, Xf, y, n_norm, self.lam, ref, self.backend, self.tolerance)
         delta_n = self.sens(n_norm)
+        scale, delta_n = scale * l_ratio, delta_n * l_ratio
         nu = self.perturbation(noise, stream, model_id, scale)
         if self.noise_law == "gamma":
             eps, mu = math.log1p(p * math.expm1(delta_n / scale)), 0.0
@@ -199,7 +238,15 @@ class ERMMechanism:
             "w_ref_id": int(w_ref_id), "epsilon": eps, "mu": mu,
             "certified": bool(result.certified), "solver_target": float(result.target), **(extra or {}),
         }
+        if self.not_private:
+            event.update(law=NOT_PRIVATE_LAW, not_private=True)
         return TrainedModel(self._add_noise(result.w, nu), event)
+
+    def published_lipschitz(self, X: np.ndarray) -> float:
+        """The paper's data-dependent constant ``(C − 1)/(2 m C)·‖X‖_F`` over the m rows of one call
+        (as-published mode only: it reads the private rows, so it is NOT a private quantity)."""
+        c, m = self.model.n_classes, max(len(X), 1)
+        return (c - 1) / (2 * m * c) * float(np.linalg.norm(X))
 
     def _add_noise(self, w: np.ndarray, nu: np.ndarray) -> np.ndarray:
         """``w + ν``; snapped: ``(rint(w/g) + rint(ν/g))·g`` in exact integer grid units."""
@@ -233,13 +280,21 @@ class ERMMechanism:
         not logged by another release) and the model description."""
         eps, delta = self.spent(worst)
         covers = _union([(a, b) for _, a, b in chain])
+        flag = {}
+        if self.not_private:
+            flag = {"not_private": True, "claimed_epsilon": eps,
+                    "calibration": "as published (NOT PRIVATE): coordinate Laplace, data-dependent L"}
+            eps, delta = math.inf, 1.0
         meta = {
             "algorithm": self.algorithm, **model.event, "chain": [[int(i), int(a), int(b)] for i, a, b in chain],
-            "covers": covers, "events": events, "lambda": self.lam, **self.model.describe(),
+            "covers": covers, "events": events, "lambda": self.lam, **self.model.describe(), **flag,
         }
         return Release(stream, step, self.name, self.model.to_value(model.w), eps, delta, meta)
 
     def describe(self) -> dict[str, Any]:
+        if self.not_private:
+            return {"algorithm": self.algorithm, "guarantee": "NONE (as-published calibration, NOT PRIVATE)",
+                    "noise": NOT_PRIVATE_LAW, "not_private": True, "granularity": None}
         return {"algorithm": self.algorithm, "guarantee": self.guarantee.describe(), "noise": self.noise_law,
                 "granularity": self.granularity}
 
