@@ -10,7 +10,7 @@ file every time, no download.
 from __future__ import annotations
 
 import csv
-from pathlib import Path
+import io
 
 import numpy as np
 
@@ -46,14 +46,15 @@ def demo_events(seed: int = 20260101) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return stream_ids[order], timestamps[order], values[order]
 
 
-def write_demo_events(path: str | Path) -> int:
-    """Write the demo events to a CSV file; returns the number of events."""
+def write_demo_events(path: str) -> int:
+    """Write the demo events to a CSV file (any Beam filesystem); returns the number of events."""
+    from pipelines.paths import write_text
+
     stream_ids, timestamps, values = demo_events()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["stream_id", "timestamp", "value_0", "value_1"])
-        for sid, t, (v0, v1) in zip(stream_ids, timestamps, values):
-            writer.writerow([sid, f"{t:.6f}", f"{v0:.6f}", f"{v1:.6f}"])
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(["stream_id", "timestamp", "value_0", "value_1"])
+    for sid, t, (v0, v1) in zip(stream_ids, timestamps, values):
+        writer.writerow([sid, f"{t:.6f}", f"{v0:.6f}", f"{v1:.6f}"])
+    write_text(path, text.getvalue())
     return len(stream_ids)

@@ -28,17 +28,27 @@ __all__ = ["ContinualCountParams", "ContinualSumParams", "NoiseKey", "WindowedSu
 
 @dataclass(frozen=True)
 class NoiseKey:
-    """Where workers read the secret noise key at ``setup()``: a file path or an env var (hex).
+    """Where workers read the secret noise key at ``setup()``: a Secret Manager secret version
+    (``projects/P/secrets/S/versions/V``), a file on any Beam filesystem (``gs://``, local) or an
+    env var (hex); see :mod:`beam_dp.io.keys`.
 
-    Only the *location* travels in the pipeline graph, never the key. With neither present the
+    Only the *location* travels in the pipeline graph, never the key. With none present the
     workers draw a random key and log that the run is not reproducible.
     """
 
     env_var: str | None = KEY_ENV_VAR
     key_file: str | None = None
+    secret: str | None = None
+
+    @property
+    def configured(self) -> bool:
+        """A file or secret is named (the env var is only known on the workers)."""
+        return bool(self.key_file or self.secret)
 
     def load(self) -> NoiseSource:
-        return NoiseSource.from_config(self.env_var, self.key_file)
+        from beam_dp.io.keys import load_noise_source
+
+        return load_noise_source(self.env_var, self.key_file, self.secret)
 
 
 def _public_end(clock: StepClock | None) -> int | None:
