@@ -21,7 +21,9 @@ from typing import Any
 
 from pipelines import demo_data
 from pipelines.paths import join
-from pipelines.runner import Job, UsageError, noise_key_of, options_class, params_or_usage_error, run_cli, split_list
+from pipelines.runner import (
+    Job, UsageError, lateness, noise_key_of, options_class, params_or_usage_error, run_cli, split_list,
+)
 
 log = logging.getLogger("beam_dp.continual_stats")
 
@@ -72,7 +74,7 @@ def plan(options) -> Plan:
     if demo:
         start, period, end = demo_data.DEMO_START, demo_data.DEMO_PERIOD, demo_data.DEMO_END
         pattern = join(out_dir, "demo_events.csv")
-        streams = split_list(opts.streams) or demo_data.DEMO_STREAMS
+        streams = split_list(opts.streams, "--streams") or demo_data.DEMO_STREAMS
         window, dim = opts.window or 24, 2
     else:
         missing = [f for f, v in (("--start", opts.start), ("--period", opts.period)) if v is None]
@@ -81,7 +83,7 @@ def plan(options) -> Plan:
         if missing:
             raise UsageError(f"{', '.join(missing)} required: the step schedule is public and never read from data")
         start, period, end = opts.start, opts.period, opts.end
-        streams = split_list(opts.streams)
+        streams = split_list(opts.streams, "--streams")
         window = opts.window
         pattern = opts.input
         if opts.source == "files":
@@ -96,7 +98,8 @@ def plan(options) -> Plan:
     parts = 1 + bool(window) + bool(opts.count)
     common = dict(
         epsilon=opts.epsilon / parts, delta=opts.delta / parts, noise=opts.noise, calibration=opts.calibration,
-        clock=clock, streams=tuple(streams) if streams else None, noise_key=noise_key_of(opts), **_lateness(opts),
+        clock=clock, streams=tuple(streams) if streams else None, noise_key=noise_key_of(opts),
+        **lateness(opts, ContinualSumParams),
     )
     vector = dict(dim=dim, clip_bound=opts.clip_bound, granularity=opts.granularity, **common)
     counter = dict(horizon=opts.horizon, unbounded=opts.unbounded, counter=opts.counter)
@@ -106,11 +109,6 @@ def plan(options) -> Plan:
     if window:
         params["windowed"] = params_or_usage_error(lambda: WindowedSumParams(window=window, **vector), "windowed")
     return Plan(demo, pattern, out_dir, dim, clock, params, streaming)
-
-
-def _lateness(opts) -> dict:
-    """Hook for the step params' ``allowed_lateness`` (issue 14/lateness work): passed when given."""
-    return {} if opts.allowed_lateness is None else {"allowed_lateness": opts.allowed_lateness}
 
 
 def build(pipeline, job: Plan, opts, messages=None) -> dict:

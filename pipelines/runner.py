@@ -257,6 +257,21 @@ def params_or_usage_error(build: Callable[[], Any], what: str) -> Any:
         raise UsageError(f"{what}: {exc}") from None
 
 
-def split_list(text: str | None) -> tuple[str, ...] | None:
-    """A comma-separated flag value -> its non-empty items (None when not given)."""
-    return tuple(s for s in text.split(",") if s) if text else None
+def split_list(text: str | None, flag: str) -> tuple[str, ...] | None:
+    """A comma-separated flag value -> its non-empty items (None when not given; given but empty is an error)."""
+    if text is None:
+        return None
+    items = tuple(s.strip() for s in text.split(",") if s.strip())
+    if not items:
+        raise UsageError(f"{flag} is empty: give comma-separated values or leave the flag out")
+    return items
+
+
+def lateness(opts, params_class: type) -> dict:
+    """``{"allowed_lateness": ...}`` when ``--allowed-lateness`` is given and the family's step params
+    have the field (the hook for the lateness work on the step params); a usage error if they do not."""
+    if opts.allowed_lateness is None:
+        return {}
+    if "allowed_lateness" not in getattr(params_class, "__dataclass_fields__", {}):
+        raise UsageError(f"--allowed-lateness is not supported by {params_class.__name__} in this version")
+    return {"allowed_lateness": opts.allowed_lateness}
