@@ -23,6 +23,7 @@ setup(
         "torch": ["torch==2.13.0"],
         "report": ["matplotlib>=3.7"],
         "yaml": ["apache-beam[yaml]>=2.60,<3"],
+        "gcp": ["apache-beam[gcp]>=2.60,<3", "google-cloud-secret-manager>=2.16"],  # Dataflow, gs://, Secret Manager keys
         "test": ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6", "scikit-learn>=1.3", "matplotlib>=3.7",
                  "apache-beam[yaml]>=2.60,<3"],
     },
