@@ -24,6 +24,8 @@ _POSITIVE_INT = r"^[1-9][0-9]*$"
 _NON_NEGATIVE_INT = r"^[0-9]+$"
 _LIST = r"^[^,]+(,[^,]+)*$"
 _ANY = r"^.+$"
+#: a project id as Beam's ReadFromPubSub accepts it (apache_beam.io.gcp.pubsub.PROJECT_ID_REGEXP)
+_PROJECT = r"[a-z][-a-z0-9:.]{4,61}[a-z0-9]"
 
 
 def boolean(text: str | bool) -> bool:
@@ -96,10 +98,10 @@ def _source(streaming_fields: str) -> tuple[Param, ...]:
           f"JSON object per message with {streaming_fields}.", choices=("files", "pubsub", "kafka"), default="files",
           yaml=False),
         P("pubsub_subscription", "projects/P/subscriptions/S to read (--source pubsub).",
-          regex=r"^projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/subscriptions/[A-Za-z][-A-Za-z0-9._~+%]{2,254}$",
+          regex=rf"^projects/{_PROJECT}/subscriptions/[A-Za-z][-A-Za-z0-9._~+%]{{2,254}}$",
           param_type="PUBSUB_SUBSCRIPTION", yaml=False),
         P("pubsub_topic", "projects/P/topics/T to read through a temporary subscription (--source pubsub).",
-          regex=r"^projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/topics/[A-Za-z][-A-Za-z0-9._~+%]{2,254}$",
+          regex=rf"^projects/{_PROJECT}/topics/[A-Za-z][-A-Za-z0-9._~+%]{{2,254}}$",
           param_type="PUBSUB_TOPIC", yaml=False),
         P("pubsub_timestamp_attribute", "Message attribute holding the event time (drives the watermark); "
           "default: publish time.", regex=r"^[A-Za-z0-9_.-]+$", yaml=False),
