@@ -15,6 +15,7 @@ runs on scikit-learn's digits split into three tasks (classes 0-3, 4-6, 7-9; 20%
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,19 +106,29 @@ def plan(options) -> Plan:
         else:
             dim = opts.dim
     eval_sets = _eval_sets(eval_pattern, dim, tasks, classes) if eval_pattern else None
-    common: dict[str, Any] = dict(
-        input_dim=dim, n_classes=len(classes), hidden=opts.hidden, batch_size=opts.batch_size, epochs=opts.epochs,
-        steps_per_task=opts.steps_per_task, learning_rate=opts.learning_rate, task_ids=tasks, eval_sets=eval_sets,
-        epsilon=opts.epsilon)
-    if opts.learner == "bounded_agem":
-        common.update(delta=opts.delta, clip_norm=opts.clip_norm, memory_uses=opts.memory_uses)
-    elif opts.learner == "naive_gaussian":
-        common.update(delta=opts.delta, clip_norm=opts.clip_norm, num_tasks=len(tasks))
-    learner = params_or_usage_error(lambda: getattr(config, LEARNERS[opts.learner])(**common), opts.learner)
+    learner_class = getattr(config, LEARNERS[opts.learner])
+    given: dict[str, Any] = dict(
+        input_dim=dim, n_classes=len(classes), task_ids=tasks, num_tasks=len(tasks), eval_sets=eval_sets,
+        g_layers=_layers(opts.g_layers), **{name: getattr(opts, name) for name in _LEARNER_FLAGS})
+    accepted = {f.name for f in dataclasses.fields(learner_class)}  # each learner takes its own subset
+    kwargs = {k: v for k, v in given.items() if k in accepted and v is not None}
+    learner = params_or_usage_error(lambda: learner_class(**kwargs), opts.learner)
     params = params_or_usage_error(lambda: LifelongParams(
         learner, streams=split_list(opts.streams, "--streams"), noise_key=noise_key_of(opts),
         allow_cuda=opts.device == "auto", torch_threads=opts.torch_threads), "lifelong")
     return Plan(demo, pattern, out_dir, params, streaming, classes)
+
+
+_LEARNER_FLAGS = ("hidden", "batch_size", "epochs", "steps_per_task", "learning_rate", "optimizer", "dtype",
+                  "eval_batch", "agem_always_project", "epsilon", "delta", "clip_norm", "memory_uses", "memory_share",
+                  "noise_multiplier", "rho_s", "b_theta", "ae_mode", "label_path", "encoder_batch_norm")
+
+
+def _layers(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(w) for w in split_list(text, "--g-layers"))
+    except ValueError:
+        raise UsageError(f"--g-layers must be comma-separated positive integers, got {text!r}"[:200]) from None
 
 
 def class_index(label: Any, classes: tuple[str, ...]) -> int:
