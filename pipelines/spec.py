@@ -15,9 +15,10 @@ from __future__ import annotations
 import argparse
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, List, Optional
 
-__all__ = ["JOBS", "NOT_EXPOSED", "Param", "add_flags", "flex_metadata", "job_params", "yaml_signature"]
+__all__ = ["JOBS", "NOT_EXPOSED", "Param", "add_flags", "boolean", "flex_metadata", "job_params", "yaml_args_doc",
+           "yaml_signature"]
 
 _NUMBER = r"^[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?$"
 _POSITIVE_INT = r"^[1-9][0-9]*$"
@@ -46,7 +47,8 @@ _TYPES: dict[str, Callable[[str], Any]] = {"float": float, "int": int, "str": st
 class Param:
     """One job parameter. ``kind``: float, int, str, bool (``--flag`` alone means true) or list
     (comma-separated text). ``required``: the template must be given it (the CLI may fall back to
-    its demo data). ``fields``: the params fields it sets. ``yaml``: a YAML transform takes it."""
+    its demo data). ``fields``: the params fields it sets. ``yaml``: a YAML transform takes it;
+    ``cli``: the job has the flag (and its template the parameter)."""
 
     name: str
     help: str
@@ -58,6 +60,7 @@ class Param:
     param_type: str | None = None
     fields: tuple[str, ...] = ()
     yaml: bool = True
+    cli: bool = True
 
     @property
     def flags(self) -> list[str]:
@@ -83,8 +86,8 @@ class Param:
         group.add_argument(*self.flags, **kwargs)
 
     def yaml_annotation(self) -> Any:
-        base = {"float": float, "int": int, "str": str, "bool": bool, "list": list[str]}[self.kind]
-        return base if self.required else base | None
+        """The YAML config type (``typing`` forms: Beam maps them to a schema); a list is a YAML list."""
+        return {"float": float, "int": int, "str": str, "bool": bool, "list": List[str]}[self.kind]
 
 
 def P(name: str, help: str, kind: str = "str", default: Any = None, **kw) -> Param:  # noqa: N802 (terse table)
@@ -189,8 +192,8 @@ JOBS: dict[str, tuple[Param, ...]] = {
           kind="float", fields=("granularity",)),
         P("count", "Also run ContinualCount (private running number of events per stream).", kind="bool",
           default=False, yaml=False),
-        P("block_size", "Count steps of this many contributions instead of start/period (YAML only).", kind="int",
-          regex=_POSITIVE_INT, fields=("block_size",)),
+        P("block_size", "Count steps of this many contributions instead of start/period.", kind="int",
+          regex=_POSITIVE_INT, fields=("block_size",), cli=False),
         STREAMS) + KEY + RUN,
     "model_release": _io(
         "model_release", "CSV/Parquet/JSON-lines files (or glob) with columns stream_id, x_0..x_{d-1}, label. "
@@ -356,13 +359,14 @@ def add_flags(parser: argparse.ArgumentParser, job: str) -> None:
     """Add the job's flags (one argument group) to ``parser``."""
     group = parser.add_argument_group(f"beam_dp {job}")
     for param in JOBS[job]:
-        param.add_to(group)
+        if param.cli:
+            param.add_to(group)
 
 
 def flex_metadata(job: str, description: str) -> dict:
     """The Flex Template metadata of a job (every parameter, with its validation regex)."""
     parameters = []
-    for param in JOBS[job]:
+    for param in (p for p in JOBS[job] if p.cli):
         entry = {"name": param.name, "label": param.name.replace("_", " ").capitalize(),
                  "helpText": param.help, "isOptional": not param.required, "regexes": param.regexes}
         if param.param_type:
@@ -379,19 +383,29 @@ _STREAMING = {"name": "streaming", "label": "Streaming",
 
 
 def yaml_signature(job: str, names: tuple[str, ...], required: tuple[str, ...] = (),
-                   extra: tuple[inspect.Parameter, ...] = ()) -> inspect.Signature:
+                   extra: tuple[inspect.Parameter, ...] = (), defaults: dict | None = None,
+                   types: dict | None = None) -> inspect.Signature:
     """A YAML transform's signature from the job's spec: keyword-only ``names`` (``required`` ones
-    without a default), then ``extra`` parameters that only YAML has."""
+    without a default; ``defaults`` overrides a spec default where the transform alone differs from
+    the job, e.g. a job-level total; ``types`` a YAML type, e.g. a mapping where the flag takes JSON
+    text), then ``extra`` parameters that only YAML has."""
     by_name = {p.name: p for p in JOBS[job]}
     params = []
     for name in names:
         p = by_name[name]
         if not p.yaml:
             raise ValueError(f"{job}.{name} is not a YAML parameter")
-        default = inspect.Parameter.empty if name in required else p.default
-        annotation = p.yaml_annotation() if default is not None else p.yaml_annotation() | None
+        default = inspect.Parameter.empty if name in required else (defaults or {}).get(name, p.default)
+        base = (types or {}).get(name, p.yaml_annotation())
+        annotation = base if default is inspect.Parameter.empty or default is not None else Optional[base]
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation))
     return inspect.Signature(params + list(extra))
+
+
+def yaml_args_doc(job: str, names: tuple[str, ...]) -> str:
+    """The ``Args:`` section of a YAML transform's docstring (Google style, read by Beam YAML)."""
+    by_name = {p.name: p for p in JOBS[job]}
+    return "\n\nArgs:\n" + "\n".join(f"  {name}: {by_name[name].help}" for name in names)
 
 
 def _write_metadata() -> None:  # pragma: no cover - a maintainer's command

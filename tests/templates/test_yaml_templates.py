@@ -147,8 +147,9 @@ def test_growing_db_refuses_badly_named_inputs():
 
 
 @pytest.mark.parametrize("name,config,match", [
-    ("ContinualModelRelease", dict(n_features=2, epsilon=1.0, update=2, base=3), "multiple"),
-    ("ContinualModelRelease", dict(n_features=2, epsilon=-1.0, update=2, base=4), "epsilon"),
+    ("ContinualModelRelease", dict(dim=2, epsilon=1.0, update_size=2, base_size=3), "multiple"),
+    ("ContinualModelRelease", dict(dim=2, epsilon=-1.0, update_size=2, base_size=4), "epsilon"),
+    ("ContinualModelRelease", dict(dim=2, n_features=2, epsilon=1.0, update_size=2, base_size=4), "n_features"),
     ("OnlineLearner", dict(dim=2, epsilon=1.0, window=4, constraint="cube"), "cube"),
     ("IncrementalRegression", dict(dim=2, epsilon=1.0, delta=1e-6), "block_size"),
     ("GrowingDatabaseQueries", dict(universe="{not json", n=4, epsilon=1.0, start=0, period=10, end=40), "universe"),
