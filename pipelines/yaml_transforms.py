@@ -71,8 +71,8 @@ from pipelines.runner import UsageError
 
 __all__ = [
     "REGISTRY", "ContinualCountYaml", "ContinualModelReleaseYaml", "ContinualSumYaml", "DeadLetterRow",
-    "GrowingDatabaseQueriesYaml", "IncrementalRegressionYaml", "OnlineLearnerYaml", "ReleaseRecord",
-    "WindowedSumYaml", "YamlRelease",
+    "GrowingDatabaseQueriesYaml", "IncrementalRegressionYaml", "OnlineLearnerYaml", "ReleaseRecord", "SINKS",
+    "WindowedSumYaml", "WriteDeadLettersYaml", "YamlRelease",
 ]
 
 
@@ -375,6 +375,29 @@ def GrowingDatabaseQueriesYaml(c: dict) -> beam.PTransform:
         **_schedule(dict(c, block_size=None)), **_lateness(c, GrowingDatabaseParams))
     return YamlRelease(GrowingDatabaseQueries(params), _GrowingInputs(parsed))
 
+
+class WriteDeadLettersYaml(beam.PTransform):
+    """Write dead-letter rows as JSON lines to ``<path>-00000-of-00001.jsonl``: one file, written even when
+    there are none (so "none" and "not written" differ), named like every job's dead letters.
+
+    Args:
+      path: file prefix, e.g. ``<output>/dead_letter`` (any Beam filesystem).
+      stage: the stage named in each line (as the jobs' ``stage`` field); default: none.
+    """
+
+    def __init__(self, path: str, stage: Optional[str] = None):
+        super().__init__()
+        self.path, self.stage = path, stage
+
+    def expand(self, rows):
+        return (rows
+                | "ToJson" >> beam.Map(lambda row, stage: json.dumps(
+                    {"stage": stage, **_fields(row)}, sort_keys=True), self.stage)
+                | "Write" >> beam.io.WriteToText(self.path, file_name_suffix=".jsonl", num_shards=1))
+
+
+#: YAML sinks of beam_dp (listed in ``templates/yaml/providers.yaml`` too).
+SINKS: dict[str, Callable[..., beam.PTransform]] = {"WriteDeadLetters": WriteDeadLettersYaml}
 
 #: YAML type name -> constructor. ``templates/yaml/providers.yaml`` must list the same names.
 REGISTRY: dict[str, Callable[..., beam.PTransform]] = {

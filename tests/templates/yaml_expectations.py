@@ -53,7 +53,7 @@ EVENTS = [
     {"stream_id": "b", "timestamp": 99.0, "value_0": 0.5},
 ]
 
-SUMS = ("continual_sum", "continual_count", "windowed_sum")
+SUMS = ("continual_sum", "continual_count", "windowed_sum", "streaming_continual_sum")
 TEMPLATES = SUMS + ("model_release", "online_learner", "incremental_regression", "growing_db_queries")
 
 _FILES = {"input": "/nonexistent/rows.csv", "output": "/nonexistent/out"}
@@ -119,7 +119,7 @@ DB_QUERIES = [{"stream_id": s, "query_id": q, "t": t, "predicate": p, "indices":
 def _sum_params(template: str):
     v = TEST_VARIABLES
     clock = StepClock(v["start"], v["period"], v["end"])
-    if template == "continual_sum":
+    if template in ("continual_sum", "streaming_continual_sum"):  # the streaming one reads Pub/Sub, same rows
         return ContinualSumParams(dim=v["dim"], epsilon=v["epsilon"], clip_bound=v["clip_bound"], clock=clock)
     if template == "windowed_sum":
         return WindowedSumParams(dim=v["dim"], epsilon=v["epsilon"], clip_bound=v["clip_bound"], clock=clock,
