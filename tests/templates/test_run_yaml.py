@@ -42,9 +42,9 @@ def test_a_template_runs_quiet_and_verbose_brings_the_logs_back(tmp_path):
                                         ({"input": "/no/such/events.csv"}, "no files")])
 def test_a_bad_parameter_is_one_line_with_exit_code_2(tmp_path, change, fix):
     (tmp_path / "e.csv").write_text("stream_id,timestamp,value_0\na,1.0,0.5\n")
-    variables = dict(TEST_VARIABLES, input=str(tmp_path / "e.csv"), output=str(tmp_path / "out"), **change)
+    variables = {**TEST_VARIABLES, "input": str(tmp_path / "e.csv"), "output": str(tmp_path / "out"), **change}
     variables = {k: v for k, v in variables.items() if v is not None}
     done = _run(tmp_path, variables)
     assert done.returncode == 2
     assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith("python -m pipelines.run_yaml: error:")
-    assert fix in done.stderr.lower()
+    assert fix in done.stderr.lower().replace("found no files", "no files")
