@@ -21,6 +21,7 @@ from typing import Any
 
 from pipelines import demo_data
 from pipelines.paths import join
+from pipelines.rows import require_columns
 from pipelines.runner import (
     Job, UsageError, lateness, noise_key_of, options_class, params_or_usage_error, run_cli, split_list,
 )
@@ -132,20 +133,30 @@ def build(pipeline, job: Plan, opts, messages=None) -> dict:
 
 
 def _dim_of(path: str) -> int:
+    """The value dimension from the first file's header; a usage error for a header the job cannot use."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
     from apache_beam.io.filesystems import FileSystems
 
     from beam_dp.io.sources import value_columns
 
-    with FileSystems.open(path) as fh:
-        try:
+    try:
+        with FileSystems.open(path) as fh:
             if path.endswith(".parquet"):
-                names = pq.ParquetFile(fh).schema_arrow.names
+                schema = pq.ParquetFile(fh).schema_arrow
+                names, nested = schema.names, [f.name for f in schema if pa.types.is_nested(f.type)]
             else:
-                names = [n.strip() for n in fh.readline().decode("utf-8").split(",")]
-            return len(value_columns(names))
-        except Exception as exc:  # unreadable header or file
-            raise UsageError(f"cannot read the header of {path}: {exc}") from None
+                names, nested = [n.strip() for n in fh.readline().decode("utf-8").split(",")], []
+    except Exception as exc:  # unreadable header or file
+        raise UsageError(f"cannot read the header of {path}: {type(exc).__name__}") from None
+    require_columns(names, ("stream_id", "timestamp"), "--input")
+    try:
+        columns = value_columns(names)
+    except ValueError as exc:
+        raise UsageError(f"--input {path}: {exc}") from None
+    if set(columns) & set(nested):
+        raise UsageError(f"--input {path}: a value column holds lists: use value_0..value_{{d-1}}")
+    return len(columns)
 
 
 def summary(job: Plan, opts) -> list[str]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipelines.paths import join, write_text
-from pipelines.rows import number
+from pipelines.rows import number, require_columns
 from pipelines.runner import (
     Job, UsageError, lateness, noise_key_of, options_class, params_or_usage_error, run_cli, split_list,
 )
@@ -77,7 +77,7 @@ def plan(options) -> Plan:
 
     from beam_dp.beam import GrowingDatabaseParams
     from beam_dp.core import StepClock
-    from pipelines.common import check_source, match_files
+    from pipelines.common import check_source
 
     opts = options.view_as(options_class(NAME))
     streaming = bool(options.view_as(StandardOptions).streaming)
@@ -106,8 +106,12 @@ def plan(options) -> Plan:
         if opts.source == "files":
             if not queries:
                 raise UsageError("--queries is required with --input")
-            match_files(elements, "--input")
-            match_files(queries, "--queries")
+            from pipelines.records import column_names
+
+            header = column_names(elements, "--input")
+            fields = () if "record" in header else tuple(f.name for f in universe.fields)  # JSON: {"record": {..}}
+            require_columns(header, ("stream_id", "timestamp") + fields, "--input")
+            require_columns(column_names(queries, "--queries"), ("stream_id", "query_id", "t"), "--queries")
     clock = params_or_usage_error(lambda: StepClock(start=start, period=period, end=end), "step schedule")
     params = params_or_usage_error(lambda: GrowingDatabaseParams(
         universe=universe, n=opts.n, epsilon=opts.epsilon, delta=opts.delta, clock=clock, mechanism=opts.mechanism,

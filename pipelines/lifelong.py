@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipelines.paths import join, write_text
-from pipelines.rows import features_of, number
+from pipelines.rows import features_of, number, require_columns
 from pipelines.runner import Job, UsageError, noise_key_of, options_class, params_or_usage_error, run_cli, split_list
 
 NAME = "lifelong"
@@ -96,7 +96,9 @@ def plan(options) -> Plan:
         tasks = split_list(opts.tasks, "--tasks")
         classes = split_list(opts.classes, "--classes")
         if opts.source == "files":
-            dim = len(indexed_columns(column_names(pattern), "x"))
+            header = column_names(pattern)
+            require_columns(header, ("stream_id", "task_id", "label"), "--input")
+            dim = len(indexed_columns(header, "x"))
             if not dim:
                 raise UsageError("the --input files need feature columns x_0 .. x_{d-1} (and stream_id, task_id, label)")
             if opts.dim is not None and opts.dim != dim:

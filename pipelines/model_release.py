@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipelines.paths import join, write_text
-from pipelines.rows import features_of, number
+from pipelines.rows import features_of, number, require_columns
 from pipelines.runner import Job, UsageError, noise_key_of, options_class, params_or_usage_error, run_cli, split_list
 
 NAME = "model_release"
@@ -65,7 +65,9 @@ def plan(options) -> Plan:
         pattern = join(out_dir, "demo_digits.csv")
     elif opts.source == "files":
         pattern = opts.input
-        dim = len(indexed_columns(column_names(pattern), "x"))
+        header = column_names(pattern)
+        require_columns(header, ("stream_id", "label"), "--input")
+        dim = len(indexed_columns(header, "x"))
         if not dim:
             raise UsageError("the --input files need feature columns x_0 .. x_{d-1} (and stream_id, label)")
         if opts.dim is not None and opts.dim != dim:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipelines.paths import join, write_text
-from pipelines.rows import features_of, number
+from pipelines.rows import features_of, number, require_columns
 from pipelines.runner import Job, UsageError, noise_key_of, options_class, params_or_usage_error, run_cli, split_list
 
 NAME = "online_learning"
@@ -50,7 +50,10 @@ def _dim(opts, pattern: str | None) -> int:
         if opts.dim is None:
             raise UsageError(f"--dim is required with --source {opts.source}")
         return opts.dim
-    dim = len(indexed_columns(column_names(pattern), "x"))
+    header = column_names(pattern)
+    event_time = opts.learner == "regression" and opts.start is not None
+    require_columns(header, ("stream_id", "label") + (("timestamp",) if event_time else ()), "--input")
+    dim = len(indexed_columns(header, "x"))
     if not dim:
         raise UsageError("the --input files need feature columns x_0 .. x_{d-1} (and stream_id, label)")
     if opts.dim is not None and opts.dim != dim:

@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 from pipelines.runner import UsageError
 
-__all__ = ["features_of", "indexed_columns", "number"]
+__all__ = ["features_of", "indexed_columns", "number", "require_columns"]
 
 
 def number(value: Any) -> Any:
@@ -34,3 +34,13 @@ def features_of(row: Mapping[str, Any], dim: int, prefix: str = "x") -> Any:
     if row.get("features") is not None:
         return row["features"]
     return [number(row.get(f"{prefix}_{i}")) for i in range(dim)]
+
+
+
+def require_columns(names: list[str], required: tuple[str, ...], flag: str) -> None:
+    """A usage error when the input's header lacks a column the job needs: one line instead of every
+    row dead-lettered for the same reason."""
+    missing = [c for c in required if c not in names]
+    if missing:
+        shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+        raise UsageError(f"{flag} has no column {missing[0]!r} (needs {', '.join(required)}; has {shown})"[:400])

@@ -23,6 +23,7 @@ duplicated bundle would draw different noise. ``--allow-random-noise-key`` waive
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -63,11 +64,11 @@ class Job:
 
 # -- logging ---------------------------------------------------------------------------------------
 class _OwnWarnings(logging.Filter):
-    """Quiet mode: beam_dp's warnings and anyone's errors pass; other libraries' chatter does not."""
+    """Quiet mode: beam_dp's warnings and errors pass; other libraries' logs do not (a failure still
+    ends the run with its exception, or one line for a usage error)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.ERROR or (
-            record.name.startswith("beam_dp") and record.levelno >= logging.WARNING)
+        return record.name.startswith("beam_dp") and record.levelno >= logging.WARNING
 
 
 def configure_logging(verbose: bool) -> None:
@@ -213,18 +214,36 @@ def run(options, job: Job, plan: Any, messages=None) -> str:
         log.info("%s", job.write_demo(plan))
     pipeline = beam.Pipeline(options=options)
     job.build(pipeline, plan, opts, messages)
-    result = pipeline.run()
     runner = runner_name(options)
+    with _structural_errors_as_usage_errors():
+        result = pipeline.run()
+        if is_local_runner(runner):
+            result.wait_until_finish()
     if not is_local_runner(runner):
         job_id = getattr(result, "job_id", lambda: None)
         job_id = job_id() if callable(job_id) else job_id
         return (f"beam_dp {job.name}: submitted to {runner}" + (f" as job {job_id}" if job_id else "")
                 + f"; releases and dead letters will be written under {display(plan.out_dir)}")
-    result.wait_until_finish()
     lines = [f"beam_dp {job.name}: releases written under {display(plan.out_dir)}"]
     lines += job.summary(plan, opts)
     lines += output_summary(plan.out_dir, plan.outputs)
     return "\n".join(lines + [metrics_summary(result)])
+
+
+@contextlib.contextmanager
+def _structural_errors_as_usage_errors():
+    """A worker's ``StructuralInputError`` (a whole file unusable, e.g. a missing column) reaches the
+    launcher wrapped in the runner's own exception; report it as one line instead of a traceback."""
+    from beam_dp.io.sources import STRUCTURAL
+
+    try:
+        yield
+    except Exception as exc:  # the runner's wrapper type varies; the marker is in the message
+        text = f"{exc}"
+        if STRUCTURAL not in text:
+            raise
+        line = text[text.index(STRUCTURAL):].splitlines()[0].split(" [while running")[0]
+        raise UsageError(line[:500]) from None
 
 
 def run_cli(argv: list[str] | None, job: Job) -> int:

@@ -22,7 +22,18 @@ from apache_beam.io.filesystems import FileSystems
 from beam_dp.beam.events import DeadLetter, EventBatch, Reason, to_micros
 from beam_dp.beam.parse import DEAD_LETTER
 
-__all__ = ["ReadEventFiles", "value_columns"]
+__all__ = ["STRUCTURAL", "ReadEventFiles", "StructuralInputError", "value_columns"]
+
+#: Marks an error that rejects a whole file for one structural cause (a missing column, a column of
+#: the wrong type); a job's runner turns it into a one-line usage error instead of a traceback.
+STRUCTURAL = "structural input error"
+
+
+class StructuralInputError(ValueError):
+    """A whole input file is unusable for one structural cause; the message starts with :data:`STRUCTURAL`."""
+
+    def __init__(self, path: str, problem: str):
+        super().__init__(f"{STRUCTURAL}: {path}: {problem}")
 
 _VALUE_COLUMN = re.compile(r"^value(_(\d+))?$")
 
@@ -103,13 +114,19 @@ class _ReadEventFile(beam.DoFn):
         for text in bad_rows.texts:
             yield beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(Reason.MALFORMED, "wrong column count", None, text))
         for batch in batches:
-            yield from self._convert(batch)
+            yield from self._convert(batch, path)
 
-    def _convert(self, batch: pa.RecordBatch) -> Iterator:
+    def _convert(self, batch: pa.RecordBatch, path: str) -> Iterator:
         names = batch.schema.names
         if "stream_id" not in names or (self._timestamps and "timestamp" not in names):
-            raise ValueError(f"event files need columns stream_id, timestamp, value...; got {names}")
-        cols = value_columns(names)
+            raise StructuralInputError(path, f"event files need columns stream_id, timestamp, value...; got {names}")
+        try:
+            cols = value_columns(names)
+        except ValueError as exc:
+            raise StructuralInputError(path, str(exc)) from None
+        nested = [n for n in cols if pa.types.is_nested(batch.schema.field(n).type)]
+        if nested:
+            raise StructuralInputError(path, f"value column {nested[0]!r} holds lists: use value_0..value_{{d-1}}")
         streams = np.asarray(pc.cast(batch.column("stream_id"), pa.string()).to_numpy(zero_copy_only=False), dtype=object)
         ok = np.ones(batch.num_rows, dtype=bool)
         values = np.empty((batch.num_rows, len(cols)))
