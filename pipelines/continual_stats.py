@@ -7,8 +7,10 @@ with ``--window``) per stream; writes the releases to Parquet (or JSON lines) an
 to JSON lines next to them, and prints a short summary.
 
 With no ``--input`` it runs on the embedded demo dataset (``pipelines/demo_data.py``).
-``--epsilon`` is the total budget of the job: it is split equally between the transforms that run
-(sequential composition), and the summary says so.
+``--epsilon``/``--delta`` are the job's total budget per contribution: a ``JobBudget`` splits them
+equally between the transforms that run (pure epsilons add; Gaussian transforms compose exactly
+through their ``mu``), each transform draws in its own noise domain, and the summary verifies the
+total from the written release files (``python -m beam_dp.verify``).
 
     python -m pipelines.continual_stats --help
 """
@@ -23,7 +25,8 @@ from pipelines import demo_data
 from pipelines.paths import join
 from pipelines.rows import require_columns
 from pipelines.runner import (
-    Job, UsageError, lateness, noise_key_of, options_class, params_or_usage_error, run_cli, split_list,
+    Job, UsageError, budget_shares, lateness, noise_key_of, options_class, params_or_usage_error, run_cli,
+    split_list, verified_lines,
 )
 
 log = logging.getLogger("beam_dp.continual_stats")
@@ -96,19 +99,21 @@ def plan(options) -> Plan:
         else:
             dim = opts.dim
     clock = params_or_usage_error(lambda: StepClock(start=start, period=period, end=end), "step schedule")
-    parts = 1 + bool(window) + bool(opts.count)
-    common = dict(
-        epsilon=opts.epsilon / parts, delta=opts.delta / parts, noise=opts.noise, calibration=opts.calibration,
-        clock=clock, streams=tuple(streams) if streams else None, noise_key=noise_key_of(opts),
-        **lateness(opts, ContinualSumParams),
-    )
+    names = ["sum"] + ["count"] * bool(opts.count) + ["windowed"] * bool(window)
+    budget = budget_shares(opts, names)  # --epsilon/--delta are the job's total
+    common = dict(noise=opts.noise, calibration=opts.calibration, clock=clock,
+                  streams=tuple(streams) if streams else None, noise_key=noise_key_of(opts),
+                  **lateness(opts, ContinualSumParams))
     vector = dict(dim=dim, clip_bound=opts.clip_bound, granularity=opts.granularity, **common)
     counter = dict(horizon=opts.horizon, unbounded=opts.unbounded, counter=opts.counter)
-    params: dict[str, Any] = {"sum": params_or_usage_error(lambda: ContinualSumParams(**counter, **vector), "sum")}
+    params: dict[str, Any] = {"sum": params_or_usage_error(
+        lambda: ContinualSumParams(**counter, **vector, **budget["sum"].params()), "sum")}
     if opts.count:
-        params["count"] = params_or_usage_error(lambda: ContinualCountParams(**counter, **common), "count")
+        params["count"] = params_or_usage_error(
+            lambda: ContinualCountParams(**counter, **common, **budget["count"].params()), "count")
     if window:
-        params["windowed"] = params_or_usage_error(lambda: WindowedSumParams(window=window, **vector), "windowed")
+        params["windowed"] = params_or_usage_error(
+            lambda: WindowedSumParams(window=window, **vector, **budget["windowed"].params()), "windowed")
     return Plan(demo, pattern, out_dir, dim, clock, params, streaming)
 
 
@@ -160,24 +165,27 @@ def _dim_of(path: str) -> int:
 
 
 def summary(job: Plan, opts) -> list[str]:
-    """The job's own summary lines: input, schedule, noise at the last step, the budget split."""
-    from beam_dp.io import read_releases
-
+    """The job's own summary lines: input, schedule, noise at the last step, the budget split and its
+    verification from the written release files."""
     source = "embedded demo dataset" if job.demo else (opts.input or opts.source)
     lines = [f"  input: {source}; dim={job.dim}; steps of {job.clock.period:g}s, {job.clock.last_step} steps"]
     for name in job.params:
-        try:
-            last = [r for r in read_releases(join(job.out_dir, f"{name}-*")) if r["step"] == job.clock.last_step]
-        except FileNotFoundError:
-            last = []
+        last = [r for r in _read_or_empty(job.out_dir, name) if r["step"] == job.clock.last_step]
         noise_std = last[0]["meta"].get("noise_std") if last else None
         if noise_std:
             lines.append(f"  {name}: noise std at the last step {noise_std:.3g}")
-    if len(job.params) > 1:
-        share = opts.epsilon / len(job.params)
-        lines.append(f"  total privacy: the {len(job.params)} transforms each spend epsilon={share:g}: "
-                     f"{opts.epsilon:g} per contribution in all")
-    return lines
+    shares = ", ".join(f"{name} epsilon={params.epsilon:.4g}" for name, params in job.params.items())
+    lines.append(f"  job budget: ({opts.epsilon:g}, {opts.delta:g}) per contribution, split as {shares}")
+    return lines + verified_lines([row for name in job.params for row in _read_or_empty(job.out_dir, name)])
+
+
+def _read_or_empty(out_dir: str, name: str) -> list[dict]:
+    from beam_dp.io import read_releases
+
+    try:
+        return read_releases(join(out_dir, f"{name}-*"))
+    except FileNotFoundError:
+        return []
 
 
 def write_demo(job: Plan) -> str:

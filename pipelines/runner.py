@@ -294,3 +294,24 @@ def lateness(opts, params_class: type) -> dict:
     if "allowed_lateness" not in getattr(params_class, "__dataclass_fields__", {}):
         raise UsageError(f"--allowed-lateness is not supported by {params_class.__name__} in this version")
     return {"allowed_lateness": opts.allowed_lateness}
+
+
+def budget_shares(opts, names: list[str]) -> Any:
+    """The job's total ``(--epsilon, --delta)`` split among its transforms ``names``
+    (``beam_dp.core.budget.JobBudget``): pure epsilons add, Gaussian transforms compose through their mu."""
+    from beam_dp.core.budget import JobBudget
+
+    composition = "gaussian" if getattr(opts, "noise", None) == "gaussian" else "pure"
+    return params_or_usage_error(
+        lambda: JobBudget(opts.epsilon, opts.delta).split({name: composition for name in names}), "job budget")
+
+
+def verified_lines(rows: list[dict]) -> list[str]:
+    """The job's total spend recomputed from its written releases (``beam_dp.verify``)."""
+    from beam_dp.verify import verify_job
+
+    if not rows:
+        return []
+    verdict = verify_job(rows)
+    return [f"  verified from the release files: worst contribution spends epsilon {verdict.worst_epsilon:.4g} "
+            f"of {verdict.epsilon:g}" if verdict.ok else "  NOT verified: " + "; ".join(verdict.problems)]

@@ -347,7 +347,7 @@ NOT_EXPOSED: dict[str, str] = {
     "backend": "numpy or torch solver of the ERM family: Python API only",
     "uncertified": "NOT PRIVATE mode, never offered by a job or template",
     "x1": "the online learner's first decision: Python API only (default: the constraint set's centre)",
-    "noise_domain": "set from the transform's label",
+    "budget": "the job's share of --epsilon/--delta, set by the runner (beam_dp.core.budget.JobBudget)",
 }
 
 

@@ -82,7 +82,9 @@ ReleaseRecord = NamedTuple("ReleaseRecord", [
     ("stream", str), ("step", int), ("mechanism", str), ("value", List[float]), ("shape", List[int]),
     ("parts", str), ("epsilon_spent", float), ("delta_spent", float), ("epsilon_budget", float),
     ("delta_budget", float), ("window", Optional[int]), ("step_start", Optional[int]),
-    ("step_end", Optional[int]), ("meta", str)])
+    ("step_end", Optional[int]), ("meta", str), ("noise_domain", str), ("composition", str),
+    ("job_epsilon_spent", float), ("job_delta_spent", float), ("job_epsilon_budget", float),
+    ("job_delta_budget", float)])
 DeadLetterRow = NamedTuple("DeadLetterRow", [
     ("reason", str), ("detail", str), ("stream", Optional[str]), ("element", str)])
 assert ReleaseRecord._fields == ReleaseRow._fields, "keep ReleaseRecord in step with beam_dp.io.ReleaseRow"

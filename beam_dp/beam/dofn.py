@@ -12,6 +12,10 @@ close, a bag of buffered blocks of open steps, and one event-time timer.
   as one step (arrival order within the key, which the docs say is public).
 * **Declared streams** get a marker element so their state and timer exist from step 1 whether
   or not they ever see data.
+* **The end of a stream.** A mechanism refuses a step (``ValueError``) only at its public end (a
+  horizon or a budget fixed at construction, never the data). The stream then ends: one
+  ``stream_ended`` dead letter, its state and buffers are freed, no later step is fed (so no step is
+  ever fed late), and every later element is dead-lettered ``stream_ended`` with the element kept.
 
 There is no privacy arithmetic here: clipping, noise and accounting happen in the mechanism.
 Only ``Release``s leave, converted to ``ReleaseRow``s; raw state never does.
@@ -40,6 +44,9 @@ from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.io.schema import release_to_row
 
 __all__ = ["ContinualReleaseDoFn"]
+
+
+_ENDED = 0  # NEXT_STEP of a stream that has ended (steps count from 1)
 
 
 class ContinualReleaseDoFn(beam.DoFn):
@@ -100,6 +107,12 @@ class ContinualReleaseDoFn(beam.DoFn):
                 close.set(Timestamp(micros=self._timer_micros(next_step)))
         if block is None:
             return
+        if next_step == _ENDED:
+            self._late.inc()
+            yield beam.pvalue.TaggedOutput(
+                DEAD_LETTER, DeadLetter(Reason.STREAM_ENDED, "the stream has ended at its public horizon", stream,
+                                        original))
+            return
         if self._clock is not None:
             if step < next_step:
                 self._late.inc()
@@ -123,23 +136,29 @@ class ContinualReleaseDoFn(beam.DoFn):
         state = self._mechanism.decode_state(mechanism_state.read())
         state, releases, refused = self._step(stream, state, merged, next_step_state.read())
         if refused is not None:
-            yield refused
+            yield self._end_stream(stream, refused, mechanism_state, next_step_state, pending)
             return
         mechanism_state.write(self._mechanism.encode_state(state))
         next_step_state.write(next_step_state.read() + 1)
         yield from self._rows(releases)
 
     def _step(self, stream, state, block, step: int):
-        """Feed one step; a mechanism that refuses it (``ValueError``: beyond its horizon or budget)
-        leaves its state unchanged and the refusal goes to the dead letters instead of failing the
-        bundle forever."""
+        """Feed one step; a mechanism that refuses it (``ValueError``: at its public horizon or
+        budget) returns the reason instead of failing the bundle forever."""
         try:
             new_state, releases = self._mechanism.step(state, block, self._noise)
         except ValueError as exc:
-            self._late.inc()
-            detail = f"step {step} refused by {self._mechanism.name}: {str(exc)[:200]}"
-            return state, [], beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(Reason.REFUSED, detail, stream, None))
+            return state, [], f"step {step} refused by {self._mechanism.name}: {str(exc)[:200]}"
         return new_state, releases, None
+
+    def _end_stream(self, stream, reason: str, mechanism_state, next_step_state, pending):
+        """The stream's one ``stream_ended`` dead letter; its state and buffers are freed."""
+        self._late.inc()
+        mechanism_state.clear()
+        pending.clear()
+        next_step_state.write(_ENDED)
+        detail = f"the stream ended: {reason}; buffered contributions of later steps are discarded"
+        return beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(Reason.STREAM_ENDED, detail, stream, None))
 
     # -- closing event-time steps ---------------------------------------------------------------
     @on_timer(CLOSE)
@@ -154,6 +173,8 @@ class ContinualReleaseDoFn(beam.DoFn):
     ) -> Iterator:
         clock, last = self._clock, self._clock.last_step
         next_step = next_step_state.read()
+        if next_step == _ENDED:
+            return
         upto = int(clock.step_of_micros(fired.micros)) - 1  # steps whose end <= the fired time
         if last is not None:
             upto = min(upto, last)
@@ -170,7 +191,8 @@ class ContinualReleaseDoFn(beam.DoFn):
         for step in range(next_step, upto + 1):  # every step releases, empty ones included
             state, releases, refused = self._step(stream, state, blocks.get(step), step)
             if refused is not None:
-                yield refused
+                yield self._end_stream(stream, refused, mechanism_state, next_step_state, pending)
+                return
             yield from self._rows(releases, clock.step_start_micros(step), clock.step_end_micros(step))
         mechanism_state.write(self._mechanism.encode_state(state))
         next_step_state.write(upto + 1)

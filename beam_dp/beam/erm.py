@@ -31,10 +31,12 @@ from apache_beam.metrics import Metrics
 from apache_beam.pvalue import PCollection
 
 from beam_dp.beam.dofn import ContinualReleaseDoFn
+from beam_dp.beam.domains import bind_noise_domain, release_labels
 from beam_dp.beam.events import DeadLetter, Reason, checked_stream, coerce_value, named_fields
 from beam_dp.beam.params import NoiseKey
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.beam.transforms import ContinualOutputs
+from beam_dp.core.budget import BudgetShare, check_params_budget
 from beam_dp.io.schema import ReleaseRow
 from beam_dp.mechanisms.erm import (ContinualReleaseMechanism, HuberRegression, LabelledRows, LinearModel,
                                     MultiResolutionMechanism, SlidingWindowMechanism, SoftmaxRegression)
@@ -75,6 +77,7 @@ class _ERMParams:
     granularity: float | None = None
     streams: tuple[str, ...] | None = None
     noise_key: NoiseKey = field(default_factory=NoiseKey)
+    budget: BudgetShare | None = None  # this transform's share of its job's budget (**share.params())
 
     clock = None  # count steps only (contract of ContinualReleaseDoFn)
 
@@ -85,7 +88,7 @@ class _ERMParams:
             if isinstance(self.streams, str) or not all(isinstance(s, str) and s for s in self.streams):
                 raise ValueError("streams must be a tuple of non-empty strings")
             object.__setattr__(self, "streams", tuple(dict.fromkeys(self.streams)))
-        self.build_mechanism()  # validates everything (ValueError)
+        check_params_budget(self, self.build_mechanism())  # validates everything (ValueError)
 
     def model(self) -> LinearModel:
         if self.classes is not None:
@@ -235,7 +238,7 @@ class _ERMRelease(beam.PTransform):
         self.params = params
 
     def expand(self, events: PCollection) -> ContinualOutputs:
-        params = self.params
+        params = bind_noise_domain(self.params, events)
         parsed = events | "Parse" >> beam.ParDo(ParseLabelledExamples(params)).with_output_types(
             Tuple[str, Any]).with_outputs(DEAD_LETTER, main="examples")
         examples = parsed.examples
@@ -245,7 +248,7 @@ class _ERMRelease(beam.PTransform):
             examples = (examples, declared) | "WithDeclared" >> beam.Flatten()
         released = examples | "Release" >> beam.ParDo(
             ContinualReleaseDoFn(params, per_step_timers=False)).with_outputs(DEAD_LETTER, main="rows")
-        rows = released.rows | "Rows" >> beam.Map(lambda row: row).with_output_types(ReleaseRow)
+        rows = released.rows | "Rows" >> beam.Map(release_labels(params)).with_output_types(ReleaseRow)
         dead = (parsed[DEAD_LETTER], released[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
         return ContinualOutputs(rows, dead)
 

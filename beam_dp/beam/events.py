@@ -40,6 +40,9 @@ class Reason:
     NON_FINITE = "non_finite"
     LATE = "late"
     REFUSED = "refused"  # the mechanism refused a step (e.g. beyond its horizon or budget)
+    # the stream reached its mechanism's public end (horizon or budget): one dead letter when it ends
+    # (element None), then one per later element (element kept); its state is freed
+    STREAM_ENDED = "stream_ended"
 
 
 class DeadLetter(NamedTuple):

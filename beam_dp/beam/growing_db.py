@@ -45,9 +45,11 @@ from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
 from apache_beam.utils.timestamp import Timestamp
 
+from beam_dp.beam.domains import bind_noise_domain, release_labels
 from beam_dp.beam.events import DeadLetter, Reason, checked_stream, to_micros
 from beam_dp.beam.params import NoiseKey
 from beam_dp.beam.parse import DEAD_LETTER
+from beam_dp.core.budget import BudgetShare, check_params_budget
 from beam_dp.core.clock import StepClock
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
@@ -101,6 +103,7 @@ class GrowingDatabaseParams:
     snapshots: bool = False
     streams: tuple[str, ...] | None = None
     noise_key: NoiseKey = field(default_factory=NoiseKey)
+    budget: BudgetShare | None = None  # this transform's share of its job's budget (**share.params())
 
     def __post_init__(self) -> None:
         if not isinstance(self.universe, Universe):
@@ -113,7 +116,7 @@ class GrowingDatabaseParams:
             if isinstance(self.streams, str) or not all(isinstance(s, str) and s for s in self.streams):
                 raise ValueError("streams must be a tuple of non-empty strings")
             object.__setattr__(self, "streams", tuple(dict.fromkeys(self.streams)))
-        self.build_mechanism()
+        check_params_budget(self, self.build_mechanism())
 
     def build_mechanism(self) -> GrowingQueryMechanism:
         N = self.universe.size
@@ -432,7 +435,7 @@ class GrowingDatabaseQueries(beam.PTransform):
             elements, queries = inputs["elements"], inputs["queries"]
         else:
             elements, queries = inputs
-        params = self.params
+        params = bind_noise_domain(self.params, elements)
         bounded = bool(getattr(elements, "is_bounded", True)) and bool(getattr(queries, "is_bounded", True))
         if bounded and params.clock.last_step is None:
             raise ValueError("a batch replay needs a public end: StepClock(..., end=...)")
@@ -449,7 +452,8 @@ class GrowingDatabaseQueries(beam.PTransform):
         )
         out = merged | "Answer" >> beam.ParDo(GrowingDatabaseDoFn(params, per_step_timers=not bounded)).with_outputs(
             DEAD_LETTER, SNAPSHOTS, main="rows")
-        rows = out.rows | "Rows" >> beam.Map(lambda row: row).with_output_types(ReleaseRow)
-        snaps = out[SNAPSHOTS] | "SnapshotRows" >> beam.Map(lambda row: row).with_output_types(ReleaseRow)
+        labels = release_labels(params)
+        rows = out.rows | "Rows" >> beam.Map(labels).with_output_types(ReleaseRow)
+        snaps = out[SNAPSHOTS] | "SnapshotRows" >> beam.Map(labels).with_output_types(ReleaseRow)
         dead = (parsed_e[DEAD_LETTER], parsed_q[DEAD_LETTER], out[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
         return GrowingDatabaseOutputs(rows, snaps, dead)

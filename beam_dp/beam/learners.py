@@ -35,10 +35,12 @@ import numpy as np
 from apache_beam.metrics import Metrics
 
 from beam_dp.beam.dofn import ContinualReleaseDoFn
+from beam_dp.beam.domains import bind_noise_domain, release_labels
 from beam_dp.beam.events import DeadLetter, Reason, checked_stream, named_fields, to_micros
 from beam_dp.beam.params import NoiseKey
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.beam.transforms import ContinualOutputs
+from beam_dp.core.budget import BudgetShare, check_params_budget
 from beam_dp.core.clock import StepClock
 from beam_dp.io.schema import ReleaseRow
 
@@ -79,10 +81,11 @@ class OnlineLearnerParams:
     x1: tuple[float, ...] | None = None
     streams: tuple[str, ...] | None = None
     noise_key: NoiseKey = field(default_factory=NoiseKey)
+    budget: BudgetShare | None = None  # this transform's share of its job's budget (**share.params())
 
     def __post_init__(self) -> None:
         _check_streams(self)
-        self.build_mechanism()
+        check_params_budget(self, self.build_mechanism())
 
     # the DoFn contract: count steps of one record
     @property
@@ -134,6 +137,7 @@ class IncrementalRegressionParams:
     block_size: int | None = None
     streams: tuple[str, ...] | None = None
     noise_key: NoiseKey = field(default_factory=NoiseKey)
+    budget: BudgetShare | None = None  # this transform's share of its job's budget (**share.params())
 
     def __post_init__(self) -> None:
         if (self.clock is None) == (self.block_size is None):
@@ -145,7 +149,7 @@ class IncrementalRegressionParams:
         if self.horizon is not None and self.clock is not None and self.clock.last_step is not None:
             if self.clock.last_step > self.horizon:
                 raise ValueError(f"the clock has {self.clock.last_step} steps but horizon is {self.horizon}")
-        self.build_mechanism()
+        check_params_budget(self, self.build_mechanism())
 
     @property
     def event_time(self) -> bool:
@@ -257,7 +261,7 @@ class _LearnerTransform(beam.PTransform):
         self.params = params
 
     def expand(self, records) -> ContinualOutputs:
-        params = self.params
+        params = bind_noise_domain(self.params, records)
         bounded = bool(getattr(records, "is_bounded", True))
         if params.event_time and bounded and params.clock.last_step is None:
             raise ValueError("a batch replay with event-time steps needs a public end: StepClock(..., end=...)")
@@ -270,7 +274,7 @@ class _LearnerTransform(beam.PTransform):
             items = (items, declared) | "WithDeclared" >> beam.Flatten()
         released = items | "Release" >> beam.ParDo(
             ContinualReleaseDoFn(params, per_step_timers=not bounded)).with_outputs(DEAD_LETTER, main="rows")
-        rows = released.rows | "Rows" >> beam.Map(lambda row: row).with_output_types(ReleaseRow)
+        rows = released.rows | "Rows" >> beam.Map(release_labels(params)).with_output_types(ReleaseRow)
         dead = (parsed[DEAD_LETTER], released[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
         return ContinualOutputs(rows, dead)
 

@@ -39,10 +39,12 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
 
+from beam_dp.beam.domains import bind_noise_domain, release_labels
 from beam_dp.beam.events import DeadLetter, Reason, checked_stream, coerce_value
 from beam_dp.beam.params import NoiseKey
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.beam.transforms import ContinualOutputs
+from beam_dp.core.budget import BudgetShare, check_share
 from beam_dp.io.schema import ReleaseRow, release_to_row
 from beam_dp.mechanisms.lifelong.config import BoundedAGEMConfig, L2DPConfig, NaiveGaussianConfig, TaskData
 
@@ -67,6 +69,7 @@ class LifelongParams:
     learner: L2DPConfig | BoundedAGEMConfig | NaiveGaussianConfig
     streams: tuple[str, ...] | None = None
     noise_key: NoiseKey = field(default_factory=NoiseKey)
+    budget: BudgetShare | None = None  # this transform's share of its job's budget (**share.params())
     allow_cuda: bool = True
     torch_threads: int | None = None
 
@@ -81,6 +84,14 @@ class LifelongParams:
             object.__setattr__(self, "streams", tuple(dict.fromkeys(self.streams)))
         if self.torch_threads is not None and (not isinstance(self.torch_threads, int) or self.torch_threads < 1):
             raise ValueError("torch_threads must be an integer >= 1 or None")
+        if self.budget is not None:
+            if isinstance(self.learner, L2DPConfig):
+                raise ValueError("L2DP-ML's guarantee is the paper's unaudited claim: it cannot take a share of a "
+                                 "job budget; use BoundedAGEMConfig (DP-SGD + A-GEM)")
+            check_share(self.budget, self.learner.epsilon, self.learner.delta, self.composition, "LifelongParams")
+
+    # DP-SGD's subsampled Gaussian steps are accounted with RDP: basic (epsilon, delta) composition with others
+    composition = "approx"
 
     def build_mechanism(self):
         """The learner, on CUDA when available and allowed (call on the worker)."""
@@ -246,14 +257,15 @@ class LifelongLearner(beam.PTransform):
         self.params = params
 
     def expand(self, events):
-        parsed = events | "Parse" >> beam.ParDo(_ParseTaskRows(self.params)).with_output_types(
+        params = bind_noise_domain(self.params, events)
+        parsed = events | "Parse" >> beam.ParDo(_ParseTaskRows(params)).with_output_types(
             Tuple[str, Any]).with_outputs(DEAD_LETTER, main="rows")
         rows = parsed.rows
-        if self.params.streams:
+        if params.streams:
             declared = events.pipeline | "DeclareStreams" >> beam.Create(
-                [(s, (_DECLARE, None, None, None)) for s in self.params.streams]).with_output_types(Tuple[str, Any])
+                [(s, (_DECLARE, None, None, None)) for s in params.streams]).with_output_types(Tuple[str, Any])
             rows = (rows, declared) | "WithDeclared" >> beam.Flatten()
-        learned = rows | "Learn" >> beam.ParDo(_LifelongDoFn(self.params)).with_outputs(DEAD_LETTER, main="rows")
-        releases = learned.rows | "Rows" >> beam.Map(lambda row: row).with_output_types(ReleaseRow)
+        learned = rows | "Learn" >> beam.ParDo(_LifelongDoFn(params)).with_outputs(DEAD_LETTER, main="rows")
+        releases = learned.rows | "Rows" >> beam.Map(release_labels(params, params.composition)).with_output_types(ReleaseRow)
         dead = (parsed[DEAD_LETTER], learned[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
         return ContinualOutputs(releases, dead)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Literal
 
+from beam_dp.core.budget import BudgetShare, check_params_budget
 from beam_dp.core.clock import StepClock
 from beam_dp.core.noise import KEY_ENV_VAR, NoiseSource
 from beam_dp.core.grid import power_of_two_at_least
@@ -28,27 +29,39 @@ __all__ = ["ContinualCountParams", "ContinualSumParams", "NoiseKey", "WindowedSu
 
 @dataclass(frozen=True)
 class NoiseKey:
-    """Where workers read the secret noise key at ``setup()``: a Secret Manager secret version
-    (``projects/P/secrets/S/versions/V``), a file on any Beam filesystem (``gs://``, local) or an
-    env var (hex); see :mod:`beam_dp.io.keys`.
+    """Where workers read the secret noise key at ``setup()`` (a Secret Manager secret version
+    ``projects/P/secrets/S/versions/V``, a file on any Beam filesystem such as ``gs://``, or an env var
+    holding hex; see :mod:`beam_dp.io.keys`), and the *noise domain* the transform draws in.
 
     Only the *location* travels in the pipeline graph, never the key. With none present the
     workers draw a random key and log that the run is not reproducible.
+
+    ``domain`` names one transform instance of one job; every draw is keyed by (key, domain, stream,
+    purpose, index), so two transforms never share noise. Leave it ``None``: a beam_dp transform binds
+    it to its full label in the pipeline when it is applied (``beam_dp.beam.domains``) and refuses a
+    domain already claimed in the same pipeline. Set it explicitly to keep a transform's noise when it
+    is renamed, or to separate two jobs that reuse one key with the same labels.
     """
 
     env_var: str | None = KEY_ENV_VAR
     key_file: str | None = None
+    domain: str | None = None
     secret: str | None = None
 
-    @property
-    def configured(self) -> bool:
-        """A file or secret is named (the env var is only known on the workers)."""
-        return bool(self.key_file or self.secret)
+    def __post_init__(self) -> None:
+        if self.domain is not None and (not isinstance(self.domain, str) or not self.domain):
+            raise ValueError(f"NoiseKey.domain must be a non-empty string or None, got {self.domain!r}")
 
     def load(self) -> NoiseSource:
+        """The noise source of this key's domain (read on the worker; never pickled)."""
         from beam_dp.io.keys import load_noise_source
 
-        return load_noise_source(self.env_var, self.key_file, self.secret)
+        if self.domain is None:
+            raise ValueError(
+                "this noise key has no noise domain: apply the params through a beam_dp transform (which "
+                "binds its full label) or set NoiseKey(domain=...)"
+            )
+        return load_noise_source(self.env_var, self.key_file, self.secret).for_domain(self.domain)
 
 
 def _public_end(clock: StepClock | None) -> int | None:
@@ -69,6 +82,9 @@ class _StepParams:
     # data-independent noise (beam_dp.mechanisms.snapping.SnappedSum): closes the floating-point channel
     # of Mironov 2012; the mechanism is calibrated for the clip bound R + sqrt(dim)*g (see docs/reliability.md).
     granularity: float | None = None
+    # this transform's share of its job's budget (JobBudget(...).split(...)[name]; pass **share.params()):
+    # refused at construction unless the mechanism fits it; releases then report the job's spend
+    budget: BudgetShare | None = None
 
     def _validate_steps(self) -> None:
         if (self.clock is None) == (self.block_size is None):
@@ -148,7 +164,7 @@ class ContinualSumParams(_VectorSumParams):
         if self.horizon is not None and self.clock is not None and self.clock.last_step is not None:
             if self.clock.last_step > self.horizon:
                 raise ValueError(f"the clock has {self.clock.last_step} steps but horizon is {self.horizon}")
-        self.build_mechanism()
+        check_params_budget(self, self.build_mechanism())
 
     def build_mechanism(self):
         from beam_dp.mechanisms.counters import make_counter
@@ -179,7 +195,7 @@ class WindowedSumParams(_VectorSumParams):
 
     def __post_init__(self) -> None:
         self._validate_steps()
-        self.build_mechanism()
+        check_params_budget(self, self.build_mechanism())
 
     def build_mechanism(self):
         from beam_dp.mechanisms.window_tree import WindowTreeSum
@@ -217,7 +233,7 @@ class ContinualCountParams(_StepParams):
             clock=self.clock, block_size=self.block_size, streams=self.streams, noise_key=self.noise_key,
             restore_states=self.restore_states, granularity=self.granularity, dim=1, epsilon=self.epsilon,
             clip_bound=1.0, delta=self.delta, noise=self.noise, calibration=self.calibration, horizon=self.horizon,
-            unbounded=self.unbounded, counter=self.counter,
+            unbounded=self.unbounded, counter=self.counter, budget=self.budget,
         )
 
     def build_mechanism(self):

@@ -23,6 +23,7 @@ import numpy as np
 from apache_beam.pvalue import PCollection
 
 from beam_dp.beam.dofn import ContinualReleaseDoFn
+from beam_dp.beam.domains import bind_noise_domain, release_labels
 from beam_dp.beam.events import EventBatch
 from beam_dp.beam.params import ContinualCountParams, ContinualSumParams, WindowedSumParams
 from beam_dp.beam.parse import DEAD_LETTER, MergeClippedSums, ParseEvents
@@ -52,7 +53,7 @@ class _ContinualRelease(beam.PTransform):
         self.pre_aggregate = pre_aggregate
 
     def expand(self, events: PCollection) -> ContinualOutputs:
-        params = self.params
+        params = bind_noise_domain(self.params, events)
         bounded = bool(getattr(events, "is_bounded", True))
         if params.event_time and bounded and params.clock.last_step is None:
             raise ValueError("a batch replay with event-time steps needs a public end: StepClock(..., end=...)")
@@ -76,7 +77,7 @@ class _ContinualRelease(beam.PTransform):
         released = blocks | "Release" >> beam.ParDo(
             ContinualReleaseDoFn(params, per_step_timers=not bounded)
         ).with_outputs(DEAD_LETTER, main="rows")
-        rows = released.rows | "Rows" >> beam.Map(lambda row: row).with_output_types(ReleaseRow)
+        rows = released.rows | "Rows" >> beam.Map(release_labels(params)).with_output_types(ReleaseRow)
         dead = (parsed[DEAD_LETTER], released[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
         return ContinualOutputs(rows, dead)
 

@@ -1,7 +1,9 @@
 """Keyed, reproducible noise and the samplers every mechanism draws from.
 
 ``NoiseSource(key)`` derives an independent counter-based generator (numpy ``Philox``) for each
-``(stream, purpose, index...)`` from a secret key with a keyed BLAKE2b hash. The same node always
+``(stream, purpose, index...)`` from a secret key with a keyed BLAKE2b hash. ``for_domain(domain)``
+derives the source of one *noise domain* (one transform instance of one job): every draw a transform
+makes is keyed by ``(key, domain, stream, purpose, index)``, so two transforms never share noise. The same node always
 gets the same noise, so a bundle retry or a replay re-emits identical releases instead of fresh,
 averageable noise (spec tree-mechanisms [T-4]). The key is a secret: it is never shown by
 ``repr``, never pickled (so it cannot end up in a Beam pipeline graph) and never logged.
@@ -47,6 +49,9 @@ log = logging.getLogger(__name__)
 KEY_ENV_VAR = "BEAM_DP_NOISE_KEY"
 _MIN_KEY_BYTES = 16
 _PERSON = b"beam_dp-noise-v1"
+# Version tag of the domain-key derivation (BLAKE2b personalisation, at most 16 bytes): bump it if the
+# derivation ever changes, so that old and new releases can never share noise by accident.
+_DOMAIN_PERSON = b"beam_dp-domain-1"
 
 
 def _check_scale(name: str, value: float) -> None:
@@ -171,6 +176,20 @@ class NoiseSource:
             )
             key = os.urandom(32)
         return cls(key)
+
+    def for_domain(self, domain: str) -> "NoiseSource":
+        """The noise source of one noise domain (one transform instance of one job).
+
+        Its key is ``BLAKE2b(domain, key=self's key)``: sources of different domains are independent
+        (pseudo-random under the secret key) and a domain's draws are the same on every replay.
+        """
+        if not isinstance(domain, str) or not domain:
+            raise ValueError(f"a noise domain must be a non-empty string, got {domain!r}")
+        try:
+            message = domain.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("a noise domain must be encodable as UTF-8") from None
+        return NoiseSource(hashlib.blake2b(message, key=self._key, digest_size=32, person=_DOMAIN_PERSON).digest())
 
     def __repr__(self) -> str:
         return "NoiseSource(<secret key>)"

@@ -32,6 +32,9 @@ class FlinkReleaseParams:
     streams: tuple[str, ...] | None = None
     key_env: str | None = KEY_ENV_VAR
     key_file: str | None = None
+    # the noise domain of this release function (one per operator of a job): every draw is keyed by
+    # (key, domain, stream, purpose, index), so two operators under one key never share noise
+    domain: str = "flink/ContinualRelease"
 
     def __post_init__(self) -> None:
         if (self.clock is None) == (self.block_size is None):
@@ -52,4 +55,4 @@ class FlinkReleaseParams:
         return self
 
     def load(self) -> NoiseSource:
-        return NoiseSource.from_config(self.key_env, self.key_file)
+        return NoiseSource.from_config(self.key_env, self.key_file).for_domain(self.domain)

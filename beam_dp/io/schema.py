@@ -9,19 +9,29 @@ Columns:
 * ``epsilon_spent``, ``delta_spent``: worst-case loss of any element up to this release;
 * ``epsilon_budget``, ``delta_budget``, ``window``: the mechanism's guarantee (window null = forever);
 * ``step_start``, ``step_end``: the step's public event-time interval (UTC, µs; null for count steps);
-* ``meta``: public facts as sorted JSON (noise law, scale, ``noise_std``, node counts, calibration).
+* ``meta``: public facts as sorted JSON (noise law, scale, ``noise_std``, node counts, calibration);
+* ``noise_domain``: the transform instance that made the release (its noise domain; see
+  ``beam_dp.beam.domains``) and ``composition`` (``"pure"``, ``"gaussian"`` or ``"approx"``: how its
+  spend composes with other transforms', ``beam_dp.core.budget``);
+* ``job_epsilon_spent``, ``job_delta_spent``: the job's worst per-contribution loss so far (this
+  transform's spend composed with every other transform's full share of the job's budget);
+  ``job_epsilon_budget``, ``job_delta_budget``: the job's declared total. Without a job budget the
+  transform is the whole job and these equal its own columns.
 """
 
+import functools
 import json
+from dataclasses import dataclass
 from typing import List, NamedTuple, Optional
 
 import numpy as np
 import pyarrow as pa
 
+from beam_dp.core.budget import BudgetShare, Composition
 from beam_dp.core.guarantee import Guarantee
 from beam_dp.core.release import Release
 
-__all__ = ["RELEASE_SCHEMA", "ReleaseRow", "release_to_row"]
+__all__ = ["RELEASE_SCHEMA", "ReleaseLabels", "ReleaseRow", "release_to_row"]
 
 
 class ReleaseRow(NamedTuple):
@@ -39,6 +49,12 @@ class ReleaseRow(NamedTuple):
     step_start: Optional[int]
     step_end: Optional[int]
     meta: str
+    noise_domain: str = ""
+    composition: str = ""
+    job_epsilon_spent: float = 0.0
+    job_delta_spent: float = 0.0
+    job_epsilon_budget: float = 0.0
+    job_delta_budget: float = 0.0
 
 
 RELEASE_SCHEMA = pa.schema(
@@ -57,6 +73,12 @@ RELEASE_SCHEMA = pa.schema(
         ("step_start", pa.timestamp("us", tz="UTC")),
         ("step_end", pa.timestamp("us", tz="UTC")),
         ("meta", pa.string()),
+        ("noise_domain", pa.string()),
+        ("composition", pa.string()),
+        ("job_epsilon_spent", pa.float64()),
+        ("job_delta_spent", pa.float64()),
+        ("job_epsilon_budget", pa.float64()),
+        ("job_delta_budget", pa.float64()),
     ]
 )
 
@@ -96,3 +118,30 @@ def release_to_row(
         step_end=step_end,
         meta=json.dumps(dict(release.meta), sort_keys=True, default=_json_default),
     )
+
+
+@dataclass(frozen=True)
+class ReleaseLabels:
+    """What a transform stamps on each of its rows: its noise domain, how its spend composes, and its
+    share of the job's budget (``None``: the transform is the whole job)."""
+
+    noise_domain: str
+    composition: Composition
+    budget: BudgetShare | None = None
+
+    def __call__(self, row: ReleaseRow) -> ReleaseRow:
+        if self.budget is None:
+            job_eps, job_delta = row.epsilon_spent, row.delta_spent
+            job_eps_budget, job_delta_budget = row.epsilon_budget, row.delta_budget
+        else:
+            job_eps, job_delta = _job_spend(self.budget, row.epsilon_spent, row.delta_spent)
+            job_eps_budget, job_delta_budget = self.budget.plan.epsilon, self.budget.plan.delta
+        return row._replace(noise_domain=self.noise_domain, composition=self.composition,
+                            job_epsilon_spent=float(job_eps), job_delta_spent=float(job_delta),
+                            job_epsilon_budget=float(job_eps_budget), job_delta_budget=float(job_delta_budget))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _job_spend(share: BudgetShare, epsilon_spent: float, delta_spent: float) -> tuple[float, float]:
+    # a transform's spend takes one value per step whatever the stream: cache the (bisection-heavy) composition
+    return share.job_spend(epsilon_spent, delta_spent)

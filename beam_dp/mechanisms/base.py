@@ -175,6 +175,12 @@ class ContinualSumMechanism(abc.ABC, Generic[StateT]):
         self.epsilon = float(epsilon)
         self.delta = float(delta)
 
+    @property
+    def composition(self) -> str:
+        """How releases compose with other transforms' (``beam_dp.core.budget``): a release is a linear
+        function of the data plus noise, so Gaussian noise makes it a Gaussian mechanism."""
+        return "gaussian" if self.noise_law == "gaussian" else "pure"
+
     # -- privacy arithmetic shared by the family ---------------------------------------------
     def gaussian_sigma(self, paper_sigma: float, epsilon: float, delta: float, levels: int) -> tuple[float, str]:
         """Certify the paper's sigma for a step in ``levels`` nodes, or compute the exact one.

@@ -9,8 +9,10 @@ term that is a function of the key alone) and releases on a grid ``g = 2^k``:
    **as an integer number of grid units** (int64: exact);
 2. the noise term is computed by running the wrapped mechanism on **all-zero steps** (its release is
    then the noise alone: it never sees the data) and rounded to the grid, ``n̄_t = g·rint(n_t/g)``;
-3. the release is ``(S̄_t + n̄_t)`` in grid units times ``g``: an exact integer sum and an exact
-   power-of-two scaling (refused beyond ``2^52`` units, where float64 stops being exact).
+3. the release is ``(S̄_t + n̄_t)`` in grid units times ``g``: an exact integer sum (int64, or Python
+   integers where int64 could overflow) and a power-of-two scaling, exact below ``2^53`` units and
+   the nearest float beyond. That last rounding is a function of the exact grid value alone
+   (post-processing), so no step is ever refused and the release schedule never depends on the data.
 
 Guarantee. ``S̄_t + n̄_t = round_g(S̄_t + n_t)``, so each release is post-processing of the wrapped
 mechanism run on the rounded steps ``x̄``. A replace-one neighbour moves at most two steps; rounding
@@ -36,7 +38,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from beam_dp.core.grid import from_grid_units, power_of_two_at_least, to_grid_units
+from beam_dp.core.grid import add_units, from_grid_units, power_of_two_at_least, to_grid_units
 from beam_dp.core.guarantee import Charge
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.state import decode_state, encode_state
@@ -47,7 +49,8 @@ __all__ = ["SnappedState", "SnappedSum"]
 
 @dataclass(frozen=True)
 class SnappedState:
-    """``units``: the exact prefix sum of the rounded steps in grid units (int64, the only data);
+    """``units``: the exact prefix sum of the rounded steps in grid units (int64, or an object array of
+    Python integers beyond 2^62 units; the only data);
     ``inner``: the wrapped mechanism's state on all-zero steps (noise only)."""
 
     stream: str
@@ -101,15 +104,15 @@ class SnappedSum(ContinualSumMechanism[SnappedState]):
 
     def _to_units(self, vector: np.ndarray) -> np.ndarray:
         units = to_grid_units(vector, self.granularity)
-        if self.inputs_on_grid and not np.array_equal(units * self.granularity, vector):
+        if self.inputs_on_grid and not np.array_equal(from_grid_units(units, self.granularity), vector):
             raise ValueError("inputs_on_grid: a step sum is not a multiple of the granularity")
         return units
 
     def _advance(self, state: SnappedState, vector: np.ndarray, noise: NoiseSource):
         # The wrapped mechanism sees zeros only: its release is the noise term, computed without the data.
         inner_state, noise_value, meta, loss = self.inner._advance(state.inner, np.zeros(self.dim), noise)
-        units = state.units + self._to_units(vector)
-        value = from_grid_units(units + to_grid_units(noise_value, self.granularity), self.granularity)
+        units = add_units(state.units, self._to_units(vector))
+        value = from_grid_units(add_units(units, to_grid_units(noise_value, self.granularity)), self.granularity)
         meta = {**meta, "granularity": self.granularity, "snapped_clip_bound": self.inner.clip_bound,
                 "noise_std": math.sqrt(self.noise_var(inner_state.t))}
         return SnappedState(state.stream, units, inner_state), value, meta, loss
@@ -123,11 +126,15 @@ class SnappedSum(ContinualSumMechanism[SnappedState]):
 
     def encode_state(self, state: SnappedState) -> bytes:
         inner = np.frombuffer(self.inner.encode_state(state.inner), dtype=np.uint8)
-        return encode_state(_SnappedWire(state.stream, state.units, inner))
+        units = state.units if state.units.dtype == np.int64 else tuple(int(u) for u in state.units)
+        return encode_state(_SnappedWire(state.stream, units, inner))
 
     def decode_state(self, data: bytes) -> SnappedState:
         wire = decode_state(_SnappedWire, data)
-        units = np.asarray(wire.units)
-        if units.dtype != np.int64 or units.shape != (self.dim,):
-            raise ValueError(f"snapped state units must be int64 of shape ({self.dim},)")
+        # int64 units, or (beyond 2^62 units) a tuple of exact Python integers
+        units = np.array(wire.units, dtype=object) if isinstance(wire.units, tuple) else np.asarray(wire.units)
+        if units.dtype not in (np.int64, object) or units.shape != (self.dim,):
+            raise ValueError(f"snapped state units must be {self.dim} integers")
+        if units.dtype == object and not all(isinstance(u, int) for u in units):
+            raise ValueError("snapped state units must be integers")
         return SnappedState(wire.stream, units, self.inner.decode_state(wire.inner.tobytes()))

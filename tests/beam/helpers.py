@@ -7,8 +7,12 @@ import numpy as np
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from apache_beam.testing.util import BeamAssertException, assert_that
 
+from beam_dp.beam import ContinualCountParams, ContinualSumParams, WindowedSumParams
+from beam_dp.beam.params import _UnitCountSumParams
 from beam_dp.core import NoiseSource
+from beam_dp.core.budget import composition_of
 from beam_dp.io import release_to_row
+from beam_dp.io.schema import ReleaseLabels
 from beam_dp.mechanisms.replay import replay_event_time
 from tests.conftest import TEST_KEY
 
@@ -25,15 +29,39 @@ def streaming_options() -> PipelineOptions:
     return options
 
 
-def expected_rows(params, stream_ids, timestamps, values, streams=None):
-    """Rows the pure mechanism releases on the same events with the test key."""
+# the noise domain a transform applied with its default label binds (its full label in the test pipeline)
+DEFAULT_DOMAINS = {ContinualSumParams: "ContinualSum", WindowedSumParams: "WindowedSum",
+                   ContinualCountParams: "ContinualCount/Sum",
+                   _UnitCountSumParams: "ContinualCount/Sum"}  # ContinualCountParams.as_sum_params()
+
+
+def domain_of(params, domain: str | None = None) -> str:
+    return domain or params.noise_key.domain or DEFAULT_DOMAINS[type(params)]
+
+
+def domain_noise(params, domain: str | None = None) -> NoiseSource:
+    """The test key's noise source in the transform's noise domain."""
+    return NoiseSource(TEST_KEY).for_domain(domain_of(params, domain))
+
+
+def labelled(rows, params, domain: str | None = None) -> list:
+    """Rows as the transform stamps them (noise domain, composition, budget)."""
+    labels = ReleaseLabels(domain_of(params, domain), composition_of(params.build_mechanism()), params.budget)
+    return [labels(row) for row in rows]
+
+
+def expected_rows(params, stream_ids, timestamps, values, streams=None, domain=None):
+    """Rows the pure mechanism releases on the same events with the test key, in the transform's noise
+    domain (``domain``, else the params' explicit one, else the transform's default label)."""
     mechanism = params.build_mechanism()
     clock = params.clock
+    domain = domain_of(params, domain)
     by_stream = replay_event_time(mechanism, np.asarray(stream_ids), np.asarray(timestamps, dtype=float),
                                   np.asarray(values, dtype=float).reshape(len(stream_ids), mechanism.dim),
-                                  clock, NoiseSource(TEST_KEY), streams)
+                                  clock, NoiseSource(TEST_KEY).for_domain(domain), streams)
+    labels = ReleaseLabels(domain, composition_of(mechanism), params.budget)
     return [
-        release_to_row(r, mechanism.guarantee, clock.step_start_micros(r.step), clock.step_end_micros(r.step))
+        labels(release_to_row(r, mechanism.guarantee, clock.step_start_micros(r.step), clock.step_end_micros(r.step)))
         for rels in by_stream.values() for r in rels
     ]
 
@@ -74,5 +102,5 @@ def run_and_check(build, label=None):
         build(pipeline)
 
 
-__all__ = ["assert_that", "batch_options", "expected_rows", "reasons_are", "rows_match", "run_and_check",
+__all__ = ["assert_that", "batch_options", "domain_noise", "domain_of", "expected_rows", "labelled", "reasons_are", "rows_match", "run_and_check",
            "streaming_options"]

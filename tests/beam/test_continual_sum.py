@@ -22,9 +22,9 @@ from beam_dp.beam import (
     WindowedSumParams,
 )
 from beam_dp.beam.dofn import ContinualReleaseDoFn
-from beam_dp.core import NoiseSource, StepClock
+from beam_dp.core import StepClock
 from beam_dp.io import release_to_row, row_to_release
-from tests.beam.helpers import batch_options, expected_rows, reasons_are, rows_match
+from tests.beam.helpers import batch_options, domain_noise, expected_rows, labelled, reasons_are, rows_match
 from tests.conftest import TEST_KEY
 
 pytestmark = pytest.mark.pipeline
@@ -154,7 +154,7 @@ def test_continual_count_counts_events():
     ids, ts, _ = _events(n=300, seed=7)
     params = ContinualCountParams(epsilon=1.0, clock=CLOCK)
     sum_params = params.as_sum_params()
-    expected = expected_rows(sum_params, ids, ts, np.ones((len(ids), 1)))
+    expected = expected_rows(sum_params, ids, ts, np.ones((len(ids), 1)), domain="ContinualCount/Sum")
     with beam.Pipeline(options=batch_options()) as p:
         out = p | beam.Create([(str(i), float(t)) for i, t in zip(ids, ts)]) | ContinualCount(params)
         assert_that(out.releases, rows_match(expected))
@@ -168,8 +168,8 @@ def test_count_steps_release_one_step_per_full_block():
     mechanism = params.build_mechanism()
     state, expected = mechanism.init_state("s"), []
     for _ in range(2):
-        state, releases = mechanism.step(state, np.tile(value, (10, 1)), NoiseSource(TEST_KEY))
-        expected += [release_to_row(r, mechanism.guarantee) for r in releases]
+        state, releases = mechanism.step(state, np.tile(value, (10, 1)), domain_noise(params))
+        expected += labelled([release_to_row(r, mechanism.guarantee) for r in releases], params)
     with beam.Pipeline(options=batch_options()) as p:
         out = p | beam.Create([("s", value.tolist())] * 25) | ContinualSum(params)
         assert_that(out.releases, rows_match(expected), label="two full blocks")
@@ -225,7 +225,7 @@ def test_secret_key_is_never_in_the_pipeline_graph(tmp_path):
     key_file = tmp_path / "key"
     key_file.write_bytes(b"S" * 40)
     params = ContinualSumParams(dim=1, epsilon=1.0, clip_bound=1.0, clock=CLOCK,
-                                noise_key=NoiseKey(key_file=str(key_file)))
+                                noise_key=NoiseKey(key_file=str(key_file), domain="job/ContinualSum"))
     blob = pickle.dumps(ContinualReleaseDoFn(params, per_step_timers=False))
     assert b"S" * 40 not in blob and TEST_KEY.hex().encode() not in blob and TEST_KEY not in blob
     dofn = ContinualReleaseDoFn(params, per_step_timers=False)
@@ -247,14 +247,18 @@ def test_same_key_same_releases_and_other_key_other_noise(monkeypatch):
     assert all(not math.isclose(a.value[0], b.value[0]) for a, b in zip(rows["first"], rows["other"]))
 
 
-def test_steps_a_mechanism_refuses_go_to_dead_letters_without_failing_the_pipeline():
-    """A known-horizon tree refuses steps past its horizon: with count steps (no public end to check at
-    construction) the extra blocks become `refused` dead letters and earlier releases are unaffected."""
+def test_a_stream_ends_cleanly_at_its_horizon():
+    """A known-horizon tree refuses step 4: with count steps (no public end to check at construction) the
+    stream ends with one `stream_ended` dead letter (element None); every later element is dead-lettered
+    `stream_ended` with the element kept; earlier releases are unaffected."""
     params = ContinualSumParams(dim=1, epsilon=1.0, clip_bound=1.0, block_size=1, horizon=3, counter="tree")
     with beam.Pipeline(options=batch_options()) as p:
-        out = p | beam.Create([("s", 0.5)] * 5) | ContinualSum(params)
+        out = p | beam.Create([("s", 0.5)] * 7) | ContinualSum(params)
         assert_that(out.releases | beam.Map(lambda r: r.step), equal_to([1, 2, 3]), label="three releases")
-        assert_that(out.dead_letter, reasons_are({Reason.REFUSED: 2}), label="two refused")
+        assert_that(out.dead_letter | beam.Map(lambda d: (d.reason, d.element is None)),
+                    equal_to([(Reason.STREAM_ENDED, True)] + [(Reason.STREAM_ENDED, False)] * 3), label="ended")
+        assert_that(out.dead_letter | beam.Filter(lambda d: d.element is not None) | beam.Map(lambda d: d.element),
+                    equal_to([("s", 0.5)] * 3), label="later elements kept")
 
 
 def test_snapshot_restored_into_a_fresh_pipeline_continues_like_an_uninterrupted_run():
@@ -272,7 +276,7 @@ def test_snapshot_restored_into_a_fresh_pipeline_continues_like_an_uninterrupted
         steps = CLOCK.step_of(ts[keep])
         for step in range(1, 21):
             block = values[keep][steps == step]
-            state, _ = mechanism.step(state, block if len(block) else None, NoiseSource(TEST_KEY))
+            state, _ = mechanism.step(state, block if len(block) else None, domain_noise(params))
         snapshots[stream] = mechanism.encode_state(state)
     later = CLOCK.step_of(ts) > 20
     restored = ContinualSumParams(dim=3, epsilon=1.0, clip_bound=2.0, clock=CLOCK,

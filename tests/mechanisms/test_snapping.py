@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -130,10 +131,28 @@ def test_state_round_trip_continues_like_an_uninterrupted_run():
         mech.decode_state(MAKERS["blt"](DIM, R).encode_state(MAKERS["blt"](DIM, R).init_state("x")))
 
 
-def test_refuses_sums_beyond_the_exact_range_of_float64():
-    mech = SnappedSum(lambda r: MAKERS["kary"](1, r), clip_bound=1e6, granularity=2.0**-40)
-    with pytest.raises(ValueError, match="2\\^52"):
-        mech.step(mech.init_state("s"), np.full((8, 1), 1e6), NoiseSource(TEST_KEY))
+def test_sums_beyond_the_exact_range_of_float64_release_the_nearest_float():
+    """Snapping never refuses: far beyond 2^53 grid units (here beyond 2^62, the exact Python-integer path) a
+    release is the float nearest the exact grid value (exact prefix units plus the rounded noise units)."""
+    g = 2.0**-40
+    mech = SnappedSum(lambda r: MAKERS["kary"](1, r), clip_bound=1e6, granularity=g)
+    noise = NoiseSource(TEST_KEY)
+    # one contribution per step (so each step sum is an exact float): 6e6 is ~6.6e18 units > 2^62, then
+    # sub-grid steps that only the exact integer sum keeps (5·2^-41 is 2.5 units: rint, ties to even, gives 2)
+    steps = [1e6] * 6 + [3 * g, 5 * g / 2, -g, 7 * g]
+    state, inner_state = mech.init_state("s"), mech.inner.init_state("s")
+    units, beyond_float = 0, 0
+    for x in steps:
+        state, releases = mech.step(state, np.array([[x]]), noise)
+        # the noise term: the wrapped mechanism on a zero step, same key and stream
+        inner_state, inner_releases = mech.inner.step(inner_state, np.zeros((1, 1)), noise)
+        units += round(Fraction(x) / Fraction(g))
+        exact = (units + round(Fraction(float(inner_releases[0].value[0])) / Fraction(g))) * Fraction(g)
+        assert len(releases) == 1
+        assert releases[0].value[0] == float(exact)  # correctly rounded: the nearest float (ties to even)
+        beyond_float += Fraction(float(releases[0].value[0])) != exact
+    assert units > 2**62 and isinstance(state.units[0], int)
+    assert beyond_float > 0  # some releases were not representable, so rounding really happened
 
 
 @pytest.mark.parametrize("g, grid", [(0.25, 0.25), (0.3, 0.5), (1, 1.0), (3, 4.0), (1e-3, 2.0**-9)])

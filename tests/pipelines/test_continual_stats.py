@@ -12,6 +12,7 @@ import pytest
 
 from beam_dp.beam import ContinualCountParams, ContinualSumParams, WindowedSumParams
 from beam_dp.core import StepClock
+from beam_dp.core.budget import JobBudget
 from beam_dp.io import read_releases
 from pipelines import continual_stats
 from tests.beam.helpers import expected_rows
@@ -44,6 +45,11 @@ def test_help_lists_every_option(capsys):
         assert option in text
 
 
+def _share(total: float, name: str, *others: str) -> dict:
+    """The params keywords of transform ``name``'s share of a job budget ``total`` (pure epsilon)."""
+    return JobBudget(total, 0.0).split({n: "pure" for n in (name, *others)})[name].params()
+
+
 @pytest.mark.parametrize("fmt", ["csv", "parquet"])
 def test_job_on_a_file_matches_pure_mechanisms_and_dead_letters_bad_rows(tmp_path, fmt, capsys):
     ids, ts, values = _events()
@@ -66,8 +72,9 @@ def test_job_on_a_file_matches_pure_mechanisms_and_dead_letters_bad_rows(tmp_pat
     assert "sum: 20 releases" in summary and "windowed: 20 releases" in summary
     clock = StepClock(START, PERIOD, END)
     for name, params in (
-        ("sum", ContinualSumParams(dim=2, epsilon=1.0, clip_bound=1.5, clock=clock)),
-        ("windowed", WindowedSumParams(dim=2, epsilon=1.0, clip_bound=1.5, clock=clock, window=4)),
+        ("sum", ContinualSumParams(dim=2, clip_bound=1.5, clock=clock, **_share(2.0, "sum", "windowed"))),
+        ("windowed", WindowedSumParams(dim=2, clip_bound=1.5, clock=clock, window=4,
+                                       **_share(2.0, "windowed", "sum"))),
     ):
         got = read_releases(str(out / f"{name}-*"))
         want = sorted(expected_rows(params, ids, ts, values), key=lambda r: (r.stream, r.step))
@@ -120,8 +127,10 @@ def test_count_output_and_budget_split(tmp_path, capsys):
             str(PERIOD), "--end", str(END), "--epsilon", "3.0", "--count", "--window", "2", "--format", "jsonl"]
     assert continual_stats.main(argv) == 0
     summary = capsys.readouterr().out
-    assert "the 3 transforms each spend epsilon=1" in summary and "progress:" in summary
-    count_params = ContinualCountParams(epsilon=1.0, clock=StepClock(START, PERIOD, END))
+    assert ("job budget: (3, 0) per contribution, split as sum epsilon=1, count epsilon=1, windowed epsilon=1"
+            in summary and "verified from the release files" in summary and "progress:" in summary), summary
+    count_params = ContinualCountParams(clock=StepClock(START, PERIOD, END),
+                                        **_share(3.0, "count", "sum", "windowed"))
     got = read_releases(str(out / "count-*"))
     want = sorted(expected_rows(count_params.as_sum_params(), ids, ts, np.ones((len(ids), 1))),
                   key=lambda r: (r.stream, r.step))
@@ -182,9 +191,10 @@ def test_streaming_source_replaced_by_teststream_matches_pure_mechanism(tmp_path
     options = PipelineOptions(argv)
     job = continual_stats.plan(options)
     clock = StepClock(START, PERIOD, END)
-    want_sum = expected_rows(ContinualSumParams(dim=2, epsilon=1.0, clip_bound=1.0, clock=clock), ids, ts, values)
-    want_win = expected_rows(WindowedSumParams(dim=2, epsilon=1.0, clip_bound=1.0, clock=clock, window=4),
-                             ids, ts, values)
+    want_sum = expected_rows(ContinualSumParams(dim=2, clip_bound=1.0, clock=clock,
+                                                **_share(2.0, "sum", "windowed")), ids, ts, values)
+    want_win = expected_rows(WindowedSumParams(dim=2, clip_bound=1.0, clock=clock, window=4,
+                                               **_share(2.0, "windowed", "sum")), ids, ts, values)
     with beam.Pipeline(options=options) as p:
         outputs = continual_stats.build(p, job, options.view_as(continual_stats.ContinualStatsOptions),
                                         messages=_messages(batches, late))

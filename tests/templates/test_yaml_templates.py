@@ -94,9 +94,10 @@ def test_continual_sum_template_runs_on_a_csv_file(tmp_path):
                        f"--jinja_variables={json.dumps(variables)}"])
     assert done.returncode == 0, done.stderr[-3000:]
     got = read_releases(str(tmp_path / "out" / "sum-*"))
-    want = expectations.tests_block("continual_sum")[0]["expected_inputs"][0]["elements"]
+    want, _ = expectations.expectations("continual_sum", domain=got[0]["noise_domain"])
     assert [(r["stream"], r["step"]) for r in got] == [(r["stream"], r["step"]) for r in want]
-    np.testing.assert_array_equal([r["value"] for r in got], [r["value"] for r in want])
+    # floats: equal up to the platform's last bits (libm in the noise samplers; a few ulps of the value)
+    np.testing.assert_allclose([r["value"] for r in got], [r["value"] for r in want], rtol=1e-12, atol=1e-12)
     assert [r["epsilon_spent"] for r in got] == [r["epsilon_spent"] for r in want]
     assert max(r["epsilon_spent"] for r in got) <= expectations._params("continual_sum").epsilon
     dead = [json.loads(line) for f in (tmp_path / "out").glob("dead_letter*") for line in f.read_text().splitlines()]
@@ -141,10 +142,11 @@ def test_model_release_template_writes_models_that_load_back(tmp_path):
                        f"--jinja_variables={json.dumps(variables)}"])
     assert done.returncode == 0, done.stderr[-3000:]
     got = read_releases(str(tmp_path / "out" / "models-*"))
-    want, _ = expectations.expectations("model_release")
+    want, _ = expectations.expectations("model_release", domain=got[0]["noise_domain"])
     assert [(r["stream"], r["step"]) for r in got] == [(r["stream"], r["step"]) for r in want]
     for g, w in zip(got, want):  # one flat schema: parts name the model's arrays inside value
-        assert g["value"] == w["value"] and g["parts"] == w["parts"] and g["shape"] == []
+        np.testing.assert_allclose(g["value"], w["value"], rtol=1e-9, atol=1e-12)  # solver + libm: last bits
+        assert g["parts"] == w["parts"] and g["shape"] == []
         assert g["epsilon_spent"] == w["epsilon_spent"] <= variables["epsilon"]
     model = load_model(got[-1])
     assert set(model.predict(np.array([[0.5, 0.25], [-0.5, 0.5]]))) <= {"a", "b", "c"}
@@ -160,8 +162,10 @@ def test_growing_db_takes_one_input_split_by_query_id():
     v = expectations.variables("growing_db_queries")
     config = {k: v[k] for k in ("universe", "n", "epsilon", "start", "period", "end")}
     got = run(lambda p: (p | beam.Create(rows) | yaml_transforms.GrowingDatabaseQueriesYaml(**config))["releases"])
-    want, _ = expectations.expectations("growing_db_queries")
-    assert sorted((r._asdict() for r in got), key=lambda r: (r["stream"], r["step"], r["meta"])) == want
+    want, _ = expectations.expectations("growing_db_queries", domain=got[0].noise_domain)
+    got = sorted((r._asdict() for r in got), key=lambda r: (r["stream"], r["step"], r["meta"]))
+    assert [dict(g, value=None) for g in got] == [dict(w, value=None) for w in want]
+    np.testing.assert_allclose([g["value"] for g in got], [w["value"] for w in want], rtol=1e-12, atol=1e-12)
 
 
 def test_growing_db_refuses_badly_named_inputs():

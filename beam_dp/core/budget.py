@@ -1,0 +1,247 @@
+"""One privacy budget per job: shares for its transforms, composed right, checked at construction.
+
+A job's contributions are read by every transform of the job, so a contribution's loss is the
+composition of what each transform spends on it. :class:`JobBudget` holds the job's total
+``(epsilon, delta)`` per contribution and hands out :class:`BudgetShare`s; a :class:`BudgetPlan` refuses
+(``ValueError``) any set of shares whose composition exceeds the total.
+
+Composition rules (``compose``), per contribution, at the job's ``delta``:
+
+* ``"pure"`` shares (Laplace, K-norm, discrete Laplace: pure epsilon): epsilons add;
+* ``"gaussian"`` shares (releases that are linear in the data plus Gaussian noise, e.g. every counter
+  and tree with ``noise="gaussian"``): each is a Gaussian mechanism with some ``mu``; they compose
+  exactly as one Gaussian mechanism with ``mu = sqrt(sum mu_i^2)``. A share's ``mu`` is recovered from
+  its ``(epsilon_i, delta_i)`` as the largest ``mu`` for which the analytic Gaussian bound (Balle and
+  Wang 2018) certifies them: any Gaussian mechanism that is ``(epsilon_i, delta_i)``-DP has at most
+  that ``mu``, so the recovery is an upper bound whatever the mechanism's own calibration;
+* ``"approx"`` shares (any other ``(epsilon, delta)`` argument: subsampled DP-SGD, advanced
+  composition, sparse vector): basic composition, epsilons and deltas add.
+
+The three parts are combined by basic composition (``epsilon_pure + epsilon_approx +
+epsilon_gauss(delta - delta_approx)``); the result is also bounded by plain basic composition of
+every share, and the smaller of the two is reported.
+
+Windowed shares (privacy expiration) compose while the contribution is inside every window: a plan
+with windowed shares gives window DP over the smallest window (``BudgetPlan.window``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Literal, Mapping
+
+from beam_dp.core.calibration import analytic_gaussian_epsilon, analytic_gaussian_sigma
+
+__all__ = [
+    "COMPOSITIONS", "BudgetPlan", "BudgetShare", "JobBudget", "check_params_budget", "check_share", "compose", "composition_of",
+    "gaussian_mu",
+]
+
+Composition = Literal["pure", "gaussian", "approx"]
+COMPOSITIONS: tuple[str, ...] = ("pure", "gaussian", "approx")
+_REL_TOL = 1e-9  # numerical slack of the bisections behind the Gaussian conversions
+
+
+def gaussian_mu(epsilon: float, delta: float) -> float:
+    """Largest ``mu`` of a Gaussian mechanism certified ``(epsilon, delta)``-DP (slightly rounded up)."""
+    if epsilon <= 0 or delta <= 0:
+        return 0.0
+    return (1.0 + 1e-8) / analytic_gaussian_sigma(epsilon, delta, 1.0, rel_tol=1e-12)
+
+
+def _check_spend(epsilon: float, delta: float, what: str) -> None:
+    if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon >= 0):
+        raise ValueError(f"{what}: epsilon must be a finite number >= 0, got {epsilon!r}")
+    if not (isinstance(delta, (int, float)) and 0.0 <= delta < 1.0):
+        raise ValueError(f"{what}: delta must lie in [0, 1), got {delta!r}")
+
+
+def compose(spends: Iterable[tuple[str, float, float]], delta: float) -> float:
+    """Epsilon, at ``delta``, of a contribution charged every ``(composition, epsilon_i, delta_i)``.
+
+    Returns ``math.inf`` when ``delta`` cannot cover the shares' deltas.
+    """
+    pure = approx_eps = approx_delta = mu_sq = 0.0
+    basic_eps = basic_delta = 0.0
+    for composition, eps, dlt in spends:
+        if composition not in COMPOSITIONS:
+            raise ValueError(f"unknown composition {composition!r}; expected one of {COMPOSITIONS}")
+        basic_eps, basic_delta = basic_eps + eps, basic_delta + dlt
+        if composition == "pure" or dlt == 0.0:
+            pure += eps
+        elif composition == "gaussian":
+            mu_sq += gaussian_mu(eps, dlt) ** 2
+        else:
+            approx_eps, approx_delta = approx_eps + eps, approx_delta + dlt
+    basic = basic_eps if basic_delta <= delta * (1.0 + _REL_TOL) else math.inf
+    if mu_sq == 0.0:
+        tight = pure + approx_eps if approx_delta <= delta * (1.0 + _REL_TOL) else math.inf
+    elif delta - approx_delta <= 0.0:
+        tight = math.inf
+    else:
+        tight = pure + approx_eps + analytic_gaussian_epsilon(math.sqrt(mu_sq), delta - approx_delta)
+    return min(basic, tight)
+
+
+@dataclass(frozen=True)
+class BudgetShare:
+    """One transform's share of a job's budget: give its ``epsilon``/``delta`` to the transform's params
+    (``**share.params()``), which then also carry the share so that every release reports the job's spend."""
+
+    name: str
+    epsilon: float
+    delta: float
+    composition: Composition
+    plan: "BudgetPlan"
+
+    def params(self) -> dict:
+        """Keyword arguments for a beam_dp params class: ``epsilon``, ``delta`` and ``budget``."""
+        return {"epsilon": self.epsilon, "delta": self.delta, "budget": self}
+
+    def job_spend(self, epsilon_spent: float, delta_spent: float) -> tuple[float, float]:
+        """The job's worst per-contribution spend when this share has spent ``(epsilon_spent,
+        delta_spent)`` so far: composed with every other share at its full amount (an upper bound,
+        since no transform ever spends more than its share)."""
+        return self.plan.spend_with(self.name, epsilon_spent, delta_spent)
+
+    def __repr__(self) -> str:
+        return (f"BudgetShare({self.name!r}, epsilon={self.epsilon:.6g}, delta={self.delta:.3g}, "
+                f"{self.composition}, of a job budget of ({self.plan.epsilon:g}, {self.plan.delta:g}))")
+
+
+@dataclass(frozen=True, eq=False)
+class BudgetPlan:
+    """A job's total ``(epsilon, delta)`` and the shares of its transforms; composition checked at construction."""
+
+    epsilon: float
+    delta: float
+    shares: tuple[tuple[str, Composition, float, float], ...]
+
+    def __post_init__(self) -> None:
+        names = [name for name, *_ in self.shares]
+        if len(set(names)) != len(names):
+            raise ValueError(f"budget share names must be unique, got {names}")
+        for name, composition, eps, dlt in self.shares:
+            _check_spend(eps, dlt, f"share {name!r}")
+            if composition not in COMPOSITIONS:
+                raise ValueError(f"share {name!r}: composition must be one of {COMPOSITIONS}, got {composition!r}")
+        total = self.total_epsilon()
+        if total > self.epsilon * (1.0 + 1e-7):
+            raise ValueError(
+                f"the shares {names} compose to epsilon {total:.6g} at delta {self.delta:g}, more than the "
+                f"job's total epsilon {self.epsilon:g}"
+            )
+
+    def total_epsilon(self) -> float:
+        """The composition of every share at its full amount, at the job's delta."""
+        return compose(((c, e, d) for _, c, e, d in self.shares), self.delta)
+
+    def spend_with(self, name: str, epsilon_spent: float, delta_spent: float) -> tuple[float, float]:
+        """``(epsilon, delta)`` of the job when share ``name`` has spent this much and the others their all."""
+        spends = [(c, epsilon_spent, delta_spent) if n == name else (c, e, d) for n, c, e, d in self.shares]
+        if name not in self.names:
+            raise KeyError(f"no budget share named {name!r}; shares are {self.names}")
+        uses_delta = any(d > 0 for _, _, d in spends)
+        return compose(spends, self.delta), (self.delta if uses_delta else 0.0)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, *_ in self.shares)
+
+    def __getitem__(self, name: str) -> BudgetShare:
+        for n, composition, eps, dlt in self.shares:
+            if n == name:
+                return BudgetShare(n, eps, dlt, composition, self)
+        raise KeyError(f"no budget share named {name!r}; shares are {self.names}")
+
+
+@dataclass(frozen=True)
+class JobBudget:
+    """A job's total privacy budget per contribution: ``epsilon``, and ``delta`` (0 for pure epsilon-DP).
+
+    ``split`` divides it among named transforms by weight, optimally for the composition rules of the
+    module docstring; ``plan`` checks explicit shares. Both refuse a plan that exceeds the total.
+    """
+
+    epsilon: float
+    delta: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.epsilon, (int, float)) and math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise ValueError(f"JobBudget.epsilon must be a finite number > 0, got {self.epsilon!r}")
+        if not (isinstance(self.delta, (int, float)) and 0.0 <= self.delta < 1.0):
+            raise ValueError(f"JobBudget.delta must lie in [0, 1), got {self.delta!r}")
+
+    def plan(self, shares: Mapping[str, tuple[Composition, float, float]]) -> BudgetPlan:
+        """Explicit shares ``{name: (composition, epsilon, delta)}``; refused if they compose above the total."""
+        return BudgetPlan(self.epsilon, self.delta, tuple((n, c, float(e), float(d)) for n, (c, e, d) in shares.items()))
+
+    def split(self, compositions: Mapping[str, Composition], weights: Mapping[str, float] | None = None) -> BudgetPlan:
+        """Divide the budget among ``{name: composition}`` in proportion to ``weights`` (default equal).
+
+        Epsilon is split by weight across all shares, the Gaussian shares' part taken together; the
+        Gaussian part's ``mu`` is then split so that ``mu_i^2`` is proportional to the weights, and
+        each Gaussian share is handed the ``(epsilon_i, delta_G)`` that its ``mu_i`` certifies. Delta
+        goes by weight to the ``"approx"`` shares and to the Gaussian part taken together.
+        """
+        if not compositions:
+            raise ValueError("split needs at least one share")
+        weights = {name: float((weights or {}).get(name, 1.0)) for name in compositions}
+        if any(not (math.isfinite(w) and w > 0) for w in weights.values()):
+            raise ValueError(f"weights must be finite and > 0, got {weights}")
+        for name, composition in compositions.items():
+            if composition not in COMPOSITIONS:
+                raise ValueError(f"share {name!r}: composition must be one of {COMPOSITIONS}, got {composition!r}")
+            if composition != "pure" and self.delta == 0.0:
+                raise ValueError(f"share {name!r} is {composition!r} and needs delta > 0, but the job's delta is 0")
+        total_w = sum(weights.values())
+        gauss = [n for n, c in compositions.items() if c == "gaussian"]
+        approx = [n for n, c in compositions.items() if c == "approx"]
+        gauss_w = sum(weights[n] for n in gauss)
+        delta_w = gauss_w + sum(weights[n] for n in approx)
+        shares: dict[str, tuple[Composition, float, float]] = {}
+        # the last few ulps are kept back so that the recomposed plan never exceeds the total numerically
+        epsilon = self.epsilon * (1.0 - 1e-9)
+        delta = self.delta * (1.0 - 1e-9)
+        for name, composition in compositions.items():
+            if composition == "pure":
+                shares[name] = ("pure", epsilon * weights[name] / total_w, 0.0)
+            elif composition == "approx":
+                shares[name] = ("approx", epsilon * weights[name] / total_w, delta * weights[name] / delta_w)
+        if gauss:
+            delta_g = delta * gauss_w / delta_w
+            mu_g = gaussian_mu(epsilon * gauss_w / total_w, delta_g) / (1.0 + 1e-6)
+            for name in gauss:
+                mu_i = mu_g * math.sqrt(weights[name] / gauss_w)
+                shares[name] = ("gaussian", analytic_gaussian_epsilon(mu_i, delta_g), delta_g)
+        return self.plan({name: shares[name] for name in compositions})
+
+
+def composition_of(mechanism) -> Composition:
+    """How a mechanism's releases compose: its declared ``composition`` if it has one, else ``"pure"``
+    for a pure guarantee and ``"approx"`` (basic composition: always valid) otherwise."""
+    declared = getattr(mechanism, "composition", None)
+    if declared is not None:
+        return declared
+    return "pure" if mechanism.guarantee.delta == 0.0 else "approx"
+
+
+def check_share(share: BudgetShare | None, epsilon: float, delta: float, composition: Composition, what: str) -> None:
+    """Refuse (``ValueError``) params whose ``(epsilon, delta, composition)`` do not fit their budget share."""
+    if share is None:
+        return
+    if not isinstance(share, BudgetShare):
+        raise ValueError(f"{what}: budget must be a BudgetShare (JobBudget(...).split(...)[name]), got {share!r}")
+    if epsilon > share.epsilon * (1.0 + 1e-12) or delta > share.delta * (1.0 + 1e-12):
+        raise ValueError(f"{what}: (epsilon={epsilon:g}, delta={delta:g}) exceeds its budget share {share!r}")
+    fits = {"pure": ("pure",), "gaussian": ("gaussian",), "approx": COMPOSITIONS}[share.composition]
+    if composition not in fits:
+        raise ValueError(f"{what}: its releases compose as {composition!r}, but its budget share is "
+                         f"{share.composition!r}; split the job's budget with the right composition")
+
+
+def check_params_budget(params, mechanism) -> None:
+    """Refuse params whose mechanism does not fit ``params.budget`` (a no-op without a budget share)."""
+    check_share(params.budget, float(mechanism.guarantee.epsilon), float(mechanism.guarantee.delta),
+                composition_of(mechanism), type(params).__name__)

@@ -1,0 +1,143 @@
+"""Noise domains and the job budget in real pipelines: two transforms under one key never share noise,
+a domain claimed twice is refused, replays are reproducible, every release carries the job's spend, and
+the verifier passes on a job's written files and fails on doctored ones."""
+
+import glob
+import json
+
+import apache_beam as beam
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from beam_dp.beam import (ContinualCount, ContinualCountParams, ContinualSum, ContinualSumParams, NoiseKey,
+                          WindowedSum, WindowedSumParams)
+from beam_dp.core import StepClock
+from beam_dp.core.budget import JobBudget
+from beam_dp.io import WriteReleasesToParquet, read_releases
+from beam_dp.verify import main as verify_main, verify_job
+from tests.beam import collect
+from tests.beam.helpers import batch_options
+
+pytestmark = pytest.mark.pipeline
+
+CLOCK = StepClock(start=0.0, period=10.0, end=200.0)
+R = 3.0
+
+
+def _events(seed=3, n=200):
+    rng = np.random.default_rng(seed)
+    return [(f"s{int(i)}", float(t), float(v)) for i, t, v in
+            zip(rng.integers(0, 3, n), rng.uniform(0, 200, n), rng.uniform(-R, R, n))]
+
+
+def _sum_and_count(events, budget, noise="gamma"):
+    def build(p):
+        rows = p | beam.Create(events)
+        sums = rows | "Sum" >> ContinualSum(ContinualSumParams(dim=1, clip_bound=R, clock=CLOCK, granularity=None,
+                                                               noise=noise, **budget["sum"].params()))
+        counts = rows | "Count" >> ContinualCount(ContinualCountParams(clock=CLOCK, granularity=None, noise=noise,
+                                                                       **budget["count"].params()))
+        return (sums.releases, counts.releases) | beam.Flatten()
+    return collect.run(build)
+
+
+def test_sum_and_count_under_one_key_draw_independent_noise(monkeypatch):
+    """The reported attack: sum - R*count cancels the noise when both share it. With noise domains the
+    residual (release combination minus the exact combination) has the noise's spread, not ~0."""
+    monkeypatch.setenv("BEAM_DP_NOISE_KEY", bytes(range(32)).hex())
+    events = _events()
+    budget = JobBudget(1.0).split({"sum": "pure", "count": "pure"})
+    rows = _sum_and_count(events, budget)
+    by = {(r.noise_domain, r.stream, r.step): r for r in rows}
+    assert {r.noise_domain for r in rows} == {"Sum", "Count/Sum"}
+    residuals = []
+    for (domain, stream, step), row in by.items():
+        if domain != "Sum":
+            continue
+        count = by[("Count/Sum", stream, step)]
+        end = CLOCK.step_end_micros(step) / 1e6
+        exact_s = sum(v for s, t, v in events if s == stream and t < end)
+        exact_c = sum(1 for s, t, v in events if s == stream and t < end)
+        residuals.append((row.value[0] - R * count.value[0]) - (exact_s - R * exact_c))
+    # a shared noise would leave |residual| = 0; independent noise of std >> R leaves most residuals large
+    assert np.median(np.abs(residuals)) > 5 * R
+
+
+def test_replays_are_reproducible_and_every_release_carries_the_job_spend(monkeypatch):
+    monkeypatch.setenv("BEAM_DP_NOISE_KEY", bytes(range(32)).hex())
+    budget = JobBudget(1.0, 1e-6).split({"sum": "gaussian", "count": "gaussian"})
+    events = _events(seed=4)
+    first = _sum_and_count(events, budget, "gaussian")
+    again = _sum_and_count(events, budget, "gaussian")
+    key = lambda r: (r.noise_domain, r.stream, r.step)  # noqa: E731
+    assert [(key(r), r.value) for r in sorted(first, key=key)] == [(key(r), r.value) for r in sorted(again, key=key)]
+    rows = first
+    for row in rows:
+        assert row.composition == "gaussian"
+        assert row.epsilon_spent <= row.job_epsilon_spent <= 1.0 + 1e-9
+        assert (row.job_epsilon_budget, row.job_delta_budget) == (1.0, 1e-6)
+    assert verify_job([r._asdict() for r in rows]).ok
+
+
+def test_a_noise_domain_claimed_twice_is_refused_at_construction():
+    params = ContinualSumParams(dim=1, clip_bound=1.0, clock=CLOCK, noise_key=NoiseKey(domain="shared"))
+    p = beam.Pipeline(options=batch_options())
+    rows = p | beam.Create([("a", 1.0, 0.5)])
+    _ = rows | "A" >> ContinualSum(params)
+    with pytest.raises(ValueError, match="already used"):
+        _ = rows | "B" >> WindowedSum(WindowedSumParams(dim=1, clip_bound=1.0, clock=CLOCK, window=4,
+                                                        noise_key=NoiseKey(domain="shared")))
+
+
+def test_a_transform_that_does_not_fit_its_share_is_refused():
+    budget = JobBudget(1.0, 1e-6).split({"sum": "gaussian"})
+    with pytest.raises(ValueError, match="compose as 'pure'"):
+        ContinualSumParams(dim=1, clip_bound=1.0, clock=CLOCK, noise="gamma", epsilon=0.5, delta=0.0,
+                           budget=budget["sum"])
+    with pytest.raises(ValueError, match="exceeds its budget share"):
+        ContinualSumParams(dim=1, clip_bound=1.0, clock=CLOCK, noise="gaussian", epsilon=0.9, delta=1e-6,
+                           budget=budget["sum"])
+
+
+def _write_job(tmp_path, budget):
+    out = str(tmp_path / "job")
+    with beam.Pipeline(options=batch_options()) as p:
+        rows = p | beam.Create(_events(seed=5))
+        s = rows | "Sum" >> ContinualSum(ContinualSumParams(dim=1, clip_bound=R, clock=CLOCK, **budget["sum"].params()))
+        w = rows | "Windowed" >> WindowedSum(WindowedSumParams(dim=1, clip_bound=R, clock=CLOCK, window=4,
+                                                               **budget["windowed"].params()))
+        s.releases | "WriteSum" >> WriteReleasesToParquet(out + "/sum")
+        w.releases | "WriteWindowed" >> WriteReleasesToParquet(out + "/windowed")
+    return out
+
+
+def test_verifier_passes_on_a_job_and_fails_on_doctored_files(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("BEAM_DP_NOISE_KEY", bytes(range(32)).hex())
+    out = _write_job(tmp_path, JobBudget(1.0).split({"sum": "pure", "windowed": "pure"}))
+    assert verify_main([out + "/*.parquet"]) == 0
+    assert "verified: within the job's total" in capsys.readouterr().out
+    # a stricter declared total than the job's fails
+    assert verify_main([out + "/*.parquet", "--epsilon", "0.9", "--delta", "0"]) == 1
+    # doctor one release: it now claims more spend than its share
+    path = sorted(glob.glob(out + "/sum*.parquet"))[0]
+    table = pq.read_table(path).to_pylist()
+    table[0]["epsilon_spent"] = table[0]["epsilon_budget"] * 1.5
+    doctored = tmp_path / "doctored"
+    doctored.mkdir()
+    pq.write_table(pq.read_table(path).from_pylist(table, schema=pq.read_schema(path)), doctored / "sum.parquet")
+    for f in glob.glob(out + "/windowed*.parquet"):
+        pq.write_table(pq.read_table(f), doctored / "windowed.parquet")
+    assert verify_main([str(doctored / "*.parquet")]) == 1
+    printed = capsys.readouterr().out
+    assert "more than its own budget" in printed and "NOT verified" in printed
+
+
+def test_verifier_catches_a_shared_domain_and_unlabelled_rows(tmp_path, monkeypatch):
+    monkeypatch.setenv("BEAM_DP_NOISE_KEY", bytes(range(32)).hex())
+    out = _write_job(tmp_path, JobBudget(1.0).split({"sum": "pure", "windowed": "pure"}))
+    rows = read_releases(out + "/*.parquet")
+    shared = [dict(r, noise_domain="one") for r in rows if r["noise_domain"] == "Sum"] * 2
+    assert any("share the noise domain" in p for p in verify_job(shared).problems)
+    assert not verify_job([dict(r, noise_domain="") for r in rows]).ok
+    assert json.dumps(verify_job(rows).worst_epsilon) and verify_job(rows).worst_epsilon <= 1.0 + 1e-9
