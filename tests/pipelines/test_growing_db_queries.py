@@ -12,6 +12,7 @@ from beam_dp.beam.growing_db import GrowingDatabaseParams, replay_growing_databa
 from beam_dp.core import NoiseSource, StepClock
 from beam_dp.io import read_releases, release_to_row
 from pipelines import growing_db_queries as job
+from tests.beam.helpers import labelled
 from tests.conftest import TEST_KEY
 from tests.pipelines.jobs_helpers import assert_usage_error, dead_letters
 
@@ -43,9 +44,10 @@ def _expected(params, elements, queries):
         els = [(ts, UNIVERSE.encode_one({"colour": c, "size": s})) for st, ts, c, s in elements if st == stream]
         qs = [(qid, t, UNIVERSE.predicate(p) if p else UNIVERSE.counting_query(i))
               for st, qid, t, p, i in queries if st == stream]
-        releases, _ = replay_growing_database(params, stream, els, qs, NoiseSource(TEST_KEY))
+        noise = NoiseSource(TEST_KEY).for_domain("GrowingDatabaseQueries")  # the job's transform label
+        releases, _ = replay_growing_database(params, stream, els, qs, noise)
         rows += [release_to_row(r, mech.guarantee) for r in releases]
-    return rows
+    return labelled(rows, params, "GrowingDatabaseQueries")
 
 
 def _key(row):

@@ -67,7 +67,8 @@ def test_cli_on_a_csv_equals_the_pure_learner_with_accuracy(tmp_path, capsys):
     learner, want = config.build(), []
     state = learner.init_state("s")
     for task in tasks:
-        state, releases = learner.step(state, learner.merge_blocks([task]), NoiseSource(TEST_KEY))
+        noise = NoiseSource(TEST_KEY).for_domain("LifelongLearner")  # the job's transform label
+        state, releases = learner.step(state, learner.merge_blocks([task]), noise)
         want += [release_to_row(r, learner.guarantee) for r in releases]
     got = read_releases(str(out / "models-*"))
     assert [(r["stream"], r["step"]) for r in got] == [("s", 1), ("s", 2)]

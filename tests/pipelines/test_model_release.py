@@ -13,6 +13,7 @@ from beam_dp.core import NoiseSource
 from beam_dp.io import read_releases, release_to_row
 from beam_dp.mechanisms.erm import LabelledRows
 from pipelines import model_release
+from tests.beam.helpers import labelled
 from tests.conftest import TEST_KEY
 from tests.pipelines.jobs_helpers import assert_usage_error, dead_letters, value_reasons_merged
 
@@ -28,14 +29,17 @@ def _data(n=10, seed=0):
 
 
 def _expected(params, data):
-    """The pure mechanism per stream on blocks of ``block_size`` examples in file order."""
-    mech, rows = params.build_mechanism(), []
+    """The pure mechanism per stream on blocks of ``block_size`` examples in file order, in the noise
+    domain of the job's transform (its label, the transform's class name)."""
+    domain = {ContinualModelParams: "ContinualModelRelease", SlidingWindowModelParams: "SlidingWindowModelRelease"}[
+        type(params)]
+    noise, mech, rows = NoiseSource(TEST_KEY).for_domain(domain), params.build_mechanism(), []
     for stream, (x, y) in data.items():
         state, labels, unit = mech.init_state(stream), np.array([CLASSES.index(v) for v in y]), params.block_size
         for lo in range(0, len(x) - unit + 1, unit):
-            state, rel = mech.step(state, LabelledRows(x[lo:lo + unit], labels[lo:lo + unit]), NoiseSource(TEST_KEY))
+            state, rel = mech.step(state, LabelledRows(x[lo:lo + unit], labels[lo:lo + unit]), noise)
             rows += [release_to_row(r, mech.guarantee) for r in rel]
-    return sorted(rows, key=lambda r: (r.stream, r.step))
+    return sorted(labelled(rows, params, domain), key=lambda r: (r.stream, r.step))
 
 
 def _write_csv(path, data, extra=()):

@@ -10,6 +10,7 @@ from beam_dp.beam import IncrementalRegressionParams, OnlineLearnerParams
 from beam_dp.core import NoiseSource, StepClock
 from beam_dp.io import read_releases, release_to_row
 from pipelines import online_learning as job
+from tests.beam.helpers import labelled
 from tests.conftest import TEST_KEY
 from tests.pipelines.jobs_helpers import assert_usage_error, dead_letters, value_reasons_merged
 
@@ -19,13 +20,15 @@ PROG = "python -m pipelines.online_learning"
 
 
 def _expected(params, blocks_by_stream):
-    mech, rows = params.build_mechanism(), []
+    """The pure mechanism in the noise domain of the job's transform (its label, the class name)."""
+    domain = "OnlineLearner" if isinstance(params, OnlineLearnerParams) else "IncrementalRegression"
+    noise, mech, rows = NoiseSource(TEST_KEY).for_domain(domain), params.build_mechanism(), []
     clock = getattr(params, "clock", None)
     for stream, blocks in blocks_by_stream.items():
-        for rel in mech.run(stream, blocks, NoiseSource(TEST_KEY)):
+        for rel in mech.run(stream, blocks, noise):
             times = (clock.step_start_micros(rel.step), clock.step_end_micros(rel.step)) if clock else (None, None)
             rows.append(release_to_row(rel, mech.guarantee, *times))
-    return sorted(rows, key=lambda r: (r.stream, r.step))
+    return sorted(labelled(rows, params, domain), key=lambda r: (r.stream, r.step))
 
 
 def _check(out, want):
