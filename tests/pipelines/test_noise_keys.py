@@ -154,3 +154,25 @@ def test_the_key_never_enters_the_graph_the_options_or_the_logs(tmp_path, monkey
         assert continual_stats.main(argv) == 0
     said = capsys.readouterr()
     assert TEST_KEY.hex() not in said.out + said.err + caplog.text
+
+
+def test_core_reads_the_key_file_through_the_reader_it_is_given(tmp_path):
+    from beam_dp.core.noise import load_key
+
+    asked = []
+    assert load_key(None, "gs://b/k", read=lambda path: asked.append(path) or TEST_KEY.hex().encode()) == TEST_KEY
+    assert asked == ["gs://b/k"]
+    (tmp_path / "k").write_bytes(TEST_KEY)  # default reader: a local file (engine code without Beam, e.g. Flink)
+    assert load_key(None, str(tmp_path / "k")) == TEST_KEY
+
+
+def test_the_engine_independent_core_does_not_import_beam():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, beam_dp.core, beam_dp.core.noise, beam_dp.mechanisms; "
+            "assert 'apache_beam' not in sys.modules, 'beam_dp.core imports Beam'")
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
