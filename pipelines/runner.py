@@ -109,7 +109,11 @@ def _normalise(argv: list[str]) -> list[str]:
     out = []
     for arg in argv:
         if arg.startswith("--streaming="):
-            if spec.boolean(arg.split("=", 1)[1]):
+            try:
+                streaming = spec.boolean(arg.split("=", 1)[1])
+            except argparse.ArgumentTypeError as exc:
+                raise UsageError(f"argument --streaming: {exc}") from None
+            if streaming:
                 out.append("--streaming")
         else:
             out.append(arg)
@@ -248,13 +252,13 @@ def _structural_errors_as_usage_errors():
 
 def run_cli(argv: list[str] | None, job: Job) -> int:
     """Parse, validate (``plan``), check the noise key, run and print the summary; exit 2 on a usage error."""
-    argv = _normalise(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
         _help(job)
         return 0
     configure_logging(_verbose(argv))
     try:
-        options = parse(argv, job)
+        options = parse(_normalise(argv), job)
         plan = job.plan(options)
         from apache_beam.options.pipeline_options import StandardOptions
 
