@@ -259,12 +259,11 @@ def run_cli(argv: list[str] | None, job: Job) -> int:
     configure_logging(_verbose(argv))
     try:
         options = parse(_normalise(argv), job)
-        plan = job.plan(options)
         from apache_beam.options.pipeline_options import StandardOptions
 
         streaming = bool(options.view_as(StandardOptions).streaming)
         check_noise_key(options.view_as(options_class(job.name)), runner_name(options), streaming)
-        summary = run(options, job, plan)
+        summary = run(options, job, job.plan(options))
     except UsageError as exc:
         print(f"{job.prog}: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
