@@ -100,7 +100,8 @@ def plan(options) -> Plan:
             require_columns(header, ("stream_id", "task_id", "label"), "--input")
             dim = len(indexed_columns(header, "x"))
             if not dim:
-                raise UsageError("the --input files need feature columns x_0 .. x_{d-1} (and stream_id, task_id, label)")
+                raise UsageError("the --input files need feature columns x_0 .. x_{d-1} (and stream_id, task_id, "
+                                 "label)")
             if opts.dim is not None and opts.dim != dim:
                 raise UsageError(f"--dim {opts.dim} but the files have {dim} feature columns")
         elif opts.dim is None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["FileSystems", "display", "is_local", "join", "match", "prepare_output", "read_bytes", "read_text_lines", "write_text"]
+__all__ = ["FileSystems", "display", "is_local", "join", "match", "prepare_output", "read_bytes", "read_text_lines",
+           "write_text"]
 
 
 def FileSystems():  # noqa: N802 - Beam's class, imported on first use (a job's --help never loads Beam)
