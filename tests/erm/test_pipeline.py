@@ -13,8 +13,7 @@ from beam_dp.io import WriteReleasesToJsonLines, WriteReleasesToParquet, read_re
 from beam_dp.io.models import load_model
 from beam_dp.mechanisms.erm import LabelledRows
 from tests.beam.collect import run as collect
-from tests.beam.helpers import assert_that, batch_options, reasons_are, rows_match
-from tests.erm.util import test_noise
+from tests.beam.helpers import assert_that, batch_options, domain_noise, labelled, reasons_are, rows_match
 
 CLASSES = ("a", "b", "c")
 
@@ -30,17 +29,19 @@ def make_events(n_per_stream, seed=0):
     return events, data
 
 
-def expected(params, data):
+def expected(params, data, domain):
+    """The pure mechanism's rows under the test key in the noise domain ``domain`` (the transform's full label)."""
     mech = params.build_mechanism()
+    noise = domain_noise(params, domain)
     rows = []
     for stream, (X, y) in data.items():
         state = mech.init_state(stream)
         unit = params.block_size
         labels = np.array([CLASSES.index(v) for v in y])
         for start in range(0, len(X) - unit + 1, unit):
-            state, rel = mech.step(state, LabelledRows(X[start:start + unit], labels[start:start + unit]), test_noise())
+            state, rel = mech.step(state, LabelledRows(X[start:start + unit], labels[start:start + unit]), noise)
             rows += [release_to_row(r, mech.guarantee) for r in rel]
-    return mech, rows
+    return mech, labelled(rows, params, domain)
 
 
 COMMON = dict(n_features=3, classes=CLASSES, lam=1.0, epsilon=1.0, clip_bound=2.0)
@@ -57,7 +58,7 @@ CASES = [
 @pytest.mark.parametrize("transform,params", CASES, ids=lambda x: getattr(x, "__name__", ""))
 def test_snapshots_equal_pure_mechanism(transform, params):
     events, data = make_events(17)  # the trailing incomplete block is never used
-    _, want = expected(params, data)
+    _, want = expected(params, data, transform.__name__)  # applied with its default label
     assert want
     bad = [("s1", [1.0, 2.0], "a"), ("s1", [np.nan, 0.0, 0.0], "a"), ("s2", [0.0, 0.0, 0.0], "z"),
            ("s2", [0.0, np.inf, 0.0], "b"), ("", [0.0, 0.0, 0.0], "a"), ("s1", [0.0, 0.0])]
@@ -71,7 +72,7 @@ def test_snapshots_equal_pure_mechanism(transform, params):
 def test_parquet_jsonl_round_trip_and_load_model(tmp_path):
     params = ContinualModelParams(update=4, base=8, **COMMON)
     events, data = make_events(24)
-    mech, want = expected(params, data)
+    mech, want = expected(params, data, "ContinualModelRelease")
     with beam.Pipeline(options=batch_options()) as p:
         out = p | beam.Create(events) | ContinualModelRelease(params)
         out.releases | WriteReleasesToParquet(str(tmp_path / "pq" / "models"))

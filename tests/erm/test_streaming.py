@@ -20,7 +20,7 @@ pytestmark = pytest.mark.pipeline
 def test_continual_model_release_streaming_equals_pure_mechanism():
     params = ContinualModelParams(update=2, base=4, **COMMON)
     events, data = make_events(11)  # 5 count steps per stream, one trailing element never used
-    _, want = expected(params, data)
+    _, want = expected(params, data, "ContinualModelRelease")  # applied with its default label
     assert [r.step for r in want if r.stream == "s1"] == [2, 3, 4, 5]  # releases from t = B = 4
     # One element per bundle, watermark moved between them: the order within each stream is the
     # arrival order (what the pure mechanism sees) and every step spans several bundles.

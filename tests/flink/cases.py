@@ -37,12 +37,14 @@ BAD = [
 ]
 
 
-def expected_rows(events: list[tuple]) -> list[dict]:
+def expected_rows(events: list[tuple], domain: str) -> list[dict]:
+    """The pure mechanism's rows under the test key in the release function's noise domain ``domain``."""
     ids = np.array([e[0] for e in events])
     ts = np.array([e[1] for e in events])
     values = np.array([e[2] for e in events])
     mechanism = BUILD()
-    by_stream = replay_event_time(mechanism, ids, ts, values, CLOCK, NoiseSource(TEST_KEY), STREAMS)
+    by_stream = replay_event_time(mechanism, ids, ts, values, CLOCK, NoiseSource(TEST_KEY).for_domain(domain),
+                                  STREAMS)
     rows = [release_to_row(r, mechanism.guarantee, CLOCK.step_start_micros(r.step), CLOCK.step_end_micros(r.step))
             for releases in by_stream.values() for r in releases]
     return sorted((json.loads(json.dumps(r._asdict())) for r in rows), key=lambda r: (r["stream"], r["step"]))

@@ -30,6 +30,6 @@ def test_local_flink_job_matches_the_pure_mechanism(monkeypatch):
         outputs = list(results)
     rows = [json.loads(j) for kind, j in outputs if kind == "release"]
     dead = [json.loads(j) for kind, j in outputs if kind == "dead_letter"]
-    assert_rows_equal(rows, expected_rows(events))
+    assert_rows_equal(rows, expected_rows(events, params.domain))
     assert {r["stream"] for r in rows} == set(STREAMS) and max(r["step"] for r in rows) == CLOCK.last_step
     assert sorted(d["reason"] for d in dead) == sorted(r for _, r in BAD)

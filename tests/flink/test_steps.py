@@ -38,9 +38,10 @@ def _split(outputs):
 
 def test_releases_equal_the_pure_mechanism_and_bad_rows_are_dead_letters():
     events = good_events()
-    steps = KeyedSteps(FlinkReleaseParams(BUILD, clock=CLOCK, streams=STREAMS))
+    params = FlinkReleaseParams(BUILD, clock=CLOCK, streams=STREAMS)
+    steps = KeyedSteps(params)
     rows, dead = _split(_drive(steps, events + [e for e, _ in BAD], 2**62))
-    assert_rows_equal(rows, expected_rows(events))
+    assert_rows_equal(rows, expected_rows(events, params.domain))
     assert sorted(d["reason"] for d in dead) == sorted(r for _, r in BAD)
     assert all("nan" not in d["detail"] and "text" not in d["detail"] for d in dead)  # value-free details
 
@@ -59,7 +60,8 @@ def test_late_data_after_a_step_closed_is_dead_lettered_and_never_enters_state()
 
 
 def test_count_steps_release_every_block_size_contributions():
-    steps = KeyedSteps(FlinkReleaseParams(BUILD, block_size=3))
+    params = FlinkReleaseParams(BUILD, block_size=3, domain="job/Counts")  # an explicit domain
+    steps = KeyedSteps(params)
     state, outputs = None, []
     for i in range(7):
         state, out, timer = steps.on_element(state, ("a", None, [0.1 * i, 0.0]))
@@ -72,7 +74,8 @@ def test_count_steps_release_every_block_size_contributions():
     from tests.conftest import TEST_KEY
 
     mech_state = mechanism.init_state("a")
-    mech_state, (r1,) = mechanism.step(mech_state, [[0.0, 0.0], [0.1, 0.0], [0.2, 0.0]], NoiseSource(TEST_KEY))
+    mech_state, (r1,) = mechanism.step(mech_state, [[0.0, 0.0], [0.1, 0.0], [0.2, 0.0]],
+                                     NoiseSource(TEST_KEY).for_domain("job/Counts"))
     assert rows[0]["value"] == pytest.approx(r1.value.tolist(), rel=1e-12)
 
 

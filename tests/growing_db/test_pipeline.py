@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from beam_dp.beam.growing_db import GrowingDatabaseParams, GrowingDatabaseQueries, replay_growing_database
-from beam_dp.core import NoiseSource, StepClock
+from beam_dp.core import StepClock
 from beam_dp.io import WriteReleasesToParquet, release_to_row
 from beam_dp.mechanisms.universe import Bucketed, Categorical, Universe
 from tests.beam.collect import run
-from tests.conftest import TEST_KEY
+from tests.beam.helpers import domain_noise, labelled
 
 UNIVERSE = Universe([Categorical("colour", ("red", "green", "blue", "grey")), Bucketed("size", (0, 1, 2, 5, 10))])
 N = UNIVERSE.size
@@ -62,10 +62,13 @@ REASONS = {"outside_universe": 3, "malformed": 3, "after_end": 2, "bad_stream_id
            "out_of_range": 1, "non_finite": 1, "before_start": 1}
 
 
+DOMAIN = "GrowingDatabaseQueries"  # the transform's noise domain: its default label
+
+
 def _expected(params, elements, queries):
     rows, snaps = [], []
     mech = params.build_mechanism()
-    noise = NoiseSource(TEST_KEY)
+    noise = domain_noise(params, DOMAIN)
     for stream in ("a", "b"):
         els = [(ts, UNIVERSE.encode_one(rec)) for s, ts, rec in elements if s == stream]
         qs = []
@@ -77,7 +80,7 @@ def _expected(params, elements, queries):
         rel, snap = replay_growing_database(params, stream, els, qs, noise)
         rows += [release_to_row(r, mech.guarantee) for r in rel]
         snaps += [release_to_row(r, mech.guarantee) for r in snap]
-    return rows, snaps
+    return labelled(rows, params, DOMAIN), labelled(snaps, params, DOMAIN)
 
 
 def _key(row):

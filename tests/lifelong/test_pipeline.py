@@ -9,6 +9,7 @@ import pytest
 from beam_dp.beam.lifelong import END_OF_TASK, LifelongLearner, LifelongParams
 from beam_dp.core import NoiseSource
 from beam_dp.io import release_to_row
+from beam_dp.io.schema import ReleaseLabels
 from beam_dp.mechanisms.lifelong import AGEMConfig, BoundedAGEMConfig, L2DPConfig
 from tests.beam.collect import run
 from tests.conftest import TEST_KEY
@@ -32,13 +33,18 @@ BAD = [
 ]
 
 
+DOMAIN = "LifelongLearner"  # the transform's noise domain: its default label
+
+
 def _expected(config, tasks):
     learner = config.build()
     state = learner.init_state("s")
+    noise = NoiseSource(TEST_KEY).for_domain(DOMAIN)
+    labels = ReleaseLabels(DOMAIN, "approx")  # DP-SGD steps compose as (epsilon, delta); no job budget
     rows = []
     for task in tasks:
-        state, releases = learner.step(state, learner.merge_blocks([task]), NoiseSource(TEST_KEY))
-        rows += [release_to_row(r, learner.guarantee) for r in releases]
+        state, releases = learner.step(state, learner.merge_blocks([task]), noise)
+        rows += [labels(release_to_row(r, learner.guarantee)) for r in releases]
     return rows
 
 
@@ -50,7 +56,7 @@ def test_pipeline_matches_pure_learner(digits, kind):
               else BoundedAGEMConfig(**common, epsilon=1.0, memory_uses=3))
     params = LifelongParams(config, allow_cuda=False, torch_threads=1)
     elements = _elements(tasks) + BAD
-    releases = run(lambda p: LifelongLearner(params).expand(p | beam.Create(elements, reshuffle=False)).releases)
+    releases = run(lambda p: (p | beam.Create(elements, reshuffle=False) | LifelongLearner(params)).releases)
     expected = _expected(config, tasks)
     assert [(r.stream, r.step) for r in releases] == [("s", 1), ("s", 2), ("s", 3)]
     for got, want in zip(releases, expected):
@@ -66,7 +72,7 @@ def test_pipeline_matches_pure_learner(digits, kind):
 def test_pipeline_dead_letters(digits):
     tasks, _ = digits
     params = LifelongParams(L2DPConfig(**small_common(steps_per_task=1), epsilon=1.0), allow_cuda=False)
-    letters = run(lambda p: LifelongLearner(params).expand(p | beam.Create(BAD)).dead_letter)
+    letters = run(lambda p: (p | beam.Create(BAD) | LifelongLearner(params)).dead_letter)
     reasons = sorted(letter.reason for letter in letters)
     assert reasons == sorted(["unknown_task", "wrong_shape", "non_finite", "bad_label", "bad_label",
                               "bad_stream_id", "malformed"])

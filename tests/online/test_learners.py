@@ -17,20 +17,21 @@ from beam_dp.beam.learners import (
 )
 from beam_dp.core import NoiseSource, StepClock
 from beam_dp.io import release_to_row, row_to_release
-from tests.beam.helpers import assert_that, batch_options, reasons_are, rows_match
+from tests.beam.helpers import assert_that, batch_options, domain_noise, labelled, reasons_are, rows_match
 from tests.conftest import TEST_KEY
 
 
-def _expected(params, records_by_stream):
+def _expected(params, records_by_stream, domain):
+    """The pure mechanism's rows under the test key in the noise domain ``domain`` (the transform's full label)."""
     mech = params.build_mechanism()
-    noise = NoiseSource(TEST_KEY)
+    noise = domain_noise(params, domain)
     rows = []
     for stream, recs in records_by_stream.items():
         for rel in mech.run(stream, recs, noise):
             clock = getattr(params, "clock", None)
             times = (clock.step_start_micros(rel.step), clock.step_end_micros(rel.step)) if clock else (None, None)
             rows.append(release_to_row(rel, mech.guarantee, *times))
-    return rows
+    return labelled(rows, params, domain)
 
 
 def test_online_learner_equals_the_pure_mechanism():
@@ -42,7 +43,7 @@ def test_online_learner_equals_the_pure_mechanism():
     records = {s: [params.build_mechanism().record(a, b) for a, b in recs] for s, recs in data.items()}
     with beam.Pipeline(options=batch_options()) as p:
         out = p | beam.Create(elements) | OnlineLearner(params)
-        assert_that(out.releases, rows_match(_expected(params, records)), label="releases")
+        assert_that(out.releases, rows_match(_expected(params, records, "OnlineLearner")), label="releases")
         assert_that(out.dead_letter, reasons_are({}), label="no dead letters")
 
 
@@ -82,7 +83,8 @@ def test_incremental_regression_event_time_equals_the_pure_mechanism():
         blocks[s] = [mech.merge_blocks(items) if items else None for items in steps]
     with beam.Pipeline(options=batch_options()) as p:
         out = p | beam.Create(events + [("u", 99.0, [0.0, 0.0, 0.0], 0.0)]) | IncrementalRegression(params)
-        assert_that(out.releases, rows_match(_expected(params, blocks), rel_tol=1e-9), label="releases")
+        assert_that(out.releases, rows_match(_expected(params, blocks, "IncrementalRegression"), rel_tol=1e-9),
+                    label="releases")
         assert_that(out.dead_letter, reasons_are({"after_end": 1}), label="dead")
 
 
@@ -93,7 +95,7 @@ def test_incremental_regression_count_steps_release_every_k(algorithm, options):
                                          horizon=10, release_every=3, options=options)
     recs = [(rng.normal(size=4), float(rng.uniform(-1, 1))) for _ in range(10)]
     mech = params.build_mechanism()
-    expected = _expected(params, {"s": [mech.record(a, b) for a, b in recs]})
+    expected = _expected(params, {"s": [mech.record(a, b) for a, b in recs]}, "IncrementalRegression")
     assert [r.step for r in expected] == [3, 6, 9]
     with beam.Pipeline(options=batch_options()) as p:
         out = p | beam.Create([("s", a.tolist(), b) for a, b in recs]) | IncrementalRegression(params)

@@ -12,8 +12,9 @@ import pytest
 
 from beam_dp.beam import ContinualCountParams, ContinualSumParams, WindowedSumParams
 from beam_dp.core import StepClock
-from beam_dp.core.budget import JobBudget
+from beam_dp.core.budget import JobBudget, compose
 from beam_dp.io import read_releases
+from beam_dp.verify import verify_job
 from pipelines import continual_stats
 from tests.beam.helpers import expected_rows
 
@@ -37,17 +38,25 @@ def _write_csv(path, ids, ts, values, extra_lines=()):
     path.write_text("\n".join(lines) + "\n")
 
 
+def _shares(epsilon, *names):
+    """The CLI's split of ``--epsilon`` (pure noise): equal shares of one job budget, in run order."""
+    return JobBudget(epsilon).split({name: "pure" for name in names})
+
+
+def _assert_written_rows_equal(got, want):
+    """Release files against expected rows: values within 1e-9 (summation order), every other column exact."""
+    assert [(r["stream"], r["step"]) for r in got] == [(r.stream, r.step) for r in want]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g["value"], w.value, rtol=1e-9, atol=1e-9)
+        assert {**g, "value": None} == {**w._asdict(), "value": None, "meta": json.loads(w.meta)}
+
+
 def test_help_lists_every_option(capsys):
     assert continual_stats.main(["--help"]) == 0
     text = capsys.readouterr().out
     for option in ("--input", "--epsilon", "--delta", "--noise", "--clip-bound", "--start", "--period", "--end",
                    "--window", "--streams", "--noise-key-file", "--horizon", "--format"):
         assert option in text
-
-
-def _share(total: float, name: str, *others: str) -> dict:
-    """The params keywords of transform ``name``'s share of a job budget ``total`` (pure epsilon)."""
-    return JobBudget(total, 0.0).split({n: "pure" for n in (name, *others)})[name].params()
 
 
 @pytest.mark.parametrize("fmt", ["csv", "parquet"])
@@ -71,17 +80,16 @@ def test_job_on_a_file_matches_pure_mechanisms_and_dead_letters_bad_rows(tmp_pat
     summary = capsys.readouterr().out
     assert "sum: 20 releases" in summary and "windowed: 20 releases" in summary
     clock = StepClock(START, PERIOD, END)
-    for name, params in (
-        ("sum", ContinualSumParams(dim=2, clip_bound=1.5, clock=clock, **_share(2.0, "sum", "windowed"))),
-        ("windowed", WindowedSumParams(dim=2, clip_bound=1.5, clock=clock, window=4,
-                                       **_share(2.0, "windowed", "sum"))),
+    shares = _shares(2.0, "sum", "windowed")
+    for name, domain, params in (
+        ("sum", "ContinualSum", ContinualSumParams(dim=2, clip_bound=1.5, clock=clock, **shares["sum"].params())),
+        ("windowed", "WindowedSum",
+         WindowedSumParams(dim=2, clip_bound=1.5, clock=clock, window=4, **shares["windowed"].params())),
     ):
         got = read_releases(str(out / f"{name}-*"))
-        want = sorted(expected_rows(params, ids, ts, values), key=lambda r: (r.stream, r.step))
-        assert [(r["stream"], r["step"]) for r in got] == [(r.stream, r.step) for r in want]
-        for g, w in zip(got, want):
-            np.testing.assert_allclose(g["value"], w.value, rtol=1e-9, atol=1e-9)
-            assert g["epsilon_spent"] == w.epsilon_spent <= 1.0
+        want = sorted(expected_rows(params, ids, ts, values, domain=domain), key=lambda r: (r.stream, r.step))
+        _assert_written_rows_equal(got, want)
+        assert all(g["epsilon_spent"] <= 1.0 and g["job_epsilon_spent"] <= 2.0 for g in got)
     dead = [json.loads(line) for f in out.glob("dead_letter-*") for line in f.read_text().splitlines() if line]
     reasons = {}
     for d in dead:
@@ -127,15 +135,31 @@ def test_count_output_and_budget_split(tmp_path, capsys):
             str(PERIOD), "--end", str(END), "--epsilon", "3.0", "--count", "--window", "2", "--format", "jsonl"]
     assert continual_stats.main(argv) == 0
     summary = capsys.readouterr().out
+    # the job's budget is split into three pure shares that compose (add) to the total, and the summary
+    # recomputes the worst contribution's spend from the written files
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    job_shares = [params.budget for params in continual_stats.plan(PipelineOptions(argv)).params.values()]
+    assert [share.name for share in job_shares] == ["sum", "count", "windowed"]
+    assert all(share.plan is job_shares[0].plan and share.composition == "pure" for share in job_shares)
+    assert all(share.epsilon == pytest.approx(1.0, rel=1e-8) and share.delta == 0.0 for share in job_shares)
+    total = compose([(share.composition, share.epsilon, share.delta) for share in job_shares], 0.0)
+    assert total <= 3.0 and total == pytest.approx(3.0, rel=1e-8)  # the shares compose (add) to the total
+    shares = _shares(3.0, "sum", "count", "windowed")
     assert ("job budget: (3, 0) per contribution, split as sum epsilon=1, count epsilon=1, windowed epsilon=1"
-            in summary and "verified from the release files" in summary and "progress:" in summary), summary
-    count_params = ContinualCountParams(clock=StepClock(START, PERIOD, END),
-                                        **_share(3.0, "count", "sum", "windowed"))
+            in summary)
+    assert "verified from the release files: worst contribution spends epsilon 3 of 3" in summary
+    assert "progress:" in summary and "NOT verified" not in summary
+    every = [r for name in ("sum", "count", "windowed") for r in read_releases(str(out / f"{name}-*"))]
+    verdict = verify_job(every)
+    assert verdict.ok and {d.domain for d in verdict.domains} == {"ContinualSum", "ContinualCount/Sum", "WindowedSum"}
+    assert verdict.worst_epsilon <= 3.0 and verdict.worst_epsilon == pytest.approx(3.0, rel=1e-8)
+    assert all(r["job_epsilon_budget"] == 3.0 and r["job_epsilon_spent"] <= 3.0 for r in every)
+    count_params = ContinualCountParams(clock=StepClock(START, PERIOD, END), **shares["count"].params())
     got = read_releases(str(out / "count-*"))
     want = sorted(expected_rows(count_params.as_sum_params(), ids, ts, np.ones((len(ids), 1))),
                   key=lambda r: (r.stream, r.step))
-    assert [(r["stream"], r["step"]) for r in got] == [(r.stream, r.step) for r in want]
-    np.testing.assert_allclose([g["value"] for g in got], [w.value for w in want], rtol=1e-9, atol=1e-9)
+    _assert_written_rows_equal(got, want)
     assert all(r["epsilon_spent"] <= 1.0 for r in got)
     assert all(float(v) == round(float(v)) for r in got for v in r["value"])  # counts: exact integers
 
@@ -191,10 +215,11 @@ def test_streaming_source_replaced_by_teststream_matches_pure_mechanism(tmp_path
     options = PipelineOptions(argv)
     job = continual_stats.plan(options)
     clock = StepClock(START, PERIOD, END)
-    want_sum = expected_rows(ContinualSumParams(dim=2, clip_bound=1.0, clock=clock,
-                                                **_share(2.0, "sum", "windowed")), ids, ts, values)
+    shares = _shares(2.0, "sum", "windowed")
+    want_sum = expected_rows(ContinualSumParams(dim=2, clip_bound=1.0, clock=clock, **shares["sum"].params()),
+                             ids, ts, values, domain="ContinualSum")
     want_win = expected_rows(WindowedSumParams(dim=2, clip_bound=1.0, clock=clock, window=4,
-                                               **_share(2.0, "windowed", "sum")), ids, ts, values)
+                                               **shares["windowed"].params()), ids, ts, values, domain="WindowedSum")
     with beam.Pipeline(options=options) as p:
         outputs = continual_stats.build(p, job, options.view_as(continual_stats.ContinualStatsOptions),
                                         messages=_messages(batches, late))
