@@ -26,6 +26,7 @@ setup(
     ],
     extras_require={
         "torch": ["torch==2.13.0"],
+        "gcp": ["apache-beam[gcp]>=2.60,<3", "google-cloud-secret-manager>=2.16"],  # Dataflow, gs://, Secret Manager keys
         "test": ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6"],
     },
     entry_points={"console_scripts": ["beam-dp-continual-stats=pipelines.continual_stats:main",

@@ -1,56 +1,42 @@
-"""What every beam_dp job shares: a strict CLI on Beam ``PipelineOptions``, event sources, dead letters.
+"""Beam pieces every beam_dp job shares: strict flag checking, event and message sources, the
+release and dead-letter sinks, and the summary read back from the outputs (all paths through
+Beam's FileSystems, see :mod:`pipelines.paths`).
 
-A job module declares a ``PipelineOptions`` subclass for its own flags and calls :func:`run_cli`
-with a ``plan`` function (validate the flags and files, build the params objects; raise
-:class:`UsageError` for anything the user must fix) and a ``run`` function (build and run the
-pipeline, return the summary text). :func:`run_cli` then gives every job the same behaviour:
-
-* ``--help`` lists the job's flags (any Beam pipeline option is accepted too);
-* an unknown flag, a bad flag value, a missing input file or an invalid privacy parameter prints
-  **one line** ``<prog>: error: <what to fix>`` on stderr and exits with code 2;
-* the default runner is the FnApiRunner (the DirectRunner first tries to download Prism);
-* after the run, one summary line from the Beam metrics: events read, steps released, dead letters.
-
-Sources (:func:`add_source_flags`, :class:`ReadEvents`): ``--source files`` (CSV/Parquet batch
-replay, columnar ``EventBatch`` blocks), ``--source pubsub`` or ``--source kafka`` (streaming,
-Beam's own IO; one JSON event per message). Tests substitute a ``TestStream`` of messages for the
-streaming source (``ReadEvents(..., messages=...)``), so the message parsing is tested too.
-
-The noise key never travels as a flag value: jobs take a key *file path* or an *env var name*.
+Sources: ``--source files`` (CSV/Parquet batch replay, columnar ``EventBatch`` blocks), ``--source
+pubsub`` or ``--source kafka`` (streaming, Beam's own IO; one JSON event per message). Tests
+substitute a ``TestStream`` of messages for the streaming source (``ReadEvents(..., messages=...)``),
+so the message parsing is tested too. The run itself is :mod:`pipelines.runner`'s.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import sys
 import uuid
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from collections import Counter
+from typing import Any, Iterator
 
 import apache_beam as beam
 import pyarrow as pa
 import pyarrow.parquet as pq
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, _BeamArgumentParser
+from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
-from beam_dp.beam import DeadLetter, NoiseKey, Reason
+from beam_dp.beam import DeadLetter, Reason
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.io import RELEASE_SCHEMA, WriteReleasesToJsonLines, WriteReleasesToParquet
+from pipelines.paths import join, match, read_text_lines
+from pipelines.runner import UsageError
 
 __all__ = [
     "JobOptions",
     "ReadEvents",
     "ReadMessages",
-    "UsageError",
-    "add_noise_key_flags",
-    "add_source_flags",
+    "check_flags",
+    "check_source",
     "dead_letter_json",
     "match_files",
     "metrics_summary",
-    "noise_key_of",
-    "params_or_usage_error",
-    "run_cli",
+    "output_summary",
     "write_dead_letters",
     "write_releases",
 ]
@@ -67,12 +53,6 @@ class _JobFlagsFilter(logging.Filter):
 
 
 logging.getLogger("apache_beam.options.pipeline_options").addFilter(_JobFlagsFilter())
-
-SOURCES = ("files", "pubsub", "kafka")
-
-
-class UsageError(Exception):
-    """Something the user fixes by changing a flag or a file; printed as one line, exit code 2."""
 
 
 class _StrictParser(_BeamArgumentParser):
@@ -117,96 +97,15 @@ def check_flags(argv: list[str], job_options: type[PipelineOptions]) -> None:
         raise UsageError(f"unexpected argument {unknown[0]!r}: every option is a --flag=value")
 
 
-def run_cli(
-    argv: list[str] | None,
-    *,
-    prog: str,
-    description: str,
-    options_class: type[PipelineOptions],
-    plan: Callable[[PipelineOptions], Any],
-    run: Callable[[PipelineOptions, Any], str],
-) -> int:
-    """Parse, validate (``plan``), run (``run``) and print the summary; exit 2 on a usage error."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "-h" in argv or "--help" in argv:
-        parser = argparse.ArgumentParser(
-            prog=prog, description=description + " Any Apache Beam pipeline option (--runner, --streaming, "
-            "Dataflow or Flink options) is accepted too; the default runner is the FnApiRunner.")
-        options_class._add_argparse_args(parser)  # pylint: disable=protected-access
-        parser.print_help()
-        return 0
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        check_flags(argv, options_class)
-        options = PipelineOptions(argv)
-        if not any(a == "--runner" or a.startswith("--runner=") for a in argv):
-            options.view_as(StandardOptions).runner = "FnApiRunner"  # skip the Prism download attempt
-        job_plan = plan(options)
-    except UsageError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    print(run(options, job_plan))
-    return 0
-
-
-def params_or_usage_error(build: Callable[[], Any], what: str) -> Any:
-    """Build a params object; its ``ValueError`` (invalid privacy parameter) becomes a usage error."""
-    try:
-        return build()
-    except ValueError as exc:
-        raise UsageError(f"{what}: {exc}") from None
-
-
 def match_files(pattern: str, flag: str = "--input") -> list[str]:
     """Sorted paths matching ``pattern`` (local or any Beam filesystem), or a usage error."""
-    from apache_beam.io.filesystems import FileSystems
-
     try:
-        matches = FileSystems.match([pattern])[0].metadata_list
+        matches = match(pattern)
     except Exception as exc:  # a bad scheme or an unreachable bucket
         raise UsageError(f"cannot list {flag} {pattern!r}: {type(exc).__name__}") from None
     if not matches:
         raise UsageError(f"no files match {flag} {pattern!r}: check the path")
-    return sorted(m.path for m in matches)
-
-
-# -- noise key -----------------------------------------------------------------------------------
-def add_noise_key_flags(group) -> None:
-    """Key *location* flags (each also spelled with underscores, as Flex Template parameters are)."""
-    group.add_argument("--noise-key-file", "--noise_key_file", dest="noise_key_file", default=None,
-                       help="File holding the secret noise key (raw bytes or hex), read on the workers.")
-    group.add_argument("--noise-key-env", "--noise_key_env", dest="noise_key_env", default="BEAM_DP_NOISE_KEY",
-                       help="Name of the env var holding the noise key as hex, read on the workers. Default: "
-                            "%(default)s. Without a key a random one is drawn and the run is not reproducible.")
-
-
-def noise_key_of(opts) -> NoiseKey:
-    """The key *location* (never the key) from the flags; the file must exist here if it is local."""
-    key_file = opts.noise_key_file
-    if key_file and "://" not in key_file and not Path(key_file).is_file():
-        raise UsageError(f"--noise-key-file {key_file!r} does not exist")
-    return NoiseKey(env_var=opts.noise_key_env, key_file=key_file)
-
-
-# -- sources -------------------------------------------------------------------------------------
-def add_source_flags(group) -> None:
-    group.add_argument("--source", choices=SOURCES, default="files",
-                       help="files: batch replay of --input; pubsub / kafka: a streaming job (add --streaming) "
-                            "reading one JSON event per message: "
-                            '{"stream_id": "s1", "timestamp": 1767225600.5, "value": [0.1, 0.2]}.')
-    group.add_argument("--pubsub-subscription", "--pubsub_subscription", dest="pubsub_subscription",
-                       default=None,
-                       help="projects/P/subscriptions/S to read (--source pubsub).")
-    group.add_argument("--pubsub-topic", "--pubsub_topic", dest="pubsub_topic", default=None,
-                       help="projects/P/topics/T to read through a temporary subscription (--source pubsub).")
-    group.add_argument("--pubsub-timestamp-attribute", "--pubsub_timestamp_attribute",
-                       dest="pubsub_timestamp_attribute", default=None,
-                       help="Message attribute holding the event time (drives the watermark); default: publish time.")
-    group.add_argument("--kafka-bootstrap-servers", "--kafka_bootstrap_servers", dest="kafka_bootstrap_servers",
-                       default=None,
-                       help="host:port[,host:port] of the Kafka brokers (--source kafka).")
-    group.add_argument("--kafka-topic", "--kafka_topic", dest="kafka_topic", default=None,
-                       help="Kafka topic to read (--source kafka).")
+    return matches
 
 
 def check_source(opts, streaming: bool) -> None:
@@ -350,24 +249,26 @@ class _WriteBundleFiles(beam.DoFn):
         self._items = []
 
 
-def write_releases(releases: beam.PCollection, out_dir: Path, name: str, fmt: str, streaming: bool):
-    """Write release rows to ``<out_dir>/<name>-*.parquet`` (or ``.jsonl``).
+def write_releases(releases: beam.PCollection, out_dir: str, name: str, fmt: str, streaming: bool):
+    """Write release rows to ``<out_dir>/<name>-*.parquet`` (or ``.jsonl``), on any Beam filesystem.
 
     Batch: Beam's Parquet/text sinks. Streaming: one file per bundle (see ``_WriteBundleFiles``).
     """
     if not streaming:
         sink = WriteReleasesToParquet if fmt == "parquet" else WriteReleasesToJsonLines
-        return releases | f"Write-{name}" >> sink(str(out_dir / name))
-    return releases | f"Write-{name}" >> beam.ParDo(_WriteBundleFiles(str(out_dir / name), fmt))
+        return releases | f"Write-{name}" >> sink(join(out_dir, name))
+    return releases | f"Write-{name}" >> beam.ParDo(_WriteBundleFiles(join(out_dir, name), fmt))
 
 
-def write_dead_letters(dead: dict[str, beam.PCollection], out_dir: Path, streaming: bool = False):
-    """Write every stage's dead letters as JSON lines to ``<out_dir>/dead_letter-*.jsonl``."""
+def write_dead_letters(dead: dict[str, beam.PCollection], out_dir: str, streaming: bool = False):
+    """Write every stage's dead letters as JSON lines to ``<out_dir>/dead_letter-*.jsonl`` (batch: one
+    file even when there are none, so a reader can tell "none" from "not written")."""
     tagged = tuple(pc | f"Tag-{stage}" >> beam.Map(dead_letter_json, stage) for stage, pc in dead.items())
     merged = tagged | "AllDeadLetters" >> beam.Flatten()
+    prefix = join(out_dir, "dead_letter")
     if streaming:
-        return merged | "WriteDeadLetters" >> beam.ParDo(_WriteBundleFiles(str(out_dir / "dead_letter"), "jsonl"))
-    return merged | "WriteDeadLetters" >> beam.io.WriteToText(str(out_dir / "dead_letter"), file_name_suffix=".jsonl")
+        return merged | "WriteDeadLetters" >> beam.ParDo(_WriteBundleFiles(prefix, "jsonl"))
+    return merged | "WriteDeadLetters" >> beam.io.WriteToText(prefix, file_name_suffix=".jsonl", num_shards=1)
 
 
 def metrics_summary(result) -> str:
@@ -387,23 +288,14 @@ def metrics_summary(result) -> str:
             f"{totals.get('releases', 0)} releases, {totals.get('dead_letters', 0)} dead letters (beam metrics)")
 
 
-def prepare_output(out_dir: Path) -> None:
-    """Create the output folder and remove the shards of an earlier batch run (``*-of-*``)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for old in out_dir.glob("*-of-*"):
-        old.unlink()
-
-
-def output_summary(out_dir: Path, names: list[str]) -> list[str]:
+def output_summary(out_dir: str, names: list[str]) -> list[str]:
     """Summary lines of a finished local run: releases per output, epsilon spent, dead letters by reason."""
-    from collections import Counter
-
     from beam_dp.io import read_releases
 
     lines = []
     for name in names:
         try:
-            rows = read_releases(str(out_dir / f"{name}-*"))
+            rows = read_releases(join(out_dir, f"{name}-*"))
         except FileNotFoundError:
             rows = []
         if not rows:
@@ -413,8 +305,7 @@ def output_summary(out_dir: Path, names: list[str]) -> list[str]:
         eps = max(r["epsilon_spent"] for r in rows)
         lines.append(f"  {name}: {len(rows)} releases, {len(streams)} streams, mechanism {rows[0]['mechanism']}, "
                      f"max epsilon_spent {eps:.4g} of budget {rows[0]['epsilon_budget']:g}")
-    letters = [json.loads(line) for f in sorted(out_dir.glob("dead_letter-*.jsonl"))
-               for line in f.read_text().splitlines() if line]
+    letters = [json.loads(line) for line in read_text_lines(join(out_dir, "dead_letter-*.jsonl"))]
     reasons = Counter(f"{d['stage']}:{d['reason']}" for d in letters)
     lines.append(f"  dead letters: {len(letters)} {dict(sorted(reasons.items())) if reasons else ''}".rstrip())
     return lines

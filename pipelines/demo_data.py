@@ -10,9 +10,11 @@ file every time, no download.
 from __future__ import annotations
 
 import csv
-from pathlib import Path
+import io
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where the data is made: the job's --help stays fast
+    import numpy as np
 
 __all__ = ["DEMO_END", "DEMO_PERIOD", "DEMO_START", "DEMO_STREAMS", "write_demo_events"]
 
@@ -25,6 +27,8 @@ DEMO_STREAMS = tuple(f"shop-{i:02d}" for i in range(1, 11))
 
 def demo_events(seed: int = 20260101) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(stream_ids, timestamps, values (n, 2))`` of the demo stream, sorted by time."""
+    import numpy as np
+
     rng = np.random.default_rng(seed)
     hours = np.arange(DEMO_DAYS * 24)
     daily = 0.3 + np.clip(np.sin((hours % 24 - 7) / 14 * np.pi), 0, None)  # open roughly 7:00-21:00
@@ -46,14 +50,15 @@ def demo_events(seed: int = 20260101) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return stream_ids[order], timestamps[order], values[order]
 
 
-def write_demo_events(path: str | Path) -> int:
-    """Write the demo events to a CSV file; returns the number of events."""
+def write_demo_events(path: str) -> int:
+    """Write the demo events to a CSV file (any Beam filesystem); returns the number of events."""
+    from pipelines.paths import write_text
+
     stream_ids, timestamps, values = demo_events()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["stream_id", "timestamp", "value_0", "value_1"])
-        for sid, t, (v0, v1) in zip(stream_ids, timestamps, values):
-            writer.writerow([sid, f"{t:.6f}", f"{v0:.6f}", f"{v1:.6f}"])
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(["stream_id", "timestamp", "value_0", "value_1"])
+    for sid, t, (v0, v1) in zip(stream_ids, timestamps, values):
+        writer.writerow([sid, f"{t:.6f}", f"{v0:.6f}", f"{v1:.6f}"])
+    write_text(path, text.getvalue())
     return len(stream_ids)

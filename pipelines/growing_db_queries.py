@@ -13,79 +13,26 @@ dataset (two shops, a colour x size universe, 30 queries).
 
 from __future__ import annotations
 
-import argparse
 import json
-import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import apache_beam as beam
-import numpy as np
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
-
-from beam_dp.beam import GrowingDatabaseParams, GrowingDatabaseQueries
-from beam_dp.core import StepClock
-from beam_dp.mechanisms.universe import Bucketed, Categorical, IntRange, Universe
-from pipelines.common import (
-    JobOptions,
-    UsageError,
-    add_noise_key_flags,
-    add_source_flags,
-    check_source,
-    match_files,
-    metrics_summary,
-    noise_key_of,
-    output_summary,
-    params_or_usage_error,
-    prepare_output,
-    run_cli,
-    write_dead_letters,
-    write_releases,
+from pipelines.paths import join, write_text
+from pipelines.rows import number, require_columns
+from pipelines.runner import (
+    Job, UsageError, lateness, noise_key_of, options_class, params_or_usage_error, run_cli, split_list,
 )
-from pipelines.records import ReadRecords, number
 
-log = logging.getLogger("beam_dp.growing_db_queries")
-
-PROG = "python -m pipelines.growing_db_queries"
+NAME = "growing_db_queries"
+PROG = f"python -m pipelines.{NAME}"
 DEMO_UNIVERSE = '{"colour": ["red", "green", "blue", "grey"], "size": {"edges": [0, 1, 2, 5, 10]}}'
 DEMO_START, DEMO_PERIOD, DEMO_END = 0.0, 10.0, 100.0
 
 
-class GrowingDbOptions(JobOptions):
-    @classmethod
-    def _add_argparse_args(cls, parser: argparse.ArgumentParser) -> None:
-        g = parser.add_argument_group("beam_dp growing_db_queries")
-        g.add_argument("--input", default=None,
-                       help="Element files (CSV/Parquet/JSON lines): stream_id, timestamp, one column per universe "
-                            "field. Default: a generated demo dataset.")
-        g.add_argument("--queries", default=None,
-                       help="Query files (CSV/Parquet/JSON lines): stream_id, query_id, t, and predicate (JSON text), "
-                            "indices (JSON list) or w_0..w_{N-1}. Required with --input.")
-        add_source_flags(g)
-        g.add_argument("--output", default="output/growing_db",
-                       help="Output folder: answers-*.parquet (synthetic-* with --snapshots true), "
-                            "dead_letter-*.jsonl. Default: %(default)s")
-        g.add_argument("--format", choices=("parquet", "jsonl"), default="parquet", help="Release file format.")
-        g.add_argument("--universe", default=None,
-                       help='Public universe as JSON: {"field": [categories] | {"edges": [e0, .., ek]} | '
-                            '{"range": k}, ...} (fields in this order). Required with --input or a stream.')
-        g.add_argument("--n", type=int, default=20, help="Initial database size before the first query. Default: %(default)s")
-        g.add_argument("--mechanism", choices=("pmwg", "bbscheduler", "bbimprover"), default="pmwg",
-                       help="PMWG (private multiplicative weights) or a black-box scheduler. Default: %(default)s")
-        g.add_argument("--epsilon", type=float, default=1.0, help="Privacy budget per element. Default: %(default)s")
-        g.add_argument("--delta", type=float, default=0.0, help="delta (> 0 for bbimprover). Default: %(default)s")
-        g.add_argument("--alpha", type=float, default=0.25, help="pmwg: target accuracy. Default: %(default)s")
-        g.add_argument("--beta", type=float, default=0.05, help="Schedulers: failure probability. Default: %(default)s")
-        g.add_argument("--gamma", type=float, default=None, help="bbscheduler: growth exponent (default: the mechanism's).")
-        g.add_argument("--start", type=float, default=None, help="Public start of the step schedule, epoch seconds.")
-        g.add_argument("--period", type=float, default=None, help="Step length in seconds.")
-        g.add_argument("--end", type=float, default=None,
-                       help="Public end (exclusive), epoch seconds (required for a batch replay).")
-        g.add_argument("--snapshots", choices=("false", "true"), default="false",
-                       help="Also release the public synthetic histogram as steps close. Default: %(default)s")
-        g.add_argument("--streams", default=None, help="Comma-separated declared streams.")
-        add_noise_key_flags(g)
+def __getattr__(name: str):  # the options class needs Beam: built on first use, not at import (fast --help)
+    if name == "GrowingDbOptions":
+        return options_class(NAME)
+    raise AttributeError(name)
 
 
 @dataclass(frozen=True)
@@ -93,13 +40,19 @@ class Plan:
     demo: bool
     elements: str | None
     queries: str | None
-    out_dir: Path
-    params: GrowingDatabaseParams
+    out_dir: str
+    params: Any
     streaming: bool
 
+    @property
+    def outputs(self) -> list[str]:
+        return ["answers"] + (["synthetic"] if self.params.snapshots else [])
 
-def parse_universe(text: str) -> Universe:
+
+def parse_universe(text: str):
     """The ``--universe`` JSON -> a :class:`Universe` (a usage error when it is not one)."""
+    from beam_dp.mechanisms.universe import Bucketed, Categorical, IntRange, Universe
+
     try:
         spec = json.loads(text)
         if not isinstance(spec, dict) or not spec:
@@ -119,20 +72,26 @@ def parse_universe(text: str) -> Universe:
         raise UsageError(f"--universe: {exc}") from None
 
 
-def plan(options: PipelineOptions) -> Plan:
-    opts = options.view_as(GrowingDbOptions)
+def plan(options) -> Plan:
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    from beam_dp.beam import GrowingDatabaseParams
+    from beam_dp.core import StepClock
+    from pipelines.common import check_source
+
+    opts = options.view_as(options_class(NAME))
     streaming = bool(options.view_as(StandardOptions).streaming)
     check_source(opts, streaming)
     if opts.source != "files" and (opts.input or opts.queries):
         raise UsageError(f"--input and --queries read files: drop them with --source {opts.source}")
-    out_dir = Path(opts.output)
+    out_dir = opts.output
     demo = opts.input is None and opts.source == "files"
     if demo:
         if opts.queries:
             raise UsageError("--queries needs --input (the demo dataset brings its own queries)")
         universe = parse_universe(opts.universe or DEMO_UNIVERSE)
         start, period, end = DEMO_START, DEMO_PERIOD, DEMO_END
-        elements, queries = str(out_dir / "demo_elements.csv"), str(out_dir / "demo_queries.jsonl")
+        elements, queries = join(out_dir, "demo_elements.csv"), join(out_dir, "demo_queries.jsonl")
     else:
         if opts.universe is None:
             raise UsageError("--universe is required: the universe is public and never read from data")
@@ -147,19 +106,25 @@ def plan(options: PipelineOptions) -> Plan:
         if opts.source == "files":
             if not queries:
                 raise UsageError("--queries is required with --input")
-            match_files(elements, "--input")
-            match_files(queries, "--queries")
+            from pipelines.records import column_names
+
+            header = column_names(elements, "--input")
+            fields = () if "record" in header else tuple(f.name for f in universe.fields)  # JSON: {"record": {..}}
+            require_columns(header, ("stream_id", "timestamp") + fields, "--input")
+            require_columns(column_names(queries, "--queries"), ("stream_id", "query_id", "t"), "--queries")
     clock = params_or_usage_error(lambda: StepClock(start=start, period=period, end=end), "step schedule")
     params = params_or_usage_error(lambda: GrowingDatabaseParams(
         universe=universe, n=opts.n, epsilon=opts.epsilon, delta=opts.delta, clock=clock, mechanism=opts.mechanism,
-        alpha=opts.alpha, beta=opts.beta, gamma=opts.gamma, snapshots=opts.snapshots == "true",
-        streams=tuple(s for s in opts.streams.split(",") if s) if opts.streams else None,
-        noise_key=noise_key_of(opts)), opts.mechanism)
+        alpha=opts.alpha, a=opts.a, xi_n=opts.xi_n, beta=opts.beta, gamma=opts.gamma, snapshots=opts.snapshots,
+        streams=split_list(opts.streams, "--streams"), noise_key=noise_key_of(opts),
+        **lateness(opts, GrowingDatabaseParams)), opts.mechanism)
     return Plan(demo, elements, queries, out_dir, params, streaming)
 
 
 # -- rows -> the transform's elements and queries -------------------------------------------------
 def _field_value(field, value: Any) -> Any:
+    from beam_dp.mechanisms.universe import Categorical, IntRange
+
     if isinstance(field, Categorical):
         if value not in field.categories and str(value) in field.categories:
             return str(value)  # a numeric-looking category read from CSV
@@ -170,7 +135,7 @@ def _field_value(field, value: Any) -> Any:
     return value
 
 
-def to_element(row: dict, universe: Universe) -> dict:
+def to_element(row: dict, universe) -> dict:
     """``{stream_id, timestamp, <field>: ..}`` (or ``record: {..}``) -> the transform's element mapping."""
     record = row.get("record") if isinstance(row.get("record"), dict) else row
     return {"stream_id": row.get("stream_id"), "timestamp": row.get("timestamp"),
@@ -206,8 +171,14 @@ def _is_query(row: dict) -> bool:
     return "query_id" in row
 
 
-def build(pipeline: beam.Pipeline, job: Plan, opts: GrowingDbOptions, messages=None):
+def build(pipeline, job: Plan, opts, messages=None):
     """Add the job to ``pipeline``; returns the transform's ``GrowingDatabaseOutputs``."""
+    import apache_beam as beam
+
+    from beam_dp.beam import GrowingDatabaseQueries
+    from pipelines.common import write_dead_letters, write_releases
+    from pipelines.records import ReadRecords
+
     universe = job.params.universe
     if messages is None and opts.source == "files":
         rows, bad_rows = pipeline | "ReadElements" >> ReadRecords(opts, job.elements)
@@ -231,6 +202,8 @@ def build(pipeline: beam.Pipeline, job: Plan, opts: GrowingDbOptions, messages=N
 
 def write_demo(elements: str, queries: str, seed: int = 7) -> int:
     """Two shops selling items (colour, size) over 10 steps, and 15 queries per shop; returns the count."""
+    import numpy as np
+
     rng = np.random.default_rng(seed)
     colours = ("red", "green", "blue", "grey")
     lines, qlines = ["stream_id,timestamp,colour,size"], []
@@ -242,31 +215,33 @@ def write_demo(elements: str, queries: str, seed: int = 7) -> int:
         for k, t in enumerate(range(20, 80, 4)):
             clause = {"colour": [colours[k % 4]]} if k % 2 else {"size": [0, 2]}
             qlines.append(json.dumps({"stream_id": shop, "query_id": f"q{k:02d}", "t": t, "predicate": clause}))
-    Path(elements).parent.mkdir(parents=True, exist_ok=True)
-    Path(elements).write_text("\n".join(lines) + "\n")
-    Path(queries).write_text("\n".join(qlines) + "\n")
+    write_text(elements, "\n".join(lines) + "\n")
+    write_text(queries, "\n".join(qlines) + "\n")
     return len(lines) - 1
 
 
-def run(options: PipelineOptions, job: Plan, messages=None) -> str:
-    opts = options.view_as(GrowingDbOptions)
-    prepare_output(job.out_dir)
-    if job.demo:
-        log.info("wrote the demo dataset (%d elements) to %s", write_demo(job.elements, job.queries), job.elements)
-    pipeline = beam.Pipeline(options=options)
-    build(pipeline, job, opts, messages)
-    result = pipeline.run()
-    result.wait_until_finish()
+def summary(job: Plan, opts) -> list[str]:
     source = "generated demo dataset" if job.demo else (opts.input or opts.source)
-    names = ["answers"] + (["synthetic"] if job.params.snapshots else [])
-    lines = [f"beam_dp growing_db_queries ({job.params.mechanism}): releases written under {job.out_dir.resolve()}",
-             f"  input: {source}; universe N={job.params.universe.size}; {job.params.clock.last_step} steps"]
-    return "\n".join(lines + output_summary(job.out_dir, names) + [metrics_summary(result)])
+    return [f"  {job.params.mechanism}; input: {source}; universe N={job.params.universe.size}; "
+            f"{job.params.clock.last_step} steps"]
+
+
+def _write_demo(job: Plan) -> str:
+    return f"wrote the demo dataset ({write_demo(job.elements, job.queries)} elements) to {job.elements}"
+
+
+JOB = Job(NAME, __doc__.split("\n\n")[0], plan, build, summary, _write_demo)
+
+
+def run(options, job: Plan, messages=None) -> str:
+    """Run a planned job (tests pass ``messages``, a ``TestStream`` in place of Pub/Sub or Kafka)."""
+    from pipelines.runner import run as run_job
+
+    return run_job(options, JOB, job, messages)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_cli(argv, prog=PROG, description=__doc__.split("\n\n")[0], options_class=GrowingDbOptions,
-                   plan=plan, run=run)
+    return run_cli(argv, JOB)
 
 
 if __name__ == "__main__":

@@ -15,101 +15,51 @@ runs on scikit-learn's digits split into three tasks (classes 0-3, 4-6, 7-9; 20%
 
 from __future__ import annotations
 
-import argparse
-import logging
+import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import apache_beam as beam
-import numpy as np
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from pipelines.paths import join, write_text
+from pipelines.rows import features_of, number, require_columns
+from pipelines.runner import Job, UsageError, noise_key_of, options_class, params_or_usage_error, run_cli, split_list
 
-from beam_dp.beam import LifelongLearner, LifelongParams
-from beam_dp.beam.lifelong import END_OF_TASK
-from beam_dp.mechanisms.lifelong.config import BoundedAGEMConfig, L2DPConfig, NaiveGaussianConfig
-from pipelines.common import (
-    JobOptions,
-    UsageError,
-    add_noise_key_flags,
-    add_source_flags,
-    check_source,
-    metrics_summary,
-    noise_key_of,
-    output_summary,
-    params_or_usage_error,
-    prepare_output,
-    run_cli,
-    write_dead_letters,
-    write_releases,
-)
-from pipelines.records import ReadRecords, column_names, features_of, indexed_columns, number, read_rows
-
-log = logging.getLogger("beam_dp.lifelong")
-
-PROG = "python -m pipelines.lifelong"
-LEARNERS = {"bounded_agem": BoundedAGEMConfig, "naive_gaussian": NaiveGaussianConfig, "l2dp": L2DPConfig}
+NAME = "lifelong"
+PROG = f"python -m pipelines.{NAME}"
+#: --learner -> config class in beam_dp.mechanisms.lifelong.config
+LEARNERS = {"bounded_agem": "BoundedAGEMConfig", "naive_gaussian": "NaiveGaussianConfig", "l2dp": "L2DPConfig"}
 DEMO_GROUPS = ((0, 1, 2, 3), (4, 5, 6), (7, 8, 9))
+END_OF_TASK_FIELD = "end_of_task"
 
 
-class LifelongOptions(JobOptions):
-    @classmethod
-    def _add_argparse_args(cls, parser: argparse.ArgumentParser) -> None:
-        g = parser.add_argument_group("beam_dp lifelong")
-        g.add_argument("--input", default=None,
-                       help="CSV/Parquet/JSON-lines files with stream_id, task_id, x_0..x_{d-1}, label. "
-                            "Default: scikit-learn's digits in three tasks.")
-        add_source_flags(g)
-        g.add_argument("--eval-input", "--eval_input", dest="eval_input", default=None,
-                       help="Public evaluation rows (task_id, x_0.., label; >= 32 per task) for meta accuracy.")
-        g.add_argument("--output", default="output/lifelong",
-                       help="Output folder: models-*.parquet and dead_letter-*.jsonl. Default: %(default)s")
-        g.add_argument("--format", choices=("parquet", "jsonl"), default="parquet", help="Release file format.")
-        g.add_argument("--learner", choices=tuple(LEARNERS), default="bounded_agem",
-                       help="bounded_agem (sound (epsilon, delta)-DP, default), naive_gaussian, or l2dp "
-                            "(the paper's claim).")
-        g.add_argument("--tasks", default=None,
-                       help="Comma-separated task ids in their public order (required with --input or a stream).")
-        g.add_argument("--classes", type=int, default=None, help="Number of classes K (required with --input).")
-        g.add_argument("--dim", type=int, default=None,
-                       help="Input dimension d (required with a streaming source; files: from the header).")
-        g.add_argument("--epsilon", type=float, default=1.0, help="Privacy budget per example. Default: %(default)s")
-        g.add_argument("--delta", type=float, default=1e-5, help="delta (DP-SGD learners). Default: %(default)s")
-        g.add_argument("--clip-norm", "--clip_norm", dest="clip_norm", type=float, default=1.0,
-                       help="DP-SGD per-example gradient clip norm. Default: %(default)s")
-        g.add_argument("--memory-uses", "--memory_uses", dest="memory_uses", type=int, default=50,
-                       help="bounded_agem: most times an example is replayed from memory. Default: %(default)s")
-        g.add_argument("--hidden", type=int, default=32, help="Width of the input layer. Default: %(default)s")
-        g.add_argument("--batch-size", "--batch_size", dest="batch_size", type=int, default=32,
-                       help="Batch size lambda. Default: %(default)s")
-        g.add_argument("--epochs", type=int, default=1, help="Epochs per task. Default: %(default)s")
-        g.add_argument("--steps-per-task", "--steps_per_task", dest="steps_per_task", type=int, default=None,
-                       help="Fixed optimiser steps per task instead of epochs.")
-        g.add_argument("--learning-rate", "--learning_rate", dest="learning_rate", type=float, default=1e-3,
-                       help="Learning rate. Default: %(default)s")
-        g.add_argument("--device", choices=("cpu", "auto"), default="auto",
-                       help="auto: workers train on CUDA when present; cpu: never. Default: %(default)s")
-        g.add_argument("--torch-threads", "--torch_threads", dest="torch_threads", type=int, default=None,
-                       help="torch intra-op threads per worker.")
-        g.add_argument("--streams", default=None, help="Comma-separated declared streams (each releases every task).")
-        add_noise_key_flags(g)
+def __getattr__(name: str):  # the options class needs Beam: built on first use, not at import (fast --help)
+    if name == "LifelongOptions":
+        return options_class(NAME)
+    raise AttributeError(name)
 
 
 @dataclass(frozen=True)
 class Plan:
     demo: bool
     pattern: str | None
-    out_dir: Path
-    params: LifelongParams
+    out_dir: str
+    params: Any
     streaming: bool
+    classes: tuple[str, ...]
+    outputs: tuple[str, ...] = ("models",)
 
 
-def _eval_sets(pattern: str, dim: int, tasks: tuple[str, ...]) -> dict:
+def _eval_sets(pattern: str, dim: int, tasks: tuple[str, ...], classes: tuple[str, ...]) -> dict:
+    import numpy as np
+
+    from pipelines.records import read_rows
+
     by_task: dict[str, tuple[list, list]] = {}
     for row in read_rows(pattern, "--eval-input"):
         xs, ys = by_task.setdefault(str(row.get("task_id")), ([], []))
         xs.append(features_of(row, dim))
-        ys.append(row.get("label"))
+        ys.append(class_index(row.get("label"), classes))
+        if ys[-1] < 0:
+            raise UsageError(f"--eval-input has a label outside --classes: {row.get('label')!r}"[:200])
     unknown = set(by_task) - set(tasks)
     if unknown:
         raise UsageError(f"--eval-input has task ids that are not in --tasks: {sorted(unknown)[:3]}")
@@ -119,50 +69,77 @@ def _eval_sets(pattern: str, dim: int, tasks: tuple[str, ...]) -> dict:
         raise UsageError("--eval-input: features and labels must be numbers") from None
 
 
-def plan(options: PipelineOptions) -> Plan:
-    opts = options.view_as(LifelongOptions)
+def plan(options) -> Plan:
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    from beam_dp.beam import LifelongParams
+    from beam_dp.mechanisms.lifelong import config
+    from pipelines.common import check_source
+    from pipelines.records import column_names, indexed_columns
+
+    opts = options.view_as(options_class(NAME))
     streaming = bool(options.view_as(StandardOptions).streaming)
     check_source(opts, streaming)
     if opts.source != "files" and opts.input:
         raise UsageError(f"--input reads files: drop it with --source {opts.source}")
-    out_dir = Path(opts.output)
+    out_dir = opts.output
     demo = opts.input is None and opts.source == "files"
     if demo:
-        pattern, eval_pattern = str(out_dir / "demo_tasks.csv"), str(out_dir / "demo_eval.csv")
+        pattern, eval_pattern = join(out_dir, "demo_tasks.csv"), join(out_dir, "demo_eval.csv")
         write_demo(pattern, eval_pattern)  # needed now: the eval sets are part of the params
-        dim, classes, tasks = 64, 10, tuple(str(i) for i in range(len(DEMO_GROUPS)))
+        dim, classes, tasks = 64, tuple(str(i) for i in range(10)), tuple(str(i) for i in range(len(DEMO_GROUPS)))
     else:
         missing = [f for f, v in (("--tasks", opts.tasks), ("--classes", opts.classes)) if v is None]
         if missing:
             raise UsageError(f"{', '.join(missing)} required: the task order and classes are public")
         pattern, eval_pattern = opts.input, opts.eval_input
-        tasks = tuple(t for t in opts.tasks.split(",") if t)
-        classes = opts.classes
+        tasks = split_list(opts.tasks, "--tasks")
+        classes = split_list(opts.classes, "--classes")
         if opts.source == "files":
-            dim = len(indexed_columns(column_names(pattern), "x"))
+            header = column_names(pattern)
+            require_columns(header, ("stream_id", "task_id", "label"), "--input")
+            dim = len(indexed_columns(header, "x"))
             if not dim:
-                raise UsageError("the --input files need feature columns x_0 .. x_{d-1} (and stream_id, task_id, label)")
+                raise UsageError("the --input files need feature columns x_0 .. x_{d-1} (and stream_id, task_id, "
+                                 "label)")
             if opts.dim is not None and opts.dim != dim:
                 raise UsageError(f"--dim {opts.dim} but the files have {dim} feature columns")
         elif opts.dim is None:
             raise UsageError(f"--dim is required with --source {opts.source}")
         else:
             dim = opts.dim
-    eval_sets = _eval_sets(eval_pattern, dim, tasks) if eval_pattern else None
-    common: dict[str, Any] = dict(
-        input_dim=dim, n_classes=classes, hidden=opts.hidden, batch_size=opts.batch_size, epochs=opts.epochs,
-        steps_per_task=opts.steps_per_task, learning_rate=opts.learning_rate, task_ids=tasks, eval_sets=eval_sets,
-        epsilon=opts.epsilon)
-    if opts.learner == "bounded_agem":
-        common.update(delta=opts.delta, clip_norm=opts.clip_norm, memory_uses=opts.memory_uses)
-    elif opts.learner == "naive_gaussian":
-        common.update(delta=opts.delta, clip_norm=opts.clip_norm, num_tasks=len(tasks))
-    learner = params_or_usage_error(lambda: LEARNERS[opts.learner](**common), opts.learner)
+    eval_sets = _eval_sets(eval_pattern, dim, tasks, classes) if eval_pattern else None
+    learner_class = getattr(config, LEARNERS[opts.learner])
+    given: dict[str, Any] = dict(
+        input_dim=dim, n_classes=len(classes), task_ids=tasks, num_tasks=len(tasks), eval_sets=eval_sets,
+        g_layers=_layers(opts.g_layers), **{name: getattr(opts, name) for name in _LEARNER_FLAGS})
+    accepted = {f.name for f in dataclasses.fields(learner_class)}  # each learner takes its own subset
+    kwargs = {k: v for k, v in given.items() if k in accepted and v is not None}
+    learner = params_or_usage_error(lambda: learner_class(**kwargs), opts.learner)
     params = params_or_usage_error(lambda: LifelongParams(
-        learner, streams=tuple(s for s in opts.streams.split(",") if s) if opts.streams else None,
-        noise_key=noise_key_of(opts), allow_cuda=opts.device == "auto", torch_threads=opts.torch_threads),
-        "lifelong")
-    return Plan(demo, pattern, out_dir, params, streaming)
+        learner, streams=split_list(opts.streams, "--streams"), noise_key=noise_key_of(opts),
+        allow_cuda=opts.device == "auto", torch_threads=opts.torch_threads), "lifelong")
+    return Plan(demo, pattern, out_dir, params, streaming, classes)
+
+
+_LEARNER_FLAGS = ("hidden", "batch_size", "epochs", "steps_per_task", "learning_rate", "optimizer", "dtype",
+                  "eval_batch", "agem_always_project", "epsilon", "delta", "clip_norm", "memory_uses", "memory_share",
+                  "noise_multiplier", "rho_s", "b_theta", "ae_mode", "label_path", "encoder_batch_norm")
+
+
+def _layers(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(w) for w in split_list(text, "--g-layers"))
+    except ValueError:
+        raise UsageError(f"--g-layers must be comma-separated positive integers, got {text!r}"[:200]) from None
+
+
+def class_index(label: Any, classes: tuple[str, ...]) -> int:
+    """A label -> its index in the public ``--classes`` (matched as text: 3, 3.0 and "3" are "3");
+    -1 (dead-lettered by the learner as a bad label) for a label outside them."""
+    label = _integer(label)
+    text = str(label) if isinstance(label, (int, str)) and not isinstance(label, bool) else None
+    return classes.index(text) if text in classes else -1
 
 
 def _integer(value: Any) -> Any:
@@ -170,20 +147,28 @@ def _integer(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def to_task_row(row: dict, dim: int) -> tuple:
-    """A row -> ``(stream_id, task_id, x, y)``, or ``(stream_id, task_id, END_OF_TASK)`` for an end marker."""
+def to_task_row(row: dict, dim: int, classes: tuple[str, ...]) -> tuple:
+    """A row -> ``(stream_id, task_id, x, class index)``, or ``(stream_id, task_id, END_OF_TASK)`` for an end marker."""
+    from beam_dp.beam.lifelong import END_OF_TASK
+
     task = row.get("task_id")
     task = str(_integer(task)) if isinstance(task, (int, float)) and not isinstance(task, bool) else task
-    if row.get("end_of_task") is True:
+    if row.get(END_OF_TASK_FIELD) is True:
         return row.get("stream_id"), task, END_OF_TASK
-    return row.get("stream_id"), task, features_of(row, dim), _integer(row.get("label"))
+    return row.get("stream_id"), task, features_of(row, dim), class_index(row.get("label"), classes)
 
 
-def build(pipeline: beam.Pipeline, job: Plan, opts: LifelongOptions, messages=None):
+def build(pipeline, job: Plan, opts, messages=None):
     """Add the job to ``pipeline``; returns the transform's ``ContinualOutputs``."""
+    import apache_beam as beam
+
+    from beam_dp.beam import LifelongLearner
+    from pipelines.common import write_dead_letters, write_releases
+    from pipelines.records import ReadRecords
+
     records, bad_rows = pipeline | "ReadRecords" >> ReadRecords(opts, job.pattern, messages)
     out = (records
-           | "ToTaskRows" >> beam.Map(to_task_row, job.params.learner.input_dim)
+           | "ToTaskRows" >> beam.Map(to_task_row, job.params.learner.input_dim, job.classes)
            | "LifelongLearner" >> LifelongLearner(job.params))
     write_releases(out.releases, job.out_dir, "models", opts.format, job.streaming)
     write_dead_letters({"read": bad_rows, "models": out.dead_letter}, job.out_dir, job.streaming)
@@ -192,6 +177,7 @@ def build(pipeline: beam.Pipeline, job: Plan, opts: LifelongOptions, messages=No
 
 def write_demo(path: str, eval_path: str, seed: int = 0) -> int:
     """Digits (x / 8 - 1 in [-1, 1]) split 80/20 by a fixed permutation, tasks = class groups."""
+    import numpy as np
     from sklearn.datasets import load_digits
 
     digits = load_digits()
@@ -203,41 +189,40 @@ def write_demo(path: str, eval_path: str, seed: int = 0) -> int:
     for target, idx in ((path, perm[:cut]), (eval_path, perm[cut:])):
         idx = sorted(idx, key=lambda i: (task_of[y[i]], i))  # tasks in order
         lines = [header] + [f"digits,{task_of[y[i]]}," + ",".join(f"{v:g}" for v in x[i]) + f",{y[i]}" for i in idx]
-        Path(target).parent.mkdir(parents=True, exist_ok=True)
-        Path(target).write_text("\n".join(lines) + "\n")
+        write_text(target, "\n".join(lines) + "\n")
     return cut
 
 
-def run(options: PipelineOptions, job: Plan, messages=None) -> str:
-    import json
-
-    opts = options.view_as(LifelongOptions)
-    prepare_output(job.out_dir)
-    pipeline = beam.Pipeline(options=options)
-    build(pipeline, job, opts, messages)
-    result = pipeline.run()
-    result.wait_until_finish()
-    source = "scikit-learn digits, 3 tasks" if job.demo else (opts.input or opts.source)
-    lines = [f"beam_dp lifelong ({opts.learner}): releases written under {job.out_dir.resolve()}",
-             f"  input: {source}; tasks {', '.join(job.params.learner.task_ids)}"]
-    lines += output_summary(job.out_dir, ["models"])
+def summary(job: Plan, opts) -> list[str]:
+    """Input, tasks, and the public accuracy of each task snapshot (with --eval-input)."""
     from beam_dp.io import read_releases
 
+    source = "scikit-learn digits, 3 tasks" if job.demo else (opts.input or opts.source)
+    lines = [f"  {opts.learner}; input: {source}; tasks {', '.join(job.params.learner.task_ids)}"]
     try:
-        rows = read_releases(str(job.out_dir / "models-*"))
+        rows = read_releases(join(job.out_dir, "models-*"))
     except FileNotFoundError:
         rows = []
     for row in rows:
-        accuracy = (row["meta"] if isinstance(row["meta"], dict) else json.loads(row["meta"])).get("accuracy")
+        accuracy = row["meta"].get("accuracy")
         if accuracy:
             lines.append(f"  {row['stream']} after task {row['step']}: accuracy "
                          + ", ".join(f"{t}={a:.3f}" for t, a in sorted(accuracy.items())))
-    return "\n".join(lines + [metrics_summary(result)])
+    return lines
+
+
+JOB = Job(NAME, __doc__.split("\n\n")[0], plan, build, summary)
+
+
+def run(options, job: Plan, messages=None) -> str:
+    """Run a planned job (tests pass ``messages``, a ``TestStream`` in place of Pub/Sub or Kafka)."""
+    from pipelines.runner import run as run_job
+
+    return run_job(options, JOB, job, messages)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_cli(argv, prog=PROG, description=__doc__.split("\n\n")[0], options_class=LifelongOptions,
-                   plan=plan, run=run)
+    return run_cli(argv, JOB)
 
 
 if __name__ == "__main__":

@@ -12,120 +12,62 @@ runs on scikit-learn's bundled digits (one stream, 10 classes, features scaled t
 
 from __future__ import annotations
 
-import argparse
-import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from pipelines.paths import join, write_text
+from pipelines.rows import features_of, number, require_columns
+from pipelines.runner import Job, UsageError, noise_key_of, options_class, params_or_usage_error, run_cli, split_list
 
-from beam_dp.beam import (
-    ContinualModelParams,
-    ContinualModelRelease,
-    MultiResolutionParams,
-    MultiResolutionRelease,
-    SlidingWindowModelParams,
-    SlidingWindowModelRelease,
-)
-from pipelines.common import (
-    JobOptions,
-    UsageError,
-    add_noise_key_flags,
-    add_source_flags,
-    check_source,
-    metrics_summary,
-    noise_key_of,
-    output_summary,
-    params_or_usage_error,
-    prepare_output,
-    run_cli,
-    write_dead_letters,
-    write_releases,
-)
-from pipelines.records import ReadRecords, column_names, features_of, indexed_columns, number
-
-log = logging.getLogger("beam_dp.model_release")
-
-PROG = "python -m pipelines.model_release"
+NAME = "model_release"
+PROG = f"python -m pipelines.{NAME}"
+#: --algorithm -> (params class, transform class) in beam_dp.beam
 ALGORITHMS = {
-    "continual": (ContinualModelParams, ContinualModelRelease),
-    "multiresolution": (MultiResolutionParams, MultiResolutionRelease),
-    "sliding": (SlidingWindowModelParams, SlidingWindowModelRelease),
+    "continual": ("ContinualModelParams", "ContinualModelRelease"),
+    "multiresolution": ("MultiResolutionParams", "MultiResolutionRelease"),
+    "sliding": ("SlidingWindowModelParams", "SlidingWindowModelRelease"),
 }
 
 
-class ModelReleaseOptions(JobOptions):
-    @classmethod
-    def _add_argparse_args(cls, parser: argparse.ArgumentParser) -> None:
-        g = parser.add_argument_group("beam_dp model_release")
-        g.add_argument("--input", default=None,
-                       help="CSV/Parquet/JSON-lines files (or glob) with columns stream_id, x_0..x_{d-1}, label. "
-                            "Default: scikit-learn's digits.")
-        add_source_flags(g)
-        g.add_argument("--output", default="output/model_release",
-                       help="Output folder: models-*.parquet and dead_letter-*.jsonl. Default: %(default)s")
-        g.add_argument("--format", choices=("parquet", "jsonl"), default="parquet", help="Release file format.")
-        g.add_argument("--algorithm", choices=tuple(ALGORITHMS), default="continual",
-                       help="continual (Alg. 4/8), multiresolution (Alg. 2/6) or sliding (Alg. 5). Default: %(default)s")
-        g.add_argument("--dim", type=int, default=None,
-                       help="Number of features d (required with a streaming source; files: from the header).")
-        g.add_argument("--classes", default=None,
-                       help="Comma-separated public class labels (logistic regression; labels match as text). "
-                            "Without it: Huber regression on numeric labels.")
-        g.add_argument("--epsilon", type=float, default=1.0, help="Privacy budget per example. Default: %(default)s")
-        g.add_argument("--delta", type=float, default=0.0,
-                       help="> 0 with --noise gaussian, 0 with gamma. Default: %(default)s")
-        g.add_argument("--noise", choices=("gamma", "gaussian"), default="gamma",
-                       help="gamma: K-norm noise, pure epsilon-DP; gaussian: (epsilon, delta)-DP.")
-        g.add_argument("--clip-bound", "--clip_bound", dest="clip_bound", type=float, default=1.0,
-                       help="L2 bound each feature vector is clipped to. Default: %(default)s")
-        g.add_argument("--lam", type=float, default=1.0, help="Regularisation strength lambda. Default: %(default)s")
-        g.add_argument("--huber", type=float, default=1.0, help="Huber threshold (regression). Default: %(default)s")
-        g.add_argument("--update-size", "--update_size", dest="update_size", type=int, default=64,
-                       help="continual: b0, examples per update step. Default: %(default)s")
-        g.add_argument("--base-size", "--base_size", dest="base_size", type=int, default=256,
-                       help="continual: B, examples before the first model (update size divides it). Default: %(default)s")
-        g.add_argument("--variant", choices=("cumulative", "basic", "independent"), default="cumulative",
-                       help="continual: the release variant. Default: %(default)s")
-        g.add_argument("--block-size", "--block_size", dest="block_size", type=int, default=64,
-                       help="multiresolution: B per step; sliding: w0 per step. Default: %(default)s")
-        g.add_argument("--window", type=int, default=None,
-                       help="sliding: w = (2^k - 1) * block size examples. Default: 7 * block size.")
-        g.add_argument("--max-level", "--max_level", dest="max_level", type=int, default=None,
-                       help="multiresolution: highest dyadic level (default: unbounded).")
-        g.add_argument("--sampling", choices=("false", "true"), default="false",
-                       help="Algorithms 6/8 (subsampled releases). Default: %(default)s")
-        g.add_argument("--streams", default=None,
-                       help="Comma-separated declared streams; examples of other streams are dead-lettered.")
-        add_noise_key_flags(g)
+def __getattr__(name: str):  # the options class needs Beam: built on first use, not at import (fast --help)
+    if name == "ModelReleaseOptions":
+        return options_class(NAME)
+    raise AttributeError(name)
 
 
 @dataclass(frozen=True)
 class Plan:
     demo: bool
     pattern: str | None
-    out_dir: Path
+    out_dir: str
     params: Any
     streaming: bool
+    outputs: tuple[str, ...] = ("models",)
 
 
-def plan(options: PipelineOptions) -> Plan:
-    opts = options.view_as(ModelReleaseOptions)
+def plan(options) -> Plan:
+    import beam_dp.beam as transforms
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    from pipelines.common import check_source
+    from pipelines.records import column_names, indexed_columns
+
+    opts = options.view_as(options_class(NAME))
     streaming = bool(options.view_as(StandardOptions).streaming)
     check_source(opts, streaming)
     if opts.source != "files" and opts.input:
         raise UsageError(f"--input reads files: drop it with --source {opts.source}")
-    out_dir = Path(opts.output)
+    out_dir = opts.output
     demo = opts.input is None and opts.source == "files"
-    classes = tuple(c for c in opts.classes.split(",") if c) if opts.classes else None
+    classes = split_list(opts.classes, "--classes")
     if demo:
         dim, classes = 64, classes or tuple(str(i) for i in range(10))
-        pattern = str(out_dir / "demo_digits.csv")
+        pattern = join(out_dir, "demo_digits.csv")
     elif opts.source == "files":
         pattern = opts.input
-        dim = len(indexed_columns(column_names(pattern), "x"))
+        header = column_names(pattern)
+        require_columns(header, ("stream_id", "label"), "--input")
+        dim = len(indexed_columns(header, "x"))
         if not dim:
             raise UsageError("the --input files need feature columns x_0 .. x_{d-1} (and stream_id, label)")
         if opts.dim is not None and opts.dim != dim:
@@ -134,14 +76,14 @@ def plan(options: PipelineOptions) -> Plan:
         raise UsageError(f"--dim is required with --source {opts.source}")
     else:
         dim, pattern = opts.dim, None
-    params_type, _ = ALGORITHMS[opts.algorithm]
+    params_type = getattr(transforms, ALGORITHMS[opts.algorithm][0])
     common = dict(n_features=dim, classes=classes, lam=opts.lam, epsilon=opts.epsilon, delta=opts.delta,
-                  noise=opts.noise, clip_bound=opts.clip_bound, huber=opts.huber,
-                  streams=tuple(s for s in opts.streams.split(",") if s) if opts.streams else None,
-                  noise_key=noise_key_of(opts))
-    sampling = opts.sampling == "true"
+                  noise=opts.noise, clip_bound=opts.clip_bound, huber=opts.huber, granularity=opts.granularity,
+                  streams=split_list(opts.streams, "--streams"), noise_key=noise_key_of(opts))
+    sampling = opts.sampling
     if opts.algorithm == "continual":
-        extra = dict(update=opts.update_size, base=opts.base_size, variant=opts.variant, sampling=sampling)
+        extra = dict(update=opts.update_size, base=opts.base_size, variant=opts.variant, sampling=sampling,
+                     base_fraction=opts.base_fraction)
     elif opts.algorithm == "multiresolution":
         extra = dict(block=opts.block_size, max_level=opts.max_level, sampling=sampling)
     else:
@@ -165,14 +107,20 @@ def to_example(row: dict, dim: int, classification: bool) -> tuple:
     return row.get("stream_id"), features_of(row, dim), _class_label(label) if classification else number(label)
 
 
-def build(pipeline: beam.Pipeline, job: Plan, opts: ModelReleaseOptions, messages=None):
+def build(pipeline, job: Plan, opts, messages=None):
     """Add the job to ``pipeline``; returns the transform's ``ContinualOutputs``."""
+    import apache_beam as beam
+
+    import beam_dp.beam as transforms
+    from pipelines.common import write_dead_letters, write_releases
+    from pipelines.records import ReadRecords
+
     records, bad_rows = pipeline | "ReadRecords" >> ReadRecords(opts, job.pattern, messages)
     params = job.params
-    _, transform = ALGORITHMS[opts.algorithm]
+    name = ALGORITHMS[opts.algorithm][1]
     out = (records
            | "ToExamples" >> beam.Map(to_example, params.n_features, params.classes is not None)
-           | transform.__name__ >> transform(params))
+           | name >> getattr(transforms, name)(params))
     write_releases(out.releases, job.out_dir, "models", opts.format, job.streaming)
     write_dead_letters({"read": bad_rows, "models": out.dead_letter}, job.out_dir, job.streaming)
     return out
@@ -186,32 +134,34 @@ def write_demo(path: str) -> int:
     digits = load_digits()
     order = np.random.default_rng(0).permutation(len(digits.target))
     x, y = digits.data[order] / 16.0, digits.target[order]
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
     header = "stream_id," + ",".join(f"x_{i}" for i in range(x.shape[1])) + ",label"
     lines = [header] + ["digits," + ",".join(f"{v:g}" for v in row) + f",{label}" for row, label in zip(x, y)]
-    Path(path).write_text("\n".join(lines) + "\n")
+    write_text(path, "\n".join(lines) + "\n")
     return len(y)
 
 
-def run(options: PipelineOptions, job: Plan, messages=None) -> str:
-    opts = options.view_as(ModelReleaseOptions)
-    prepare_output(job.out_dir)
-    if job.demo:
-        log.info("wrote scikit-learn's digits (%d examples) to %s", write_demo(job.pattern), job.pattern)
-    pipeline = beam.Pipeline(options=options)
-    build(pipeline, job, opts, messages)
-    result = pipeline.run()
-    result.wait_until_finish()
+def summary(job: Plan, opts) -> list[str]:
     source = "scikit-learn digits" if job.demo else (opts.input or opts.source)
-    lines = [f"beam_dp model_release ({opts.algorithm}): releases written under {job.out_dir.resolve()}",
-             f"  input: {source}; {job.params.n_features} features; "
-             + (f"{len(job.params.classes)} classes" if job.params.classes else "Huber regression")]
-    return "\n".join(lines + output_summary(job.out_dir, ["models"]) + [metrics_summary(result)])
+    return [f"  {opts.algorithm}; input: {source}; {job.params.n_features} features; "
+            + (f"{len(job.params.classes)} classes" if job.params.classes else "Huber regression")]
+
+
+def _write_demo(job: Plan) -> str:
+    return f"wrote scikit-learn's digits ({write_demo(job.pattern)} examples) to {job.pattern}"
+
+
+JOB = Job(NAME, __doc__.split("\n\n")[0], plan, build, summary, _write_demo)
+
+
+def run(options, job: Plan, messages=None) -> str:
+    """Run a planned job (tests pass ``messages``, a ``TestStream`` in place of Pub/Sub or Kafka)."""
+    from pipelines.runner import run as run_job
+
+    return run_job(options, JOB, job, messages)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_cli(argv, prog=PROG, description=__doc__.split("\n\n")[0], options_class=ModelReleaseOptions,
-                   plan=plan, run=run)
+    return run_cli(argv, JOB)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,7 @@ message, with the same field names as the file columns.
 from __future__ import annotations
 
 import json
-import re
-from typing import Any, Iterator, Mapping
+from typing import Iterator
 
 import apache_beam as beam
 import pyarrow.csv as pacsv
@@ -24,28 +23,11 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_dp.beam import DeadLetter, Reason
 from beam_dp.beam.parse import DEAD_LETTER
-from pipelines.common import ReadMessages, UsageError, match_files
+from pipelines.common import ReadMessages, match_files
+from pipelines.rows import features_of, indexed_columns, number
+from pipelines.runner import UsageError
 
 __all__ = ["ReadRecords", "column_names", "features_of", "indexed_columns", "number", "read_rows"]
-
-
-def number(value: Any) -> Any:
-    """``float(value)`` for numbers and numeric text; anything else unchanged (the transform rejects it)."""
-    if isinstance(value, bool) or value is None:
-        return value
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return value
-
-
-def indexed_columns(names: list[str], prefix: str) -> list[str]:
-    """``<prefix>_0 .. <prefix>_{d-1}`` of a header, in order (a usage error if there is a gap)."""
-    pattern = re.compile(rf"^{re.escape(prefix)}_(\d+)$")
-    indexed = sorted((int(m.group(1)), n) for n in names if (m := pattern.match(n)))
-    if [i for i, _ in indexed] != list(range(len(indexed))):
-        raise UsageError(f"columns {prefix}_0 .. {prefix}_{{d-1}} must have no gaps")
-    return [n for _, n in indexed]
 
 
 def column_names(pattern: str, flag: str = "--input") -> list[str]:
@@ -61,13 +43,6 @@ def column_names(pattern: str, flag: str = "--input") -> list[str]:
             return [n.strip() for n in first.strip().split(",")]
     except Exception as exc:  # unreadable header or file
         raise UsageError(f"cannot read the header of {path} ({flag}): {type(exc).__name__}") from None
-
-
-def features_of(row: Mapping[str, Any], dim: int, prefix: str = "x") -> Any:
-    """The feature vector of a row: its ``features`` list, or the columns ``x_0 .. x_{dim-1}``."""
-    if row.get("features") is not None:
-        return row["features"]
-    return [number(row.get(f"{prefix}_{i}")) for i in range(dim)]
 
 
 def _is_jsonl(path: str) -> bool:

@@ -23,17 +23,22 @@ Outputs:
 * ``dead_letter``: ``reason``, ``detail`` (never the value), ``stream``, ``element`` (the mapped row, as text);
 * ``snapshots`` (``GrowingDatabaseQueries`` only; empty unless ``snapshots: true``): release rows.
 
-Privacy parameters are the params objects' (see ``beam_dp.beam``); the noise key is given only
-by location: ``noise_key_env`` (an env var name) or ``noise_key_file`` (a path), never inline.
+Every config key is a parameter of the job's spec (:mod:`pipelines.spec`, the same names as the
+job's flags and Flex Template parameters); each constructor's signature and ``Args:`` doc are
+generated from it. The noise key is given only by location: ``noise_key_secret`` (a Secret Manager
+version), ``noise_key_file`` (a path on any Beam filesystem) or ``noise_key_env`` (an env var name).
 
-Adding a family: write ``def MyTransformYaml(**config) -> PTransform`` that builds the family's
-params and wraps its transform with :class:`YamlRelease` (and the row mapping), and register it
-in :data:`REGISTRY` and in ``templates/yaml/providers.yaml``.
+Adding a family: add its job's parameters to the spec, write ``@_from_spec(job, names) def
+MyTransformYaml(c) -> PTransform`` that builds the family's params and wraps its transform with
+:class:`YamlRelease` (and the row mapping), and register it in :data:`REGISTRY` and in
+``templates/yaml/providers.yaml``.
 """
 
 
+import functools
+import inspect
 import json
-from typing import Any, Callable, Iterable, List, Mapping, NamedTuple, Optional, Union
+from typing import Any, Callable, List, Mapping, NamedTuple, Optional, Union
 
 import apache_beam as beam
 
@@ -55,17 +60,19 @@ from beam_dp.beam import (
     WindowedSumParams,
 )
 from beam_dp.core import StepClock
+from beam_dp.core.noise import KEY_ENV_VAR
 from beam_dp.io.schema import ReleaseRow
 from beam_dp.mechanisms.universe import Universe
-from pipelines.common import UsageError
+from pipelines import spec
 from pipelines.growing_db_queries import parse_universe, to_element, to_query
 from pipelines.model_release import to_example
 from pipelines.online_learning import to_record
+from pipelines.runner import UsageError
 
 __all__ = [
     "REGISTRY", "ContinualCountYaml", "ContinualModelReleaseYaml", "ContinualSumYaml", "DeadLetterRow",
-    "GrowingDatabaseQueriesYaml", "IncrementalRegressionYaml", "OnlineLearnerYaml", "ReleaseRecord",
-    "WindowedSumYaml", "YamlRelease",
+    "GrowingDatabaseQueriesYaml", "IncrementalRegressionYaml", "OnlineLearnerYaml", "ReleaseRecord", "SINKS",
+    "WindowedSumYaml", "WriteDeadLettersYaml", "YamlRelease",
 ]
 
 
@@ -133,222 +140,133 @@ class YamlRelease(beam.PTransform):
         return outputs
 
 
-def _schedule(start: Optional[float], period: Optional[float], end: Optional[float],
-              block_size: Optional[int]) -> dict:
-    if block_size is not None:
-        return {"block_size": int(block_size)}
-    if start is None or period is None:
+KEYS = ("noise_key_secret", "noise_key_file", "noise_key_env")
+SCHEDULE = ("start", "period", "end", "block_size")
+
+
+def _from_spec(job: str, names: tuple[str, ...], required: tuple[str, ...] = (), defaults: dict | None = None,
+               types: dict | None = None, extra: tuple[inspect.Parameter, ...] = (), extra_doc: str = ""):
+    """Make ``build(config) -> PTransform`` a YAML constructor whose signature and ``Args:`` doc come
+    from the job's parameter spec (:mod:`pipelines.spec`), so YAML, the CLI flags and the Flex
+    metadata cannot drift apart. A missing or unknown config key is a ``ValueError``."""
+    signature = spec.yaml_signature(job, names, required, extra, defaults, types)
+
+    def wrap(build: Callable[[dict], beam.PTransform]) -> Callable[..., beam.PTransform]:
+        @functools.wraps(build)
+        def constructor(**config: Any) -> beam.PTransform:
+            try:
+                bound = signature.bind(**config)
+            except TypeError as exc:
+                raise ValueError(f"{build.__name__.removesuffix('Yaml')}: {exc}") from None
+            bound.apply_defaults()
+            return build(dict(bound.arguments))
+
+        constructor.__signature__ = signature
+        constructor.__doc__ = inspect.cleandoc(build.__doc__ or "") + spec.yaml_args_doc(job, names) + extra_doc
+        return constructor
+
+    return wrap
+
+
+def _schedule(c: dict) -> dict:
+    if c.get("block_size") is not None:
+        return {"block_size": int(c["block_size"])}
+    if c.get("start") is None or c.get("period") is None:
         raise ValueError("give start and period (event-time steps; end for a batch replay) or block_size")
-    return {"clock": StepClock(start=float(start), period=float(period), end=None if end is None else float(end))}
+    end = c.get("end")
+    return {"clock": StepClock(start=float(c["start"]), period=float(c["period"]),
+                               end=None if end is None else float(end))}
 
 
-def _streams(streams: Optional[Iterable[str]]) -> Optional[tuple]:
-    return tuple(streams) if streams else None
+def _items(value: Any) -> Optional[tuple]:
+    """A YAML list (or comma-separated text) -> a tuple of strings; empty -> None."""
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else value
+    return tuple(str(v) for v in items if str(v)) or None
 
 
-def _common(epsilon, delta, noise, calibration, start, period, end, block_size, streams, noise_key_env,
-            noise_key_file) -> dict:
-    return dict(
-        epsilon=float(epsilon), delta=float(delta), noise=noise, calibration=calibration, streams=_streams(streams),
-        noise_key=NoiseKey(env_var=noise_key_env, key_file=noise_key_file),
-        **_schedule(start, period, end, block_size),
-    )
+def _noise_key(c: dict) -> NoiseKey:
+    return NoiseKey(env_var=c["noise_key_env"] or KEY_ENV_VAR, key_file=c["noise_key_file"],
+                    secret=c["noise_key_secret"])
 
 
-def ContinualSumYaml(
-    epsilon: float,
-    clip_bound: float,
-    dim: int = 1,
-    delta: float = 0.0,
-    noise: str = "gamma",
-    calibration: str = "paper",
-    horizon: Optional[int] = None,
-    unbounded: str = "hybrid",
-    start: Optional[float] = None,
-    period: Optional[float] = None,
-    end: Optional[float] = None,
-    block_size: Optional[int] = None,
-    streams: Optional[Iterable[str]] = None,
-    noise_key_env: Optional[str] = "BEAM_DP_NOISE_KEY",
-    noise_key_file: Optional[str] = None,
-    granularity: Optional[float] = None,
-) -> beam.PTransform:
-    """Private running sum of vectors per stream, released at every step (tree mechanisms).
+def _lateness(c: dict, params_class: type) -> dict:
+    """``allowed_lateness`` for step params that have it (see ``pipelines.runner.lateness``)."""
+    if c.get("allowed_lateness") is None:
+        return {}
+    if "allowed_lateness" not in getattr(params_class, "__dataclass_fields__", {}):
+        raise ValueError(f"allowed_lateness is not supported by {params_class.__name__} in this version")
+    return {"allowed_lateness": float(c["allowed_lateness"])}
+
+
+def _sum_common(c: dict, params_class: type) -> dict:
+    return dict(epsilon=float(c["epsilon"]), delta=float(c["delta"]), noise=c["noise"], calibration=c["calibration"],
+                streams=_items(c["streams"]), noise_key=_noise_key(c), **_schedule(c), **_lateness(c, params_class))
+
+
+_SUM = ("epsilon", "clip_bound", "dim", "delta", "noise", "calibration", "granularity") + SCHEDULE + (
+    "allowed_lateness", "streams") + KEYS
+
+
+@_from_spec("continual_stats", _SUM + ("horizon", "unbounded", "counter"), required=("epsilon", "clip_bound"),
+            defaults={"dim": 1})
+def ContinualSumYaml(c: dict) -> beam.PTransform:
+    """Private running sum of vectors per stream, released at every step (tree and matrix mechanisms).
 
     Guarantee: each contribution is epsilon-DP (gamma, K-norm noise) or (epsilon, delta)-DP
     (gaussian) over the whole unbounded release sequence; contributions are clipped to L2 norm
-    clip_bound. Public: the schedule, the streams, the release times.
-
-    Args:
-      epsilon: privacy budget per contribution (> 0).
-      clip_bound: L2 bound R of each contribution (sensitivity 2R).
-      dim: number of value coordinates.
-      delta: 0 with gamma noise, in (0, 1) with gaussian.
-      noise: gamma (pure epsilon-DP) or gaussian.
-      calibration: paper (certified, refused if it fails) or analytic (gaussian only).
-      horizon: known number of steps (binary tree); empty for unbounded.
-      unbounded: hybrid or doubling construction for an unbounded horizon.
-      start: public start of the schedule, epoch seconds.
-      period: step length in seconds.
-      end: public end (exclusive) of a batch replay, epoch seconds.
-      block_size: count steps of this many contributions instead of start/period.
-      streams: declared streams (release from step 1; others are dead-lettered).
-      noise_key_env: name of the env var holding the noise key (hex) on the workers.
-      noise_key_file: path of the noise key file on the workers.
-      granularity: release on the power-of-two grid at or above this value with exact arithmetic
-        (floating-point defence; calibrated for clip_bound + sqrt(dim) * grid).
-    """
+    clip_bound. Public: the schedule, the streams, the release times."""
     params = ContinualSumParams(
-        dim=int(dim), clip_bound=float(clip_bound), horizon=horizon, unbounded=unbounded, granularity=granularity,
-        **_common(epsilon, delta, noise, calibration, start, period, end, block_size, streams, noise_key_env,
-                  noise_key_file))
+        dim=int(c["dim"]), clip_bound=float(c["clip_bound"]), horizon=c["horizon"], unbounded=c["unbounded"],
+        counter=c["counter"], granularity=c["granularity"], **_sum_common(c, ContinualSumParams))
     return YamlRelease(ContinualSum(params))
 
 
-def ContinualCountYaml(
-    epsilon: float,
-    delta: float = 0.0,
-    noise: str = "gamma",
-    calibration: str = "paper",
-    horizon: Optional[int] = None,
-    unbounded: str = "hybrid",
-    start: Optional[float] = None,
-    period: Optional[float] = None,
-    end: Optional[float] = None,
-    block_size: Optional[int] = None,
-    streams: Optional[Iterable[str]] = None,
-    noise_key_env: Optional[str] = "BEAM_DP_NOISE_KEY",
-    noise_key_file: Optional[str] = None,
-) -> beam.PTransform:
+@_from_spec("continual_stats", ("epsilon", "delta", "noise", "calibration", "horizon", "unbounded", "counter")
+            + SCHEDULE + ("allowed_lateness", "streams") + KEYS, required=("epsilon",))
+def ContinualCountYaml(c: dict) -> beam.PTransform:
     """Private running number of events per stream (a continual sum of 1 per event, sensitivity 2).
 
-    Same guarantee and arguments as ContinualSum, without dim and clip_bound; the value field of
-    the input rows is ignored.
-
-    Args:
-      epsilon: privacy budget per contribution (> 0).
-      delta: 0 with gamma noise, in (0, 1) with gaussian.
-      noise: gamma (pure epsilon-DP) or gaussian.
-      calibration: paper or analytic (gaussian only).
-      horizon: known number of steps (binary tree); empty for unbounded.
-      unbounded: hybrid or doubling.
-      start: public start of the schedule, epoch seconds.
-      period: step length in seconds.
-      end: public end (exclusive) of a batch replay, epoch seconds.
-      block_size: count steps of this many events instead of start/period.
-      streams: declared streams.
-      noise_key_env: name of the env var holding the noise key (hex) on the workers.
-      noise_key_file: path of the noise key file on the workers.
-    """
-    params = ContinualCountParams(
-        horizon=horizon, unbounded=unbounded,
-        **_common(epsilon, delta, noise, calibration, start, period, end, block_size, streams, noise_key_env,
-                  noise_key_file))
+    Same guarantee as ContinualSum; the value field of the input rows is ignored."""
+    params = ContinualCountParams(horizon=c["horizon"], unbounded=c["unbounded"], counter=c["counter"],
+                                  **_sum_common(c, ContinualCountParams))
     return YamlRelease(ContinualCount(params))
 
 
-def WindowedSumYaml(
-    epsilon: float,
-    clip_bound: float,
-    window: int,
-    dim: int = 1,
-    delta: float = 0.0,
-    noise: str = "gamma",
-    calibration: str = "paper",
-    start: Optional[float] = None,
-    period: Optional[float] = None,
-    end: Optional[float] = None,
-    block_size: Optional[int] = None,
-    streams: Optional[Iterable[str]] = None,
-    noise_key_env: Optional[str] = "BEAM_DP_NOISE_KEY",
-    noise_key_file: Optional[str] = None,
-    granularity: Optional[float] = None,
-) -> beam.PTransform:
+@_from_spec("continual_stats", _SUM + ("window",), required=("epsilon", "clip_bound", "window"),
+            defaults={"dim": 1})
+def WindowedSumYaml(c: dict) -> beam.PTransform:
     """Private running sum with privacy expiration (window tree).
 
     Each contribution is protected while fewer than window (rounded up to a power of two) later
-    steps have been released; afterwards it appears un-noised in later releases (window DP).
-
-    Args:
-      epsilon: privacy budget per contribution within the window (> 0).
-      clip_bound: L2 bound R of each contribution.
-      window: number of steps W a contribution stays protected.
-      dim: number of value coordinates.
-      delta: 0 with gamma noise, in (0, 1) with gaussian.
-      noise: gamma or gaussian.
-      calibration: paper or analytic (gaussian only).
-      start: public start of the schedule, epoch seconds.
-      period: step length in seconds.
-      end: public end (exclusive) of a batch replay, epoch seconds.
-      block_size: count steps instead of start/period.
-      streams: declared streams.
-      noise_key_env: name of the env var holding the noise key (hex) on the workers.
-      noise_key_file: path of the noise key file on the workers.
-      granularity: release on the power-of-two grid at or above this value with exact arithmetic
-        (floating-point defence; calibrated for clip_bound + sqrt(dim) * grid).
-    """
-    params = WindowedSumParams(
-        dim=int(dim), clip_bound=float(clip_bound), window=int(window), granularity=granularity,
-        **_common(epsilon, delta, noise, calibration, start, period, end, block_size, streams, noise_key_env,
-                  noise_key_file))
+    steps have been released; afterwards it appears un-noised in later releases (window DP)."""
+    params = WindowedSumParams(dim=int(c["dim"]), clip_bound=float(c["clip_bound"]), window=int(c["window"]),
+                               granularity=c["granularity"], **_sum_common(c, WindowedSumParams))
     return YamlRelease(WindowedSum(params))
-
-
-def _noise_key(noise_key_env: Optional[str], noise_key_file: Optional[str]) -> NoiseKey:
-    return NoiseKey(env_var=noise_key_env, key_file=noise_key_file)
 
 
 def _as_example(row: Any, n_features: int, classification: bool) -> tuple:
     return to_example(_fields(row), n_features, classification)
 
 
-def ContinualModelReleaseYaml(
-    n_features: int,
-    epsilon: float,
-    update: int,
-    base: int,
-    classes: Optional[Iterable[Any]] = None,
-    lam: float = 1.0,
-    delta: float = 0.0,
-    noise: str = "gamma",
-    clip_bound: float = 1.0,
-    huber: float = 1.0,
-    variant: str = "cumulative",
-    sampling: bool = False,
-    streams: Optional[Iterable[str]] = None,
-    noise_key_env: Optional[str] = "BEAM_DP_NOISE_KEY",
-    noise_key_file: Optional[str] = None,
-) -> beam.PTransform:
+@_from_spec("model_release", ("dim", "epsilon", "update_size", "base_size", "classes", "lam", "delta", "noise",
+                              "clip_bound", "huber", "variant", "sampling", "base_fraction", "granularity",
+                              "streams") + KEYS, required=("dim", "epsilon", "update_size", "base_size"))
+def ContinualModelReleaseYaml(c: dict) -> beam.PTransform:
     """Privately trained linear models per stream (ERM, Algorithm 4/8): a model over the stream so
-    far every ``update`` examples from ``base`` examples on (count steps in arrival order).
+    far every ``update_size`` examples from ``base_size`` examples on (count steps in arrival order).
 
     Guarantee: each example is epsilon-DP (gamma, K-norm noise) or (epsilon, delta)-DP (gaussian)
     over all releases, forever; features are clipped to L2 norm clip_bound. Public: the classes,
     the streams, the arrival count and order per stream. A release's value is the model's
-    ``intercepts`` and ``weights`` (names and shapes in ``parts``); ``beam_dp.io.load_model`` reads it.
-
-    Args:
-      n_features: number of feature columns x_0..x_{d-1}.
-      epsilon: privacy budget per example (> 0).
-      update: b0, examples per step.
-      base: B, examples before the first model (a multiple of update).
-      classes: public class labels (matched as text): multiclass logistic regression; empty: Huber regression.
-      lam: regularisation strength.
-      delta: 0 with gamma noise, in (0, 1) with gaussian.
-      noise: gamma (pure epsilon-DP) or gaussian.
-      clip_bound: L2 bound of each feature vector.
-      huber: Huber threshold (regression).
-      variant: cumulative, basic or independent.
-      sampling: Algorithm 8 (subsampled releases).
-      streams: declared streams (others are dead-lettered).
-      noise_key_env: name of the env var holding the noise key (hex) on the workers.
-      noise_key_file: path of the noise key file on the workers.
-    """
+    ``intercepts`` and ``weights`` (names and shapes in ``parts``); ``beam_dp.io.load_model`` reads it."""
     params = ContinualModelParams(
-        n_features=int(n_features), classes=tuple(str(c) for c in classes) if classes else None, lam=float(lam),
-        epsilon=float(epsilon), delta=float(delta), noise=noise, clip_bound=float(clip_bound), huber=float(huber),
-        update=int(update), base=int(base), variant=variant, sampling=bool(sampling), streams=_streams(streams),
-        noise_key=_noise_key(noise_key_env, noise_key_file))
+        n_features=int(c["dim"]), classes=_items(c["classes"]), lam=float(c["lam"]), epsilon=float(c["epsilon"]),
+        delta=float(c["delta"]), noise=c["noise"], clip_bound=float(c["clip_bound"]), huber=float(c["huber"]),
+        update=int(c["update_size"]), base=int(c["base_size"]), variant=c["variant"], sampling=bool(c["sampling"]),
+        base_fraction=float(c["base_fraction"]), granularity=c["granularity"], streams=_items(c["streams"]),
+        noise_key=_noise_key(c))
     return YamlRelease(ContinualModelRelease(params),
                        beam.Map(_as_example, params.n_features, params.classes is not None))
 
@@ -357,113 +275,49 @@ def _as_record(row: Any, dim: int, event_time: bool) -> tuple:
     return to_record(_fields(row), dim, event_time)
 
 
-def _constraint(constraint: str, radius: float) -> dict:
-    return {"kind": constraint, "radius": float(radius)}
+def _constraint(c: dict) -> dict:
+    return {"kind": c["constraint"], "radius": float(c["radius"])}
 
 
-def OnlineLearnerYaml(
-    dim: int,
-    epsilon: float,
-    window: int,
-    algorithm: str = "cocop",
-    constraint: str = "l2_ball",
-    radius: float = 1.0,
-    loss: str = "logistic",
-    mu: float = 1.0,
-    delta: float = 0.0,
-    noise: str = "gamma",
-    calibration: str = "paper",
-    beta: float = 0.05,
-    alpha: Optional[float] = None,
-    C0: Optional[float] = None,
-    streams: Optional[Iterable[str]] = None,
-    noise_key_env: Optional[str] = "BEAM_DP_NOISE_KEY",
-    noise_key_file: Optional[str] = None,
-) -> beam.PTransform:
+@_from_spec("online_learning", ("dim", "epsilon", "window", "algorithm", "constraint", "radius", "loss", "mu",
+                                "delta", "noise", "calibration", "beta", "alpha", "c0", "streams") + KEYS,
+            required=("dim", "epsilon", "window"), defaults={"algorithm": "cocop", "delta": 0.0})
+def OnlineLearnerYaml(c: dict) -> beam.PTransform:
     """Private online learning with privacy expiration (WDP-COCOP / WDP-COCOL) per stream: one row
     per step in arrival order, releasing the next decision ``{"x": x}`` at every step.
 
     Guarantee: window epsilon-DP (gamma) or window (epsilon, delta)-DP (gaussian) over the last
     2^ceil(log2 window) rows of a stream, event level; older rows are effectively published. Rows
-    are clipped (features to norm 1, labels to [-1, 1]). Public: streams, arrival order and count.
-
-    Args:
-      dim: number of feature columns x_0..x_{d-1}.
-      epsilon: privacy budget per row within the window (> 0).
-      window: number of rows a row stays protected.
-      algorithm: cocop or cocol.
-      constraint: l2_ball, l1_ball or simplex.
-      radius: radius of the constraint set.
-      loss: logistic (labels -1/+1) or squared.
-      mu: strong-convexity parameter.
-      delta: 0 with gamma noise, in (0, 1) with gaussian.
-      noise: gamma or gaussian.
-      calibration: paper or analytic (gaussian only).
-      beta: cocol failure probability.
-      alpha: cocol constant (default: the paper's).
-      C0: cocol constant (default: the paper's).
-      streams: declared streams.
-      noise_key_env: name of the env var holding the noise key (hex) on the workers.
-      noise_key_file: path of the noise key file on the workers.
-    """
+    are clipped (features to norm 1, labels to [-1, 1]). Public: streams, arrival order and count."""
     params = OnlineLearnerParams(
-        dim=int(dim), constraint=_constraint(constraint, radius), epsilon=float(epsilon), window=int(window),
-        algorithm=algorithm, loss=loss, mu=float(mu), delta=float(delta), noise=noise, calibration=calibration,
-        beta=float(beta), alpha=alpha, C0=C0, streams=_streams(streams),
-        noise_key=_noise_key(noise_key_env, noise_key_file))
+        dim=int(c["dim"]), constraint=_constraint(c), epsilon=float(c["epsilon"]), window=int(c["window"]),
+        algorithm=c["algorithm"], loss=c["loss"], mu=float(c["mu"]), delta=float(c["delta"]), noise=c["noise"],
+        calibration=c["calibration"], beta=float(c["beta"]), alpha=c["alpha"], C0=c["c0"],
+        streams=_items(c["streams"]), noise_key=_noise_key(c))
     return YamlRelease(OnlineLearner(params), beam.Map(_as_record, params.dim, False))
 
 
-def IncrementalRegressionYaml(
-    dim: int,
-    epsilon: float,
-    delta: float,
-    algorithm: str = "privincreg1",
-    constraint: str = "l2_ball",
-    radius: float = 1.0,
-    horizon: Optional[int] = None,
-    release_every: int = 1,
-    calibration: str = "paper",
-    options: Optional[Mapping[str, Any]] = None,
-    start: Optional[float] = None,
-    period: Optional[float] = None,
-    end: Optional[float] = None,
-    block_size: Optional[int] = None,
-    streams: Optional[Iterable[str]] = None,
-    noise_key_env: Optional[str] = "BEAM_DP_NOISE_KEY",
-    noise_key_file: Optional[str] = None,
-) -> beam.PTransform:
+_OPTIONS = inspect.Parameter("options", inspect.Parameter.KEYWORD_ONLY, default=None,
+                             annotation=Optional[Mapping[str, Any]])
+
+
+@_from_spec("online_learning", ("dim", "epsilon", "delta", "algorithm", "constraint", "radius", "horizon",
+                                "release_every", "calibration", "m", "iterations") + SCHEDULE + ("streams",) + KEYS,
+            required=("dim", "epsilon", "delta"), defaults={"algorithm": "privincreg1"}, extra=(_OPTIONS,),
+            extra_doc="\n  options: the mechanism's other keyword arguments (tau, schedule, ...).")
+def IncrementalRegressionYaml(c: dict) -> beam.PTransform:
     """Private incremental least-squares regression (PRIVINCREG1/2, PRIVINCERM) per stream,
     releasing ``{"theta": theta}`` every ``release_every`` steps.
 
     Guarantee: (epsilon, delta)-DP per row (event level) over the whole stream (or its horizon);
     rows are clipped (features to norm 1, labels to [-1, 1]). Public: streams, the step schedule
-    (and row counts with count steps), release times. Event-time steps need a ``timestamp`` column.
-
-    Args:
-      dim: number of feature columns x_0..x_{d-1}.
-      epsilon: privacy budget per row (> 0).
-      delta: in (0, 1).
-      algorithm: privincreg1, privincreg2 or privincerm.
-      constraint: l2_ball, l1_ball or simplex.
-      radius: radius of the constraint set.
-      horizon: known number of steps; empty for unbounded (privincreg).
-      release_every: release theta every k steps.
-      calibration: paper or analytic.
-      options: the mechanism's other keyword arguments (m, tau, iterations, ...).
-      start: public start of the schedule, epoch seconds.
-      period: step length in seconds.
-      end: public end (exclusive) of a batch replay, epoch seconds.
-      block_size: count steps of this many rows instead of start/period.
-      streams: declared streams.
-      noise_key_env: name of the env var holding the noise key (hex) on the workers.
-      noise_key_file: path of the noise key file on the workers.
-    """
+    (and row counts with count steps), release times. Event-time steps need a ``timestamp`` column."""
+    options = dict(c["options"] or {}, **{k: int(c[k]) for k in ("m", "iterations") if c[k] is not None})
     params = IncrementalRegressionParams(
-        dim=int(dim), epsilon=float(epsilon), delta=float(delta), algorithm=algorithm,
-        constraint=_constraint(constraint, radius), horizon=horizon, release_every=int(release_every),
-        calibration=calibration, options=dict(options or {}), streams=_streams(streams),
-        noise_key=_noise_key(noise_key_env, noise_key_file), **_schedule(start, period, end, block_size))
+        dim=int(c["dim"]), epsilon=float(c["epsilon"]), delta=float(c["delta"]), algorithm=c["algorithm"],
+        constraint=_constraint(c), horizon=c["horizon"], release_every=int(c["release_every"]),
+        calibration=c["calibration"], options=options, streams=_items(c["streams"]), noise_key=_noise_key(c),
+        **_schedule(c))
     return YamlRelease(IncrementalRegression(params), beam.Map(_as_record, params.dim, params.event_time))
 
 
@@ -499,58 +353,53 @@ class _GrowingInputs(beam.PTransform):
                 "queries": query_rows | "ToQueries" >> beam.Map(_as_query, self.universe.size)}
 
 
-def GrowingDatabaseQueriesYaml(
-    universe: Union[str, Mapping[str, Any]],
-    n: int,
-    epsilon: float,
-    start: float,
-    period: float,
-    end: Optional[float] = None,
-    mechanism: str = "pmwg",
-    alpha: float = 0.25,
-    delta: float = 0.0,
-    beta: float = 0.05,
-    gamma: Optional[float] = None,
-    snapshots: bool = False,
-    streams: Optional[Iterable[str]] = None,
-    noise_key_env: Optional[str] = "BEAM_DP_NOISE_KEY",
-    noise_key_file: Optional[str] = None,
-) -> beam.PTransform:
+@_from_spec("growing_db_queries", ("universe", "n", "epsilon", "start", "period", "end", "mechanism", "alpha", "a",
+                                   "xi_n", "delta", "beta", "gamma", "snapshots", "allowed_lateness", "streams")
+            + KEYS, required=("universe", "n", "epsilon", "start", "period"),
+            types={"universe": Union[str, Mapping[str, Any]]})
+def GrowingDatabaseQueriesYaml(c: dict) -> beam.PTransform:
     """Private answers to linear queries on growing databases (PMWG, BBScheduler, BBImprover) per
     stream; a query ``(query_id, t)`` is answered on the database of the first t elements.
 
     Guarantee: each element is epsilon-DP (or (epsilon, delta)-DP with delta > 0) from its arrival
     on, over all answers, forever. Public: the universe, the schedule, the arrival count per stream,
     the queries. Outputs releases (one row per answer, meta has query_id), dead_letter and
-    snapshots (the public synthetic histogram, with snapshots true).
-
-    Args:
-      universe: the public universe, {field: [categories] | {edges: [...]} | {range: k}} (mapping or JSON text).
-      n: database size before the first query.
-      epsilon: privacy budget per element (> 0).
-      start: public start of the step schedule, epoch seconds.
-      period: step length in seconds.
-      end: public end (exclusive), required for a batch replay.
-      mechanism: pmwg, bbscheduler or bbimprover.
-      alpha: pmwg target accuracy.
-      delta: > 0 for bbimprover.
-      beta: scheduler failure probability.
-      gamma: bbscheduler growth exponent.
-      snapshots: also release the synthetic histogram as steps close.
-      streams: declared streams.
-      noise_key_env: name of the env var holding the noise key (hex) on the workers.
-      noise_key_file: path of the noise key file on the workers.
-    """
+    snapshots (the public synthetic histogram, with snapshots true)."""
+    universe = c["universe"]
     try:
         parsed = parse_universe(universe if isinstance(universe, str) else json.dumps(dict(universe)))
     except UsageError as exc:
         raise ValueError(str(exc).replace("--universe", "universe")) from None
     params = GrowingDatabaseParams(
-        universe=parsed, n=int(n), epsilon=float(epsilon), delta=float(delta), mechanism=mechanism,
-        alpha=float(alpha), beta=float(beta), gamma=gamma, snapshots=bool(snapshots), streams=_streams(streams),
-        noise_key=_noise_key(noise_key_env, noise_key_file), **_schedule(start, period, end, None))
+        universe=parsed, n=int(c["n"]), epsilon=float(c["epsilon"]), delta=float(c["delta"]),
+        mechanism=c["mechanism"], alpha=float(c["alpha"]), a=float(c["a"]), xi_n=c["xi_n"], beta=float(c["beta"]),
+        gamma=c["gamma"], snapshots=bool(c["snapshots"]), streams=_items(c["streams"]), noise_key=_noise_key(c),
+        **_schedule(dict(c, block_size=None)), **_lateness(c, GrowingDatabaseParams))
     return YamlRelease(GrowingDatabaseQueries(params), _GrowingInputs(parsed))
 
+
+class WriteDeadLettersYaml(beam.PTransform):
+    """Write dead-letter rows as JSON lines to ``<path>-00000-of-00001.jsonl``: one file, written even when
+    there are none (so "none" and "not written" differ), named like every job's dead letters.
+
+    Args:
+      path: file prefix, e.g. ``<output>/dead_letter`` (any Beam filesystem).
+      stage: the stage named in each line (as the jobs' ``stage`` field); default: none.
+    """
+
+    def __init__(self, path: str, stage: Optional[str] = None):
+        super().__init__()
+        self.path, self.stage = path, stage
+
+    def expand(self, rows):
+        return (rows
+                | "ToJson" >> beam.Map(lambda row, stage: json.dumps(
+                    {"stage": stage, **_fields(row)}, sort_keys=True), self.stage)
+                | "Write" >> beam.io.WriteToText(self.path, file_name_suffix=".jsonl", num_shards=1))
+
+
+#: YAML sinks of beam_dp (listed in ``templates/yaml/providers.yaml`` too).
+SINKS: dict[str, Callable[..., beam.PTransform]] = {"WriteDeadLetters": WriteDeadLettersYaml}
 
 #: YAML type name -> constructor. ``templates/yaml/providers.yaml`` must list the same names.
 REGISTRY: dict[str, Callable[..., beam.PTransform]] = {

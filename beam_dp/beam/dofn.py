@@ -39,6 +39,7 @@ from beam_dp.steps.coder import KeyState, decode_entry, decode_key_state, encode
 from beam_dp.steps.driver import RELEASE, Output, StepDriver
 from beam_dp.steps.events import DEAD_LETTER
 from beam_dp.steps.policies import BlockPolicy
+from beam_dp.io.keys import load_noise_source
 
 __all__ = ["BufferCoder", "ContinualReleaseDoFn", "DriverDoFn"]
 
@@ -141,7 +142,7 @@ class ContinualReleaseDoFn(DriverDoFn):
     """Input ``(stream, (step | None, block | None, original))``; ``block=None`` declares the stream."""
 
     def make_driver(self) -> StepDriver:
-        policy = BlockPolicy(self._params.build_mechanism(), self._params.noise_key.load())  # key read here
+        policy = BlockPolicy(self._params.build_mechanism(), self._params.noise_key.load(load_noise_source))  # key read here
         return StepDriver.for_params(self._params, policy)
 
     def process(self, element, key_state=beam.DoFn.StateParam(DriverDoFn.KEY_STATE),

@@ -58,6 +58,7 @@ from beam_dp.steps.schema import ReleaseRow
 from beam_dp.mechanisms.pmwg import PMWG, GrowingQueryMechanism
 from beam_dp.mechanisms.schedulers import BBImprover, BBScheduler, BlackBox, LaplaceHistogram
 from beam_dp.mechanisms.universe import Universe, check_query
+from beam_dp.io.keys import load_noise_source
 
 __all__ = [
     "GrowingDatabaseOutputs",
@@ -296,7 +297,7 @@ class GrowingDatabaseDoFn(DriverDoFn):
 
     def make_driver(self) -> StepDriver:
         params = self._params
-        policy = GrowingPolicy(params.build_mechanism(), params.noise_key.load(), params.snapshots)
+        policy = GrowingPolicy(params.build_mechanism(), params.noise_key.load(load_noise_source), params.snapshots)
         return StepDriver(policy, clock=params.clock, last_step=params.clock.last_step,
                           allowed_lateness=params.allowed_lateness)
 

@@ -47,6 +47,7 @@ from beam_dp.steps.params import NoiseKey, check_streams
 from beam_dp.steps.policies import TaskPolicy
 from beam_dp.steps.schema import ReleaseRow
 from beam_dp.mechanisms.lifelong.config import BoundedAGEMConfig, L2DPConfig, NaiveGaussianConfig, TaskData
+from beam_dp.io.keys import load_noise_source
 
 __all__ = ["END_OF_TASK", "LifelongLearner", "LifelongParams"]
 
@@ -178,7 +179,7 @@ class _LifelongDoFn(DriverDoFn):
             log.warning("beam_dp: L2DP-ML's epsilon is the paper's claim (Lai et al. Thm 2), not a standard DP "
                         "proof; see docs/lifelong.md. BoundedAGEMConfig gives a standard (epsilon, delta).")
         cfg = self._params.learner
-        policy = TaskPolicy(learner, self._params.noise_key.load(), cfg.task_ids, cfg.input_dim)
+        policy = TaskPolicy(learner, self._params.noise_key.load(load_noise_source), cfg.task_ids, cfg.input_dim)
         return StepDriver(policy, last_step=len(cfg.task_ids))
 
     def process(self, element, key_state=beam.DoFn.StateParam(DriverDoFn.KEY_STATE),

@@ -29,7 +29,7 @@ import math
 import os
 import struct
 import threading
-from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -115,14 +115,25 @@ def discrete_gaussian(rng: np.random.Generator, sigma: float, size: int | tuple[
     return out.reshape(shape) if shape else out[0]
 
 
-def load_key(env_var: str | None = KEY_ENV_VAR, key_file: str | os.PathLike | None = None) -> bytes | None:
+def _read_local(path: str | os.PathLike) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def load_key(
+    env_var: str | None = KEY_ENV_VAR,
+    key_file: str | os.PathLike | None = None,
+    read: Callable[[str], bytes] | None = None,
+) -> bytes | None:
     """Read a secret key from a file (raw bytes, or hex text) or from an env var (hex text).
 
-    The file wins over the env var. Returns ``None`` when neither is set. Never logs the key.
+    ``read(key_file) -> bytes`` fetches the file (default: a local file; the Beam side passes a
+    reader for any Beam filesystem or a secret store, so this module stays engine-free). The file
+    wins over the env var. Returns ``None`` when neither is set. Never logs the key.
     """
     raw: bytes | None = None
     if key_file:
-        raw = Path(key_file).read_bytes()
+        raw = (read or _read_local)(key_file)
     elif env_var and os.environ.get(env_var):
         raw = os.environ[env_var].encode()
     if raw is None:
@@ -133,7 +144,7 @@ def load_key(env_var: str | None = KEY_ENV_VAR, key_file: str | os.PathLike | No
             return bytes.fromhex(text.decode("ascii"))
     except (UnicodeDecodeError, ValueError):
         pass
-    if key_file is None:
+    if not key_file:
         raise ValueError(f"the env var {env_var} must hold at least {2 * _MIN_KEY_BYTES} hex characters")
     return raw
 
@@ -152,9 +163,11 @@ class NoiseSource:
         self._local = threading.local()
 
     @classmethod
-    def from_config(cls, env_var: str | None = KEY_ENV_VAR, key_file: str | None = None) -> "NoiseSource":
-        """Load the key (file, then env var); without one, draw a random key and say so."""
-        key = load_key(env_var, key_file)
+    def from_config(
+        cls, env_var: str | None = KEY_ENV_VAR, key_file: str | None = None, read: Callable[[str], bytes] | None = None
+    ) -> "NoiseSource":
+        """Load the key (file read by ``read``, then env var); without one, draw a random key and say so."""
+        key = load_key(env_var, key_file, read)
         if key is None:
             log.warning(
                 "beam_dp: no noise key configured (env var %s or a key file); using a random key. "

@@ -1,15 +1,16 @@
-"""Load releases written by the sinks back into plain Python structures (no pandas)."""
+"""Load releases written by the sinks back into plain Python structures (no pandas), from any Beam
+filesystem (local, ``gs://``, ...)."""
 
 from __future__ import annotations
 
 import datetime as _dt
-import glob
 import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
+from apache_beam.io.filesystem import BeamIOError
+from apache_beam.io.filesystems import FileSystems
 
 from beam_dp.core.release import Release
 
@@ -24,22 +25,29 @@ def _micros(value: Any) -> int | None:
     return (value - _EPOCH) // _dt.timedelta(microseconds=1)
 
 
+def _match(pattern: str) -> list[str]:
+    try:
+        return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
+    except BeamIOError:  # e.g. a bucket that does not exist
+        return []
+
+
 def read_releases(pattern: str) -> list[dict]:
     """Read every ``.parquet`` or JSON-lines file matching ``pattern`` (a glob or a file prefix).
 
     Returns dicts with the release columns; ``meta`` parsed from JSON, ``step_start``/``step_end``
     as µs since the epoch; sorted by (stream, step).
     """
-    paths = sorted(glob.glob(pattern)) or sorted(glob.glob(pattern + "*"))
+    paths = _match(pattern) or _match(pattern + "*")
     if not paths:
         raise FileNotFoundError(f"no release files match {pattern!r}")
     rows: list[dict] = []
     for path in paths:
-        if path.endswith(".parquet"):
-            rows.extend(pq.read_table(path).to_pylist())
-        else:
-            with Path(path).open(encoding="utf-8") as fh:
-                rows.extend(json.loads(line) for line in fh if line.strip())
+        with FileSystems.open(path) as fh:
+            if path.endswith(".parquet"):
+                rows.extend(pq.read_table(fh).to_pylist())
+            else:
+                rows.extend(json.loads(line) for line in fh.read().decode("utf-8").splitlines() if line.strip())
     for row in rows:
         row["meta"] = json.loads(row["meta"]) if isinstance(row["meta"], str) else row["meta"]
         row["step_start"], row["step_end"] = _micros(row["step_start"]), _micros(row["step_end"])

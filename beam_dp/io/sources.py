@@ -21,7 +21,18 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_dp.steps.events import DEAD_LETTER, DeadLetter, EventBatch, Reason, to_micros
 
-__all__ = ["ReadEventFiles", "value_columns"]
+__all__ = ["STRUCTURAL", "ReadEventFiles", "StructuralInputError", "value_columns"]
+
+#: Marks an error that rejects a whole file for one structural cause (a missing column, a column of
+#: the wrong type); a job's runner turns it into a one-line usage error instead of a traceback.
+STRUCTURAL = "structural input error"
+
+
+class StructuralInputError(ValueError):
+    """A whole input file is unusable for one structural cause; the message starts with :data:`STRUCTURAL`."""
+
+    def __init__(self, path: str, problem: str):
+        super().__init__(f"{STRUCTURAL}: {path}: {problem}")
 
 _VALUE_COLUMN = re.compile(r"^value(_(\d+))?$")
 
@@ -71,9 +82,11 @@ def _timestamps(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 def _stream_ids(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """Column -> (stream ids as ``str`` objects, ok mask); bytes that are not UTF-8 are not ok."""
-    if not (pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
+    try:  # the common case, vectorised: the whole column is valid UTF-8 (the cast validates it)
         return (np.asarray(pc.cast(column, pa.string()).to_numpy(zero_copy_only=False), dtype=object),
                 np.ones(len(column), dtype=bool))
+    except pa.ArrowInvalid:
+        pass
     ids, ok = np.empty(len(column), dtype=object), np.ones(len(column), dtype=bool)
     for i, raw in enumerate(column.to_pylist()):
         try:
@@ -118,13 +131,19 @@ class _ReadEventFile(beam.DoFn):
         for text in bad_rows.texts:
             yield beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(Reason.MALFORMED, "wrong column count", None, text))
         for batch in batches:
-            yield from self._convert(batch)
+            yield from self._convert(batch, path)
 
-    def _convert(self, batch: pa.RecordBatch) -> Iterator:
+    def _convert(self, batch: pa.RecordBatch, path: str) -> Iterator:
         names = batch.schema.names
         if "stream_id" not in names or (self._timestamps and "timestamp" not in names):
-            raise ValueError(f"event files need columns stream_id, timestamp, value...; got {names}")
-        cols = value_columns(names)
+            raise StructuralInputError(path, f"event files need columns stream_id, timestamp, value...; got {names}")
+        try:
+            cols = value_columns(names)
+        except ValueError as exc:
+            raise StructuralInputError(path, str(exc)) from None
+        nested = [n for n in cols if pa.types.is_nested(batch.schema.field(n).type)]
+        if nested:
+            raise StructuralInputError(path, f"value column {nested[0]!r} holds lists: use value_0..value_{{d-1}}")
         streams, utf8 = _stream_ids(batch.column("stream_id"))
         for i in np.flatnonzero(~utf8):
             row = {name: batch.column(name)[i].as_py() for name in names}

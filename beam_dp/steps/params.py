@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from beam_dp.core import limits
 from beam_dp.core.budget import BudgetShare
@@ -39,18 +39,28 @@ class NoiseKey:
     env_var: str | None = KEY_ENV_VAR
     key_file: str | None = None
     domain: str | None = None
+    # a Secret Manager secret version ``projects/P/secrets/S/versions/V`` (read by beam_dp.io.keys)
+    secret: str | None = None
 
     def __post_init__(self) -> None:
         if self.domain is not None and (not isinstance(self.domain, str) or not self.domain):
             raise ValueError(f"NoiseKey.domain must be a non-empty string or None, got {self.domain!r}")
 
-    def load(self) -> NoiseSource:
-        """The noise source of this key's domain (read on the worker; never pickled)."""
+    def load(self, fetch: Callable[[str | None, str | None, str | None], NoiseSource] | None = None) -> NoiseSource:
+        """The noise source of this key's domain (read on the worker; never pickled).
+
+        ``fetch(env_var, key_file, secret)`` reads the key where the engine can: the Beam shells pass
+        ``beam_dp.io.keys.load_noise_source`` (files on any Beam filesystem, Secret Manager). Without it
+        the key comes from a local file or the env var."""
         if self.domain is None:
             raise ValueError(
                 "this noise key has no noise domain: apply the params through a beam_dp transform (which "
                 "binds its full label) or set NoiseKey(domain=...)"
             )
+        if fetch is not None:
+            return fetch(self.env_var, self.key_file, self.secret).for_domain(self.domain)
+        if self.secret:
+            raise ValueError("a Secret Manager noise key is read by the Beam key loader (beam_dp.io.keys)")
         return NoiseSource.from_config(self.env_var, self.key_file).for_domain(self.domain)
 
 

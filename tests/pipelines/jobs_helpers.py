@@ -35,3 +35,18 @@ def value_reasons_merged(counts: Counter) -> Counter:
         stage, reason = key.split(":", 1)
         out[f"{stage}:bad_input" if reason in VALUE_REASONS else key] += n
     return out
+
+
+def user_functions(proto) -> bytes:
+    """Every ParDo's DoFn and arguments in a Runner API pipeline, unpickled and pickled again without
+    compression (Beam compresses them), so a test can search them for a secret."""
+    import cloudpickle
+    from apache_beam.internal import pickler
+    from apache_beam.portability.api import beam_runner_api_pb2
+
+    out = []
+    for t in proto.components.transforms.values():
+        if t.spec.urn == "beam:transform:pardo:v1":
+            payload = beam_runner_api_pb2.ParDoPayload.FromString(t.spec.payload)
+            out.append(cloudpickle.dumps(pickler.loads(payload.do_fn.payload)))
+    return b"".join(out)

@@ -60,7 +60,7 @@ def test_cli_on_a_csv_equals_the_pure_learner_with_accuracy(tmp_path, capsys):
     _csv(tmp_path / "eval.csv", [(t, xs, label) for t, (x, y) in evals.items() for xs, label in zip(x, y)])
     out = tmp_path / "out"
     argv = [f"--input={tmp_path / 'train.csv'}", f"--eval-input={tmp_path / 'eval.csv'}", f"--output={out}",
-            "--tasks=0,1", "--classes=10", "--steps-per-task=2", "--device=cpu", "--torch-threads=1"]
+            "--tasks=0,1", "--classes=0,1,2,3,4,5,6,7,8,9", "--steps-per-task=2", "--device=cpu", "--torch-threads=1"]
     assert job.main(argv) == 0
     assert "s after task 2: accuracy 0=" in capsys.readouterr().out
     config = BoundedAGEMConfig(input_dim=64, n_classes=10, steps_per_task=2, task_ids=("0", "1"), eval_sets=evals,
@@ -90,8 +90,8 @@ def test_cli_on_a_csv_equals_the_pure_learner_with_accuracy(tmp_path, capsys):
     (["--bogus=1"], "unknown flag --bogus"),
     (["--input=x.csv"], "--tasks, --classes required"),
     (["--learner=agem"], "--learner"),
-    (["--input=/no/such.csv", "--tasks=a", "--classes=2"], "no files match --input"),
-    (["--source=pubsub", "--streaming", "--pubsub-topic=projects/p/topics/t", "--tasks=a", "--classes=2"],
+    (["--input=/no/such.csv", "--tasks=a", "--classes=0,1"], "no files match --input"),
+    (["--source=pubsub", "--streaming", "--pubsub-topic=projects/p/topics/t", "--tasks=a", "--classes=0,1"],
      "--dim is required"),
 ])
 def test_usage_errors_are_one_line_with_exit_code_2(argv, fix, capsys, tmp_path):

@@ -50,10 +50,11 @@ def test_provider_exposes_every_registered_transform_in_process():
     provider = providers[0]
     assert provider["type"] == "python" and "packages" not in provider  # in-process: no run-time installs
     transforms = provider["transforms"]
-    assert set(transforms) == set(yaml_transforms.REGISTRY)
+    known = {**yaml_transforms.REGISTRY, **yaml_transforms.SINKS}
+    assert set(transforms) == set(known)
     for name, target in transforms.items():
         module, _, attr = target.rpartition(".")
-        assert module == "pipelines.yaml_transforms" and getattr(yaml_transforms, attr) is yaml_transforms.REGISTRY[name]
+        assert module == "pipelines.yaml_transforms" and getattr(yaml_transforms, attr) is known[name]
 
 
 @pytest.mark.parametrize("template", TEMPLATES)
@@ -101,6 +102,32 @@ def test_continual_sum_template_runs_on_a_csv_file(tmp_path):
     assert max(r["epsilon_spent"] for r in got) <= expectations._params("continual_sum").epsilon
     dead = [json.loads(line) for f in (tmp_path / "out").glob("dead_letter*") for line in f.read_text().splitlines()]
     assert sorted(d["reason"] for d in dead) == ["after_end", "bad_value"]
+    # named like every job's dead letters: one .jsonl file (written even when empty, see WriteDeadLettersYaml)
+    assert [p.name for p in (tmp_path / "out").glob("dead_letter*")] == ["dead_letter-00000-of-00001.jsonl"]
+
+
+def test_streaming_template_translates_to_pubsub_in_and_out(monkeypatch):
+    """The streaming template expands into a streaming pipeline that reads and writes Pub/Sub
+    (translated to the Runner API offline, never run)."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.yaml import yaml_transform
+
+    variables = dict(TEST_VARIABLES, subscription="projects/my-project/subscriptions/events",
+                     releases_topic="projects/my-project/topics/releases",
+                     dead_letter_topic="projects/my-project/topics/dead-letters",
+                     noise_key_secret="projects/my-project/secrets/dp-key/versions/1")
+    variables.pop("end")
+    text = (YAML_DIR / "streaming_continual_sum.yaml").read_text().split(expectations.MARKER)[0]
+    text = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(text).render(**variables)
+    monkeypatch.chdir(YAML_DIR)  # the provider include is relative
+    pipeline = beam.Pipeline(options=PipelineOptions(streaming=True))
+    yaml_transform.expand_pipeline(pipeline, text)
+    leaves = {t.unique_name: t.spec.urn for t in pipeline.to_runner_api().components.transforms.values()
+              if not t.subtransforms}
+    assert leaves["ReadEvents/ReadFromPubSub/Read"] == "beam:transform:pubsub_read:v1"
+    for sink in ("WriteReleases", "WriteDeadLetters"):  # Beam's Pub/Sub sink (Dataflow swaps in its native one)
+        assert f"{sink}/WriteToPubSub/ParDo(_PubSubWriteDoFn)" in leaves
+    assert any(name.startswith("ContinualSum/") and "Release" in name for name in leaves)
 
 
 @pytest.mark.slow
@@ -151,8 +178,9 @@ def test_growing_db_refuses_badly_named_inputs():
 
 
 @pytest.mark.parametrize("name,config,match", [
-    ("ContinualModelRelease", dict(n_features=2, epsilon=1.0, update=2, base=3), "multiple"),
-    ("ContinualModelRelease", dict(n_features=2, epsilon=-1.0, update=2, base=4), "epsilon"),
+    ("ContinualModelRelease", dict(dim=2, epsilon=1.0, update_size=2, base_size=3), "multiple"),
+    ("ContinualModelRelease", dict(dim=2, epsilon=-1.0, update_size=2, base_size=4), "epsilon"),
+    ("ContinualModelRelease", dict(dim=2, n_features=2, epsilon=1.0, update_size=2, base_size=4), "n_features"),
     ("OnlineLearner", dict(dim=2, epsilon=1.0, window=4, constraint="cube"), "cube"),
     ("IncrementalRegression", dict(dim=2, epsilon=1.0, delta=1e-6), "block_size"),
     ("GrowingDatabaseQueries", dict(universe="{not json", n=4, epsilon=1.0, start=0, period=10, end=40), "universe"),

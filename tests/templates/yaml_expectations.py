@@ -55,14 +55,14 @@ EVENTS = [
     {"stream_id": "b", "timestamp": 99.0, "value_0": 0.5},
 ]
 
-SUMS = ("continual_sum", "continual_count", "windowed_sum")
+SUMS = ("continual_sum", "continual_count", "windowed_sum", "streaming_continual_sum")
 TEMPLATES = SUMS + ("model_release", "online_learner", "incremental_regression", "growing_db_queries")
 
 _FILES = {"input": "/nonexistent/rows.csv", "output": "/nonexistent/out"}
 #: Jinja variables of the family templates' tests.
 FAMILY_VARIABLES = {
-    "model_release": dict(_FILES, n_features=2, classes=["a", "b", "c"], epsilon=1.0, clip_bound=1.0, update=2,
-                          base=4, lam=1.0),
+    "model_release": dict(_FILES, dim=2, classes=["a", "b", "c"], epsilon=1.0, clip_bound=1.0, update_size=2,
+                          base_size=4, lam=1.0),
     "online_learner": dict(_FILES, dim=2, epsilon=1.0, window=4, loss="logistic", constraint="l2_ball", radius=1.0),
     "incremental_regression": dict(_FILES, dim=2, epsilon=1.0, delta=1e-6, start=0, period=10, end=40),
     "growing_db_queries": dict(_FILES, queries="/nonexistent/queries.csv", n=4, epsilon=1.0, start=0, period=10,
@@ -121,7 +121,7 @@ DB_QUERIES = [{"stream_id": s, "query_id": q, "t": t, "predicate": p, "indices":
 def _sum_params(template: str):
     v = TEST_VARIABLES
     clock = StepClock(v["start"], v["period"], v["end"])
-    if template == "continual_sum":
+    if template in ("continual_sum", "streaming_continual_sum"):  # the streaming one reads Pub/Sub, same rows
         return ContinualSumParams(dim=v["dim"], epsilon=v["epsilon"], clip_bound=v["clip_bound"], clock=clock)
     if template == "windowed_sum":
         return WindowedSumParams(dim=v["dim"], epsilon=v["epsilon"], clip_bound=v["clip_bound"], clock=clock,
@@ -137,8 +137,9 @@ def _params(template: str):
         return _sum_params(template)
     v = FAMILY_VARIABLES[template]
     if template == "model_release":
-        return ContinualModelParams(n_features=v["n_features"], classes=tuple(v["classes"]), epsilon=v["epsilon"],
-                                    clip_bound=v["clip_bound"], update=v["update"], base=v["base"], lam=v["lam"])
+        return ContinualModelParams(n_features=v["dim"], classes=tuple(v["classes"]), epsilon=v["epsilon"],
+                                    clip_bound=v["clip_bound"], update=v["update_size"], base=v["base_size"],
+                                    lam=v["lam"])
     if template == "online_learner":
         return OnlineLearnerParams(dim=v["dim"], constraint={"kind": v["constraint"], "radius": v["radius"]},
                                    epsilon=v["epsilon"], window=v["window"], loss=v["loss"])

@@ -1,0 +1,320 @@
+"""The one runner of every beam_dp job: flags from the job's spec, one-line usage errors, the noise
+key rules, quiet logs, a run that does not block on a remote runner, and a summary.
+
+A job module (``pipelines/<job>.py``) declares a :class:`Job`: ``plan`` (validate the flags and
+files, build the params; raise :class:`UsageError` for anything the user must fix), ``build``
+(add the job to a pipeline), ``write_demo`` (the demo input, when the job runs without one) and
+``summary`` (its own lines after a local run). :func:`run_cli` gives every job the same behaviour:
+
+* ``--help`` lists the job's flags, built from :mod:`pipelines.spec` without importing Beam;
+* an unknown flag, a bad value, a missing file, an invalid privacy parameter, a missing noise key
+  where one is needed, or a whole input rejected for one structural cause prints **one line**
+  ``<prog>: error: <what to fix>`` on stderr and exits with code 2;
+* logs of Beam and other libraries are hidden unless ``--verbose``; beam_dp's own warnings show;
+* the default runner is the FnApiRunner; on a local runner the job waits and prints a summary of
+  its outputs, on any other runner (Dataflow, Flink, a Flex Template launch) it returns once submitted.
+
+Noise key rules: a streaming job, or a job on any runner but the local ones, must name a fixed key
+(``--noise-key-secret``, ``--noise-key-file``, or ``--noise-key-env`` for an env var set on the
+workers; locally an env var already set counts): with a random key per worker a retried or
+duplicated bundle would draw different noise. ``--allow-random-noise-key`` waives the rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from pipelines import spec
+
+__all__ = ["LOCAL_RUNNERS", "Job", "UsageError", "configure_logging", "is_local_runner", "options_class", "run_cli"]
+
+log = logging.getLogger("beam_dp.pipelines")
+
+#: Runners that execute in this process or on this machine (the job waits for them).
+LOCAL_RUNNERS = ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
+KEY_ENV_VAR = "BEAM_DP_NOISE_KEY"
+
+
+class UsageError(Exception):
+    """Something the user fixes by changing a flag or a file; printed as one line, exit code 2."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job: its name (``pipelines.<name>``, spec ``pipelines.spec.JOBS[name]``) and its steps."""
+
+    name: str
+    description: str
+    plan: Callable[[Any], Any]
+    build: Callable[..., Any]
+    summary: Callable[[Any, Any], list[str]]
+    write_demo: Callable[[Any], str] | None = None
+
+    @property
+    def prog(self) -> str:
+        return f"python -m pipelines.{self.name}"
+
+
+# -- logging ---------------------------------------------------------------------------------------
+class _OwnWarnings(logging.Filter):
+    """Quiet mode: beam_dp's warnings and errors pass; other libraries' logs do not (a failure still
+    ends the run with its exception, or one line for a usage error)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.name.startswith("beam_dp") and record.levelno >= logging.WARNING
+
+
+def configure_logging(verbose: bool) -> None:
+    """Quiet (default) or verbose (INFO from every library) logs on stderr, set before Beam is imported
+    so that its import-time warnings (e.g. about apitools) follow the same rule."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    if not verbose:
+        handler.addFilter(_OwnWarnings())
+        warnings.simplefilter("ignore")
+    root.addHandler(handler)
+    root.setLevel(logging.INFO if verbose else logging.WARNING)
+    logging.captureWarnings(True)
+
+
+# -- options -----------------------------------------------------------------------------------------
+_OPTION_CLASSES: dict[str, type] = {}
+
+
+def options_class(job: str) -> type:
+    """The job's ``PipelineOptions`` subclass (a ``JobOptions``: parsed only by its own job)."""
+    if job not in _OPTION_CLASSES:
+        from pipelines.common import JobOptions
+
+        def _add_argparse_args(cls, parser) -> None:
+            spec.add_flags(parser, job)
+
+        name = "".join(part.capitalize() for part in job.split("_")) + "Options"
+        _OPTION_CLASSES[job] = type(name, (JobOptions,), {"_add_argparse_args": classmethod(_add_argparse_args)})
+    return _OPTION_CLASSES[job]
+
+
+def _normalise(argv: list[str]) -> list[str]:
+    """Flex Templates pass ``--streaming=true``; Beam's ``--streaming`` takes no value."""
+    out = []
+    for arg in argv:
+        if arg.startswith("--streaming="):
+            try:
+                streaming = spec.boolean(arg.split("=", 1)[1])
+            except argparse.ArgumentTypeError as exc:
+                raise UsageError(f"argument --streaming: {exc}") from None
+            if streaming:
+                out.append("--streaming")
+        else:
+            out.append(arg)
+    return out
+
+
+def _verbose(argv: list[str]) -> bool:
+    value = None
+    for arg in argv:
+        if arg == "--verbose":
+            value = True
+        elif arg.startswith("--verbose="):
+            try:
+                value = spec.boolean(arg.split("=", 1)[1])
+            except argparse.ArgumentTypeError:
+                value = False
+    return bool(value)
+
+
+def runner_name(options) -> str:
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    runner = options.view_as(StandardOptions).runner
+    return runner if isinstance(runner, str) else type(runner).__name__
+
+
+def is_local_runner(name: str) -> bool:
+    return name.rsplit(".", 1)[-1] in LOCAL_RUNNERS or name.lower() == "direct"
+
+
+# -- noise key -------------------------------------------------------------------------------------
+def noise_key_of(opts) -> Any:
+    """The key *location* (never the key) from the flags, checked here: the secret is a version
+    resource name, the key file exists (on any Beam filesystem)."""
+    from beam_dp.beam import NoiseKey
+    from beam_dp.io.keys import is_secret_version
+
+    if opts.noise_key_secret and not is_secret_version(opts.noise_key_secret):
+        raise UsageError("--noise-key-secret must be a secret version projects/P/secrets/S/versions/V")
+    if opts.noise_key_file:
+        from apache_beam.io.filesystems import FileSystems
+
+        try:
+            found = FileSystems.exists(opts.noise_key_file)
+        except Exception as exc:  # an unknown scheme or no credentials here
+            raise UsageError(f"cannot check --noise-key-file: {type(exc).__name__}") from None
+        if not found:
+            raise UsageError("--noise-key-file does not exist")
+    return NoiseKey(env_var=opts.noise_key_env or KEY_ENV_VAR, key_file=opts.noise_key_file,
+                    secret=opts.noise_key_secret)
+
+
+def check_noise_key(opts, runner: str, streaming: bool) -> None:
+    """Refuse a streaming or remote job without a fixed noise key (see the module docstring)."""
+    if opts.allow_random_noise_key or opts.noise_key_secret or opts.noise_key_file:
+        return
+    local = is_local_runner(runner)
+    if not streaming and local:
+        return
+    if opts.noise_key_env and not local:
+        return  # the user states the workers have it
+    if local and os.environ.get(opts.noise_key_env or KEY_ENV_VAR):
+        return
+    where = "a streaming job" if streaming else f"a job on {runner}"
+    raise UsageError(f"{where} needs a fixed noise key (--noise-key-secret, --noise-key-file or --noise-key-env): "
+                     "with a random key per worker a retried bundle draws different noise; "
+                     "--allow-random-noise-key accepts that")
+
+
+# -- the run ---------------------------------------------------------------------------------------
+def _help(job: Job) -> None:
+    parser = argparse.ArgumentParser(
+        prog=job.prog, description=job.description + " Any Apache Beam pipeline option (--runner, --streaming, "
+        "Dataflow or Flink options) is accepted too; the default runner is the FnApiRunner.")
+    spec.add_flags(parser, job.name)
+    parser.print_help()
+
+
+def parse(argv: list[str], job: Job):
+    """``PipelineOptions`` from the flags (unknown flags and bad values are usage errors)."""
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+    from pipelines.common import check_flags
+
+    check_flags(argv, options_class(job.name))
+    options = PipelineOptions(argv)
+    if not any(a == "--runner" or a.startswith("--runner=") for a in argv):
+        options.view_as(StandardOptions).runner = "FnApiRunner"  # skip the Prism download attempt
+    return options
+
+
+def run(options, job: Job, plan: Any, messages=None) -> str:
+    """Build and run the job; on a local runner wait and summarise, elsewhere return once submitted."""
+    import apache_beam as beam
+
+    from pipelines.common import metrics_summary, output_summary
+    from pipelines.paths import display, prepare_output
+
+    opts = options.view_as(options_class(job.name))
+    prepare_output(plan.out_dir)
+    if plan.demo and job.write_demo is not None:
+        log.info("%s", job.write_demo(plan))
+    pipeline = beam.Pipeline(options=options)
+    job.build(pipeline, plan, opts, messages)
+    runner = runner_name(options)
+    with _structural_errors_as_usage_errors():
+        result = pipeline.run()
+        if is_local_runner(runner):
+            result.wait_until_finish()
+    if not is_local_runner(runner):
+        job_id = getattr(result, "job_id", lambda: None)
+        job_id = job_id() if callable(job_id) else job_id
+        return (f"beam_dp {job.name}: submitted to {runner}" + (f" as job {job_id}" if job_id else "")
+                + f"; releases and dead letters will be written under {display(plan.out_dir)}")
+    lines = [f"beam_dp {job.name}: releases written under {display(plan.out_dir)}"]
+    lines += job.summary(plan, opts)
+    lines += output_summary(plan.out_dir, plan.outputs)
+    return "\n".join(lines + [metrics_summary(result)])
+
+
+@contextlib.contextmanager
+def _structural_errors_as_usage_errors():
+    """A worker's ``StructuralInputError`` (a whole file unusable, e.g. a missing column) reaches the
+    launcher wrapped in the runner's own exception; report it as one line instead of a traceback."""
+    from beam_dp.io.sources import STRUCTURAL
+
+    try:
+        yield
+    except Exception as exc:  # the runner's wrapper type varies; the marker is in the message
+        text = f"{exc}"
+        if STRUCTURAL not in text:
+            raise
+        line = text[text.index(STRUCTURAL):].splitlines()[0].split(" [while running")[0]
+        raise UsageError(line[:500]) from None
+
+
+def run_cli(argv: list[str] | None, job: Job) -> int:
+    """Parse, validate (``plan``), check the noise key, run and print the summary; exit 2 on a usage error."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        _help(job)
+        return 0
+    configure_logging(_verbose(argv))
+    try:
+        options = parse(_normalise(argv), job)
+        from apache_beam.options.pipeline_options import StandardOptions
+
+        streaming = bool(options.view_as(StandardOptions).streaming)
+        check_noise_key(options.view_as(options_class(job.name)), runner_name(options), streaming)
+        summary = run(options, job, job.plan(options))
+    except UsageError as exc:
+        print(f"{job.prog}: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(summary)
+    return 0
+
+
+def params_or_usage_error(build: Callable[[], Any], what: str) -> Any:
+    """Build a params object; its ``ValueError`` (invalid privacy parameter) becomes a usage error."""
+    try:
+        return build()
+    except ValueError as exc:
+        raise UsageError(f"{what}: {exc}") from None
+
+
+def split_list(text: str | None, flag: str) -> tuple[str, ...] | None:
+    """A comma-separated flag value -> its non-empty items (None when not given; given but empty is an error)."""
+    if text is None:
+        return None
+    items = tuple(s.strip() for s in text.split(",") if s.strip())
+    if not items:
+        raise UsageError(f"{flag} is empty: give comma-separated values or leave the flag out")
+    return items
+
+
+def lateness(opts, params_class: type) -> dict:
+    """``{"allowed_lateness": ...}`` when ``--allowed-lateness`` is given and the family's step params
+    have the field (the hook for the lateness work on the step params); a usage error if they do not."""
+    if opts.allowed_lateness is None:
+        return {}
+    if "allowed_lateness" not in getattr(params_class, "__dataclass_fields__", {}):
+        raise UsageError(f"--allowed-lateness is not supported by {params_class.__name__} in this version")
+    return {"allowed_lateness": opts.allowed_lateness}
+
+
+def budget_shares(opts, names: list[str]) -> Any:
+    """The job's total ``(--epsilon, --delta)`` split among its transforms ``names``
+    (``beam_dp.core.budget.JobBudget``): pure epsilons add, Gaussian transforms compose through their mu."""
+    from beam_dp.core.budget import JobBudget
+
+    composition = "gaussian" if getattr(opts, "noise", None) == "gaussian" else "pure"
+    return params_or_usage_error(
+        lambda: JobBudget(opts.epsilon, opts.delta).split({name: composition for name in names}), "job budget")
+
+
+def verified_lines(rows: list[dict]) -> list[str]:
+    """The job's total spend recomputed from its written releases (``beam_dp.verify``)."""
+    from beam_dp.verify import verify_job
+
+    if not rows:
+        return []
+    verdict = verify_job(rows)
+    return [f"  verified from the release files: worst contribution spends epsilon {verdict.worst_epsilon:.4g} "
+            f"of {verdict.epsilon:g}" if verdict.ok else "  NOT verified: " + "; ".join(verdict.problems)]
