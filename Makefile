@@ -13,8 +13,9 @@ $(VENV)/.created:
 	$(PIP) install --quiet --upgrade pip
 	touch $@
 
+# the demo install holds every tool the README shows, the lifelong job's torch (CPU build) included
 $(VENV)/.installed: $(VENV)/.created setup.py
-	$(PIP) install --quiet -e .
+	$(PIP) install --quiet -e '.[torch]'
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed setup.py

@@ -71,6 +71,8 @@ def plan(options) -> Plan:
     check_source(opts, streaming)
     if not opts.epsilon > 0 or not opts.clip_bound > 0:
         raise UsageError("--epsilon and --clip-bound must be > 0")
+    if opts.window is not None and opts.window < 1:
+        raise UsageError(f"--window must be an integer >= 1 (steps), got {opts.window}; leave it out for no windowed sum")
     out_dir = opts.output
     demo = opts.input is None and opts.source == "files"
     if opts.source != "files" and opts.input:
