@@ -11,7 +11,7 @@ Part 1 writes the same synthetic events to Parquet, then times, in the same proc
   * Beam, per-event elements: the events as one Beam element each (the slow path);
   * pure: pyarrow read + the mechanism loop (``replay_event_time``) + releases to Parquet.
 Both produce the same releases (checked). Part 2 runs the hybrid tree and the window tree for
-``--state-steps`` steps and reports the encoded state size against the spec's memory bounds.
+``--state-steps`` steps and reports the encoded state size against the mechanisms' stated memory bounds.
 """
 
 from __future__ import annotations

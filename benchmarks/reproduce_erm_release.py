@@ -49,7 +49,7 @@ log = logging.getLogger("reproduce_erm_release")
 
 
 def load_reuters(folder: str, n_topics: int = 17, dim: int = 512, seed: int = 0):
-    """The text stream (stand-in for the paper's arXiv titles, spec §8): Reuters-21578 stories with
+    """The text stream (stand-in for the paper's arXiv titles, §8 of the paper): Reuters-21578 stories with
     exactly one TOPICS label among the ``n_topics`` most frequent single-label topics, in date order;
     features = word counts of the title (lower-case alphabetic tokens), projected to ``dim``
     dimensions by a PCA fitted on the held-out 25 % only ([D-15]: the stream never shapes the

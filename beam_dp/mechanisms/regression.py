@@ -14,7 +14,7 @@ may hold several records (event-time steps or blocks); the trees sum them.
   ``"tree-q"`` and ``"tree-Q"``, so they never share noise) over ``x·y ∈ R^d`` and ``x xᵀ`` flattened
   row-major to ``R^{d²}``; both have ``Δ₂ = 2`` (Frobenius for the matrix) and budget
   ``(ε/2, δ/2)``: **(ε, δ)-DP forever**. The private gradient ``g_t(θ) = 2(Q̂_t θ − q̂_t)`` is
-  post-processing; ``θ_t = NOISYPROJGRAD`` with the spec's ``α_t``, ``L_t``, ``r_t`` (capped at
+  post-processing; ``θ_t = NOISYPROJGRAD`` with the paper's ``α_t``, ``L_t``, ``r_t`` (capped at
   ``r_max``) and a warm start.
 * :class:`PrivIncReg2` — the same on Gaussian-projected inputs ``w = Φx̃ ∈ R^m`` (``‖w‖ = ‖x‖``),
   solved over ``ΦC`` and lifted back to ``C`` by the Minkowski functional (L1/L2 balls).

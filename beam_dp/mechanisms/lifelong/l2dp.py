@@ -56,7 +56,7 @@ def l2dp_gradients(p: dict[str, torch.Tensor], x_bar: torch.Tensor, y_onehot: to
     autodiff of ``(1/λ) Σ_r Σ_s |ln 2 + (½ − x̄_rs) x̃_rs|``. θ_2 gets autodiff of
     ``L̄_B = (1/λ)[Σ_r Σ_k (½ z_rk + z_rk²/8) − Σ_k ⟨W_πk, M_B[:, k] + χ_3[:, k]⟩]`` with
     ``M_B = Σ_r [h_πr, 1] y_rᵀ`` (labels enter only here) and ``h̄ = clip(x̄W + b) + 2χ_2/λ`` as input.
-    ``label_path="autodiff"`` (default, the spec's and the predecessor code's form) also differentiates
+    ``label_path="autodiff"`` (default, the form of the predecessor code) also differentiates
     ``M_B`` through ``h_π(θ_2)``: G's lower layers then get ``Σ_r J_rᵀ W y_r``, a label-dependent term that
     ``χ_3`` does not cover (one more reason the guarantee is the paper's claim). ``"constant"`` treats
     ``M_B`` as a constant, so labels act only through ``M_B + χ_3``; it learns far worse (docs/lifelong.md).
