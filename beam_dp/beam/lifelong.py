@@ -113,7 +113,7 @@ class _ParseTaskRows(beam.DoFn):
         self._tasks = {t: i for i, t in enumerate(cfg.task_ids)}
         self._streams = frozenset(self._params.streams) if self._params.streams is not None else None
         self._dead = Metrics.counter("beam_dp/lifelong", "dead_letters")
-        self._rows = Metrics.counter("beam_dp/lifelong", "rows")
+        self._rows = Metrics.counter("beam_dp/lifelong", "elements")  # accepted rows: the jobs sum "elements"
 
     def _reject(self, reason, detail, stream, element):
         self._dead.inc()
