@@ -18,7 +18,8 @@ from typing import Any
 
 from pipelines.paths import join, write_text
 from pipelines.rows import features_of, number, require_columns
-from pipelines.runner import Job, UsageError, noise_key_of, options_class, params_or_usage_error, run_cli, split_list
+from pipelines.runner import (Job, UsageError, lateness, noise_key_of, options_class, params_or_usage_error, run_cli,
+                              split_list)
 
 NAME = "online_learning"
 PROG = f"python -m pipelines.{NAME}"
@@ -105,7 +106,8 @@ def plan(options) -> Plan:
     params = params_or_usage_error(lambda: IncrementalRegressionParams(
         algorithm=algorithm, delta=1e-6 if opts.delta is None else opts.delta, constraint=constraint,
         horizon=opts.horizon, release_every=opts.release_every, calibration=opts.calibration, clock=clock,
-        block_size=block_size, options=_regression_options(opts, algorithm), **common), algorithm)
+        block_size=block_size, options=_regression_options(opts, algorithm), **common,
+        **lateness(opts, IncrementalRegressionParams)), algorithm)
     return Plan(demo, pattern, out_dir, params, clock is not None, streaming, opts.learner)
 
 

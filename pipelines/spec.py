@@ -289,7 +289,7 @@ JOBS: dict[str, tuple[Param, ...]] = {
           fields=("options",)),
         P("block_size", "regression: records per step (count steps; default 16 unless --start/--period give "
           "event-time steps).", kind="int", regex=_POSITIVE_INT, fields=("block_size",)),
-    ) + SCHEDULE + (STREAMS,) + KEY + RUN,
+    ) + SCHEDULE + LATENESS + (STREAMS,) + KEY + RUN,
     "lifelong": _io(
         "lifelong", "CSV/Parquet/JSON-lines files with stream_id, task_id, x_0..x_{d-1}, label. Default: "
         "scikit-learn's digits in three tasks.", "stream_id, task_id, x_0.. (or features), label; "

@@ -47,7 +47,7 @@ def test_secret_manager_key_is_the_secret_payload(monkeypatch, payload):
     fake = FakeSecretManager(payload)
     monkeypatch.setattr(keys, "secret_manager_client", lambda: fake)
     monkeypatch.delenv("BEAM_DP_NOISE_KEY")
-    source = NoiseKey(secret=SECRET, domain="job/Sum").load()
+    source = NoiseKey(secret=SECRET, domain="job/Sum").load(keys.load_noise_source)
     assert fake.asked == [SECRET]
     np.testing.assert_array_equal(_draw(source), _draw(NoiseSource(TEST_KEY).for_domain("job/Sum")))
 
@@ -57,7 +57,7 @@ def test_secret_wins_over_file_and_env(monkeypatch):
     monkeypatch.setattr(keys, "secret_manager_client", lambda: FakeSecretManager(TEST_KEY))
     monkeypatch.setenv("BEAM_DP_NOISE_KEY", other.hex())
     MemFileSystem.files["memfs://k/other"] = other
-    source = NoiseKey(key_file="memfs://k/other", secret=SECRET, domain="d").load()
+    source = NoiseKey(key_file="memfs://k/other", secret=SECRET, domain="d").load(keys.load_noise_source)
     np.testing.assert_array_equal(_draw(source), _draw(NoiseSource(TEST_KEY).for_domain("d")))
     MemFileSystem.clear()
 
@@ -65,7 +65,7 @@ def test_secret_wins_over_file_and_env(monkeypatch):
 def test_key_file_on_a_remote_filesystem(monkeypatch):
     monkeypatch.delenv("BEAM_DP_NOISE_KEY")
     MemFileSystem.files["memfs://k/key"] = TEST_KEY.hex().encode()
-    np.testing.assert_array_equal(_draw(NoiseKey(key_file="memfs://k/key", domain="d").load()),
+    np.testing.assert_array_equal(_draw(NoiseKey(key_file="memfs://k/key", domain="d").load(keys.load_noise_source)),
                                   _draw(NoiseSource(TEST_KEY).for_domain("d")))
     MemFileSystem.clear()
 

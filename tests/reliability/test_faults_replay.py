@@ -49,14 +49,13 @@ class FlakyReleaseDoFn(ContinualReleaseDoFn):
         super().__init__(params, per_step_timers)
         self._marker, self._k, self._seen = marker, k, 0
 
-    def process(self, element, mechanism_state=beam.DoFn.StateParam(ContinualReleaseDoFn.MECHANISM_STATE),
-                next_step_state=beam.DoFn.StateParam(ContinualReleaseDoFn.NEXT_STEP),
-                buffered_state=beam.DoFn.StateParam(ContinualReleaseDoFn.BUFFERED),
-                pending=beam.DoFn.StateParam(ContinualReleaseDoFn.PENDING),
-                close=beam.DoFn.TimerParam(ContinualReleaseDoFn.CLOSE)):
+    def process(self, element, key_state=beam.DoFn.StateParam(ContinualReleaseDoFn.KEY_STATE),
+                buffer=beam.DoFn.StateParam(ContinualReleaseDoFn.BUFFER),
+                close=beam.DoFn.TimerParam(ContinualReleaseDoFn.CLOSE),
+                end=beam.DoFn.TimerParam(ContinualReleaseDoFn.END)):
         self._seen += 1
         # the element is fully processed (its state writes done) before the fault: a retry must discard them
-        outputs = list(super().process(element, mechanism_state, next_step_state, buffered_state, pending, close))
+        outputs = list(super().process(element, key_state, buffer, close, end))
         marker = Path(self._marker)
         if self._seen == self._k and not marker.exists():
             marker.write_text("failed once")
