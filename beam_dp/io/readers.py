@@ -8,9 +8,8 @@ import json
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
-from apache_beam.io.filesystem import BeamIOError
-from apache_beam.io.filesystems import FileSystems
 
 from beam_dp.core.release import Release
 
@@ -26,6 +25,9 @@ def _micros(value: Any) -> int | None:
 
 
 def _match(pattern: str) -> list[str]:
+    from apache_beam.io.filesystem import BeamIOError
+    from apache_beam.io.filesystems import FileSystems
+
     try:
         return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
     except BeamIOError:  # e.g. a bucket that does not exist
@@ -41,11 +43,15 @@ def read_releases(pattern: str) -> list[dict]:
     paths = _match(pattern) or _match(pattern + "*")
     if not paths:
         raise FileNotFoundError(f"no release files match {pattern!r}")
+    from apache_beam.io.filesystems import FileSystems
+
     rows: list[dict] = []
     for path in paths:
         with FileSystems.open(path) as fh:
             if path.endswith(".parquet"):
-                rows.extend(pq.read_table(fh).to_pylist())
+                # read the bytes, then parse: pyarrow reading a Python file object after an FnApiRunner run
+                # made the interpreter abort at exit ("terminate called without an active exception")
+                rows.extend(pq.read_table(pa.BufferReader(fh.read())).to_pylist())
             else:
                 rows.extend(json.loads(line) for line in fh.read().decode("utf-8").splitlines() if line.strip())
     for row in rows:

@@ -8,6 +8,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,8 +20,12 @@ OPTIONAL_ENGINES = {"beam_dp.flink": "pyflink"}
 
 
 def run_block(code: str, cwd, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run ``code`` exactly as written, saved as a script (as a user pastes it into a file). Run with
+    ``python -c``, Beam's FnApiRunner followed by pyarrow reads can abort at interpreter exit."""
+    script = Path(cwd) / "readme_block.py"
+    script.write_text(code, encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, script.name], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
 
 
