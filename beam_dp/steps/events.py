@@ -47,7 +47,6 @@ class Reason:
     NON_FINITE = "non_finite"
     LATE = "late"
     OUT_OF_RANGE = "out_of_range"  # a number beyond the representable range (e.g. |timestamp| > 1e12 s)
-    REFUSED = "refused"  # the mechanism refused a step (e.g. beyond its horizon or budget)
     # the stream reached its mechanism's public end (horizon or budget): one dead letter when it ends
     # (element None), then one per later element (element kept); its state is freed
     STREAM_ENDED = "stream_ended"
