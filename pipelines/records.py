@@ -23,6 +23,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_dp.beam import DeadLetter, Reason
 from beam_dp.beam.parse import DEAD_LETTER
+from beam_dp.io.tables import read_csv_batches, read_parquet_batches
 from pipelines.common import ReadMessages, match_files
 from pipelines.rows import features_of, indexed_columns, number
 from pipelines.runner import UsageError
@@ -79,13 +80,13 @@ class _ReadRecordFile(beam.DoFn):
             return
         with FileSystems.open(path) as fh:
             if path.endswith(".parquet"):
-                batches = list(pq.ParquetFile(fh).iter_batches())
+                batches = read_parquet_batches(fh)
                 bad: list[str] = []
             else:
                 handler = _BadCsvRows()
-                batches = list(pacsv.open_csv(
+                batches = read_csv_batches(
                     fh, parse_options=pacsv.ParseOptions(invalid_row_handler=handler),
-                    convert_options=pacsv.ConvertOptions(strings_can_be_null=False)))
+                    convert_options=pacsv.ConvertOptions(strings_can_be_null=False))
                 bad = handler.texts
         for text in bad:
             yield beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(Reason.MALFORMED, "wrong column count", None, text))

@@ -8,10 +8,9 @@ import json
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from beam_dp.core.release import Release
+from beam_dp.io.tables import read_parquet_batches
 
 __all__ = ["read_releases", "row_to_release"]
 
@@ -49,9 +48,7 @@ def read_releases(pattern: str) -> list[dict]:
     for path in paths:
         with FileSystems.open(path) as fh:
             if path.endswith(".parquet"):
-                # read the bytes, then parse: pyarrow reading a Python file object after an FnApiRunner run
-                # made the interpreter abort at exit ("terminate called without an active exception")
-                rows.extend(pq.read_table(pa.BufferReader(fh.read())).to_pylist())
+                rows.extend(row for batch in read_parquet_batches(fh) for row in batch.to_pylist())
             else:
                 rows.extend(json.loads(line) for line in fh.read().decode("utf-8").splitlines() if line.strip())
     for row in rows:

@@ -16,9 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
+from beam_dp.io.tables import read_csv_batches, read_parquet_batches
 from beam_dp.steps.events import DEAD_LETTER, DeadLetter, EventBatch, Reason, to_micros
 
 __all__ = ["STRUCTURAL", "ReadEventFiles", "StructuralInputError", "value_columns"]
@@ -116,18 +116,17 @@ class _ReadEventFile(beam.DoFn):
         bad_rows = _BadRows()
         if path.endswith(".parquet"):
             with FileSystems.open(path) as fh:
-                batches = list(pq.ParquetFile(fh).iter_batches(batch_size=self._batch_rows))
+                batches = read_parquet_batches(fh, self._batch_rows)
         else:
             with FileSystems.open(path) as fh:
-                reader = pacsv.open_csv(
+                batches = read_csv_batches(
                     fh,
-                    read_options=pacsv.ReadOptions(block_size=1 << 22),
                     parse_options=pacsv.ParseOptions(invalid_row_handler=bad_rows),
                     # stream ids as bytes: a non-UTF-8 id is one dead letter, not a failed file
                     convert_options=pacsv.ConvertOptions(strings_can_be_null=False,
                                                          column_types={"stream_id": pa.binary()}),
+                    batch_size=self._batch_rows,
                 )
-                batches = list(reader)
         for text in bad_rows.texts:
             yield beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(Reason.MALFORMED, "wrong column count", None, text))
         for batch in batches:
