@@ -116,11 +116,21 @@ class StepDriver:
         encoded = self.policy.mechanism.encode_state(self.policy.mechanism.init_state(key))
         return KeyState(key, _as_array(encoded), first, watermark=watermark, offset=first - 1)
 
-    def timer(self, state: KeyState) -> int | None:
-        """When (µs) the engine should next report the watermark: the close of the first open step."""
-        if self.clock is None or state.ended or (self.last_step is not None and state.next_step > self.last_step):
+    def timer(self, state: KeyState, every: int = 1) -> int | None:
+        """When (µs) the engine should next report the watermark: the close of the first open step whose
+        number is a multiple of ``every`` (1: the first open step; capped at the public last step);
+        None when no step is open.
+
+        An engine that cannot read the watermark (Beam) arms one timer per ``every`` = 1, 4, 16, ...:
+        after a watermark jump of N steps the firings it gets prove it in O(log N) rounds, not N."""
+        if self.clock is None or state.ended:
             return None
-        return self.clock.step_end_micros(state.next_step) + self.grace
+        step = -(-state.next_step // every) * every
+        if self.last_step is not None:
+            if state.next_step > self.last_step:
+                return None
+            step = min(step, self.last_step)
+        return self.clock.step_end_micros(step) + self.grace
 
     def final_timer(self) -> int | None:
         """A batch replay's single timer: the close of the public last step."""

@@ -1,5 +1,9 @@
 """Streaming rules of the step driver on Beam (TestStream, BundleBasedDirectRunner): the grace,
-a watermark at +infinity with an open clock, and a stream first seen after the watermark passed."""
+a watermark at +infinity with an open clock, a stream first seen after the watermark passed, and a
+watermark jump closed by the ladder of close timers.
+
+Beam's end rule (beam_dp/beam/dofn.py): at +infinity a key releases up to its furthest armed rung,
+the first step numbered a multiple of 16 at or after its first step the watermark had not closed."""
 
 from __future__ import annotations
 
@@ -83,18 +87,20 @@ def test_data_within_the_grace_counts_and_later_data_is_dead_lettered():
               .add_elements(_at(("a", 4.0, [9.0])))  # step 1 again: late, dead-lettered whole
               .advance_watermark_to(30)
               .advance_watermark_to_infinity())
-    # steps 1-2 close by the grace; at the end step 3 began (20 s) before 30 s - grace = 25 s, step 4 did not
-    _run(stream, params, _expected(params, on_time, 3), {Reason.LATE: 1})
+    # steps 1-2 close by the grace (step 3 ends at 30 s + 5 s grace > 30 s); at the end Beam releases
+    # through step 16, the furthest rung (the driver's exact rule: through step 3, begun before 30 - 5 s)
+    _run(stream, params, _expected(params, on_time, 16), {Reason.LATE: 1})
 
 
 def test_watermark_at_infinity_ends_an_open_clock_cleanly():
     params = ContinualSumParams(dim=1, epsilon=1.0, clip_bound=1.0, clock=OPEN)
-    on_time = [("a", 5.0, [0.5]), ("a", 21.0, [0.5])]
-    stream = (TestStream().add_elements(_at(*on_time, ("a", 95.0, [0.5])))  # step 10: never reached
+    on_time = [("a", 5.0, [0.5]), ("a", 21.0, [0.5]), ("a", 95.0, [0.5])]
+    stream = (TestStream().add_elements(_at(*on_time, ("a", 175.0, [0.5])))  # step 18: never reached
               .advance_watermark_to(25)
               .advance_watermark_to_infinity())
-    # released: steps 1-3 (3 began at 20 s < 25 s), nothing after; step 10's buffered data: unclosed
-    _run(stream, params, _expected(params, on_time, 3), {Reason.UNCLOSED: 1})
+    # steps 1-2 closed by the watermark; at the end steps 3..16 (the furthest rung), nothing after
+    # (the exact rule: through step 3); step 18's buffered data: unclosed
+    _run(stream, params, _expected(params, on_time, 16), {Reason.UNCLOSED: 1})
 
 
 def test_a_stream_first_seen_late_never_releases_behind_the_watermark():
@@ -106,7 +112,20 @@ def test_a_stream_first_seen_late_never_releases_behind_the_watermark():
               .add_elements(_at(("late", 12.0, [1.0]), *late))  # step 2: late; step 6: its first release
               .advance_watermark_to(72)
               .advance_watermark_to_infinity())
-    # "late" is first seen when steps 1..5 are closed: its releases are steps 6.. (its own steps 1..)
-    expected = _expected(params, a, 8) + _expected(params, late, 8, first_step=6)
-    assert sorted(r.step for r in expected if r.stream == "late") == [6, 7, 8]
+    # "late" is first seen when steps 1..5 are closed: its releases are steps 6.. (its own steps 1..),
+    # up to the furthest rung at the end (step 16)
+    expected = _expected(params, a, 16) + _expected(params, late, 16, first_step=6)
+    assert sorted(r.step for r in expected if r.stream == "late") == list(range(6, 17))
     _run(stream, params, expected, {Reason.LATE: 1})
+
+
+def test_a_watermark_jump_closes_every_passed_step_in_few_firing_rounds():
+    """A jump of 100 steps closes steps 1..100 in order, each once, through the rungs (1, 4, 16)."""
+    params = ContinualSumParams(dim=1, epsilon=1.0, clip_bound=1.0, clock=OPEN)
+    events = [("a", 5.0, [0.5]), ("a", 505.0, [0.25]), ("a", 995.0, [1.0])]
+    stream = (TestStream().add_elements(_at(*events))
+              .advance_watermark_to(1000.0)  # closes steps 1..100 (step 100 ends at 1,000 s)
+              .add_elements(_at(("a", 999.0, [1.0])))  # step 100: closed, late
+              .advance_watermark_to_infinity())
+    # at the end: through step 112, the first multiple of 16 at or after step 101
+    _run(stream, params, _expected(params, events, 112), {Reason.LATE: 1})
