@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -37,14 +38,30 @@ def _run(params, events, parallelism=2, replay=True):
             [json.loads(j) for kind, j in outputs if kind == "dead"])
 
 
-def test_parallelism_2_releases_equal_the_beam_path_and_bad_rows_are_dead_letters():
-    """``expected_rows`` is the pure replay the Beam tests (tests/beam) check the Beam path against."""
+def _beam_path(tmp_path) -> dict:
+    """The Beam path's outputs on the same events and key, from the main venv (Beam 2.77; this venv's
+    PyFlink pins an older Beam): ``make flink-test`` builds it first."""
+    python = ROOT / ".venv" / "bin" / "python"
+    assert python.exists(), "the main venv (.venv) runs the Beam side: `make install-test` first"
+    out = tmp_path / "beam.json"
+    subprocess.run([str(python), "-m", "tests.flink.beam_reference", str(out)], cwd=ROOT, check=True,
+                   capture_output=True, timeout=600)
+    return json.loads(out.read_text())
+
+
+def test_parallelism_2_releases_equal_the_beam_path_and_bad_rows_are_dead_letters(tmp_path):
+    """The same events (good and bad rows) and key through Flink at parallelism 2 and through the Beam
+    transform (``ContinualSum`` on the FnApiRunner): the same releases within float summation
+    tolerance, the same dead-letter reasons; both also equal the pure replay."""
     events = good_events()
     stream = sorted(events + [e for e, _ in BAD], key=lambda e: e[1])
     rows, dead = _run(FlinkReleaseParams(build=BUILD, clock=CLOCK, streams=STREAMS), stream)
+    beam = _beam_path(tmp_path)
+    assert len(beam["releases"]) == len(STREAMS) * CLOCK.last_step
+    assert_rows_equal(rows, beam["releases"])
     assert_rows_equal(rows, expected_rows(events))
     assert {r["stream"] for r in rows} == set(STREAMS) and max(r["step"] for r in rows) == CLOCK.last_step
-    assert sorted(d["reason"] for d in dead) == sorted(r for _, r in BAD)
+    assert sorted(d["reason"] for d in dead) == sorted(d["reason"] for d in beam["dead"]) == sorted(r for _, r in BAD)
 
 
 def test_a_refusal_at_the_horizon_ends_the_stream_not_the_job():
