@@ -1,0 +1,208 @@
+"""The streaming rules through the Flink shell (:class:`beam_dp.flink.job.ContinualReleaseFunction`),
+driven by a scripted Flink: keyed state, event-time timers and watermarks moved by the test, so each
+rule is checked exactly (a MiniCluster's periodic watermarks cannot be placed between two events).
+The same scenarios as tests/beam/test_streaming_rules.py; here the end rule is the driver's exact one,
+because Flink hands the shell its watermark. Needs .venv-flink (``make flink-test``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pyflink")
+
+from beam_dp.core import NoiseSource, StepClock  # noqa: E402
+from beam_dp.core.budget import composition_of  # noqa: E402
+from beam_dp.flink.job import DEAD_LETTERS, ContinualReleaseFunction, to_event  # noqa: E402
+from beam_dp.flink.params import DOMAIN, FlinkReleaseParams  # noqa: E402
+from beam_dp.mechanisms.replay import replay_event_time  # noqa: E402
+from beam_dp.mechanisms.tree import make_tree_sum  # noqa: E402
+from beam_dp.steps.schema import ReleaseLabels, release_to_row  # noqa: E402
+from tests.conftest import TEST_KEY  # noqa: E402
+from tests.flink.cases import assert_rows_equal  # noqa: E402
+
+OPEN = StepClock(start=0.0, period=10.0)  # no public end
+BUILD = functools.partial(make_tree_sum, horizon=None, unbounded="hybrid", dim=1, epsilon=1.0, delta=0.0,
+                          clip_bound=1.0, noise="gamma")
+MIN_WATERMARK = -(2 ** 63)
+END = 2 ** 63 - 1
+
+
+class _Value:
+    def __init__(self):
+        self.data = None
+
+    def value(self):
+        return self.data
+
+    def update(self, data):
+        self.data = data
+
+
+class _List:
+    def __init__(self):
+        self.items = []
+
+    def get(self):
+        return list(self.items)
+
+    def add(self, item):
+        self.items.append(item)
+
+    def clear(self):
+        self.items = []
+
+
+class ScriptedFlink:
+    """One parallel instance of the keyed function: per-key state, event-time timers that fire, in
+    timestamp order, when the test moves the watermark (ms, Flink's: no more records ``<= W``)."""
+
+    def __init__(self, params):
+        self.function = ContinualReleaseFunction(params)
+        self.states: dict[str, dict] = {}
+        self.timers: set[tuple[int, str]] = set()
+        self.watermark = MIN_WATERMARK
+        self.key = None
+        self.firings = 0
+        self.releases: list[dict] = []
+        self.dead: list[dict] = []
+        runtime = self  # get_state / get_list_state resolve against the current key
+        self.function.open(runtime)
+
+    # RuntimeContext: handles that follow the current key, as Flink's keyed state does
+    def get_state(self, descriptor):
+        return _KeyedHandle(self, "value")
+
+    def get_list_state(self, descriptor):
+        return _KeyedHandle(self, "list")
+
+    # TimerService
+    def timer_service(self):
+        return self
+
+    def current_watermark(self):
+        return self.watermark
+
+    def register_event_time_timer(self, ms):
+        self.timers.add((ms, self.key))
+
+    def _collect(self, outputs):
+        for out in outputs or ():
+            if isinstance(out, tuple) and out[0] is DEAD_LETTERS:
+                self.dead.append(json.loads(out[1]))
+            else:
+                self.releases.append(json.loads(out))
+
+    def element(self, stream, seconds, value):
+        self.key = stream
+        self._collect(self.function.process_element(_decoded(to_event(stream, seconds, value)), self))
+
+    def advance(self, ms):
+        """Move the watermark to ``ms`` and fire every timer at or before it, in timestamp order."""
+        self.watermark = ms
+        while due := sorted(t for t in self.timers if t[0] <= ms):
+            timer = due[0]
+            self.timers.discard(timer)
+            self.key = timer[1]
+            self.firings += 1
+            self._collect(self.function.on_timer(timer[0], self))
+
+
+class _KeyedHandle:
+    def __init__(self, flink, kind):
+        self.flink, self.kind = flink, kind
+
+    def _of_key(self):
+        return self.flink.states.setdefault(self.flink.key, {"value": _Value(), "list": _List()})[self.kind]
+
+    def __getattr__(self, name):
+        return getattr(self._of_key(), name)
+
+
+def _decoded(event):  # what a Python operator hands the function: the value, not its pickled bytes
+    import pickle
+    return event[0], event[1], pickle.loads(event[2])
+
+
+def _params(**kwargs):
+    return FlinkReleaseParams(build=BUILD, clock=OPEN, **kwargs)
+
+
+def _expected(events, last_step, first_step=1):
+    mechanism = BUILD()
+    offset = first_step - 1
+    replay = StepClock(start=OPEN.start + offset * OPEN.period, period=OPEN.period,
+                       end=OPEN.start + last_step * OPEN.period)
+    by_stream = replay_event_time(mechanism, np.array([e[0] for e in events]), np.array([e[1] for e in events]),
+                                  np.array([e[2] for e in events]), replay, NoiseSource(TEST_KEY).for_domain(DOMAIN))
+    labels = ReleaseLabels(DOMAIN, composition_of(mechanism))
+    rows = [labels(release_to_row(dataclasses.replace(r, step=r.step + offset), mechanism.guarantee,
+                                  OPEN.step_start_micros(r.step + offset), OPEN.step_end_micros(r.step + offset)))
+            for releases in by_stream.values() for r in releases]
+    return sorted((json.loads(json.dumps(r._asdict())) for r in rows), key=lambda r: (r["stream"], r["step"]))
+
+
+def _ms(seconds):
+    return int(seconds * 1000) - 1  # Flink: no more records <= W ms, i.e. none before `seconds`
+
+
+def test_data_within_the_grace_counts_and_later_data_is_dead_lettered():
+    flink = ScriptedFlink(_params(allowed_lateness=5.0))
+    on_time = [("a", 1.0, [0.5]), ("a", 3.0, [0.25]), ("a", 12.0, [0.75])]
+    flink.element(*on_time[0])
+    flink.element(*on_time[2])
+    flink.advance(_ms(12))       # past end(1) = 10 s, within its 5 s grace
+    flink.element(*on_time[1])   # step 1, in the grace: counts
+    flink.advance(_ms(16))       # step 1 closes (10 + 5 <= 16)
+    flink.element("a", 4.0, [9.0])  # step 1 again: late, dead-lettered whole
+    flink.advance(_ms(30))
+    flink.advance(END)
+    # exact end rule: step 3 began (20 s) before 30 s - grace = 25 s, step 4 did not
+    assert_rows_equal(flink.releases, _expected(on_time, 3))
+    assert [d["reason"] for d in flink.dead] == ["late"]
+
+
+def test_watermark_at_infinity_ends_an_open_clock_cleanly():
+    flink = ScriptedFlink(_params())
+    on_time = [("a", 5.0, [0.5]), ("a", 21.0, [0.5])]
+    for event in on_time + [("a", 95.0, [0.5])]:  # step 10: never reached
+        flink.element(*event)
+    flink.advance(_ms(25))
+    flink.advance(END)
+    assert_rows_equal(flink.releases, _expected(on_time, 3))  # steps 1-3 (3 began at 20 s < 25 s)
+    assert [d["reason"] for d in flink.dead] == ["unclosed"]
+    assert not flink.timers  # nothing left to fire: the job ends
+
+
+def test_a_stream_first_seen_late_never_releases_behind_the_watermark():
+    flink = ScriptedFlink(_params())
+    a = [("a", 5.0, [0.5]), ("a", 15.0, [0.5])]
+    late = [("late", 55.0, [0.5])]
+    for event in a:
+        flink.element(*event)
+    flink.advance(_ms(52))                   # closes steps 1..5
+    flink.element("late", 12.0, [1.0])       # step 2: late
+    flink.element(*late[0])                  # step 6: its first release
+    flink.advance(_ms(72))
+    flink.advance(END)
+    expected = _expected(a, 8) + _expected(late, 8, first_step=6)
+    assert sorted(r["step"] for r in flink.releases if r["stream"] == "late") == [6, 7, 8]
+    assert_rows_equal(flink.releases, expected)
+    assert [d["reason"] for d in flink.dead] == ["late"]
+
+
+def test_one_firing_closes_every_step_a_watermark_jump_passed():
+    flink = ScriptedFlink(_params())
+    events = [("a", 5.0, [0.5]), ("a", 505.0, [0.25]), ("a", 995.0, [1.0])]
+    for event in events:
+        flink.element(*event)
+    flink.advance(_ms(1000))  # a jump of 100 steps
+    assert flink.firings == 1 and sorted(r["step"] for r in flink.releases) == list(range(1, 101))
+    flink.element("a", 999.0, [1.0])  # step 100: closed, late
+    flink.advance(END)
+    assert_rows_equal(flink.releases, _expected(events, 100))
+    assert [d["reason"] for d in flink.dead] == ["late"]
