@@ -92,7 +92,9 @@ def plan_block(size: int, items: Iterable[tuple[int, int]], queries: Iterable[tu
 
 
 def _query_letter(reason: str, detail: str, key: str, query: tuple) -> DeadLetter:
-    return DeadLetter(reason, detail, key, {"query_id": query[1], "t": query[0]})
+    """A query's dead letter keeps the whole (public) query, so it can be submitted again."""
+    return DeadLetter(reason, detail, key,
+                      {"query_id": query[1], "t": query[0], "weights": np.asarray(query[2], dtype=float).tolist()})
 
 
 class GrowingPolicy(BlockPolicy):

@@ -228,6 +228,11 @@ def _incremental_regression_expectations(domain: str) -> tuple[list, list]:
     return releases, dead
 
 
+def _weights(query: dict, universe):
+    return universe.predicate(query["predicate"]) if query["predicate"] is not None \
+        else universe.counting_query(query["indices"])
+
+
 def _growing_db_expectations(domain: str) -> tuple[list, list]:
     params, noise = _params("growing_db_queries"), NoiseSource(TEST_KEY).for_domain(domain)
     universe, mech = params.universe, params.build_mechanism()
@@ -236,15 +241,15 @@ def _growing_db_expectations(domain: str) -> tuple[list, list]:
     dead = [_letter("outside_universe", "the record is not in the declared universe", "a", elements[4]),
             _letter("after_end", "timestamp outside the public schedule", "a", elements[-1]),
             _letter("before_start", f"queries need t >= n = {params.n}", "a", queries[4]),
-            # a query still pending at the end is kept by the step driver as (query_id, t) only
+            # a query still pending at the end: the whole query, weights as a list
             _letter("after_end", "the database never reached size 50", "b",
-                    {"query_id": queries[5]["query_id"], "t": queries[5]["t"]})]
+                    {"query_id": queries[5]["query_id"], "t": queries[5]["t"],
+                     "weights": np.asarray(_weights(queries[5], universe), dtype=float).tolist()})]
     releases = []
     for stream in ("a", "b"):
         els = [(e["timestamp"], universe.encode_one(e["value"])) for i, e in enumerate(elements)
                if e["stream_id"] == stream and i not in (4, len(elements) - 1)]
-        qs = [(q["query_id"], q["t"], universe.predicate(q["predicate"]) if q["predicate"] is not None
-               else universe.counting_query(q["indices"])) for q in queries[:4] if q["stream_id"] == stream]
+        qs = [(q["query_id"], q["t"], _weights(q, universe)) for q in queries[:4] if q["stream_id"] == stream]
         rel, _ = replay_growing_database(params, stream, els, qs, noise)
         releases += [release_to_row(r, mech.guarantee)._asdict() for r in rel]
     return releases, dead
