@@ -269,6 +269,15 @@ def tables(res) -> str:
     return "\n".join(lines)
 
 
+def _log_axes(ax, ylabel: str) -> None:
+    for a in ax:
+        a.set_xscale("log")
+        a.set_yscale("log")
+        a.set_ylabel(ylabel)
+        if a.get_legend_handles_labels()[0]:
+            a.legend(fontsize=7)
+
+
 def figures(res, out: Path) -> None:
     import matplotlib
 
@@ -284,12 +293,9 @@ def figures(res, out: Path) -> None:
             y = [np.mean(r[sw["fitted"]]) for r in sw["rows"]]
             label = f"{sw['noise']}, {'paper consts' if sw['paper_constants'] else 'C0=20'}: slope {sw['fit']['slope']:.2f}"
             a.plot(x, y, marker="o", label=label)
-        for a, xl in zip(ax, ("d", "ε")):
-            a.set_xscale("log")
-            a.set_yscale("log")
-            a.set_xlabel(xl)
-            a.set_ylabel("regret (private − non-private; paper consts: private)")
-            a.legend(fontsize=8)
+        ax[0].set_xlabel("d")
+        ax[1].set_xlabel("ε")
+        _log_axes(ax, "regret (private − non-private; paper consts: private)")
         ax[0].set_title("WDP-COCOL, simplex: regret vs d")
         ax[1].set_title("WDP-COCOL, simplex: regret vs ε")
         fig.tight_layout()
@@ -306,15 +312,13 @@ def figures(res, out: Path) -> None:
         if "reg2_rate" in res:
             r2 = res["reg2_rate"]
             for nnz in sorted({r["nnz"] for r in r2["rows"]}):
-                pts = [(r["x"], np.mean(r["excess"])) for r in r2["rows"] if r["nnz"] == nnz]
-                ax[1].plot(*zip(*pts), marker="o", label=f"REG2 k={3 + nnz}")
-            ax[1].set_title(f"PRIVINCREG2 excess vs T^1/3 W^2/3 (d={r2['d']}): slope {r2['fit']['slope']:.2f}")
+                rows = [r for r in r2["rows"] if r["nnz"] == nnz]
+                line, = ax[1].plot([r["x"] for r in rows], [np.mean(r["excess"]) for r in rows], marker="o",
+                                   label=f"REG2 k={3 + nnz}: slope vs T {r2['fit_vs_T'][str(nnz)]['slope']:.2f}")
+                ax[1].plot([r["x"] for r in rows], [np.mean(r["theta0"]) for r in rows], ls=":", color=line.get_color())
+            ax[1].set_title(f"PRIVINCREG2, d={r2['d']}, c_m={r2['c_m']:g} (dotted: θ = 0)")
             ax[1].set_xlabel("T^(1/3) W^(2/3)")
-        for a in ax:
-            a.set_xscale("log")
-            a.set_yscale("log")
-            a.set_ylabel("excess empirical risk (sum form)")
-            a.legend(fontsize=7)
+        _log_axes(ax, "excess empirical risk (sum form)")
         fig.tight_layout()
         fig.savefig(out / "online_rates_regression.png", dpi=110)
 
