@@ -343,7 +343,7 @@ def parse(argv=None):
     p.add_argument("--reg-dims", type=int, nargs="+", default=[8, 16, 32, 64, 128])
     p.add_argument("--reg-eps", type=float, nargs="+", default=[10.0])
     p.add_argument("--reg2-d", type=int, default=256)
-    p.add_argument("--reg2-T", type=int, nargs="+", default=[256, 512, 1024, 2048])
+    p.add_argument("--reg2-T", type=int, nargs="+", default=[256, 512, 1024])
     p.add_argument("--reg2-nnz", type=int, nargs="+", default=[5, 29])
     p.add_argument("--reg2-cm", type=float, default=0.01)
     p.add_argument("--reg2-eps", type=float, default=100.0)
