@@ -104,7 +104,8 @@ def part_cocol(args, res):
         fitted = "regret" if not constants else "excess"
         fit = slope_ci(x, np.array([r[fitted] for r in rows]).T)
         theory = {"d": 1.0 if law == "gamma" else 0.5, "eps": -1.0}[axis]
-        out.append({"sweep": name, "fitted": fitted, "axis": axis, "noise": law, "paper_constants": not constants, "T": T, "rows": rows,
+        out.append({"sweep": name, "fitted": fitted, "axis": axis, "noise": law, "paper_constants": not constants,
+                    "T": T, "rows": rows,
                     "fit": fit, "theory": theory})
         print(f"[cocol] slope vs {axis} ({law}): {fit['slope']:.2f} ± {fit['ci95']:.2f} (theory {theory:+g})",
               flush=True)
@@ -240,7 +241,8 @@ def tables(res) -> str:
             pts = ", ".join(f"{key[0]}={r[key]:g}: {np.mean(r['regret']):.2f} ({np.mean(r['non_private']):.2f})"
                             for r in sw["rows"])
             what = "private − non-private" if sw["fitted"] == "excess" else "private regret"
-            lines.append(f"| vs {sw['axis']} (T={sw['T']}) | {sw['noise']} | {'paper' if sw['paper_constants'] else 'α=0.1, C0=20'}"
+            consts = "paper" if sw["paper_constants"] else "α=0.1, C0=20"
+            lines.append(f"| vs {sw['axis']} (T={sw['T']}) | {sw['noise']} | {consts}"
                          f" | {what} | {pts} | {fmt_fit(sw['fit'])} | {sw['theory']:+g} |")
     if "reg_d" in res:
         lines += ["", "| ball | ε | d: excess (noise-free; θ=0) [2αR] | slope vs d (95% CI) | 2αR slope | theory |",
@@ -265,7 +267,8 @@ def tables(res) -> str:
                   "|---|---|---|" + "---|" * len(labels)]
         for r in rg["rows"]:
             lines.append(f"| {r['d']} | {r['seed']} | {r['theta0']:.3g} | "
-                         + " | ".join(f"{r[k]['excess']:.3g} ({r[k]['noise_free']:.3g})" if k in r else "–" for k in labels) + " |")
+                         + " | ".join(f"{r[k]['excess']:.3g} ({r[k]['noise_free']:.3g})" if k in r else "–"
+                                      for k in labels) + " |")
     return "\n".join(lines)
 
 
