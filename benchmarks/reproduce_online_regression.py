@@ -215,9 +215,9 @@ def part_regret_sweep(args, res):
     res["regret_sweep"] = {"rows": rows, "fit": fit}
 
 
-def signal_data(T, d, seed, k=3, nnz=5):
+def signal_data(T, d, seed, k=3, nnz=5, noise_sd=0.05):
     """3-sparse θ* (‖θ*‖₁ = 0.8) whose support is non-zero in **every** input (plus ``nnz`` random
-    coordinates), ‖x‖ = 1, y = ⟨x, θ*⟩ + N(0, 0.05²) clipped to [−1, 1]: y carries signal at any d,
+    coordinates), ‖x‖ = 1, y = ⟨x, θ*⟩ + N(0, noise_sd²) clipped to [−1, 1]: y carries signal at any d,
     so θ = 0 is a poor estimator (``sparse_data`` inputs rarely touch the support when d ≫ 5)."""
     rng = np.random.default_rng(seed)
     support = rng.choice(d, k, replace=False)
@@ -228,7 +228,7 @@ def signal_data(T, d, seed, k=3, nnz=5):
         X[i, rng.choice(d, nnz, replace=False)] = rng.normal(size=nnz)
     X[:, support] = rng.normal(size=(T, k))
     X /= np.linalg.norm(X, axis=1, keepdims=True)
-    y = np.clip(X @ theta + 0.05 * rng.normal(size=T), -1, 1)
+    y = np.clip(X @ theta + noise_sd * rng.normal(size=T), -1, 1)
     return X, y
 
 
