@@ -27,13 +27,13 @@ import numpy as np
 
 from beam_dp.core.calibration import analytic_gaussian_sigma, certify_gaussian
 from beam_dp.core.guarantee import Charge, ElementLoss, Guarantee, require_within_budget
-from beam_dp.mechanisms.base import ContinualSumMechanism
+from beam_dp.mechanisms.base import GroupState, GroupSteppedSum
 from beam_dp.mechanisms.tree import MAX_STEP, _check_purpose, _check_step_number
 
 __all__ = ["ToeplitzFactorizationSum"]
 
 
-class ToeplitzFactorizationSum(ContinualSumMechanism):
+class ToeplitzFactorizationSum(GroupSteppedSum):
     """Base class: Gaussian noise through a Toeplitz factorization (see the module docstring).
 
     Subclasses give the coefficient sums (``col_norm_sq(t) = Σ_{j<t} c_j²``, ``row_norm_sq(t) =
@@ -126,10 +126,9 @@ class ToeplitzFactorizationSum(ContinualSumMechanism):
         meta.update(extra)
         return meta
 
-    def _next_t(self, state: Any) -> int:
-        if not isinstance(state, self.state_type):
-            raise TypeError(f"{self.name} expects a {self.state_type.__name__}, got {type(state).__name__}")
-        t = state.t + 1
+    def _next_t(self, group: GroupState) -> int:
+        """The step a group advances to (refused beyond the horizon)."""
+        t = group.t + 1
         if self.horizon is not None and t > self.horizon:
             raise ValueError(f"step {t} is beyond the horizon T={self.horizon} of {self.name}")
         if t > MAX_STEP:

@@ -26,6 +26,7 @@ from typing import ClassVar
 import numpy as np
 
 from beam_dp.core.noise import NoiseSource
+from beam_dp.mechanisms.base import GroupState
 from beam_dp.mechanisms.counters.factorization import ToeplitzFactorizationSum
 from beam_dp.mechanisms.tree import _frozen
 
@@ -86,20 +87,19 @@ class ToeplitzSqrtSum(ToeplitzFactorizationSum):
             raise TypeError(f"stream must be a str, got {type(stream).__name__}")
         return ToeplitzSqrtState(stream, 0, _frozen(np.zeros(self.dim)))
 
-    def noise_history(self, noise: NoiseSource, stream: str, t: int) -> np.ndarray:
-        """``z_1..z_t`` as a ``(t, d)`` array (regenerated from the key, block by block)."""
+    def noise_history(self, noise: NoiseSource, streams: tuple[str, ...], t: int) -> np.ndarray:
+        """``z_1..z_t`` of every stream as a ``(streams, t, d)`` array (regenerated from the key, block by block)."""
         blocks = [
-            noise.gaussian(stream, self.purpose, (b,), self.sigma, BLOCK * self.dim).reshape(BLOCK, self.dim)
+            noise.draw_cells("gaussian", streams, self.purpose, (b,), self.sigma, BLOCK * self.dim).reshape(-1, BLOCK, self.dim)
             for b in range((t - 1) // BLOCK + 1)
         ]
-        return np.concatenate(blocks)[:t]
+        return np.concatenate(blocks, axis=1)[:, :t]
 
-    def _advance(self, state: ToeplitzSqrtState, vector: np.ndarray, noise: NoiseSource):
-        t = self._next_t(state)
-        if state.prefix.shape != (self.dim,):
-            raise ValueError(f"{self.name}: state of dimension {state.prefix.shape}, expected ({self.dim},)")
-        prefix = state.prefix + vector
-        z = self.noise_history(noise, state.stream, t)
-        estimate = prefix + self.c_coeffs(t)[::-1] @ z
-        new = ToeplitzSqrtState(state.stream, t, _frozen(prefix))
-        return new, estimate, self._meta(t), self._worst_loss(t)
+    def _advance_group(self, group: GroupState, vectors: np.ndarray, noise: NoiseSource):
+        t = self._next_t(group)
+        prefix = group.arrays["prefix"]
+        if prefix.shape != (len(group.streams), self.dim):
+            raise ValueError(f"{self.name}: state of dimension {prefix.shape[1:]}, expected ({self.dim},)")
+        prefix = prefix + vectors
+        estimate = prefix + self.c_coeffs(t)[::-1] @ self.noise_history(noise, group.streams, t)
+        return GroupState(group.streams, t, {"prefix": prefix}), estimate, self._meta(t), self._worst_loss(t)
