@@ -357,8 +357,11 @@ class GroupSteppedSum(ContinualSumMechanism[StateT]):
     is stepped in.
     """
 
-    def _array_fields(self) -> list[str]:
-        return [f.name for f in fields(self.state_type) if f.name not in ("stream", "t")]
+    def _array_fields(self) -> tuple[str, ...]:
+        names = self.__dict__.get("_field_names")
+        if names is None:
+            names = self.__dict__["_field_names"] = tuple(f.name for f in fields(self.state_type) if f.name not in ("stream", "t"))
+        return names
 
     def init_group(self, streams: Sequence[str]) -> GroupState:
         """Fresh state of every stream of ``streams`` (distinct names)."""
@@ -376,7 +379,10 @@ class GroupSteppedSum(ContinualSumMechanism[StateT]):
         steps = {state.t for state in states}
         if len(steps) != 1:
             raise ValueError(f"the streams of a group must be at the same step, got steps {sorted(steps)}")
-        arrays = {name: np.stack([getattr(state, name) for state in states]) for name in self._array_fields()}
+        if len(states) == 1:  # the per-stream path: views, no copies
+            arrays = {name: np.asarray(getattr(states[0], name))[None] for name in self._array_fields()}
+        else:
+            arrays = {name: np.stack([getattr(state, name) for state in states]) for name in self._array_fields()}
         return GroupState(tuple(state.stream for state in states), steps.pop(), arrays)
 
     def unstack(self, group: GroupState) -> list[StateT]:

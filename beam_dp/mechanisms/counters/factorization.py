@@ -111,14 +111,25 @@ class ToeplitzFactorizationSum(GroupSteppedSum):
         return [Charge(s, s, ElementLoss(gaussian_mu_sq=float(m)), f"{self.purpose}[{t},{s}]")
                 for s, m in enumerate(mu_sq, start=1)]
 
+    def _step_facts(self, t: int) -> tuple[float, ElementLoss]:
+        """``(noise_std, worst loss)`` of step ``t``: closed forms, memoised per step (every stream, or
+        every group, at step ``t`` shares them)."""
+        memo = self.__dict__.setdefault("_facts_memo", {})
+        hit = memo.get(t)
+        if hit is None:
+            if len(memo) >= 4096:
+                memo.clear()
+            hit = memo[t] = (math.sqrt(self.noise_var(t)), self._loss(self.col_norm_sq(t)))
+        return hit
+
     def _worst_loss(self, t: int) -> ElementLoss:
-        return self._loss(self.col_norm_sq(t))
+        return self._step_facts(t)[1]
 
     def _meta(self, t: int, **extra: Any) -> dict[str, Any]:
         meta = {
             "noise": "gaussian",
             "scale": float(self.sigma),
-            "noise_std": math.sqrt(self.noise_var(t)),
+            "noise_std": self._step_facts(t)[0],
             "calibration": "analytic",
             "horizon": self.horizon,
             "window": None,
