@@ -113,7 +113,9 @@ class CellKeys:
         heads[:, _COUNTER_INDEX - tail:] = index[:, k - tail:].view(np.uint64)
         if n == 0:
             return np.zeros((0, 2), np.uint64), heads
-        if k <= _COUNTER_INDEX:
+        if k <= _COUNTER_INDEX and n == 1:
+            keys = self.family(streams[0], purpose, (), k)[None]
+        elif k <= _COUNTER_INDEX:
             keys = np.stack([self.family(s, purpose, (), k) for s in streams])
         else:
             prefixes = index[:, : k - tail].tolist()

@@ -236,6 +236,16 @@ class HonakerTreeSum(GroupSteppedSum):
         new = GroupState(group.streams, t, {"clean": clean, "est": est})
         return new, estimate, self._step_meta(t, completed), self._worst_loss(t)
 
+    def _noise_std(self, t: int) -> float:
+        """``sqrt(noise_var(t))``, memoised per step (shared by every stream and group at ``t``)."""
+        memo = self.__dict__.setdefault("_std_memo", {})
+        hit = memo.get(t)
+        if hit is None:
+            if len(memo) >= 4096:
+                memo.clear()
+            hit = memo[t] = math.sqrt(self.noise_var(t))
+        return hit
+
     def _step_meta(self, t: int, completed: int) -> dict[str, Any]:
         """The public facts of step ``t`` (the same for every stream)."""
         return {
@@ -243,7 +253,7 @@ class HonakerTreeSum(GroupSteppedSum):
             "arity": self.arity,
             "levels": self.levels,
             "completed_nodes": completed,
-            "noise_std": math.sqrt(self.noise_var(t)),
+            "noise_std": self._noise_std(t),
             "calibration": "exact" if self.noise_law == "gamma" else "analytic",
             "window": None,
         }
