@@ -14,13 +14,14 @@ Memory and time, honestly: ``C`` has no finite recursion, so the noise at ``t`` 
 ``z_1..z_t``. They are not stored in the state (the running clean sum, ``d`` floats, and ``t``): the
 ``z``'s are regenerated from the key in blocks of ``BLOCK`` steps (key ``(stream, purpose, (b,))``, each
 block always the same draw). The correlated noise ``Σ_{j<t} c_j z_{t−j}`` is computed for a whole
-*span* of ``S`` upcoming steps at once, by one FFT convolution of ``z_1..z_end`` with ``c`` (O(t·d·log t)
-per span), and kept in a worker-local cache (a pure function of the key, never state; bounded by
-``CACHE_BYTES``, recomputed identically after eviction). ``S`` is ``SPAN_STEPS`` (fewer for large groups,
-to keep a span under ``CACHE_BYTES / 4``), so a step costs O(d + t·d·log t / S) amortised: O(d)-like up
-to ``t ≈ S`` and about 15 µs at ``t = 2^17``, ``d = 8`` (``docs/benchmarks.md``). Spans of different
-lengths (a stream stepped alone or in a large group) round the FFT differently: releases agree to
-float tolerance, not bit for bit.
+*span* of upcoming steps at once, by one FFT convolution of ``z_1..z_end`` with ``c`` (O(t·d·log t) per
+span), and kept in a worker-local cache (a pure function of the key, never state; bounded by
+``CACHE_BYTES``, recomputed identically after eviction). Spans: the first ``SPAN_STEPS`` steps, then
+spans of ``2^m`` steps inside ``[2^m, 2^(m+1))``, capped so that one span of the group stays under
+``CACHE_BYTES / 4`` (a power of two, at least ``BLOCK``). Uncapped, a step costs O(d·log t) amortised
+and the cache holds about ``t·d`` floats per stream; capped (large groups, large ``d``), O(d +
+t·d·log t / span). Spans of different lengths (a stream stepped alone or in a large group) round the
+FFT differently: releases agree to float tolerance, not bit for bit. Measured in ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -108,8 +109,10 @@ class ToeplitzSqrtSum(ToeplitzFactorizationSum):
 
     def _span_noise(self, noise: NoiseSource, streams: tuple[str, ...], t: int) -> np.ndarray:
         """``Σ_{j<t} c_j z_{t−j}`` of every stream ``(len(streams), d)``, from the cached span holding ``t``."""
-        span = max(BLOCK, min(SPAN_STEPS, CACHE_BYTES // (4 * 8 * self.dim * len(streams) * BLOCK) * BLOCK))
-        k = (t - 1) // span
+        u = t - 1  # spans partition the 0-based steps: [0, SPAN_STEPS), then within each [2^m, 2^(m+1))
+        cap = max(BLOCK, 1 << max((CACHE_BYTES // (4 * 8 * self.dim * len(streams))).bit_length() - 1, 0))
+        span = SPAN_STEPS if u < SPAN_STEPS else min(1 << (u.bit_length() - 1), cap)
+        k = u // span
         per_source = self._cache.setdefault(noise, OrderedDict())
         key = (streams, span, k)
         block = per_source.get(key)
@@ -125,7 +128,7 @@ class ToeplitzSqrtSum(ToeplitzFactorizationSum):
                 per_source.popitem(last=False)
         else:
             per_source.move_to_end(key)
-        return block[:, (t - 1) - k * span]
+        return block[:, u - k * span]
 
     def _advance_group(self, group: GroupState, vectors: np.ndarray, noise: NoiseSource):
         t = self._next_t(group)
