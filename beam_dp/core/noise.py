@@ -66,7 +66,8 @@ def _check_scale(name: str, value: float) -> None:
 
 
 def _open_uniforms(rng: np.random.Generator, rows: int) -> Callable[[int, int], np.ndarray]:
-    """Uniforms on ``(0, 1)`` from a ``Generator``, shaped as ``rows`` cells (see ``sample_uniforms``)."""
+    """Uniforms on ``(0, 1)`` from a ``Generator``, shaped as ``rows`` cells (see ``sample_uniforms``;
+    ``first_block`` is not needed: each call continues the generator's sequence)."""
     return lambda count, first_block: (rng.integers(0, 1 << 53, (rows, count)) + 0.5) * 2.0**-53
 
 

@@ -26,7 +26,6 @@ see :mod:`.factorization`. Noise key: ``(stream, purpose, (t,))`` for ``z_t``, d
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar
 
