@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import abc
 import math
-from dataclasses import dataclass
 from collections.abc import Sequence
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Generic, Literal, Mapping, Protocol, TypeVar
 
 import numpy as np
