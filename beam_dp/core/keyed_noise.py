@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
+import threading
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -87,7 +88,7 @@ class CellKeys:
     def __init__(self, secret: bytes):
         self._secret = secret
         self._cache: dict[tuple, np.ndarray] = {}
-        self._philox = np.random.Philox(key=0)
+        self._local = threading.local()  # one reusable numpy Philox per thread (small batches)
 
     def family(self, stream: str, purpose: str, prefix: tuple[int, ...], length: int) -> np.ndarray:
         cache_key = (stream, purpose, prefix, length)
@@ -130,14 +131,17 @@ class CellKeys:
         """
         n = len(keys)
         if n <= _SMALL_BATCH:
+            philox = getattr(self._local, "philox", None)
+            if philox is None:
+                philox = self._local.philox = np.random.Philox(key=0)
             out = np.empty((n, count), dtype=np.uint64)
             for i in range(n):
                 counter = np.concatenate([np.array([first_block], dtype=np.uint64), heads[i]])
-                self._philox.state = {
+                philox.state = {
                     "bit_generator": "Philox", "state": {"counter": counter, "key": keys[i]},
                     "buffer": np.zeros(4, np.uint64), "buffer_pos": 4, "has_uint32": 0, "uinteger": 0,
                 }
-                out[i] = self._philox.random_raw(count)
+                out[i] = philox.random_raw(count)
             return out
         blocks = -(-count // 4)
         counter = np.empty((n, blocks, 4), dtype=np.uint64)
