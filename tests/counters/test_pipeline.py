@@ -50,7 +50,8 @@ def test_every_counter_in_beam_equals_the_pure_mechanism():
             if params.clock is None:
                 continue
             out = pcoll | f"Sum-{label}" >> ContinualSum(params)
-            assert_that(out.releases, rows_match(expected_rows(params, ids, ts, values, domain=f"Sum-{label}")), label=f"releases-{label}")
+            want = expected_rows(params, ids, ts, values, domain=f"Sum-{label}")  # its label is its noise domain
+            assert_that(out.releases, rows_match(want), label=f"releases-{label}")
             assert_that(out.dead_letter, equal_to([]), label=f"dead-{label}")
         count = pcoll | "Count" >> beam.Map(lambda e: (e[0], e[1])) | ContinualCount(count_params)
         assert_that(count.releases, rows_match(count_expected), label="count")

@@ -83,7 +83,8 @@ def test_incremental_regression_event_time_equals_the_pure_mechanism():
         blocks[s] = [mech.merge_blocks(items) if items else None for items in steps]
     with beam.Pipeline(options=batch_options()) as p:
         out = p | beam.Create(events + [("u", 99.0, [0.0, 0.0, 0.0], 0.0)]) | IncrementalRegression(params)
-        assert_that(out.releases, rows_match(_expected(params, blocks, "IncrementalRegression"), rel_tol=1e-9), label="releases")
+        assert_that(out.releases, rows_match(_expected(params, blocks, "IncrementalRegression"), rel_tol=1e-9),
+                    label="releases")
         assert_that(out.dead_letter, reasons_are({"after_end": 1}), label="dead")
 
 

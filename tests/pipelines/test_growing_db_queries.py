@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from beam_dp.beam.growing_db import GrowingDatabaseParams, replay_growing_database
-from beam_dp.core import NoiseSource, StepClock
+from beam_dp.core import StepClock
 from beam_dp.io import read_releases, release_to_row
 from pipelines import growing_db_queries as job
-from tests.conftest import TEST_KEY
+from tests.beam.helpers import domain_noise, labelled
 from tests.pipelines.jobs_helpers import assert_usage_error, dead_letters
 
 pytestmark = pytest.mark.pipeline
@@ -37,15 +37,18 @@ def _data(seed=0):
     return elements, queries
 
 
+DOMAIN = "GrowingDatabaseQueries"  # the job's label of the transform: its noise domain
+
+
 def _expected(params, elements, queries):
-    mech, rows = params.build_mechanism(), []
+    mech, rows, noise = params.build_mechanism(), [], domain_noise(params, DOMAIN)
     for stream in ("a", "b"):
         els = [(ts, UNIVERSE.encode_one({"colour": c, "size": s})) for st, ts, c, s in elements if st == stream]
         qs = [(qid, t, UNIVERSE.predicate(p) if p else UNIVERSE.counting_query(i))
               for st, qid, t, p, i in queries if st == stream]
-        releases, _ = replay_growing_database(params, stream, els, qs, NoiseSource(TEST_KEY))
+        releases, _ = replay_growing_database(params, stream, els, qs, noise)
         rows += [release_to_row(r, mech.guarantee) for r in releases]
-    return rows
+    return labelled(rows, params, DOMAIN)
 
 
 def _key(row):
@@ -90,6 +93,8 @@ def test_cli_on_two_files_equals_the_pure_mechanism_and_dead_letters_bad_rows(tm
     for g, w in zip(got, want):
         np.testing.assert_allclose(g["value"], w.value, rtol=1e-12, atol=1e-12)
         assert g["epsilon_spent"] == w.epsilon_spent <= 1.0
+        assert (g["noise_domain"], g["composition"], g["job_epsilon_spent"]) == (
+            w.noise_domain, w.composition, w.job_epsilon_spent)
     assert dead_letters(out) == {"answers:outside_universe": 2, "answers:after_end": 2, "answers:malformed": 1, "read:malformed": 1,
                                  "answers:before_start": 1}
 

@@ -10,6 +10,7 @@ import pytest
 
 from beam_dp.core import NoiseSource
 from beam_dp.io import read_releases, release_to_row
+from beam_dp.io.schema import ReleaseLabels
 from tests.conftest import TEST_KEY
 from tests.pipelines.jobs_helpers import assert_usage_error, dead_letters, value_reasons_merged
 
@@ -66,15 +67,19 @@ def test_cli_on_a_csv_equals_the_pure_learner_with_accuracy(tmp_path, capsys):
                                epsilon=1.0, delta=1e-5, memory_uses=50, device="cpu")
     learner, want = config.build(), []
     state = learner.init_state("s")
+    noise = NoiseSource(TEST_KEY).for_domain("LifelongLearner")  # the job's label of the transform
+    labels = ReleaseLabels("LifelongLearner", "approx")  # DP-SGD composes as (epsilon, delta); no job budget
     for task in tasks:
-        state, releases = learner.step(state, learner.merge_blocks([task]), NoiseSource(TEST_KEY))
-        want += [release_to_row(r, learner.guarantee) for r in releases]
+        state, releases = learner.step(state, learner.merge_blocks([task]), noise)
+        want += [labels(release_to_row(r, learner.guarantee)) for r in releases]
     got = read_releases(str(out / "models-*"))
     assert [(r["stream"], r["step"]) for r in got] == [("s", 1), ("s", 2)]
     for g, w in zip(got, want):
         np.testing.assert_allclose(g["value"], w.value, rtol=1e-9, atol=1e-12)
         assert g["epsilon_spent"] == w.epsilon_spent <= 1.0 and g["parts"] == w.parts
         assert g["meta"]["accuracy"] == json.loads(w.meta)["accuracy"]
+        assert (g["noise_domain"], g["composition"], g["job_epsilon_spent"]) == (
+            w.noise_domain, w.composition, w.job_epsilon_spent)
     # pyarrow reads "nan" in a float column as null: a value-level reason (bad_value today)
     assert value_reasons_merged(dead_letters(out)) == {"models:unknown_task": 1, "models:bad_label": 1,
                                                        "models:bad_input": 1,

@@ -9,11 +9,10 @@ import numpy as np
 import pytest
 
 from beam_dp.beam import ContinualModelParams, SlidingWindowModelParams
-from beam_dp.core import NoiseSource
 from beam_dp.io import read_releases, release_to_row
 from beam_dp.mechanisms.erm import LabelledRows
 from pipelines import model_release
-from tests.conftest import TEST_KEY
+from tests.beam.helpers import domain_noise, labelled
 from tests.pipelines.jobs_helpers import assert_usage_error, dead_letters, value_reasons_merged
 
 pytestmark = pytest.mark.pipeline
@@ -27,15 +26,16 @@ def _data(n=10, seed=0):
     return {s: (rng.normal(size=(n, 3)), [CLASSES[i] for i in rng.integers(0, 3, n)]) for s in ("s1", "s2")}
 
 
-def _expected(params, data):
-    """The pure mechanism per stream on blocks of ``block_size`` examples in file order."""
-    mech, rows = params.build_mechanism(), []
+def _expected(params, data, domain):
+    """The pure mechanism per stream on blocks of ``block_size`` examples in file order, in the noise domain
+    ``domain`` (the job applies the transform labelled with its class name)."""
+    mech, rows, noise = params.build_mechanism(), [], domain_noise(params, domain)
     for stream, (x, y) in data.items():
         state, labels, unit = mech.init_state(stream), np.array([CLASSES.index(v) for v in y]), params.block_size
         for lo in range(0, len(x) - unit + 1, unit):
-            state, rel = mech.step(state, LabelledRows(x[lo:lo + unit], labels[lo:lo + unit]), NoiseSource(TEST_KEY))
+            state, rel = mech.step(state, LabelledRows(x[lo:lo + unit], labels[lo:lo + unit]), noise)
             rows += [release_to_row(r, mech.guarantee) for r in rel]
-    return sorted(rows, key=lambda r: (r.stream, r.step))
+    return sorted(labelled(rows, params, domain), key=lambda r: (r.stream, r.step))
 
 
 def _write_csv(path, data, extra=()):
@@ -70,13 +70,15 @@ def test_cli_on_a_csv_equals_the_pure_mechanism_and_dead_letters_bad_rows(tmp_pa
                                           window=6)
     assert model_release.main(argv) == 0
     summary = capsys.readouterr().out
-    want = _expected(params, data)
+    want = _expected(params, data, "ContinualModelRelease" if algorithm == "continual" else "SlidingWindowModelRelease")
     assert want and f"models: {len(want)} releases" in summary
     got = read_releases(str(out / "models-*"))
     assert [(r["stream"], r["step"]) for r in got] == [(r.stream, r.step) for r in want]
     for g, w in zip(got, want):
         np.testing.assert_allclose(g["value"], w.value, rtol=1e-9, atol=1e-12)
         assert g["epsilon_spent"] == w.epsilon_spent <= 1.0 and g["parts"] == w.parts
+        assert (g["noise_domain"], g["composition"], g["job_epsilon_spent"]) == (
+            w.noise_domain, w.composition, w.job_epsilon_spent)
     # a NaN feature and a text feature: value-level reasons (non_finite, bad_dtype today)
     assert value_reasons_merged(dead_letters(out)) == {"read:malformed": 1, "models:bad_label": 1,
                                                        "models:bad_input": 2, "models:bad_stream_id": 1}
@@ -114,6 +116,6 @@ def test_streaming_source_replaced_by_teststream_equals_the_pure_mechanism(tmp_p
     params = ContinualModelParams(n_features=3, classes=CLASSES, epsilon=1.0, update=2, base=4)
     with beam.Pipeline(options=options) as p:
         out = model_release.build(p, job, options.view_as(model_release.ModelReleaseOptions), messages=stream)
-        assert_that(out.releases, rows_match(_expected(params, data)))
+        assert_that(out.releases, rows_match(_expected(params, data, "ContinualModelRelease")))
     assert dead_letters(tmp_path) == {"read:malformed": 1}
-    assert len(read_releases(str(tmp_path / "models-*"))) == len(_expected(params, data))
+    assert len(read_releases(str(tmp_path / "models-*"))) == len(_expected(params, data, "ContinualModelRelease"))

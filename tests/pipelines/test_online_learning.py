@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from beam_dp.beam import IncrementalRegressionParams, OnlineLearnerParams
-from beam_dp.core import NoiseSource, StepClock
+from beam_dp.core import StepClock
 from beam_dp.io import read_releases, release_to_row
 from pipelines import online_learning as job
-from tests.conftest import TEST_KEY
+from tests.beam.helpers import domain_noise, labelled
 from tests.pipelines.jobs_helpers import assert_usage_error, dead_letters, value_reasons_merged
 
 pytestmark = pytest.mark.pipeline
@@ -18,14 +18,16 @@ pytestmark = pytest.mark.pipeline
 PROG = "python -m pipelines.online_learning"
 
 
-def _expected(params, blocks_by_stream):
-    mech, rows = params.build_mechanism(), []
+def _expected(params, blocks_by_stream, domain):
+    """The pure mechanism's rows under the test key in the noise domain ``domain`` (the job labels the
+    transform with its class name)."""
+    mech, rows, noise = params.build_mechanism(), [], domain_noise(params, domain)
     clock = getattr(params, "clock", None)
     for stream, blocks in blocks_by_stream.items():
-        for rel in mech.run(stream, blocks, NoiseSource(TEST_KEY)):
+        for rel in mech.run(stream, blocks, noise):
             times = (clock.step_start_micros(rel.step), clock.step_end_micros(rel.step)) if clock else (None, None)
             rows.append(release_to_row(rel, mech.guarantee, *times))
-    return sorted(rows, key=lambda r: (r.stream, r.step))
+    return sorted(labelled(rows, params, domain), key=lambda r: (r.stream, r.step))
 
 
 def _check(out, want):
@@ -34,6 +36,8 @@ def _check(out, want):
     for g, w in zip(got, want):
         np.testing.assert_allclose(g["value"], w.value, rtol=1e-9, atol=1e-12)
         assert g["epsilon_spent"] == w.epsilon_spent and g["parts"] == w.parts
+        assert (g["noise_domain"], g["composition"], g["job_epsilon_spent"]) == (
+            w.noise_domain, w.composition, w.job_epsilon_spent)
 
 
 def test_help_lists_the_job_flags(capsys):
@@ -57,7 +61,8 @@ def test_online_learner_cli_equals_the_pure_mechanism(tmp_path, capsys):
     params = OnlineLearnerParams(dim=3, constraint={"kind": "l1_ball", "radius": 1.0}, epsilon=1.0, window=8,
                                  algorithm="cocol", loss="logistic", mu=0.5)
     mech = params.build_mechanism()
-    _check(out, _expected(params, {s: [mech.record(x, y) for x, y in recs] for s, recs in data.items()}))
+    records = {s: [mech.record(x, y) for x, y in recs] for s, recs in data.items()}
+    _check(out, _expected(params, records, "OnlineLearner"))
     # a logistic label 0.5 and a NaN feature: value-level reasons (the parse stage names which)
     assert value_reasons_merged(dead_letters(out)) == {"models:bad_input": 2, "read:malformed": 1,
                                                        "models:bad_stream_id": 1}
@@ -83,7 +88,7 @@ def test_incremental_regression_event_time_cli_equals_the_pure_mechanism(tmp_pat
     for s in ("u", "v"):
         steps = [[mech.record(x, y) for st, t, x, y in events if st == s and int(t // 10) == k] for k in range(6)]
         blocks[s] = [mech.merge_blocks(items) if items else None for items in steps]
-    _check(out, _expected(params, blocks))
+    _check(out, _expected(params, blocks, "IncrementalRegression"))
     assert value_reasons_merged(dead_letters(out)) == {"models:after_end": 1, "models:bad_input": 1}
 
 
