@@ -61,7 +61,7 @@ def test_streamed_noise_equals_the_dense_product(mech):
         state, (rel,) = mech.step(state, None, noise)
         released.append(rel.value)
     if isinstance(mech, ToeplitzSqrtSum):
-        z = mech.noise_history(noise, "s", T)
+        z = mech.noise_history(noise, ("s",), T)[0]
     else:
         z = np.stack([noise.gaussian("s", mech.purpose, (t,), mech.sigma, mech.dim) for t in range(1, T + 1)])
     b = np.tril(np.ones((T, T))) @ np.linalg.inv(lower_toeplitz(mech.c_coeffs(T)))
