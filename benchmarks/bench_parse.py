@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 
+import beam_dp
 from beam_dp.beam import ContinualSumParams, EventBatch
 from beam_dp.beam.parse import ParseEvents
 from beam_dp.core import StepClock
@@ -53,7 +54,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="best of this many runs")
     parser.add_argument("--pre-aggregate", action="store_true")
     args = parser.parse_args(argv)
-    out = {"machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.python_version()}", "runs": []}
+    out = {"machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.python_version()}",
+           "code": os.path.dirname(os.path.dirname(beam_dp.__file__)), "runs": []}
     for streams in (int(s) for s in args.streams.split(",")):
         batch = make_batch(args.rows, streams, args.steps, args.dim)
         out["runs"].append({"streams": streams, "rows": args.rows, "steps": args.steps, "dim": args.dim,

@@ -28,7 +28,7 @@ import numpy as np
 
 from beam_dp.core.calibration import analytic_gaussian_sigma, certify_gaussian
 from beam_dp.core.clipping import clip_l2
-from beam_dp.core.guarantee import Charge, ElementLoss, Guarantee
+from beam_dp.core.guarantee import Charge, ElementLoss, Guarantee, spends
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
 from beam_dp.core.release_batch import ReleaseBatch
@@ -220,6 +220,16 @@ class ContinualSumMechanism(abc.ABC, Generic[StateT]):
                 cache.clear()
             hit = cache[key] = loss.spend(self.delta)
         return hit
+
+    def prime_spends(self, losses: Sequence[ElementLoss]) -> None:
+        """Memoise ``spend`` for many losses at once (one vectorised bisection, ``guarantee.spends``):
+        a lone stream then pays no bisection per new step."""
+        cache = self.__dict__.setdefault("_spend_cache", {})
+        todo = list({(loss.pure_epsilon, loss.gaussian_mu_sq): loss for loss in losses}.items())
+        todo = [(key, loss) for key, loss in todo if key not in cache]
+        if len(cache) + len(todo) > 1024:
+            cache.clear()
+        cache.update(zip((key for key, _ in todo), spends([loss for _, loss in todo], self.delta)))
 
     # -- blocks -------------------------------------------------------------------------------
     def clip_and_sum(self, contributions: np.ndarray) -> ClippedSum:

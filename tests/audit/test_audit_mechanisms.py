@@ -36,7 +36,7 @@ PURE = dict(epsilon=EPSILON, clip_bound=R)
 # name -> (make(dim), steps); horizon = steps so the whole sensitivity of step 1 is observed
 GAUSSIAN = {
     "blt": (lambda n: make_counter("blt", horizon=32, dim=n, **GAUSS), 32),
-    "toeplitz": (lambda n: make_counter("toeplitz", horizon=16, dim=n, **GAUSS), 16),  # slow: O(t·d) per step
+    "toeplitz": (lambda n: make_counter("toeplitz", horizon=16, dim=n, **GAUSS), 16),  # slow: (t, d) noise spans at d = n
     "honaker (gaussian)": (lambda n: make_counter("honaker", horizon=32, dim=n, **GAUSS), 32),
     "binary tree (gaussian, analytic)": (lambda n: BinaryTreeSum(horizon=32, dim=n, calibration="analytic", **GAUSS), 32),
     "window tree (gaussian, W=8)": (lambda n: WindowTreeSum(window=8, dim=n, calibration="analytic", **GAUSS), 8),
@@ -59,7 +59,7 @@ REPORTS = []
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "toeplitz" else n for n in GAUSSIAN])
 def test_gaussian_mechanism_audit(name):
     make, steps = GAUSSIAN[name]
-    n = 100_000 if name == "toeplitz" else 200_000  # toeplitz regenerates its noise history: O(t·d) per step
+    n = 100_000 if name == "toeplitz" else 200_000  # toeplitz: its noise spans hold t x n floats
     assert same_calibration(make, 7)
     report = audit_with_mutant(name, coordinate_samples(make, steps, 1, n), EPSILON, DELTA)
     REPORTS.append(report)

@@ -32,6 +32,19 @@ from beam_dp.mechanisms.tree import MAX_STEP, _check_purpose, _check_step_number
 
 __all__ = ["ToeplitzFactorizationSum"]
 
+_FACTS_CHUNK = 256  # steps whose facts (noise std, worst loss, epsilon_spent) are computed together
+
+
+def _chunk_of(t: int) -> tuple[int, int]:
+    """The steps ``[first, last]`` whose facts are computed with step ``t``'s: ``[2^k, 2^(k+1))`` for
+    ``t < _FACTS_CHUNK`` (so a short job computes at most twice its steps), then aligned blocks of
+    ``_FACTS_CHUNK``. A function of ``t`` only, so every run computes each step's facts the same way."""
+    if t < _FACTS_CHUNK:
+        first = 1 << (t.bit_length() - 1)
+        return first, 2 * first - 1
+    first = t // _FACTS_CHUNK * _FACTS_CHUNK
+    return first, first + _FACTS_CHUNK - 1
+
 
 class ToeplitzFactorizationSum(GroupSteppedSum):
     """Base class: Gaussian noise through a Toeplitz factorization (see the module docstring).
@@ -113,13 +126,19 @@ class ToeplitzFactorizationSum(GroupSteppedSum):
 
     def _step_facts(self, t: int) -> tuple[float, ElementLoss]:
         """``(noise_std, worst loss)`` of step ``t``: closed forms, memoised per step (every stream, or
-        every group, at step ``t`` shares them)."""
+        every group, at step ``t`` shares them). A miss computes the chunk of steps around ``t``
+        (``_chunk_of``) and primes their ``epsilon_spent`` in one vectorised bisection."""
         memo = self.__dict__.setdefault("_facts_memo", {})
         hit = memo.get(t)
         if hit is None:
             if len(memo) >= 4096:
                 memo.clear()
-            hit = memo[t] = (math.sqrt(self.noise_var(t)), self._loss(self.col_norm_sq(t)))
+            first, last = _chunk_of(int(t))
+            last = min(last, MAX_STEP if self.horizon is None else self.horizon)
+            for s in range(first, last + 1):
+                memo[s] = (math.sqrt(self.noise_var(s)), self._loss(self.col_norm_sq(s)))
+            self.prime_spends([memo[s][1] for s in range(first, last + 1)])
+            hit = memo[t]
         return hit
 
     def _worst_loss(self, t: int) -> ElementLoss:
