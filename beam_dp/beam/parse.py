@@ -129,11 +129,20 @@ class ParseEvents(beam.DoFn):
         if clipped.sum():
             self._clipped.inc(int(clipped.sum()))
         width = int(steps.max()) + 1
+        members = None if self._pre_aggregate else _rows_by_group(groups, len(unique_keys))
+        seconds_ok = None if self._pre_aggregate else micros[ok] / 1e6
         for g, key in enumerate(unique_keys):
             stream, step = str(stream_names[key // width]), int(key % width)
             block = ClippedSum(sums[g], int(counts[g]), int(clipped[g]))
             original = None
-            if not self._pre_aggregate:
-                rows = np.flatnonzero(groups == g)
-                original = EventBatch(streams_ok[rows], micros[ok][rows] / 1e6, values_ok[rows])
+            if members is not None:
+                rows = members[g]
+                original = EventBatch(streams_ok[rows], seconds_ok[rows], values_ok[rows])
             yield self._emit(stream, step, block, original)
+
+
+def _rows_by_group(groups: np.ndarray, n_groups: int) -> list[np.ndarray]:
+    """The row indices of each group ``0 .. n_groups − 1``, ascending (``np.flatnonzero(groups == g)``
+    for every ``g``): one stable argsort and a split, O(n log n) instead of O(n · groups)."""
+    order = np.argsort(groups, kind="stable")
+    return np.split(order, np.cumsum(np.bincount(groups, minlength=n_groups))[:-1])

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import numpy as np
 
-from beam_dp.core.calibration import analytic_gaussian_epsilon
+from beam_dp.core.calibration import analytic_gaussian_epsilon, analytic_gaussian_epsilons
 
-__all__ = ["Charge", "ElementLoss", "Guarantee", "PrivacyLedger", "require_within_budget"]
+__all__ = ["Charge", "ElementLoss", "Guarantee", "PrivacyLedger", "require_within_budget", "spends"]
 
 EVENT_LEVEL = "event-level: replace one contribution"
 
@@ -93,6 +93,18 @@ class ElementLoss:
         if self.gaussian_mu_sq == 0.0:
             return self.pure_epsilon, 0.0
         return self.epsilon_at(delta), delta
+
+
+def spends(losses: Sequence[ElementLoss], delta: float) -> list[tuple[float, float]]:
+    """``[loss.spend(delta) for loss in losses]`` with one vectorised analytic-Gaussian bisection for
+    all the Gaussian parts (entry for entry the value a loss gets alone)."""
+    out = [loss.spend(delta) if loss.gaussian_mu_sq == 0.0 or delta <= 0.0 else None for loss in losses]
+    gaussian = [i for i, spent in enumerate(out) if spent is None]
+    if gaussian:
+        eps = analytic_gaussian_epsilons(np.sqrt([losses[i].gaussian_mu_sq for i in gaussian]), delta)
+        for i, e in zip(gaussian, eps.tolist()):
+            out[i] = (losses[i].pure_epsilon + e, delta)
+    return out
 
 
 def require_within_budget(guarantee: Guarantee, loss: ElementLoss, what: str, rel_tol: float = 1e-12) -> None:

@@ -1,15 +1,19 @@
 """Keyed, reproducible noise and the samplers every mechanism draws from.
 
-``NoiseSource(key)`` derives an independent counter-based generator (numpy ``Philox``) for each
-``(stream, purpose, index...)`` from a secret key with a keyed BLAKE2b hash. ``for_domain(domain)``
-derives the source of one *noise domain* (one transform instance of one job): every draw a transform
-makes is keyed by ``(key, domain, stream, purpose, index)``, so two transforms never share noise. The same node always
-gets the same noise, so a bundle retry or a replay re-emits identical releases instead of fresh,
-averageable noise (Chan, Shi & Song, "Private and Continual Release of Statistics"). The key is a secret: it is never shown by
+``NoiseSource(key)`` draws the noise of each *cell* ``(stream, purpose, index...)`` from a secret
+key: a keyed BLAKE2b hash of the cell's family and a counter-based generator (Philox-4x64-10) whose
+counter holds the cell's index (:mod:`beam_dp.core.keyed_noise`, derivation version
+``CELL_PERSON``). ``draw_cells`` draws many cells in one vectorised call, with exactly the numbers
+one-cell calls give. ``for_domain(domain)`` derives the source of one *noise domain* (one transform
+instance of one job): every draw a transform makes is keyed by ``(key, domain, stream, purpose,
+index)``, so two transforms never share noise. The same cell always gets the same noise, so a bundle
+retry or a replay re-emits identical releases instead of fresh, averageable noise (Chan, Shi & Song,
+"Private and Continual Release of Statistics"). ``generator(stream, purpose, *index)`` gives a numpy ``Generator`` per node
+for non-noise randomness (sampling, permutations). The key is a secret: it is never shown by
 ``repr``, never pickled (so it cannot end up in a Beam pipeline graph) and never logged.
 
-Samplers (module functions take a ``numpy.random.Generator``; the ``NoiseSource`` methods take a
-node key):
+Samplers (exact in real arithmetic, one implementation on uniforms shared by both entry points: module
+functions take a ``numpy.random.Generator``, the ``NoiseSource`` methods take a cell):
 
 * ``laplace``          density ∝ exp(-|x|/scale) per coordinate (pure eps under an L1 bound);
 * ``gaussian``         N(0, sigma^2 I) (calibrate with ``beam_dp.core.calibration``);
@@ -28,10 +32,11 @@ import logging
 import math
 import os
 import struct
-import threading
-from typing import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
+
+from beam_dp.core.keyed_noise import LAWS, CellKeys, sample_uniforms
 
 __all__ = [
     "KEY_ENV_VAR",
@@ -48,7 +53,7 @@ log = logging.getLogger(__name__)
 
 KEY_ENV_VAR = "BEAM_DP_NOISE_KEY"
 _MIN_KEY_BYTES = 16
-_PERSON = b"beam_dp-noise-v1"
+_PERSON = b"beam_dp-noise-v1"  # generator() keys (sampling, permutations); noise cells: keyed_noise
 # Version tag of the domain-key derivation (BLAKE2b personalisation, at most 16 bytes): bump it if the
 # derivation ever changes, so that old and new releases can never share noise by accident.
 _DOMAIN_PERSON = b"beam_dp-domain-1"
@@ -59,16 +64,29 @@ def _check_scale(name: str, value: float) -> None:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
 
 
+def _open_uniforms(rng: np.random.Generator, rows: int) -> Callable[[int, int], np.ndarray]:
+    """Uniforms on ``(0, 1)`` from a ``Generator``, shaped as ``rows`` cells (see ``sample_uniforms``;
+    ``first_block`` is not needed: each call continues the generator's sequence)."""
+    return lambda count, first_block: (rng.integers(0, 1 << 53, (rows, count)) + 0.5) * 2.0**-53
+
+
+def _draw(rng: np.random.Generator, law: str, scale: float, size: int | tuple[int, ...] | None) -> np.ndarray:
+    shape = () if size is None else (size,) if isinstance(size, (int, np.integer)) else tuple(size)
+    n = int(np.prod(shape)) if shape else 1
+    out = sample_uniforms(law, _open_uniforms(rng, 1), scale, n)[0]
+    return out.reshape(shape) if shape else out[0]
+
+
 def laplace(rng: np.random.Generator, scale: float, size: int | tuple[int, ...] | None = None) -> np.ndarray:
     """I.i.d. Laplace(0, scale) draws."""
     _check_scale("scale", scale)
-    return rng.laplace(0.0, scale, size)
+    return _draw(rng, "laplace", scale, size)
 
 
 def gaussian(rng: np.random.Generator, sigma: float, size: int | tuple[int, ...] | None = None) -> np.ndarray:
     """I.i.d. N(0, sigma^2) draws."""
     _check_scale("sigma", sigma)
-    return rng.normal(0.0, sigma, size)
+    return _draw(rng, "gaussian", sigma, size)
 
 
 def k_norm(rng: np.random.Generator, scale: float, dim: int, n: int | None = None) -> np.ndarray:
@@ -79,40 +97,20 @@ def k_norm(rng: np.random.Generator, scale: float, dim: int, n: int | None = Non
     _check_scale("scale", scale)
     if dim < 1:
         raise ValueError(f"dim must be >= 1, got {dim}")
-    rows = 1 if n is None else n
-    direction = rng.standard_normal((rows, dim))
-    norms = np.linalg.norm(direction, axis=1, keepdims=True)
-    radius = rng.gamma(shape=dim, scale=scale, size=(rows, 1))
-    out = direction / norms * radius
+    out = sample_uniforms("k_norm", _open_uniforms(rng, 1 if n is None else n), scale, dim)
     return out[0] if n is None else out
 
 
 def discrete_laplace(rng: np.random.Generator, scale: float, size: int | tuple[int, ...] | None = None) -> np.ndarray:
     """Integer draws with P(x) ∝ exp(-|x|/scale): the difference of two geometric variables."""
     _check_scale("scale", scale)
-    p = -math.expm1(-1.0 / scale)  # success probability 1 - e^{-1/scale}
-    diff = np.asarray(rng.geometric(p, size) - rng.geometric(p, size)).astype(np.int64)
-    return diff if size is not None else diff[()]  # size=None: a scalar (np.int64), as discrete_gaussian
+    return _draw(rng, "discrete_laplace", scale, size)
 
 
 def discrete_gaussian(rng: np.random.Generator, sigma: float, size: int | tuple[int, ...] | None = None) -> np.ndarray:
-    """Integer draws with P(x) ∝ exp(-x^2/(2 sigma^2)) (rejection from discrete Laplace, CKS 2020 Alg. 3).
-
-    Vectorised: each round proposes for all still-rejected positions at once.
-    """
+    """Integer draws with P(x) ∝ exp(-x^2/(2 sigma^2)) (rejection from discrete Laplace, CKS 2020 Alg. 3)."""
     _check_scale("sigma", sigma)
-    shape = () if size is None else (size,) if isinstance(size, int) else tuple(size)
-    n = int(np.prod(shape)) if shape else 1
-    t = math.floor(sigma) + 1
-    out = np.empty(n, dtype=np.int64)
-    pending = np.arange(n)
-    while pending.size:
-        y = discrete_laplace(rng, t, pending.size)
-        accept_prob = np.exp(-((np.abs(y) - sigma**2 / t) ** 2) / (2.0 * sigma**2))
-        ok = rng.random(pending.size) < accept_prob
-        out[pending[ok]] = y[ok]
-        pending = pending[~ok]
-    return out.reshape(shape) if shape else out[0]
+    return _draw(rng, "discrete_gaussian", sigma, size)
 
 
 def _read_local(path: str | os.PathLike) -> bytes:
@@ -150,9 +148,10 @@ def load_key(
 
 
 class NoiseSource:
-    """Secret key -> an independent Philox generator per ``(stream, purpose, index...)``.
+    """Secret key -> the noise of every cell ``(stream, purpose, index...)``, keyed and reproducible.
 
-    A node's noise is a pure function of its key, so drawing "again" returns the same vector.
+    A cell's noise is a pure function of the key and its coordinates, so drawing "again" returns the
+    same vector, alone or in a batch of cells (``draw_cells``).
     """
 
     def __init__(self, key: bytes):
@@ -160,7 +159,7 @@ class NoiseSource:
             raise ValueError(f"the noise key must be at least {_MIN_KEY_BYTES} bytes")
         key = bytes(key)
         self._key = key if len(key) <= 64 else hashlib.blake2b(key, digest_size=64).digest()
-        self._local = threading.local()
+        self._cells = CellKeys(self._key)
 
     @classmethod
     def from_config(
@@ -206,41 +205,56 @@ class NoiseSource:
         return hashlib.blake2b(message, key=self._key, digest_size=16, person=_PERSON).digest()
 
     def generator(self, stream: str, purpose: str, *index: int) -> np.random.Generator:
-        """A fresh generator for one node (its own object; safe to keep)."""
+        """A fresh numpy generator for one node (sampling, permutations, optimisers; its own object).
+
+        Noise the mechanisms add goes through the keyed samplers below (``draw_cells``), not this.
+        """
         key = int.from_bytes(self._node_key(stream, purpose, index), "little")
         return np.random.Generator(np.random.Philox(key=key))
 
-    def _positioned(self, stream: str, purpose: str, index: tuple[int, ...]) -> np.random.Generator:
-        """The node's generator at counter 0, reusing one per-thread Philox (5× cheaper than a new one).
+    def draw_cells(self, law: str, streams: Sequence[str], purpose: str, index: Sequence[int] | np.ndarray,
+                   scale: float, size: int) -> np.ndarray:
+        """The draws ``(n, size)`` of ``n`` cells ``(streams[i], purpose, index[i])`` of one ``law``.
 
-        Yields exactly the draws of ``generator(stream, purpose, *index)``; valid until the next call.
+        ``law`` is one of ``laplace``, ``gaussian``, ``k_norm`` (``size`` = its dimension),
+        ``discrete_laplace``, ``discrete_gaussian`` (int64); ``index`` is one tuple shared by all cells
+        or an ``(n, k)`` integer array. Row ``i`` equals ``getattr(self, law)(streams[i], purpose,
+        index[i], scale, size)`` whatever the other cells are. A subclass that overrides the one-cell
+        sampler (a test double) is honoured cell by cell.
         """
-        digest = self._node_key(stream, purpose, index)
-        local = self._local
-        if not hasattr(local, "philox"):
-            local.philox = np.random.Philox(key=0)
-            local.generator = np.random.Generator(local.philox)
-        local.philox.state = {
-            "bit_generator": "Philox",
-            "state": {"counter": np.zeros(4, np.uint64), "key": np.frombuffer(digest, dtype="<u8").astype(np.uint64)},
-            "buffer": np.zeros(4, np.uint64),
-            "buffer_pos": 4,
-            "has_uint32": 0,
-            "uinteger": 0,
-        }
-        return local.generator
+        if law not in LAWS:
+            raise ValueError(f"law must be one of {LAWS}, got {law!r}")
+        _check_scale("scale", scale)
+        idx = np.asarray(index, dtype=np.int64)
+        if idx.ndim == 1:
+            idx = np.broadcast_to(idx, (len(streams), idx.size))
+        if idx.ndim != 2 or idx.shape[0] != len(streams):
+            raise ValueError(f"index must be one tuple or one row per stream, got shape {np.shape(index)}")
+        one_cell = getattr(type(self), law)
+        if one_cell is not getattr(NoiseSource, law):
+            rows = [one_cell(self, s, purpose, tuple(int(i) for i in row), scale, size) for s, row in zip(streams, idx)]
+            return np.stack(rows) if rows else np.zeros((0, size))
+        return self._sample(law, streams, purpose, idx, scale, size)
+
+    def _sample(self, law: str, streams: Sequence[str], purpose: str, index: np.ndarray, scale: float, size: int) -> np.ndarray:
+        keys, heads = self._cells.cells(streams, purpose, np.ascontiguousarray(index))
+        return sample_uniforms(law, lambda count, first: self._cells.uniforms(keys, heads, count, first), scale, size)
+
+    def _one(self, law: str, stream: str, purpose: str, index: tuple[int, ...], scale: float, size: int) -> np.ndarray:
+        _check_scale("scale", scale)
+        return self._sample(law, (stream,), purpose, np.asarray([index], dtype=np.int64).reshape(1, -1), scale, size)[0]
 
     def laplace(self, stream: str, purpose: str, index: tuple[int, ...], scale: float, size: int) -> np.ndarray:
-        return laplace(self._positioned(stream, purpose, index), scale, size)
+        return self._one("laplace", stream, purpose, index, scale, size)
 
     def gaussian(self, stream: str, purpose: str, index: tuple[int, ...], sigma: float, size: int) -> np.ndarray:
-        return gaussian(self._positioned(stream, purpose, index), sigma, size)
+        return self._one("gaussian", stream, purpose, index, sigma, size)
 
     def k_norm(self, stream: str, purpose: str, index: tuple[int, ...], scale: float, dim: int) -> np.ndarray:
-        return k_norm(self._positioned(stream, purpose, index), scale, dim)
+        return self._one("k_norm", stream, purpose, index, scale, dim)
 
     def discrete_laplace(self, stream: str, purpose: str, index: tuple[int, ...], scale: float, size: int) -> np.ndarray:
-        return discrete_laplace(self._positioned(stream, purpose, index), scale, size)
+        return self._one("discrete_laplace", stream, purpose, index, scale, size)
 
     def discrete_gaussian(self, stream: str, purpose: str, index: tuple[int, ...], sigma: float, size: int) -> np.ndarray:
-        return discrete_gaussian(self._positioned(stream, purpose, index), sigma, size)
+        return self._one("discrete_gaussian", stream, purpose, index, sigma, size)

@@ -20,19 +20,21 @@ from __future__ import annotations
 
 import abc
 import math
-from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Generic, Literal, Mapping, Protocol, TypeVar
 
 import numpy as np
 
 from beam_dp.core.calibration import analytic_gaussian_sigma, certify_gaussian
 from beam_dp.core.clipping import clip_l2
-from beam_dp.core.guarantee import Charge, ElementLoss, Guarantee
+from beam_dp.core.guarantee import Charge, ElementLoss, Guarantee, spends
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
+from beam_dp.core.release_batch import ReleaseBatch
 from beam_dp.core.state import decode_state, encode_state
 
-__all__ = ["ClippedSum", "ContinualSumMechanism", "Mechanism", "NodeNoise"]
+__all__ = ["ClippedSum", "ContinualSumMechanism", "GroupState", "GroupSteppedSum", "Mechanism", "NodeNoise"]
 
 StateT = TypeVar("StateT")
 NoiseLaw = Literal["gamma", "gaussian", "discrete_laplace"]
@@ -78,6 +80,9 @@ class ClippedSum:
         return ClippedSum(self.vector + other.vector, self.count + other.count, self.clipped + other.clipped)
 
 
+_CELL_LAW = {"gamma": "k_norm", "gaussian": "gaussian", "discrete_laplace": "discrete_laplace"}
+
+
 @dataclass(frozen=True)
 class NodeNoise:
     """The noise law of one node: ``law`` in {"gamma", "gaussian", "discrete_laplace"} and its ``scale``
@@ -100,11 +105,12 @@ class NodeNoise:
         return Charge.gaussian(first, last, sensitivity, self.scale, label)
 
     def draw(self, noise: NoiseSource, stream: str, purpose: str, index: tuple[int, ...], dim: int) -> np.ndarray:
-        if self.law == "gamma":
-            return noise.k_norm(stream, purpose, index, self.scale, dim)
-        if self.law == "discrete_laplace":
-            return np.asarray(noise.discrete_laplace(stream, purpose, index, self.scale, dim), dtype=np.float64)
-        return noise.gaussian(stream, purpose, index, self.scale, dim)
+        return self.draw_group(noise, (stream,), purpose, index, dim)[0]
+
+    def draw_group(self, noise: NoiseSource, streams: Sequence[str], purpose: str, index: tuple[int, ...], dim: int) -> np.ndarray:
+        """The node ``(purpose, index)`` of every stream in ``streams``: ``(len(streams), dim)`` floats."""
+        law = _CELL_LAW[self.law]
+        return np.asarray(noise.draw_cells(law, streams, purpose, index, self.scale, dim), dtype=np.float64)
 
 
 class ContinualSumMechanism(abc.ABC, Generic[StateT]):
@@ -214,6 +220,16 @@ class ContinualSumMechanism(abc.ABC, Generic[StateT]):
                 cache.clear()
             hit = cache[key] = loss.spend(self.delta)
         return hit
+
+    def prime_spends(self, losses: Sequence[ElementLoss]) -> None:
+        """Memoise ``spend`` for many losses at once (one vectorised bisection, ``guarantee.spends``):
+        a lone stream then pays no bisection per new step."""
+        cache = self.__dict__.setdefault("_spend_cache", {})
+        todo = list({(loss.pure_epsilon, loss.gaussian_mu_sq): loss for loss in losses}.items())
+        todo = [(key, loss) for key, loss in todo if key not in cache]
+        if len(cache) + len(todo) > 1024:
+            cache.clear()
+        cache.update(zip((key for key, _ in todo), spends([loss for _, loss in todo], self.delta)))
 
     # -- blocks -------------------------------------------------------------------------------
     def clip_and_sum(self, contributions: np.ndarray) -> ClippedSum:
@@ -327,3 +343,94 @@ class ContinualSumMechanism(abc.ABC, Generic[StateT]):
     @abc.abstractmethod
     def charges_at(self, t: int) -> list[Charge]:
         """Ledger charges of the nodes that get noise at step ``t`` (instrumentation for audits)."""
+
+
+@dataclass(frozen=True, eq=False)
+class GroupState:
+    """The states of a group of streams that step together, all after ``t`` steps: every array field
+    of the mechanism's per-stream state, stacked on a leading stream axis (``arrays[name][i]`` is
+    stream ``i``'s). Like per-stream states, it holds no un-noised data beyond what those hold."""
+
+    streams: tuple[str, ...]
+    t: int
+    arrays: Mapping[str, np.ndarray]
+
+
+class GroupSteppedSum(ContinualSumMechanism[StateT]):
+    """A continual sum whose step is written once, for a group of streams (ARCHITECTURE §3).
+
+    Subclasses implement ``_advance_group`` (one numpy operation per step for the whole group); the
+    per-stream ``step`` is the group-of-one case of the same code. Per-stream states must be
+    ``(stream, t, array fields...)`` dataclasses. Noise cells are keyed per stream, so a stream's
+    releases are the same (within float rounding of the group's array operations) whatever group it
+    is stepped in.
+    """
+
+    def _array_fields(self) -> tuple[str, ...]:
+        names = self.__dict__.get("_field_names")
+        if names is None:
+            names = self.__dict__["_field_names"] = tuple(f.name for f in fields(self.state_type) if f.name not in ("stream", "t"))
+        return names
+
+    def init_group(self, streams: Sequence[str]) -> GroupState:
+        """Fresh state of every stream of ``streams`` (distinct names)."""
+        if len(set(streams)) != len(streams):
+            raise ValueError("the streams of a group must be distinct")
+        return self.stack([self.init_state(s) for s in streams])
+
+    def stack(self, states: Sequence[StateT]) -> GroupState:
+        """One group from per-stream states that are all at the same step."""
+        if not states:
+            raise ValueError("a group needs at least one stream")
+        for state in states:
+            if not isinstance(state, self.state_type):
+                raise TypeError(f"{self.name} expects a {self.state_type.__name__}, got {type(state).__name__}")
+        steps = {state.t for state in states}
+        if len(steps) != 1:
+            raise ValueError(f"the streams of a group must be at the same step, got steps {sorted(steps)}")
+        if len(states) == 1:  # the per-stream path: views, no copies
+            arrays = {name: np.asarray(getattr(states[0], name))[None] for name in self._array_fields()}
+        else:
+            arrays = {name: np.stack([getattr(state, name) for state in states]) for name in self._array_fields()}
+        return GroupState(tuple(state.stream for state in states), steps.pop(), arrays)
+
+    def unstack(self, group: GroupState) -> list[StateT]:
+        """The per-stream states of a group (for engines that keep one state per stream)."""
+        names = self._array_fields()
+        return [
+            self.state_type(stream, group.t, **{name: _frozen_copy(group.arrays[name][i]) for name in names})
+            for i, stream in enumerate(group.streams)
+        ]
+
+    def step_group(self, group: GroupState, sums: np.ndarray, counts: np.ndarray, noise: NoiseSource) -> tuple[GroupState, ReleaseBatch]:
+        """Feed the next step of every stream: ``sums (S, d)`` of contributions clipped by
+        ``clip_and_sum_groups`` (``counts (S,)`` of them; both zero for a stream without data)."""
+        sums = np.asarray(sums, dtype=np.float64)
+        counts = np.asarray(counts)
+        if sums.shape != (len(group.streams), self.dim) or counts.shape != (len(group.streams),):
+            raise ValueError(f"expected sums ({len(group.streams)}, {self.dim}) and counts ({len(group.streams)},), "
+                             f"got {sums.shape} and {counts.shape}")
+        if not np.all(np.isfinite(sums)):
+            raise ValueError("step sums must be finite")
+        if np.any(np.sqrt(np.einsum("ij,ij->i", sums, sums)) > counts * self.clip_bound * (1 + 1e-9)):  # defence in depth
+            raise ValueError("a step sum exceeds count × clip_bound: it was not made by clip_and_sum_groups")
+        if self.noise_law == "discrete_laplace" and not np.all(sums == np.round(sums)):
+            raise ValueError("discrete_laplace noise needs integer step values (counts); got a non-integer sum")
+        new, values, meta, loss = self._advance_group(group, sums, noise)
+        eps, delta = self.spend(loss)
+        return new, ReleaseBatch(new.streams, new.t, self.name, values, eps, delta, meta)
+
+    def _advance(self, state: StateT, vector: np.ndarray, noise: NoiseSource):
+        new, values, meta, loss = self._advance_group(self.stack([state]), vector[None, :], noise)
+        return self.unstack(new)[0], values[0], meta, loss
+
+    @abc.abstractmethod
+    def _advance_group(self, group: GroupState, vectors: np.ndarray, noise: NoiseSource) -> tuple[GroupState, np.ndarray, dict, ElementLoss]:
+        """One step of every stream on its clipped step vector ``vectors[i]``: new group state,
+        released estimates ``(S, d)``, the public meta and worst per-element loss (shared by all)."""
+
+
+def _frozen_copy(arr: np.ndarray) -> np.ndarray:
+    out = np.array(arr)
+    out.setflags(write=False)
+    return out

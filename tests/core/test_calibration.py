@@ -12,6 +12,7 @@ from scipy import stats
 from beam_dp.core.calibration import (
     analytic_gaussian_delta,
     analytic_gaussian_epsilon,
+    analytic_gaussian_epsilons,
     analytic_gaussian_sigma,
     certify_gaussian,
     sigma_tree_004,
@@ -196,3 +197,15 @@ def test_analytic_epsilon_zero_cases():
     assert analytic_gaussian_epsilon(0.0, 1e-5) == 0.0
     # μ so small that δ_A(0; μ) = Φ(μ/2) − Φ(−μ/2) ≤ δ: ε = 0.
     assert analytic_gaussian_epsilon(1e-6, 0.01) == 0.0
+
+
+def test_vectorised_epsilons_agree_with_the_scalar_bisection():
+    mu = np.concatenate([[0.0, -1.0, 1e-6], np.geomspace(1e-3, 40.0, 200)])
+    for delta in (1e-10, 1e-5, 0.05):
+        got = analytic_gaussian_epsilons(mu, delta)
+        want = np.array([analytic_gaussian_epsilon(m, delta) for m in mu])
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)  # both bisect to rel. tol 1e-12
+        assert got.shape == mu.shape and np.all(got[:2] == 0.0)  # mu <= 0: epsilon 0
+    assert analytic_gaussian_epsilons(np.array([[0.5, 1.0]]), 1e-5).shape == (1, 2)
+    with pytest.raises(ValueError):
+        analytic_gaussian_epsilons(np.array([1.0]), 0.0)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from beam_dp.core import noise
+from beam_dp.core import keyed_noise, noise
 from beam_dp.core.calibration import sigma_tree_004, sigma_window_002
 from beam_dp.core.noise import KEY_ENV_VAR, NoiseSource, load_key
 from beam_dp.testing import ZeroNoise
@@ -503,18 +503,93 @@ def test_zero_noise_returns_zeros_for_every_sampler():
     assert "test only" in repr(z)
 
 
-def test_fast_positioned_generator_gives_exactly_the_fresh_generator_draws():
-    """The samplers reuse one Philox per thread (state reset to the node key, counter 0); their draws
-    must equal those of a freshly constructed generator for the same node, for every sampler."""
-    from beam_dp.core import noise as noise_module
+# --------------------------------------------------------------------------------------------------
+# Vectorised keyed cells (beam_dp.core.keyed_noise)
+# --------------------------------------------------------------------------------------------------
 
-    source = NoiseSource(bytes(range(32)))
-    for idx in [(0,), (1, 2, 3), (7, -1)]:
-        fresh = lambda: source.generator("s", "p", *idx)  # noqa: E731
-        assert np.array_equal(source.k_norm("s", "p", idx, 1.5, 16), noise_module.k_norm(fresh(), 1.5, 16))
-        assert np.array_equal(source.gaussian("s", "p", idx, 2.0, 5), noise_module.gaussian(fresh(), 2.0, 5))
-        assert np.array_equal(source.laplace("s", "p", idx, 0.5, 5), noise_module.laplace(fresh(), 0.5, 5))
-        assert np.array_equal(source.discrete_laplace("s", "p", idx, 3.0, 5),
-                              noise_module.discrete_laplace(fresh(), 3.0, 5))
-        assert np.array_equal(source.discrete_gaussian("s", "p", idx, 3.0, 5),
-                              noise_module.discrete_gaussian(fresh(), 3.0, 5))
+
+def test_array_philox_equals_numpy_philox():
+    """``philox4x64`` on arrays is numpy's Philox4x64-10: numpy's generator keyed ``k`` at counter ``c``
+    returns block ``c + 1`` next (exact integer arithmetic, so compared bit for bit)."""
+    rng = np.random.default_rng(11)
+    counters = rng.integers(1, 2**63, (64, 4), dtype=np.uint64)
+    counters[:, 1:] *= np.uint64(2)  # use the top bit of the other words too
+    keys = rng.integers(0, 2**63, (64, 2), dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+    expected = np.empty((64, 4), dtype=np.uint64)
+    for i in range(64):
+        bitgen = np.random.Philox(key=0)
+        before = counters[i] - np.array([1, 0, 0, 0], dtype=np.uint64)
+        bitgen.state = {"bit_generator": "Philox", "state": {"counter": before, "key": keys[i]},
+                        "buffer": np.zeros(4, np.uint64), "buffer_pos": 4, "has_uint32": 0, "uinteger": 0}
+        expected[i] = bitgen.random_raw(4)
+    assert np.array_equal(keyed_noise.philox4x64(counters, keys), expected)
+
+
+LAW_SCALES = {"laplace": 0.5, "gaussian": 2.0, "k_norm": 1.5, "discrete_laplace": 3.0, "discrete_gaussian": 3.0}
+
+
+@pytest.mark.parametrize("law", sorted(LAW_SCALES))
+def test_cells_are_identical_whatever_the_grouping(law):
+    """A cell's draw depends only on its own coordinates: one call for 40 cells (the array Philox), the
+    same cells one by one (numpy's C Philox), in reverse order and as a subset give the same numbers."""
+    ns = NoiseSource(KEY)
+    streams = [f"s{i % 13}" for i in range(40)]
+    index = np.stack([np.arange(40), np.arange(40) % 3, -np.arange(40)], axis=1)
+    scale = LAW_SCALES[law]
+    batch = ns.draw_cells(law, streams, "cells", index, scale, 7)
+    single = np.stack([getattr(ns, law)(s, "cells", tuple(row), scale, 7) for s, row in zip(streams, index)])
+    assert batch.shape == (40, 7)
+    assert np.array_equal(batch, single)  # the same words and the same numpy code path per row
+    reverse = ns.draw_cells(law, streams[::-1], "cells", index[::-1], scale, 7)
+    assert np.array_equal(reverse[::-1], batch)
+    part = ns.draw_cells(law, streams[5:30], "cells", index[5:30], scale, 7)
+    assert np.array_equal(part, batch[5:30])
+    shared = ns.draw_cells(law, streams[:9], "cells", (4, 5), scale, 7)
+    assert np.array_equal(shared[3], getattr(ns, law)(streams[3], "cells", (4, 5), scale, 7))
+
+
+def test_long_indices_keep_their_prefix_in_the_key():
+    ns = NoiseSource(KEY)
+    a = ns.draw_cells("gaussian", ["s"] * 6, "p", np.array([[1, 2, 3, 4]] * 3 + [[2, 2, 3, 4]] * 3), 1.0, 4)
+    assert np.array_equal(a[0], a[1]) and not np.array_equal(a[0], a[3])
+    assert np.array_equal(a[3], ns.gaussian("s", "p", (2, 2, 3, 4), 1.0, 4))
+
+
+def test_cells_validation():
+    ns = NoiseSource(KEY)
+    with pytest.raises(ValueError, match="law"):
+        ns.draw_cells("cauchy", ["s"], "p", (1,), 1.0, 3)
+    with pytest.raises(ValueError, match="scale"):
+        ns.draw_cells("gaussian", ["s"], "p", (1,), -1.0, 3)
+    with pytest.raises(ValueError, match="index"):
+        ns.draw_cells("gaussian", ["s", "t"], "p", np.zeros((3, 1), np.int64), 1.0, 3)
+
+
+def test_test_doubles_overriding_one_cell_are_honoured_in_batches():
+    assert np.array_equal(ZeroNoise().draw_cells("gaussian", ["a"] * 9, "p", (1,), 1.0, 3), np.zeros((9, 3)))
+
+
+# Keyed cells across many streams: the laws of the draws (the same checks as for the Generator entry
+# point above; one draw per cell, N_DRAWS cells, so the batch path itself is what is tested).
+def _cells(law: str, scale: float, size: int, purpose: str) -> np.ndarray:
+    streams = [f"user-{i}" for i in range(N_DRAWS)]
+    return NoiseSource(KEY).draw_cells(law, streams, purpose, (3,), scale, size)
+
+
+def test_keyed_cells_gaussian_law_and_half_sigma_fails():
+    assert _gauss_ok(_cells("gaussian", 2.0, 1, "g")[:, 0], 2.0)
+    assert not _gauss_ok(_cells("gaussian", 1.0, 1, "g-half")[:, 0], 2.0)
+
+
+def test_keyed_cells_knorm_law_and_miscalibrated_fails():
+    assert all(_knorm_checks(_cells("k_norm", 0.7, 3, "k"), 0.7).values())
+    assert not _knorm_checks(_cells("k_norm", 1.1 * 0.7, 3, "k-1.1"), 0.7)["ks"]
+
+
+def test_keyed_cells_laplace_and_discrete_laws_and_half_scale_fails():
+    assert _laplace_ok(_cells("laplace", 1.0, 1, "l")[:, 0], 1.0)
+    assert not _laplace_ok(_cells("laplace", 0.5, 1, "l-half")[:, 0], 1.0)
+    assert _dlap_ok(_cells("discrete_laplace", 2.0, 1, "dl")[:, 0], 2.0)
+    assert not _dlap_ok(_cells("discrete_laplace", 1.0, 1, "dl-half")[:, 0], 2.0)
+    assert _dgauss_ok(_cells("discrete_gaussian", 3.0, 1, "dg")[:, 0], 3.0)
+    assert not _dgauss_ok(_cells("discrete_gaussian", 1.5, 1, "dg-half")[:, 0], 3.0)

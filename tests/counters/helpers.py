@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from beam_dp.core import NoiseSource
+from beam_dp.mechanisms.base import GroupSteppedSum
 from beam_dp.mechanisms.counters import make_counter
 
 KEY = bytes(range(32))
@@ -40,6 +41,12 @@ def run_errors(mechanism, noise: NoiseSource, runs: int, steps: int) -> np.ndarr
     """Errors ``(runs, steps)`` of coordinate 0 on zero data; runs use distinct streams, hence
     independent noise."""
     out = np.empty((runs, steps))
+    if isinstance(mechanism, GroupSteppedSum):  # all runs as one group: the same noise cells, one array step
+        group = mechanism.init_group([f"run-{r}" for r in range(runs)])
+        for t in range(steps):
+            group, batch = mechanism.step_group(group, np.zeros((runs, mechanism.dim)), np.zeros(runs), noise)
+            out[:, t] = batch.values[:, 0]
+        return out
     for r in range(runs):
         state = mechanism.init_state(f"run-{r}")
         for t in range(steps):

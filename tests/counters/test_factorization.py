@@ -61,7 +61,7 @@ def test_streamed_noise_equals_the_dense_product(mech):
         state, (rel,) = mech.step(state, None, noise)
         released.append(rel.value)
     if isinstance(mech, ToeplitzSqrtSum):
-        z = mech.noise_history(noise, "s", T)
+        z = mech.noise_history(noise, ("s",), T)[0]
     else:
         z = np.stack([noise.gaussian("s", mech.purpose, (t,), mech.sigma, mech.dim) for t in range(1, T + 1)])
     b = np.tril(np.ones((T, T))) @ np.linalg.inv(lower_toeplitz(mech.c_coeffs(T)))
@@ -104,3 +104,17 @@ def test_invalid_blt_and_toeplitz_configurations():
         state, _ = mech.step(state, None, NoiseSource(KEY))
     with pytest.raises(ValueError, match="horizon"):
         mech.step(state, None, NoiseSource(KEY))
+
+
+@pytest.mark.parametrize("cls, horizon", [(BLTSum, None), (BLTSum, 700), (ToeplitzSqrtSum, 700)])
+def test_epsilon_spent_of_a_lone_stream_equals_the_per_step_bisection(cls, horizon):
+    """Steps' facts are computed by chunks (1, 2-3, 4-7, ..., then blocks of 256) with one vectorised
+    bisection for their epsilon_spent: the value each step gets alone, to the bisection's 1e-12."""
+    mech = cls(horizon=horizon, dim=1, epsilon=1.0, delta=1e-6, clip_bound=0.5)
+    noise, state = NoiseSource(KEY), mech.init_state("s")
+    for t in range(1, 700 + 1):
+        state, (release,) = mech.step(state, None, noise)
+        if t in (1, 2, 3, 4, 7, 8, 255, 256, 257, 511, 512, 700):
+            eps, delta = mech._loss(mech.col_norm_sq(t)).spend(mech.delta)
+            assert release.epsilon_spent == pytest.approx(eps, rel=1e-12) and release.delta_spent == delta
+            assert release.epsilon_spent <= mech.epsilon * (1 + 1e-12)

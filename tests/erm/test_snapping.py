@@ -21,9 +21,18 @@ def _values(releases) -> np.ndarray:
     return np.concatenate([np.concatenate([v.ravel() for v in r.arrays().values()]) for step in releases for r in step])
 
 
-def _residual(mech, data) -> np.ndarray:
+def _residual(mech, data, stream: str = "s") -> np.ndarray:
     """Released values minus the noise-free (ZeroNoise) release of the same data."""
-    return _values(run(mech, data, NoiseSource(bytes(range(32))))) - _values(run(mech, data, ZeroNoise()))
+    return (_values(run(mech, data, NoiseSource(bytes(range(32))), stream=stream))
+            - _values(run(mech, data, ZeroNoise(), stream=stream)))
+
+
+# Streams (independent noise draws) over which the channel is probed. For one draw, the unsnapped
+# residual fl(fl(w + ν) − w) rounds back to exactly ν whenever w + ν stays in ν's binade and the
+# rounding error is below half of ν's ulp, so a single draw shows no data dependence about half the
+# time (measured: 101 of 200 keys on these data). Over 32 independent draws the negative control
+# misses with probability ≈ 2^-32.
+_STREAMS = [f"s{i}" for i in range(32)]
 
 
 # (make, n_blocks): the continual chain is fed only its base model's blocks, because its later models are
@@ -41,9 +50,9 @@ def test_snapped_models_lie_on_the_grid_and_their_noise_does_not_depend_on_the_d
     released = _values(run(snapped, a, NoiseSource(bytes(range(32)))))
     assert released.size and np.array_equal(released / GRID, np.rint(released / GRID))
     # Mironov's channel closed: (release − exact grid model) is the same noise whatever the data ...
-    assert _residual(snapped, a).tobytes() == _residual(snapped, b).tobytes()
-    # ... while the float addition of the unsnapped mechanism leaves data-dependent low bits
-    assert _residual(plain, a).tobytes() != _residual(plain, b).tobytes()
+    assert all(_residual(snapped, a, s).tobytes() == _residual(snapped, b, s).tobytes() for s in _STREAMS)
+    # ... while the float addition of the unsnapped mechanism leaves data-dependent low bits (in some draw)
+    assert any(_residual(plain, a, s).tobytes() != _residual(plain, b, s).tobytes() for s in _STREAMS)
 
 
 def test_snapped_spend_is_charged_at_the_enlarged_sensitivity():

@@ -68,16 +68,22 @@ def test_noise_equal_for_equal_keys_and_different_otherwise():
 
 
 def test_noise_laws_ks_with_negative_control():
-    """χ's pooled over 20 streams against Laplace with the §3 scales; KS at level 1e-3. A scale 10% off must
-    be rejected (n = 20·330 χ_3 entries: KS power for a 10% Laplace scale error is ≈ 1 at this n)."""
+    """χ's pooled over 500 streams against Laplace with the §3 scales: KS at level 1e-3 for the law, and
+    the scale's sufficient statistic mean|χ|/b, which is Gamma(n, 1)/n (mean 1, sd 1/√n), within
+    4.5/√n of 1 (two-sided level ≈ 7e-6). A scale 10% off moves it to 1/1.1 = 1 − 0.091, at least
+    0.091·√n ≥ 11.5 sd for the smallest pool (χ_2: n = 500·32 = 16,000), so the mutant is rejected
+    except with probability ≈ P(Z > 7) ≈ 1e-12; the KS negative control on χ_3 (n = 165,000): the
+    Laplace(b) vs Laplace(1.1 b) CDF distance is 0.0175, √n·0.0175 ≈ 7.1 against the critical 1.95."""
     learner = L2DPConfig(**small_common(), epsilon=1.0).build()
     noise = NoiseSource(TEST_KEY)
-    draws = [learner._initialise(learner.init_state(f"s{i}"), noise).noise for i in range(20)]
+    draws = [learner._initialise(learner.init_state(f"s{i}"), noise).noise for i in range(500)]
     for name, purpose in (("chi1", "l2dp-chi1"), ("chi2", "l2dp-chi2"), ("chi3", "l2dp-chi3")):
         sample = np.concatenate([d[name].ravel() for d in draws])
-        scale = learner.noise_scales[purpose]
+        scale, tolerance = learner.noise_scales[purpose], 4.5 / np.sqrt(sample.size)
         assert stats.kstest(sample, "laplace", args=(0, scale)).pvalue > 1e-3
-        if sample.size > 5000:
+        assert abs(np.abs(sample).mean() / scale - 1.0) < tolerance
+        assert abs(np.abs(sample).mean() / (1.1 * scale) - 1.0) > tolerance  # negative control
+        if name == "chi3":
             assert stats.kstest(sample, "laplace", args=(0, 1.1 * scale)).pvalue < 1e-3
 
 

@@ -8,7 +8,8 @@ streaming form through the inverse system: ``w_t = z_t − ω·g_t``, ``g_{t+1} 
 (``M = diag(θ) − 1ωᵀ``), and the released value is the running sum ``Σ_{r<=t}(x_r + w_r)``.
 
 State per key (``BLTState``): ``g`` (``n × d``, noise only) and ``total`` (the released running value,
-``d``) — ``n + 1`` vectors, no un-noised data. O(n·d) time per step.
+``d``) — ``n + 1`` vectors, no un-noised data. O(n·d) time per step; a group of streams steps in one
+array operation (``step_group``; the per-stream step is its group of one).
 
 Guarantee: ``(epsilon, delta)``-DP, event level (replace one contribution, ``Δ₂ = 2R``):
 
@@ -25,13 +26,13 @@ see :mod:`.factorization`. Noise key: ``(stream, purpose, (t,))`` for ``z_t``, d
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
 from beam_dp.core.noise import NoiseSource
+from beam_dp.mechanisms.base import GroupState
 from beam_dp.mechanisms.counters.blt_math import BLT
 from beam_dp.mechanisms.counters.factorization import ToeplitzFactorizationSum
 from beam_dp.mechanisms.tree import _frozen
@@ -82,13 +83,15 @@ class BLTSum(ToeplitzFactorizationSum):
             raise TypeError(f"stream must be a str, got {type(stream).__name__}")
         return BLTState(stream, 0, _frozen(np.zeros((self.blt.buffers, self.dim))), _frozen(np.zeros(self.dim)))
 
-    def _advance(self, state: BLTState, vector: np.ndarray, noise: NoiseSource):
-        t = self._next_t(state)
-        if state.g.shape != (self.blt.buffers, self.dim) or state.total.shape != (self.dim,):
-            raise ValueError(f"{self.name}: state shapes {state.g.shape}/{state.total.shape} do not match this BLT")
-        z = noise.gaussian(state.stream, self.purpose, (t,), self.sigma, self.dim)
-        w = z - self._omega @ state.g
-        g = self._m @ state.g + z[None, :]
-        total = state.total + vector + w
+    def _advance_group(self, group: GroupState, vectors: np.ndarray, noise: NoiseSource):
+        t = self._next_t(group)
+        g, total = group.arrays["g"], group.arrays["total"]
+        n = len(group.streams)
+        if g.shape != (n, self.blt.buffers, self.dim) or total.shape != (n, self.dim):
+            raise ValueError(f"{self.name}: state shapes {g.shape[1:]}/{total.shape[1:]} do not match this BLT")
+        z = noise.draw_cells("gaussian", group.streams, self.purpose, (t,), self.sigma, self.dim)
+        w = z - self._omega @ g
+        new_g = self._m @ g + z[:, None, :]
+        new_total = total + vectors + w
         meta = self._meta(t, buffers=self.blt.buffers, fit_horizon=self.fit_horizon)
-        return BLTState(state.stream, t, _frozen(g), _frozen(total)), total.copy(), meta, self._worst_loss(t)
+        return GroupState(group.streams, t, {"g": new_g, "total": new_total}), new_total, meta, self._worst_loss(t)

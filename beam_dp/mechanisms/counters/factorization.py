@@ -27,13 +27,26 @@ import numpy as np
 
 from beam_dp.core.calibration import analytic_gaussian_sigma, certify_gaussian
 from beam_dp.core.guarantee import Charge, ElementLoss, Guarantee, require_within_budget
-from beam_dp.mechanisms.base import ContinualSumMechanism
+from beam_dp.mechanisms.base import GroupState, GroupSteppedSum
 from beam_dp.mechanisms.tree import MAX_STEP, _check_purpose, _check_step_number
 
 __all__ = ["ToeplitzFactorizationSum"]
 
+_FACTS_CHUNK = 256  # steps whose facts (noise std, worst loss, epsilon_spent) are computed together
 
-class ToeplitzFactorizationSum(ContinualSumMechanism):
+
+def _chunk_of(t: int) -> tuple[int, int]:
+    """The steps ``[first, last]`` whose facts are computed with step ``t``'s: ``[2^k, 2^(k+1))`` for
+    ``t < _FACTS_CHUNK`` (so a short job computes at most twice its steps), then aligned blocks of
+    ``_FACTS_CHUNK``. A function of ``t`` only, so every run computes each step's facts the same way."""
+    if t < _FACTS_CHUNK:
+        first = 1 << (t.bit_length() - 1)
+        return first, 2 * first - 1
+    first = t // _FACTS_CHUNK * _FACTS_CHUNK
+    return first, first + _FACTS_CHUNK - 1
+
+
+class ToeplitzFactorizationSum(GroupSteppedSum):
     """Base class: Gaussian noise through a Toeplitz factorization (see the module docstring).
 
     Subclasses give the coefficient sums (``col_norm_sq(t) = Σ_{j<t} c_j²``, ``row_norm_sq(t) =
@@ -111,14 +124,31 @@ class ToeplitzFactorizationSum(ContinualSumMechanism):
         return [Charge(s, s, ElementLoss(gaussian_mu_sq=float(m)), f"{self.purpose}[{t},{s}]")
                 for s, m in enumerate(mu_sq, start=1)]
 
+    def _step_facts(self, t: int) -> tuple[float, ElementLoss]:
+        """``(noise_std, worst loss)`` of step ``t``: closed forms, memoised per step (every stream, or
+        every group, at step ``t`` shares them). A miss computes the chunk of steps around ``t``
+        (``_chunk_of``) and primes their ``epsilon_spent`` in one vectorised bisection."""
+        memo = self.__dict__.setdefault("_facts_memo", {})
+        hit = memo.get(t)
+        if hit is None:
+            if len(memo) >= 4096:
+                memo.clear()
+            first, last = _chunk_of(int(t))
+            last = min(last, MAX_STEP if self.horizon is None else self.horizon)
+            for s in range(first, last + 1):
+                memo[s] = (math.sqrt(self.noise_var(s)), self._loss(self.col_norm_sq(s)))
+            self.prime_spends([memo[s][1] for s in range(first, last + 1)])
+            hit = memo[t]
+        return hit
+
     def _worst_loss(self, t: int) -> ElementLoss:
-        return self._loss(self.col_norm_sq(t))
+        return self._step_facts(t)[1]
 
     def _meta(self, t: int, **extra: Any) -> dict[str, Any]:
         meta = {
             "noise": "gaussian",
             "scale": float(self.sigma),
-            "noise_std": math.sqrt(self.noise_var(t)),
+            "noise_std": self._step_facts(t)[0],
             "calibration": "analytic",
             "horizon": self.horizon,
             "window": None,
@@ -126,10 +156,9 @@ class ToeplitzFactorizationSum(ContinualSumMechanism):
         meta.update(extra)
         return meta
 
-    def _next_t(self, state: Any) -> int:
-        if not isinstance(state, self.state_type):
-            raise TypeError(f"{self.name} expects a {self.state_type.__name__}, got {type(state).__name__}")
-        t = state.t + 1
+    def _next_t(self, group: GroupState) -> int:
+        """The step a group advances to (refused beyond the horizon)."""
+        t = group.t + 1
         if self.horizon is not None and t > self.horizon:
             raise ValueError(f"step {t} is beyond the horizon T={self.horizon} of {self.name}")
         if t > MAX_STEP:

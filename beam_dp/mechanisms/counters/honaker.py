@@ -45,7 +45,7 @@ import numpy as np
 from beam_dp.core.calibration import analytic_gaussian_sigma, certify_gaussian
 from beam_dp.core.guarantee import Charge, ElementLoss, Guarantee, require_within_budget
 from beam_dp.core.noise import NoiseSource
-from beam_dp.mechanisms.base import ContinualSumMechanism, NodeNoise, NoiseLaw
+from beam_dp.mechanisms.base import GroupState, GroupSteppedSum, NodeNoise, NoiseLaw
 from beam_dp.mechanisms.tree import MAX_STEP, _check_purpose, _check_step_number, _frozen
 
 __all__ = ["HonakerTreeState", "HonakerTreeSum", "honaker_variances", "kary_digits"]
@@ -88,7 +88,7 @@ class HonakerTreeState:
     est: np.ndarray
 
 
-class HonakerTreeSum(ContinualSumMechanism):
+class HonakerTreeSum(GroupSteppedSum):
     """k-ary tree with online Honaker estimation and per-level budget shares (module docstring).
 
     ``arity`` k >= 2, ``levels`` L >= 1, ``level_weights`` (L shares, normalised to sum 1; default
@@ -201,19 +201,15 @@ class HonakerTreeSum(ContinualSumMechanism):
         zeros = np.zeros((self.levels, self.dim))
         return HonakerTreeState(stream, 0, _frozen(zeros.copy()), _frozen(zeros))
 
-    def _check_state(self, state: Any) -> None:
-        if not isinstance(state, HonakerTreeState):
-            raise TypeError(f"{self.name} expects a HonakerTreeState, got {type(state).__name__}")
-        if state.clean.shape != (self.levels, self.dim) or state.est.shape != (self.levels, self.dim):
-            raise ValueError(f"{self.name}: state shape {state.clean.shape} does not match {(self.levels, self.dim)}")
-
-    def _advance(self, state: HonakerTreeState, vector: np.ndarray, noise: NoiseSource):
-        self._check_state(state)
-        t = state.t + 1
+    def _advance_group(self, group: GroupState, vectors: np.ndarray, noise: NoiseSource):
+        n = len(group.streams)
+        clean, est = group.arrays["clean"].copy(), group.arrays["est"].copy()  # (streams, levels, d)
+        if clean.shape != (n, self.levels, self.dim) or est.shape != (n, self.levels, self.dim):
+            raise ValueError(f"{self.name}: state shape {clean.shape[1:]} does not match {(self.levels, self.dim)}")
+        t = group.t + 1
         if t > MAX_STEP:
             raise ValueError(f"step {t} exceeds the supported {MAX_STEP} steps")
-        clean, est = state.clean.copy(), state.est.copy()
-        node_clean, node_est = vector, None
+        node_clean, node_est = vectors, None
         completed = 0
         for level in range(self.levels):
             span = self.arity**level
@@ -221,27 +217,43 @@ class HonakerTreeSum(ContinualSumMechanism):
                 break
             completed += 1
             if level > 0:  # the open level-ℓ node closes: its children are all complete
-                node_clean, children = clean[level - 1].copy(), est[level - 1].copy()
-                clean[level - 1] = 0.0
-                est[level - 1] = 0.0
+                node_clean, children = clean[:, level - 1].copy(), est[:, level - 1].copy()
+                clean[:, level - 1] = 0.0
+                est[:, level - 1] = 0.0
             law = self.level_noise[level]
             if law is None:
                 node_est = children
             else:
-                noisy = node_clean + law.draw(noise, state.stream, self.purpose, (0, level, t // span), self.dim)
+                noisy = node_clean + law.draw_group(noise, group.streams, self.purpose, (0, level, t // span), self.dim)
                 w = self._own_weight[level]
                 node_est = noisy if level == 0 else w * noisy + (1.0 - w) * children
             if level + 1 < self.levels:
-                clean[level] += node_clean
-            est[level] += node_est
-        estimate = est.sum(axis=0)
-        meta = {
+                clean[:, level] += node_clean
+            est[:, level] += node_est
+        estimate = est[:, 0].copy()
+        for level in range(1, self.levels):  # level by level: the same rounding for any group size
+            estimate += est[:, level]
+        new = GroupState(group.streams, t, {"clean": clean, "est": est})
+        return new, estimate, self._step_meta(t, completed), self._worst_loss(t)
+
+    def _noise_std(self, t: int) -> float:
+        """``sqrt(noise_var(t))``, memoised per step (shared by every stream and group at ``t``)."""
+        memo = self.__dict__.setdefault("_std_memo", {})
+        hit = memo.get(t)
+        if hit is None:
+            if len(memo) >= 4096:
+                memo.clear()
+            hit = memo[t] = math.sqrt(self.noise_var(t))
+        return hit
+
+    def _step_meta(self, t: int, completed: int) -> dict[str, Any]:
+        """The public facts of step ``t`` (the same for every stream)."""
+        return {
             "noise": self.noise_law,
             "arity": self.arity,
             "levels": self.levels,
             "completed_nodes": completed,
-            "noise_std": math.sqrt(self.noise_var(t)),
+            "noise_std": self._noise_std(t),
             "calibration": "exact" if self.noise_law == "gamma" else "analytic",
             "window": None,
         }
-        return HonakerTreeState(state.stream, t, _frozen(clean), _frozen(est)), estimate, meta, self._worst_loss(t)

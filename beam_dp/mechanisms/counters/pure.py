@@ -109,8 +109,6 @@ class KaryTreeSum(HonakerTreeSum):
         self.horizon = horizon
         super().__init__(arity=fit.arity, levels=fit.levels, level_weights=fit.weights, purpose=purpose, **kwargs)
 
-    def _advance(self, state, vector, noise):
-        new, estimate, meta, loss = super()._advance(state, vector, noise)
-        meta["fit_horizon"] = self.horizon
-        return new, estimate, meta, loss
+    def _step_meta(self, t: int, completed: int) -> dict:
+        return {**super()._step_meta(t, completed), "fit_horizon": self.horizon}
 

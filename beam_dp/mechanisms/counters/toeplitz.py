@@ -11,14 +11,23 @@ there is no unbounded mode). ``σ = analytic_gaussian_sigma(ε, δ, Δ₂·sqrt(
 ``factorization.py`` for the privacy argument and the ledger.
 
 Memory and time, honestly: ``C`` has no finite recursion, so the noise at ``t`` needs every
-``z_1..z_t``. They are not stored: the state is the running clean sum (``d`` floats) and ``t``; the
-``z``'s are regenerated from the key at every step in blocks of ``BLOCK`` steps (key
-``(stream, purpose, (b,))``, each block always the same draw). Each step therefore costs O(t·d) time
-and transient memory — fine for thousands of steps, the reason to prefer :mod:`.blt` beyond that.
+``z_1..z_t``. They are not stored in the state (the running clean sum, ``d`` floats, and ``t``): the
+``z``'s are regenerated from the key in blocks of ``BLOCK`` steps (key ``(stream, purpose, (b,))``, each
+block always the same draw). The correlated noise ``Σ_{j<t} c_j z_{t−j}`` is computed for a whole
+*span* of upcoming steps at once, by one FFT convolution of ``z_1..z_end`` with ``c`` (O(t·d·log t) per
+span), and kept in a worker-local cache (a pure function of the key, never state; bounded by
+``CACHE_BYTES``, recomputed identically after eviction). Spans: the first ``SPAN_STEPS`` steps, then
+spans of ``2^m`` steps inside ``[2^m, 2^(m+1))``, capped so that one span of the group stays under
+``CACHE_BYTES / 4`` (a power of two, at least ``BLOCK``). Uncapped, a step costs O(d·log t) amortised
+and the cache holds about ``t·d`` floats per stream; capped (large groups, large ``d``), O(d +
+t·d·log t / span). Spans of different lengths (a stream stepped alone or in a large group) round the
+FFT differently: releases agree to float tolerance, not bit for bit. Measured in ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
 
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import ClassVar
@@ -26,12 +35,15 @@ from typing import ClassVar
 import numpy as np
 
 from beam_dp.core.noise import NoiseSource
+from beam_dp.mechanisms.base import GroupState
 from beam_dp.mechanisms.counters.factorization import ToeplitzFactorizationSum
 from beam_dp.mechanisms.tree import _frozen
 
 __all__ = ["ToeplitzSqrtState", "ToeplitzSqrtSum", "sqrt_coeffs"]
 
 BLOCK = 256
+SPAN_STEPS = 16 * BLOCK  # steps of correlated noise computed per FFT (and cached)
+CACHE_BYTES = 256 << 20  # per noise source and mechanism instance
 
 
 @lru_cache(maxsize=8)
@@ -70,6 +82,7 @@ class ToeplitzSqrtSum(ToeplitzFactorizationSum):
             raise ValueError("toeplitz_sqrt needs a horizon: its sensitivity grows without bound")
         super().__init__(horizon=horizon, purpose=purpose, **kwargs)
         self._table_len = 1 << max(self.horizon - 1, 1).bit_length()
+        self._cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._calibrate()
 
     def c_coeffs(self, n: int) -> np.ndarray:
@@ -86,20 +99,51 @@ class ToeplitzSqrtSum(ToeplitzFactorizationSum):
             raise TypeError(f"stream must be a str, got {type(stream).__name__}")
         return ToeplitzSqrtState(stream, 0, _frozen(np.zeros(self.dim)))
 
-    def noise_history(self, noise: NoiseSource, stream: str, t: int) -> np.ndarray:
-        """``z_1..z_t`` as a ``(t, d)`` array (regenerated from the key, block by block)."""
+    def noise_history(self, noise: NoiseSource, streams: tuple[str, ...], t: int) -> np.ndarray:
+        """``z_1..z_t`` of every stream as a ``(streams, t, d)`` array (regenerated from the key, block by block)."""
         blocks = [
-            noise.gaussian(stream, self.purpose, (b,), self.sigma, BLOCK * self.dim).reshape(BLOCK, self.dim)
+            noise.draw_cells("gaussian", streams, self.purpose, (b,), self.sigma, BLOCK * self.dim).reshape(-1, BLOCK, self.dim)
             for b in range((t - 1) // BLOCK + 1)
         ]
-        return np.concatenate(blocks)[:t]
+        return np.concatenate(blocks, axis=1)[:, :t]
 
-    def _advance(self, state: ToeplitzSqrtState, vector: np.ndarray, noise: NoiseSource):
-        t = self._next_t(state)
-        if state.prefix.shape != (self.dim,):
-            raise ValueError(f"{self.name}: state of dimension {state.prefix.shape}, expected ({self.dim},)")
-        prefix = state.prefix + vector
-        z = self.noise_history(noise, state.stream, t)
-        estimate = prefix + self.c_coeffs(t)[::-1] @ z
-        new = ToeplitzSqrtState(state.stream, t, _frozen(prefix))
-        return new, estimate, self._meta(t), self._worst_loss(t)
+    def _span_noise(self, noise: NoiseSource, streams: tuple[str, ...], t: int) -> np.ndarray:
+        """``Σ_{j<t} c_j z_{t−j}`` of every stream ``(len(streams), d)``, from the cached span holding ``t``."""
+        u = t - 1  # spans partition the 0-based steps: [0, SPAN_STEPS), then within each [2^m, 2^(m+1))
+        cap = max(BLOCK, 1 << max((CACHE_BYTES // (4 * 8 * self.dim * len(streams))).bit_length() - 1, 0))
+        span = SPAN_STEPS if u < SPAN_STEPS else min(1 << (u.bit_length() - 1), cap)
+        k = u // span
+        per_source = self._cache.setdefault(noise, OrderedDict())
+        key = (streams, span, k)
+        block = per_source.get(key)
+        if block is None:
+            lo, hi = k * span, min((k + 1) * span, self.horizon)
+            z = self.noise_history(noise, streams, hi)
+            n_fft = 1 << (2 * hi - 1).bit_length()
+            conv = np.fft.irfft(np.fft.rfft(z, n_fft, axis=1) * np.fft.rfft(self.c_coeffs(hi), n_fft)[None, :, None],
+                                n_fft, axis=1)
+            block = np.ascontiguousarray(conv[:, lo:hi])
+            per_source[key] = block
+            while sum(b.nbytes for b in per_source.values()) > CACHE_BYTES and len(per_source) > 1:
+                per_source.popitem(last=False)
+        else:
+            per_source.move_to_end(key)
+        return block[:, u - k * span]
+
+    def _advance_group(self, group: GroupState, vectors: np.ndarray, noise: NoiseSource):
+        t = self._next_t(group)
+        prefix = group.arrays["prefix"]
+        if prefix.shape != (len(group.streams), self.dim):
+            raise ValueError(f"{self.name}: state of dimension {prefix.shape[1:]}, expected ({self.dim},)")
+        prefix = prefix + vectors
+        estimate = prefix + self._span_noise(noise, group.streams, t)
+        return GroupState(group.streams, t, {"prefix": prefix}), estimate, self._meta(t), self._worst_loss(t)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_cache", None)  # worker-local (weakly keyed by noise source), rebuilt on demand
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._cache = weakref.WeakKeyDictionary()
