@@ -143,8 +143,9 @@ class DriverDoFn(beam.DoFn):
         _watermark_floor[self._uid] = max(_watermark_floor.get(self._uid, fired.micros), fired.micros)
         outputs = self._driver.advance(state, buffer, fired.micros)  # nothing to close if another rung did
         key_state.write(encode_key_state(state))
-        if self._per_step_timers:
-            self.arm(close, state, int(rung))
+        if self._per_step_timers:  # an untagged timer was set by a version before the ladder: arm every rung
+            for every in (int(rung),) if rung else LADDER:
+                self.arm(close, state, every)
         yield from self.emit(outputs)
 
     @on_timer(END)

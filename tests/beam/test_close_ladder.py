@@ -1,0 +1,78 @@
+"""The Beam shell's ladder of close timers, called directly (no runner): which rungs a firing
+re-arms, and a timer left by a version before the ladder (no tag: a Dataflow update) re-arms all."""
+
+from __future__ import annotations
+
+import numpy as np
+from apache_beam.utils.timestamp import Timestamp
+
+from beam_dp.beam import ContinualSumParams
+from beam_dp.beam.dofn import LADDER, ContinualReleaseDoFn
+from beam_dp.core import StepClock
+from beam_dp.steps.params import NoiseKey
+
+CLOCK = StepClock(start=0.0, period=10.0)  # open: no public end
+S = 1_000_000  # µs per second
+
+
+class _Cell:
+    def __init__(self):
+        self.data = None
+
+    def read(self):
+        return self.data
+
+    def write(self, data):
+        self.data = data
+
+
+class _Bag(list):
+    def add(self, entry):
+        self.append(entry)
+
+    def read(self):
+        return list(self)
+
+    def clear(self):
+        del self[:]
+
+
+class _Timer:
+    def __init__(self):
+        self.set_at: dict[str, int] = {}
+
+    def set(self, ts, dynamic_timer_tag=""):
+        self.set_at[dynamic_timer_tag] = ts.micros
+
+
+def _shell():
+    params = ContinualSumParams(dim=1, epsilon=1.0, clip_bound=1.0, clock=CLOCK, noise_key=NoiseKey(domain="ladder"))
+    dofn = ContinualReleaseDoFn(params, per_step_timers=True)
+    dofn.setup()
+    key_state, buffer, close, end = _Cell(), _Bag(), _Timer(), _Timer()
+    list(dofn.process(("a", (1, None, None)), key_state, buffer, close, end))  # declares the stream
+    return dofn, key_state, buffer, close
+
+
+def test_a_new_key_arms_every_rung_at_the_close_of_its_multiple():
+    _, _, _, close = _shell()
+    assert close.set_at == {"1": 10 * S, "4": 40 * S, "16": 160 * S}  # steps 1, 4, 16 end at 10, 40, 160 s
+
+
+def test_a_firing_closes_up_to_its_time_and_re_arms_only_its_own_rung():
+    dofn, key_state, buffer, close = _shell()
+    close.set_at.clear()
+    rows = list(dofn.on_close(Timestamp(micros=160 * S), "16", key_state, buffer, close))
+    assert [r.step for r in rows] == list(range(1, 17))
+    assert close.set_at == {"16": 320 * S}  # the next multiple of 16 after the closed steps
+    rows = list(dofn.on_close(Timestamp(micros=40 * S), "4", key_state, buffer, close))  # fired late: no-op
+    assert rows == [] and close.set_at["4"] == 200 * S  # step 20, the first multiple of 4 after step 16
+
+
+def test_an_untagged_timer_from_before_the_ladder_re_arms_every_rung():
+    dofn, key_state, buffer, close = _shell()
+    close.set_at.clear()
+    rows = list(dofn.on_close(Timestamp(micros=10 * S), "", key_state, buffer, close))
+    assert [r.step for r in rows] == [1]
+    assert close.set_at == {"1": 20 * S, "4": 40 * S, "16": 160 * S}
+    assert np.isfinite(rows[0].value).all() and set(LADDER) == {1, 4, 16}
