@@ -3,7 +3,9 @@
 Arrow's global CPU and I/O pools are native threads that live until the process exits; when they are
 torn down there, the interpreter can abort ("terminate called without an active exception", exit 134)
 after a script has done its work. Reading a file's bytes and decoding them on the calling thread
-starts neither pool, so a batch replay or a script that reads its releases exits cleanly.
+starts neither pool, so a batch replay or a script that reads its releases exits cleanly. A file is
+held in memory whole (its bytes and its batches), as the readers that used pyarrow's streaming
+readers already held all its batches.
 """
 
 from __future__ import annotations

@@ -121,8 +121,8 @@ class StepDriver:
         number is a multiple of ``every`` (1: the first open step; capped at the public last step);
         None when no step is open.
 
-        An engine that cannot read the watermark (Beam) arms one timer per ``every`` = 1, 4, 16, ...:
-        after a watermark jump of N steps the firings it gets prove it in O(log N) rounds, not N."""
+        An engine that cannot read the watermark (Beam) arms one timer per ``every`` (its ladder, e.g.
+        1, 4, 16): after a watermark jump of N steps the firings prove it in about N/16 rounds, not N."""
         if self.clock is None or state.ended:
             return None
         step = -(-state.next_step // every) * every

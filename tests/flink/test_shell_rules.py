@@ -17,7 +17,7 @@ pytest.importorskip("pyflink")
 
 from beam_dp.core import NoiseSource, StepClock  # noqa: E402
 from beam_dp.core.budget import composition_of  # noqa: E402
-from beam_dp.flink.job import DEAD_LETTERS, ContinualReleaseFunction, to_event  # noqa: E402
+from beam_dp.flink.job import DEAD_LETTERS, ContinualReleaseFunction  # noqa: E402
 from beam_dp.flink.params import DOMAIN, FlinkReleaseParams  # noqa: E402
 from beam_dp.mechanisms.replay import replay_event_time  # noqa: E402
 from beam_dp.mechanisms.tree import make_tree_sum  # noqa: E402
@@ -70,8 +70,7 @@ class ScriptedFlink:
         self.firings = 0
         self.releases: list[dict] = []
         self.dead: list[dict] = []
-        runtime = self  # get_state / get_list_state resolve against the current key
-        self.function.open(runtime)
+        self.function.open(self)  # the runtime context: get_state / get_list_state follow the current key
 
     # RuntimeContext: handles that follow the current key, as Flink's keyed state does
     def get_state(self, descriptor):
@@ -99,7 +98,8 @@ class ScriptedFlink:
 
     def element(self, stream, seconds, value):
         self.key = stream
-        self._collect(self.function.process_element(_decoded(to_event(stream, seconds, value)), self))
+        # what a Python operator hands the function: the plain value (from_collection's pickling is Flink's)
+        self._collect(self.function.process_element((stream, float(seconds), value), self))
 
     def advance(self, ms):
         """Move the watermark to ``ms`` and fire every timer at or before it, in timestamp order."""
@@ -121,11 +121,6 @@ class _KeyedHandle:
 
     def __getattr__(self, name):
         return getattr(self._of_key(), name)
-
-
-def _decoded(event):  # what a Python operator hands the function: the value, not its pickled bytes
-    import pickle
-    return event[0], event[1], pickle.loads(event[2])
 
 
 def _params(**kwargs):
