@@ -23,7 +23,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentP
 
 from beam_dp.beam import DeadLetter, Reason
 from beam_dp.beam.parse import DEAD_LETTER
-from beam_dp.io import RELEASE_SCHEMA, WriteReleasesToJsonLines, WriteReleasesToParquet
+from beam_dp.io import RELEASE_SCHEMA, ReleaseColumns, WriteReleasesToJsonLines, WriteReleasesToParquet, release_table
 from pipelines.paths import join, match, read_text_lines
 from pipelines.runner import UsageError
 
@@ -239,24 +239,29 @@ class _WriteBundleFiles(beam.DoFn):
         from apache_beam.io.filesystems import FileSystems
 
         path = f"{self._prefix}-{uuid.uuid4().hex}{'.parquet' if self._fmt == 'parquet' else '.jsonl'}"
+        columnar = isinstance(self._items[0], ReleaseColumns)  # a group-keyed transform's releases
         with FileSystems.create(path) as fh:
             if self._fmt == "parquet":
-                pq.write_table(pa.Table.from_pylist([r._asdict() for r in self._items], schema=RELEASE_SCHEMA), fh)
+                pq.write_table(release_table(self._items) if columnar else pa.Table.from_pylist(
+                    [r._asdict() for r in self._items], schema=RELEASE_SCHEMA), fh)
             else:
+                rows = [r for c in self._items for r in c.rows()] if columnar else self._items
                 text = "".join((i if isinstance(i, str) else json.dumps(i._asdict(), sort_keys=True)) + "\n"
-                               for i in self._items)
+                               for i in rows)
                 fh.write(text.encode("utf-8"))
         self._items = []
 
 
-def write_releases(releases: beam.PCollection, out_dir: str, name: str, fmt: str, streaming: bool):
-    """Write release rows to ``<out_dir>/<name>-*.parquet`` (or ``.jsonl``), on any Beam filesystem.
+def write_releases(releases: beam.PCollection, out_dir: str, name: str, fmt: str, streaming: bool,
+                   columnar: bool = False):
+    """Write releases (rows, or ``ReleaseColumns`` when ``columnar``) to ``<out_dir>/<name>-*.parquet``
+    (or ``.jsonl``), on any Beam filesystem.
 
     Batch: Beam's Parquet/text sinks. Streaming: one file per bundle (see ``_WriteBundleFiles``).
     """
     if not streaming:
         sink = WriteReleasesToParquet if fmt == "parquet" else WriteReleasesToJsonLines
-        return releases | f"Write-{name}" >> sink(join(out_dir, name))
+        return releases | f"Write-{name}" >> sink(join(out_dir, name), columnar=columnar)
     return releases | f"Write-{name}" >> beam.ParDo(_WriteBundleFiles(join(out_dir, name), fmt))
 
 

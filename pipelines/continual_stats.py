@@ -18,6 +18,7 @@ total from the written release files (``python -m beam_dp.verify``).
 from __future__ import annotations
 
 import logging
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,7 +117,19 @@ def plan(options) -> Plan:
     if window:
         params["windowed"] = params_or_usage_error(
             lambda: WindowedSumParams(window=window, **vector, **budget["windowed"].params()), "windowed")
+    if opts.stream_groups < 0:
+        raise UsageError(f"--stream-groups must be an integer >= 0, got {opts.stream_groups}")
+    params = {name: _with_stream_groups(p, opts.stream_groups) for name, p in params.items()}
     return Plan(demo, pattern, out_dir, dim, clock, params, streaming)
+
+
+def _with_stream_groups(params: Any, groups: int) -> Any:
+    """``params`` keyed by ``groups`` groups of streams where its mechanism steps groups (else unchanged)."""
+    from beam_dp.mechanisms.base import GroupSteppedSum
+
+    if not groups or not isinstance(params.build_mechanism(), GroupSteppedSum):
+        return params
+    return params_or_usage_error(lambda: dataclasses.replace(params, stream_groups=groups), "stream groups")
 
 
 def build(pipeline, job: Plan, opts, messages=None) -> dict:
@@ -133,7 +146,8 @@ def build(pipeline, job: Plan, opts, messages=None) -> dict:
                for name, params in job.params.items()}
     dead = {"read": bad_rows}
     for name, out in outputs.items():
-        write_releases(out.releases, job.out_dir, name, opts.format, job.streaming)
+        write_releases(out.releases, job.out_dir, name, opts.format, job.streaming,
+                       columnar=job.params[name].stream_groups is not None)
         dead[name] = out.dead_letter
     write_dead_letters(dead, job.out_dir, job.streaming)
     return outputs

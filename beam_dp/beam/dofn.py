@@ -1,7 +1,7 @@
 """Beam shells over the one step driver (:mod:`beam_dp.steps.driver`): they only move state and timers.
 
 Per key a shell keeps the driver's :class:`~beam_dp.steps.coder.KeyState` (``ReadModifyWriteState``,
-bytes), a bag of buffered ``(step, item)`` entries (:class:`BufferCoder`: the driver's explicit,
+bytes), a bag of buffered ``(step, item)`` entries (:class:`EncodedBuffer`: the driver's explicit,
 versioned encoding, never pickled classes) and two event-time timers: ``close`` (the close of the
 next open step, or in a batch replay the public end) and ``end`` (the end of the global window: the
 watermark reached +infinity, so the driver's end rule applies).
@@ -28,7 +28,10 @@ Outputs of that final round carry timestamps behind the global window's end (a d
 
 Contract with the families: ``params`` offers ``build_mechanism()``, ``clock``, ``block_size``,
 ``allowed_lateness``, ``restore_states`` and ``noise_key``; a family's parse stage feeds
-``(stream, (step | None, item, original_element))``, ``item=None`` declaring the stream.
+``(stream, (step | None, item, original_element))``, ``item=None`` declaring the stream. With
+``params.stream_groups`` the key is a group of streams (``beam_dp.mechanisms.stream_groups``), items are
+``GroupBlock`` s, a declaration is ``(group, (0, GroupBlock.declaring(streams), None))``, and releases
+leave as one ``ReleaseColumns`` per group and step.
 """
 
 from __future__ import annotations
@@ -45,12 +48,14 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_dp.steps.coder import KeyState, decode_entry, decode_key_state, encode_entry, encode_key_state
-from beam_dp.steps.driver import RELEASE, Output, StepDriver
+from beam_dp.mechanisms.stream_groups import GroupedSum
+from beam_dp.steps.driver import CARRIED, RELEASE, Output, StepDriver
 from beam_dp.steps.events import DEAD_LETTER
-from beam_dp.steps.policies import BlockPolicy
+from beam_dp.steps.policies import BlockPolicy, GroupPolicy
+from beam_dp.steps.schema import ReleaseColumns
 from beam_dp.io.keys import load_noise_source
 
-__all__ = ["BufferCoder", "ContinualReleaseDoFn", "DriverDoFn"]
+__all__ = ["BufferCoder", "ContinualReleaseDoFn", "DriverDoFn", "EncodedBuffer"]
 
 _END_OF_INPUT = GlobalWindow().max_timestamp()
 LADDER = (1, 4, 16)  # rungs of close timers: every k-th step (dynamic timer tags); the top bounds the end rule
@@ -58,16 +63,36 @@ _watermark_floor: dict[str, int] = {}  # per transform instance: the latest clos
 
 
 class BufferCoder(Coder):
-    """``(step, item)`` <-> the driver's versioned entry bytes (:func:`beam_dp.steps.coder.encode_entry`)."""
+    """A buffered entry's bytes (:func:`beam_dp.steps.coder.encode_entry`), stored as they are.
 
-    def encode(self, entry: tuple[int, Any]) -> bytes:
-        return encode_entry(*entry)
+    The shell encodes and decodes entries itself (:class:`EncodedBuffer`), so Beam's state cache holds
+    bytes, whose size it measures at once, not decoded blocks it would traverse object by object. The
+    bytes in state are the same as when this coder encoded entries itself: in-flight state stays readable."""
 
-    def decode(self, data: bytes) -> tuple[int, Any]:
-        return decode_entry(data)
+    def encode(self, data: bytes) -> bytes:
+        return data
+
+    def decode(self, data: bytes) -> bytes:
+        return data
 
     def is_deterministic(self) -> bool:
         return True
+
+
+class EncodedBuffer:
+    """The driver's :class:`~beam_dp.steps.driver.Buffer` over a Beam bag of entry bytes."""
+
+    def __init__(self, bag):
+        self._bag = bag
+
+    def add(self, entry: tuple[int, Any]) -> None:
+        self._bag.add(encode_entry(*entry))
+
+    def read(self) -> Iterator[tuple[int, Any]]:
+        return (decode_entry(data) for data in self._bag.read())
+
+    def clear(self) -> None:
+        self._bag.clear()
 
 
 class DriverDoFn(beam.DoFn):
@@ -119,18 +144,23 @@ class DriverDoFn(beam.DoFn):
     def emit(self, outputs: list[Output]) -> Iterator:
         for tag, value in outputs:
             if tag == RELEASE:
-                self._releases.inc()
+                self._releases.inc(len(value.batch) if isinstance(value, ReleaseColumns) else 1)
                 yield value
             else:
                 if tag == DEAD_LETTER:
                     self._dead.inc()
                 yield beam.pvalue.TaggedOutput(tag, value)
 
-    def add(self, state: KeyState, key_state, buffer, step: int | None, item: Any, original: Any) -> Iterator:
-        """Hand one item to the driver; the key's state is written back only when it can have changed
-        (count steps, or a new lowest buffered step)."""
-        lowest = state.lowest
-        outputs = self._driver.add(state, buffer, step, item, original)
+    def add(self, state: KeyState, key_state, buffer, step: int | None, item: Any, original: Any,
+            stream: str | None = None) -> Iterator:
+        """Hand one item to the driver (``step`` ``CARRIED``: an item that waits across steps); the key's
+        state is written back only when it can have changed (count steps, or a new lowest buffered step)."""
+        lowest, buffer = state.lowest, EncodedBuffer(buffer)
+        if step == CARRIED:
+            self._driver.carry(state, buffer, item)
+            outputs = []
+        else:
+            outputs = self._driver.add(state, buffer, step, item, original, stream)
         if self._driver.block_size is not None or state.lowest != lowest:
             key_state.write(encode_key_state(state))
         yield from self.emit(outputs)
@@ -141,7 +171,7 @@ class DriverDoFn(beam.DoFn):
                  close=beam.DoFn.TimerParam(CLOSE)) -> Iterator:
         state = decode_key_state(key_state.read())
         _watermark_floor[self._uid] = max(_watermark_floor.get(self._uid, fired.micros), fired.micros)
-        outputs = self._driver.advance(state, buffer, fired.micros)  # nothing to close if another rung did
+        outputs = self._driver.advance(state, EncodedBuffer(buffer), fired.micros)  # nothing if another rung did
         key_state.write(encode_key_state(state))
         if self._per_step_timers:  # an untagged timer was set by a version before the ladder: arm every rung
             for every in (int(rung),) if rung else LADDER:
@@ -151,16 +181,22 @@ class DriverDoFn(beam.DoFn):
     @on_timer(END)
     def on_end(self, key_state=beam.DoFn.StateParam(KEY_STATE), buffer=beam.DoFn.StateParam(BUFFER)) -> Iterator:
         state = decode_key_state(key_state.read())
-        outputs = self._driver.finish(state, buffer)
+        outputs = self._driver.finish(state, EncodedBuffer(buffer))
         key_state.write(encode_key_state(state))
         yield from self.emit(outputs)
 
 
 class ContinualReleaseDoFn(DriverDoFn):
-    """Input ``(stream, (step | None, block | None, original))``; ``block=None`` declares the stream."""
+    """Input ``(stream, (step | None, block | None, original))``; ``block=None`` declares the stream
+    (with stream groups: ``(group, ...)`` and ``GroupBlock`` s, see the module docstring)."""
 
     def make_driver(self) -> StepDriver:
-        policy = BlockPolicy(self._params.build_mechanism(), self._params.noise_key.load(load_noise_source))  # key read here
+        noise = self._params.noise_key.load(load_noise_source)  # the key is read here, on the worker
+        mechanism = self._params.build_mechanism()
+        if getattr(self._params, "stream_groups", None) is not None:
+            policy = GroupPolicy(GroupedSum(mechanism), noise)
+        else:
+            policy = BlockPolicy(mechanism, noise)
         return StepDriver.for_params(self._params, policy)
 
     def process(self, element, key_state=beam.DoFn.StateParam(DriverDoFn.KEY_STATE),
@@ -170,4 +206,6 @@ class ContinualReleaseDoFn(DriverDoFn):
         state = self.key_state(stream, key_state, close, end)
         if block is None:
             return
-        yield from self.add(state, key_state, buffer, step, block, original)
+        streams = getattr(block, "streams", None)  # a group's block: late letters carry the stream if one
+        yield from self.add(state, key_state, buffer, step, block, original,
+                            streams[0] if streams is not None and len(streams) == 1 else None)

@@ -49,8 +49,7 @@ from beam_dp.core.limits import (EPSILON_RANGE, MAX_COUNT, MAX_SCALE, MIN_SCALE,
 from beam_dp.core.clock import StepClock
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
-from beam_dp.steps.coder import encode_key_state
-from beam_dp.steps.driver import SNAPSHOTS, StepDriver
+from beam_dp.steps.driver import CARRIED, SNAPSHOTS, StepDriver
 from beam_dp.steps.events import DEAD_LETTER, DeadLetter, Reason, checked_stream, timestamp_letter, to_micros
 from beam_dp.steps.params import NoiseKey, check_schedule, check_streams
 from beam_dp.steps.policies import GrowingPolicy, plan_block
@@ -311,8 +310,7 @@ class GrowingDatabaseDoFn(DriverDoFn):
             yield from self.add(state, key_state, buffer, step, (micros, index), original)
         elif item[0] == "q":
             _, t, qid, weights, _ = item
-            self._driver.carry(state, buffer, (t, qid, weights))
-            key_state.write(encode_key_state(state))
+            yield from self.add(state, key_state, buffer, CARRIED, (t, qid, weights), None)
 
 
 class GrowingDatabaseQueries(beam.PTransform):

@@ -36,7 +36,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from beam_dp.beam.dofn import DriverDoFn
+from beam_dp.beam.dofn import DriverDoFn, EncodedBuffer
 from beam_dp.beam.domains import bind_noise_domain, release_labels
 from beam_dp.beam.transforms import ContinualOutputs
 from beam_dp.core.budget import BudgetShare, check_share
@@ -190,7 +190,7 @@ class _LifelongDoFn(DriverDoFn):
         if index == _DECLARE:
             return
         if x is None:  # END_OF_TASK: close the task (and every earlier open one) now
-            outputs = self._driver.close_marked(state, buffer, index + 1, original)
+            outputs = self._driver.close_marked(state, EncodedBuffer(buffer), index + 1, original)
             key_state.write(encode_key_state(state))
             yield from self.emit(outputs)
             return

@@ -24,7 +24,7 @@ from beam_dp.core.budget import check_params_budget
 from beam_dp.core.limits import (EPSILON_RANGE, MAX_DIM, MAX_SCALE, MIN_SCALE, check_count, check_delta, check_noise_std,
                                  check_number, check_window)
 from beam_dp.core.clock import StepClock
-from beam_dp.mechanisms.base import ContinualSumMechanism
+from beam_dp.mechanisms.base import ContinualSumMechanism, GroupSteppedSum
 from beam_dp.mechanisms.snapping import SnappedSum
 from beam_dp.steps.params import NoiseKey, StepParams
 
@@ -44,6 +44,10 @@ class _VectorSumParams(StepParams):
     delta: float = 0.0
     noise: Literal["gamma", "gaussian"] = "gamma"
     calibration: Literal["paper", "analytic"] = "paper"
+    #: key the engine by this many groups of streams (a public, stable hash of the stream name): one
+    #: state and timer per group, the group stepped in one numpy operation, releases as Arrow tables;
+    #: None keys by stream. Releases do not depend on it (noise is keyed per stream).
+    stream_groups: int | None = None
 
     #: the noise laws of this family (a counter may accept fewer: it says which)
     _noises: ClassVar[tuple[str, ...]] = ("gamma", "gaussian")
@@ -67,6 +71,22 @@ class _VectorSumParams(StepParams):
                 except (OverflowError, ZeroDivisionError, FloatingPointError):
                     std = math.inf
                 check_noise_std(std, f"epsilon={self.epsilon!r}, delta={self.delta!r}, clip_bound={self.clip_bound!r}")
+
+    def _validate_stream_groups(self, mechanism: ContinualSumMechanism) -> None:
+        """``stream_groups`` needs event-time steps, no restored states and a group-stepped mechanism."""
+        if self.stream_groups is None:
+            return
+        from beam_dp.mechanisms.stream_groups import MAX_STREAM_GROUPS
+
+        check_count("stream_groups", self.stream_groups, 1, MAX_STREAM_GROUPS)
+        if self.clock is None:
+            raise ValueError("stream_groups needs event-time steps (a clock): count steps are per stream")
+        if self.restore_states is not None:
+            raise ValueError("stream_groups cannot restore per-stream states: leave stream_groups=None")
+        if not isinstance(mechanism, GroupSteppedSum):
+            raise ValueError(
+                f"stream_groups needs a mechanism that steps groups of streams; {mechanism.name} does not "
+                "(use counter 'blt', 'toeplitz', 'honaker', 'kary' or 'auto', and no granularity)")
 
     def _mechanism_kwargs(self, clip_bound: float) -> dict:
         return dict(
@@ -120,6 +140,7 @@ class ContinualSumParams(_VectorSumParams):
                 raise ValueError(f"the clock has {self.clock.last_step} steps but horizon is {self.horizon}")
         mechanism = self.build_mechanism()
         self._validate_noise(mechanism, self.horizon or _public_end(self.clock))
+        self._validate_stream_groups(mechanism)
         check_params_budget(self, mechanism)
 
     def build_mechanism(self):
@@ -156,6 +177,7 @@ class WindowedSumParams(_VectorSumParams):
         check_window(self.window, self.dim)
         mechanism = self.build_mechanism()
         self._validate_noise(mechanism, _public_end(self.clock))
+        self._validate_stream_groups(mechanism)
         check_params_budget(self, mechanism)
 
     def build_mechanism(self):
@@ -184,6 +206,7 @@ class ContinualCountParams(StepParams):
     horizon: int | None = None
     unbounded: Literal["hybrid", "doubling"] = "hybrid"
     counter: str = "auto"
+    stream_groups: int | None = None  # as ContinualSumParams.stream_groups (needs granularity=None)
 
     def __post_init__(self) -> None:
         self._validate_steps()
@@ -195,7 +218,7 @@ class ContinualCountParams(StepParams):
             restore_states=self.restore_states, granularity=self.granularity, allowed_lateness=self.allowed_lateness,
             dim=1, epsilon=self.epsilon,
             clip_bound=1.0, delta=self.delta, noise=self.noise, calibration=self.calibration, horizon=self.horizon,
-            unbounded=self.unbounded, counter=self.counter, budget=self.budget,
+            unbounded=self.unbounded, counter=self.counter, budget=self.budget, stream_groups=self.stream_groups,
         )
 
     def build_mechanism(self):

@@ -4,6 +4,8 @@ Valid contributions leave as ``ClippedSum`` blocks made by the mechanism itself 
 arithmetic stays in the mechanism); invalid ones leave on the ``dead_letter`` output. With
 ``pre_aggregate`` the output is keyed by ``(stream, step)`` for a lifted combiner; otherwise it
 is ``(stream, (step, block, original_element))`` so a late element can still be dead-lettered whole.
+With ``params.stream_groups`` the key is the stream's group (``beam_dp.mechanisms.stream_groups``)
+and the block a ``GroupBlock`` of every stream of that group and step in the input element.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from apache_beam.metrics import Metrics
 from beam_dp.core.limits import MAX_ABS_SECONDS, is_utf8
 from beam_dp.steps.events import DEAD_LETTER, DeadLetter, EventBatch, Reason, parse_contribution
 from beam_dp.mechanisms.base import ClippedSum
+from beam_dp.mechanisms.stream_groups import GroupBlock, group_key, group_of
 
 __all__ = ["DEAD_LETTER", "MergeClippedSums", "ParseEvents"]
 
@@ -50,6 +53,8 @@ class ParseEvents(beam.DoFn):
         self._mechanism = self._params.build_mechanism()
         self._clock = self._params.clock
         self._streams = frozenset(self._params.streams) if self._params.streams is not None else None
+        self._groups = getattr(self._params, "stream_groups", None)
+        self._group_keys: dict[str, str] = {}  # stream -> its group's key (hashing once per stream and worker)
         namespace = f"beam_dp/{self._mechanism.name}"
         self._elements = Metrics.counter(namespace, "elements")
         self._clipped = Metrics.counter(namespace, "clipped")
@@ -59,7 +64,16 @@ class ParseEvents(beam.DoFn):
         self._dead.inc()
         return beam.pvalue.TaggedOutput(DEAD_LETTER, letter)
 
+    def _key_of(self, stream: str) -> str:
+        key = self._group_keys.get(stream)
+        if key is None:
+            key = self._group_keys[stream] = group_key(group_of(stream, self._groups))
+        return key
+
     def _emit(self, stream: str, step: int | None, block: ClippedSum, original: Any):
+        if self._groups is not None:
+            block = GroupBlock((stream,), block.vector[None, :], np.array([block.count]), np.array([block.clipped]))
+            stream = self._key_of(stream)
         if self._pre_aggregate:
             return (stream, step), block
         return stream, (step, block, original)
@@ -129,16 +143,41 @@ class ParseEvents(beam.DoFn):
         if clipped.sum():
             self._clipped.inc(int(clipped.sum()))
         width = int(steps.max()) + 1
-        members = None if self._pre_aggregate else _rows_by_group(groups, len(unique_keys))
         seconds_ok = None if self._pre_aggregate else micros[ok] / 1e6
-        for g, key in enumerate(unique_keys):
-            stream, step = str(stream_names[key // width]), int(key % width)
+        names, block_steps = stream_names[unique_keys // width], unique_keys % width
+        if self._groups is not None:
+            yield from self._emit_groups(names, block_steps, sums, counts, clipped, groups, streams_ok, seconds_ok,
+                                         values_ok)
+            return
+        members = None if self._pre_aggregate else _rows_by_group(groups, len(unique_keys))
+        for g in range(len(unique_keys)):
             block = ClippedSum(sums[g], int(counts[g]), int(clipped[g]))
             original = None
             if members is not None:
                 rows = members[g]
                 original = EventBatch(streams_ok[rows], seconds_ok[rows], values_ok[rows])
-            yield self._emit(stream, step, block, original)
+            yield self._emit(str(names[g]), int(block_steps[g]), block, original)
+
+    def _emit_groups(self, names, steps, sums, counts, clipped, row_block, streams_ok, seconds_ok, values_ok) -> Iterator:
+        """One ``GroupBlock`` per (group, step) from the per-(stream, step) sums (streams sorted by name)."""
+        keys = np.array([self._key_of(str(name)) for name in names], dtype=object)
+        key_names, key_idx = np.unique(keys.astype(str), return_inverse=True)
+        order = np.lexsort((names.astype(str), steps, key_idx))
+        cuts = np.flatnonzero(np.diff(key_idx[order] * (int(steps.max()) + 1) + steps[order])) + 1
+        parts = np.split(order, cuts)
+        members = None
+        if seconds_ok is not None:  # the input rows of each part, kept so a late part is dead-lettered whole
+            part_of_block = np.repeat(np.arange(len(parts)), [len(p) for p in parts])[np.argsort(order)]
+            members = _rows_by_group(part_of_block[row_block], len(parts))
+        for i, part in enumerate(parts):
+            key, step = str(key_names[key_idx[part[0]]]), int(steps[part[0]])
+            block = GroupBlock(tuple(names[part].astype(str).tolist()), sums[part], counts[part].astype(np.int64),
+                               clipped[part].astype(np.int64))
+            original = None
+            if members is not None:
+                rows = members[i]
+                original = EventBatch(streams_ok[rows], seconds_ok[rows], values_ok[rows])
+            yield (key, step) if self._pre_aggregate else key, (block if self._pre_aggregate else (step, block, original))
 
 
 def _rows_by_group(groups: np.ndarray, n_groups: int) -> list[np.ndarray]:

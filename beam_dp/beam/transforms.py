@@ -12,6 +12,13 @@ Shape of the pipeline::
 On a bounded input (batch replay) contributions are pre-aggregated per (stream, step) by a
 lifted combiner, so state sees one block per step. On an unbounded input each contribution
 reaches the stateful DoFn on its own, so a late one can be dead-lettered whole.
+
+With ``params.stream_groups`` the stateful DoFn is keyed by group of streams
+(``beam_dp.mechanisms.stream_groups``): blocks are per (group, step), each group steps in one numpy
+operation, and ``releases`` is a PCollection of :class:`~beam_dp.io.ReleaseColumns` (one per group and
+step; the same releases and values as keyed by stream). Write them with the sinks' ``columnar=True``,
+turn them into rows with ``beam.FlatMap(ReleaseColumns.rows)`` or into Arrow tables with
+:func:`~beam_dp.io.release_table`.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from beam_dp.beam.domains import bind_noise_domain, release_labels
 from beam_dp.steps.events import EventBatch
 from beam_dp.beam.params import ContinualCountParams, ContinualSumParams, WindowedSumParams
 from beam_dp.beam.parse import DEAD_LETTER, MergeClippedSums, ParseEvents
+from beam_dp.mechanisms.stream_groups import GroupBlock, group_key, group_of
 from beam_dp.steps.schema import ReleaseRow
 
 __all__ = ["ContinualCount", "ContinualOutputs", "ContinualSum", "WindowedSum"]
@@ -70,16 +78,31 @@ class _ContinualRelease(beam.PTransform):
             )
         restored = [stream for stream, _ in (getattr(params, "restore_states", None) or ())]
         declared_streams = sorted(set(params.streams or ()) | set(restored))
+        groups = getattr(params, "stream_groups", None)
         if declared_streams:  # declared and restored streams release every step, data or not
             declared = events.pipeline | "DeclareStreams" >> beam.Create(
-                [(s, (0, None, None)) for s in declared_streams]).with_output_types(Tuple[str, Any])
+                _declarations(declared_streams, groups, params.dim)).with_output_types(Tuple[str, Any])
             blocks = (blocks, declared) | "WithDeclared" >> beam.Flatten()
         released = blocks | "Release" >> beam.ParDo(
             ContinualReleaseDoFn(params, per_step_timers=not bounded)
         ).with_outputs(DEAD_LETTER, main="rows")
-        rows = released.rows | "Rows" >> beam.Map(release_labels(params)).with_output_types(ReleaseRow)
+        labels = release_labels(params)
+        if groups is None:
+            rows = released.rows | "Rows" >> beam.Map(labels).with_output_types(ReleaseRow)
+        else:
+            rows = released.rows | "Labels" >> beam.Map(lambda columns: columns._replace(labels=labels))
         dead = (parsed[DEAD_LETTER], released[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
         return ContinualOutputs(rows, dead)
+
+
+def _declarations(streams: list[str], groups: int | None, dim: int) -> list[tuple[str, Any]]:
+    """The elements that declare ``streams``: one per stream, or one ``GroupBlock`` per group."""
+    if groups is None:
+        return [(s, (0, None, None)) for s in streams]
+    by_group: dict[int, list[str]] = {}
+    for stream in streams:
+        by_group.setdefault(group_of(stream, groups), []).append(stream)
+    return [(group_key(g), (0, GroupBlock.declaring(names, dim), None)) for g, names in sorted(by_group.items())]
 
 
 class ContinualSum(_ContinualRelease):

@@ -2,17 +2,21 @@
 
 from beam_dp.io.models import LinearPredictor, load_model
 from beam_dp.io.readers import read_releases, row_to_release
-from beam_dp.steps.schema import RELEASE_SCHEMA, ReleaseRow, release_to_row
-from beam_dp.io.sinks import WriteReleasesToJsonLines, WriteReleasesToParquet
+from beam_dp.steps.schema import RELEASE_SCHEMA, ReleaseColumns, ReleaseRow, release_table, release_to_row
+from beam_dp.io.sinks import GatherReleaseTables, WriteReleasesToJsonLines, WriteReleasesToParquet, release_dicts
 
 __all__ = [
+    "GatherReleaseTables",
     "LinearPredictor",
     "RELEASE_SCHEMA",
+    "ReleaseColumns",
     "ReleaseRow",
     "WriteReleasesToJsonLines",
     "WriteReleasesToParquet",
     "load_model",
     "read_releases",
+    "release_dicts",
+    "release_table",
     "release_to_row",
     "row_to_release",
 ]

@@ -1,35 +1,89 @@
-"""Release sinks: Parquet (pyarrow schema) and JSON lines."""
+"""Release sinks: Parquet (pyarrow schema) and JSON lines, for release rows or release columns.
+
+A transform keyed by stream emits :class:`ReleaseRow` s; one keyed by groups of streams
+(``stream_groups``) emits :class:`~beam_dp.steps.schema.ReleaseColumns` (one per group and step): pass
+``columnar=True``, and the Parquet sink gathers them into tables of up to ``ROWS_PER_TABLE`` releases
+(:func:`~beam_dp.steps.schema.release_table`) and writes those whole, without per-row objects.
+"""
 
 from __future__ import annotations
 
 import json
+from typing import Iterator
 
 import apache_beam as beam
+import pyarrow as pa
+from apache_beam.transforms.window import GlobalWindows
 
-from beam_dp.steps.schema import RELEASE_SCHEMA, ReleaseRow
+from beam_dp.steps.schema import RELEASE_SCHEMA, ReleaseColumns, ReleaseRow, release_table
 
-__all__ = ["WriteReleasesToJsonLines", "WriteReleasesToParquet"]
+__all__ = ["ROWS_PER_TABLE", "GatherReleaseTables", "WriteReleasesToJsonLines", "WriteReleasesToParquet",
+           "release_dicts"]
+
+ROWS_PER_TABLE = 65_536  # releases per table (a Parquet row group) when gathering release columns
 
 
 def _as_dict(row: ReleaseRow) -> dict:
     return row._asdict()
 
 
-class _ReleaseSink(beam.PTransform):
-    """Shared constructor: where the shards go and how many (0 = the runner decides)."""
+def release_dicts(table: pa.Table) -> list[dict]:
+    """The rows of a release table as dicts shaped like ``ReleaseRow._asdict()`` (times in µs)."""
+    for name in ("step_start", "step_end"):
+        table = table.set_column(table.schema.get_field_index(name), name, table[name].cast(pa.int64()))
+    return table.to_pylist()
 
-    def __init__(self, file_path_prefix: str, num_shards: int = 0):
+
+class GatherReleaseTables(beam.DoFn):
+    """``ReleaseColumns`` -> ``pyarrow.Table`` s of up to ``ROWS_PER_TABLE`` releases (per bundle)."""
+
+    def __init__(self, rows_per_table: int = ROWS_PER_TABLE):
+        self._limit = rows_per_table
+
+    def start_bundle(self) -> None:
+        self._parts: list[ReleaseColumns] = []
+        self._rows = 0
+
+    def process(self, columns: ReleaseColumns) -> Iterator[pa.Table]:
+        self._parts.append(columns)
+        self._rows += len(columns.batch)
+        if self._rows >= self._limit:
+            yield self._flush()
+
+    def finish_bundle(self):
+        if self._parts:
+            yield GlobalWindows.windowed_value(self._flush())
+
+    def _flush(self) -> pa.Table:
+        table = release_table(self._parts)
+        self._parts, self._rows = [], 0
+        return table
+
+
+class _ReleaseSink(beam.PTransform):
+    """Shared constructor: where the shards go, how many (0 = the runner decides), and whether the
+    input holds ``ReleaseColumns`` (``columnar``) rather than rows."""
+
+    def __init__(self, file_path_prefix: str, num_shards: int = 0, columnar: bool = False):
         super().__init__()
         self.file_path_prefix = file_path_prefix
         self.num_shards = num_shards
+        self.columnar = columnar
 
 
 class WriteReleasesToParquet(_ReleaseSink):
-    """Write release rows to ``<prefix>-SSSSS-of-NNNNN.parquet`` with :data:`RELEASE_SCHEMA`."""
+    """Write releases to ``<prefix>-SSSSS-of-NNNNN.parquet`` with :data:`RELEASE_SCHEMA`."""
 
-    def expand(self, rows):
+    def expand(self, releases):
+        if self.columnar:
+            return (
+                releases
+                | "Gather" >> beam.ParDo(GatherReleaseTables())
+                | "Write" >> beam.io.WriteToParquetBatched(
+                    self.file_path_prefix, RELEASE_SCHEMA, file_name_suffix=".parquet", num_shards=self.num_shards)
+            )
         return (
-            rows
+            releases
             | "AsDict" >> beam.Map(_as_dict)
             | "Write" >> beam.io.WriteToParquet(
                 self.file_path_prefix, RELEASE_SCHEMA, file_name_suffix=".parquet", num_shards=self.num_shards
@@ -38,9 +92,10 @@ class WriteReleasesToParquet(_ReleaseSink):
 
 
 class WriteReleasesToJsonLines(_ReleaseSink):
-    """Write release rows as JSON lines to ``<prefix>-SSSSS-of-NNNNN.jsonl``."""
+    """Write releases as JSON lines (one per release) to ``<prefix>-SSSSS-of-NNNNN.jsonl``."""
 
-    def expand(self, rows):
+    def expand(self, releases):
+        rows = releases | "Rows" >> beam.FlatMap(ReleaseColumns.rows) if self.columnar else releases
         return (
             rows
             | "ToJson" >> beam.Map(lambda row: json.dumps(_as_dict(row), sort_keys=True))

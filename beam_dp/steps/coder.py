@@ -22,6 +22,7 @@ __all__ = ["KINDS", "KeyState", "decode_entry", "decode_key_state", "encode_entr
 #: Stable kind name -> "module:Class" of every block a policy buffers (frozen dataclasses of arrays).
 KINDS = {
     "clipped_sum": "beam_dp.mechanisms.base:ClippedSum",
+    "group_block": "beam_dp.mechanisms.stream_groups:GroupBlock",
     "regression_block": "beam_dp.mechanisms.regression:RegressionBlock",
     "online_record": "beam_dp.mechanisms.online:OnlineRecord",
     "labelled_rows": "beam_dp.mechanisms.erm.base:LabelledRows",

@@ -38,9 +38,10 @@ from typing import Any, Iterable, NamedTuple, Protocol
 import numpy as np
 
 from beam_dp.core.clock import StepClock
+from beam_dp.core.release_batch import ReleaseBatch
 from beam_dp.steps.coder import KeyState
 from beam_dp.steps.events import DEAD_LETTER, DeadLetter, Reason
-from beam_dp.steps.schema import ReleaseRow, release_to_row
+from beam_dp.steps.schema import ReleaseColumns, ReleaseRow, release_to_row
 
 __all__ = ["CARRIED", "RELEASE", "SNAPSHOTS", "Buffer", "ListBuffer", "Output", "StepDriver"]
 
@@ -49,10 +50,11 @@ CARRIED = 0  # the step of buffered items that wait across steps (a growing data
 
 
 class Output(NamedTuple):
-    """``tag``: ``RELEASE`` / ``SNAPSHOTS`` (a ``ReleaseRow``) or ``DEAD_LETTER`` (a ``DeadLetter``)."""
+    """``tag``: ``RELEASE`` / ``SNAPSHOTS`` (a ``ReleaseRow``, or ``ReleaseColumns`` for a group of
+    streams) or ``DEAD_LETTER`` (a ``DeadLetter``)."""
 
     tag: str
-    value: ReleaseRow | DeadLetter
+    value: ReleaseRow | ReleaseColumns | DeadLetter
 
 
 class Buffer(Protocol):
@@ -139,15 +141,18 @@ class StepDriver:
         return self.clock.step_end_micros(self.last_step) + self.grace
 
     # -- items ----------------------------------------------------------------------------------
-    def add(self, state: KeyState, buffer: Buffer, step: int | None, item: Any, original: Any = None) -> list[Output]:
-        """Buffer ``item`` for ``step`` (None: the next count step); a closed step's item is dead-lettered."""
+    def add(self, state: KeyState, buffer: Buffer, step: int | None, item: Any, original: Any = None,
+            stream: str | None = None) -> list[Output]:
+        """Buffer ``item`` for ``step`` (None: the next count step); a closed step's item is dead-lettered
+        (with ``stream`` as its key when the engine key is a group of streams)."""
+        key = state.key if stream is None else stream
         if state.stream_ended:
-            return [_dead(Reason.STREAM_ENDED, "the stream has ended at its public horizon", state.key, original)]
+            return [_dead(Reason.STREAM_ENDED, "the stream has ended at its public horizon", key, original)]
         if self.block_size is not None:
             return self._add_count(state, buffer, item)
         if state.ended or step < state.next_step:
             reason, detail = self.policy.late(step)
-            return [_dead(reason, detail, state.key, original)]
+            return [_dead(reason, detail, key, original)]
         buffer.add((step, item))
         state.lowest = step if state.lowest is None else min(state.lowest, step)
         return []
@@ -196,7 +201,8 @@ class StepDriver:
             return []
         by_step: dict[int, list] = {}
         keep, carried = [], []
-        consumed = state.lowest is not None and state.lowest <= upto  # else closing never reads the buffer
+        admits = hasattr(self.policy, "admit")  # a group of streams: every buffered item names members
+        consumed = state.lowest is not None and (state.lowest <= upto or admits)  # else never read the buffer
         for step, item in buffer.read() if consumed else ():
             if step == CARRIED:
                 carried.append(item)
@@ -207,6 +213,9 @@ class StepDriver:
         mechanism = self.policy.mechanism
         mech_state = mechanism.decode_state(_as_bytes(state.mechanism))
         context = self.policy.begin(carried)
+        if admits and consumed:
+            mech_state = self.policy.admit(mech_state, [item for _, item in keep] + carried +
+                                           [item for items in by_step.values() for item in items])
         out: list[Output] = []
         for step in range(state.next_step, upto + 1):  # every step releases, empty ones included
             mech_state = self._close_one(state, buffer, mech_state, step, by_step.get(step, []), context, out)
@@ -218,7 +227,7 @@ class StepDriver:
         state.mechanism = _as_array(mechanism.encode_state(mech_state))
         state.next_step = upto + 1
         state.ended = state.ended or finished
-        if consumed:
+        if consumed and state.lowest <= upto:
             buffer.clear()
             for entry in keep:
                 buffer.add(entry)
@@ -250,7 +259,8 @@ class StepDriver:
         guarantee = self.policy.mechanism.guarantee
         if state.offset:  # the mechanism counts the key's own steps; rows carry the schedule's
             releases = [dataclasses.replace(release, step=release.step + state.offset) for release in releases]
-        out.extend(Output(RELEASE, release_to_row(release, guarantee, *times)) for release in releases)
+        out.extend(Output(RELEASE, ReleaseColumns(release, guarantee, *times) if isinstance(release, ReleaseBatch)
+                          else release_to_row(release, guarantee, *times)) for release in releases)
         return new
 
     def finish(self, state: KeyState, buffer: Buffer) -> list[Output]:

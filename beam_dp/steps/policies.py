@@ -9,7 +9,9 @@ what happens to items carried across steps when a call ends (``begin`` / ``end``
 * :class:`TaskPolicy` — lifelong learning: step ``i`` is the ``i``-th declared task, closed by a
   task marker or the end of the input;
 * :class:`GrowingPolicy` — growing databases: elements buffered by step, queries carried until the
-  database reaches their size.
+  database reaches their size;
+* :class:`GroupPolicy` — a group of streams under one key (``beam_dp.mechanisms.stream_groups``):
+  ``admit`` joins the streams named by any buffered item before a call closes steps.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from beam_dp.steps.driver import SNAPSHOTS, Output
 from beam_dp.steps.events import DEAD_LETTER, DeadLetter, Reason
 from beam_dp.steps.schema import release_to_row
 
-__all__ = ["BlockPolicy", "GrowingPolicy", "TaskPolicy", "plan_block"]
+__all__ = ["BlockPolicy", "GroupPolicy", "GrowingPolicy", "TaskPolicy", "plan_block"]
 
 
 class BlockPolicy:
@@ -50,6 +52,17 @@ class BlockPolicy:
 
     def end(self, key: str, state: Any, context: Any, finished: bool) -> tuple[list, list]:
         return [], []
+
+
+class GroupPolicy(BlockPolicy):
+    """A :class:`~beam_dp.mechanisms.stream_groups.GroupedSum` fed one merged ``GroupBlock`` per step.
+
+    The driver calls ``admit`` with every buffered item (blocks and carried declarations) before it
+    closes steps, so a stream joins at the first step its group closes after its first item arrived;
+    declarations are consumed there."""
+
+    def admit(self, state: Any, items: list) -> Any:
+        return self.mechanism.join(state, (stream for item in items for stream in item.streams))
 
 
 class TaskPolicy(BlockPolicy):

@@ -30,8 +30,9 @@ import pyarrow as pa
 from beam_dp.core.budget import BudgetShare, Composition
 from beam_dp.core.guarantee import Guarantee
 from beam_dp.core.release import Release
+from beam_dp.core.release_batch import ReleaseBatch
 
-__all__ = ["RELEASE_SCHEMA", "ReleaseLabels", "ReleaseRow", "release_to_row"]
+__all__ = ["RELEASE_SCHEMA", "ReleaseColumns", "ReleaseLabels", "ReleaseRow", "release_table", "release_to_row"]
 
 
 class ReleaseRow(NamedTuple):
@@ -130,15 +131,70 @@ class ReleaseLabels:
     budget: BudgetShare | None = None
 
     def __call__(self, row: ReleaseRow) -> ReleaseRow:
-        if self.budget is None:
-            job_eps, job_delta = row.epsilon_spent, row.delta_spent
-            job_eps_budget, job_delta_budget = row.epsilon_budget, row.delta_budget
-        else:
-            job_eps, job_delta = _job_spend(self.budget, row.epsilon_spent, row.delta_spent)
-            job_eps_budget, job_delta_budget = self.budget.plan.epsilon, self.budget.plan.delta
+        job = self.job_spend(row.epsilon_spent, row.delta_spent, row.epsilon_budget, row.delta_budget)
         return row._replace(noise_domain=self.noise_domain, composition=self.composition,
-                            job_epsilon_spent=float(job_eps), job_delta_spent=float(job_delta),
-                            job_epsilon_budget=float(job_eps_budget), job_delta_budget=float(job_delta_budget))
+                            job_epsilon_spent=job[0], job_delta_spent=job[1],
+                            job_epsilon_budget=job[2], job_delta_budget=job[3])
+
+    def job_spend(self, epsilon_spent: float, delta_spent: float, epsilon_budget: float,
+                  delta_budget: float) -> tuple[float, float, float, float]:
+        """``(job_epsilon_spent, job_delta_spent, job_epsilon_budget, job_delta_budget)`` of a release."""
+        if self.budget is None:
+            return float(epsilon_spent), float(delta_spent), float(epsilon_budget), float(delta_budget)
+        job_eps, job_delta = _job_spend(self.budget, epsilon_spent, delta_spent)
+        return float(job_eps), float(job_delta), float(self.budget.plan.epsilon), float(self.budget.plan.delta)
+
+
+class ReleaseColumns(NamedTuple):
+    """The releases of a group of streams at one step, columnar (what a group-keyed engine emits):
+    the :class:`ReleaseBatch`, its mechanism's guarantee, the step's public interval (µs or None) and
+    the transform's labels (None until the transform stamps them)."""
+
+    batch: ReleaseBatch
+    guarantee: Guarantee
+    step_start: Optional[int]
+    step_end: Optional[int]
+    labels: Optional["ReleaseLabels"] = None
+
+    def rows(self) -> list[ReleaseRow]:
+        """The same releases as :class:`ReleaseRow` s (per-row sinks)."""
+        rows = [release_to_row(r, self.guarantee, self.step_start, self.step_end) for r in self.batch.rows()]
+        return rows if self.labels is None else [self.labels(row) for row in rows]
+
+
+def release_table(parts: "list[ReleaseColumns]") -> pa.Table:
+    """One :data:`RELEASE_SCHEMA` table of many :class:`ReleaseColumns`, built from whole columns: the
+    per-release facts (step, spend, meta, labels) are computed once per part and repeated."""
+    sizes = np.array([len(p.batch) for p in parts], dtype=np.int64)
+    n = int(sizes.sum())
+    dims = np.repeat([p.batch.values.shape[1] for p in parts], sizes)
+    offsets = np.zeros(n + 1, dtype=np.int32)  # a table holds < 2^31 values (sinks write ~65,536 releases)
+    np.cumsum(dims, out=offsets[1:])
+
+    def column(values: list, type_: pa.DataType) -> pa.Array:
+        return pa.array(values, type_).take(pa.array(np.repeat(np.arange(len(parts)), sizes)))
+
+    facts = [_facts(p) for p in parts]
+    names = [f.name for f in RELEASE_SCHEMA][5:]  # after stream, step, mechanism, value, shape
+    columns = [
+        pa.array([s for p in parts for s in p.batch.streams], pa.string()),
+        column([p.batch.step for p in parts], pa.int64()),
+        column([p.batch.mechanism for p in parts], pa.string()),
+        pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate([p.batch.values.ravel() for p in parts]))),
+        pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32)), pa.array(dims.astype(np.int64))),
+        *(column([f[i] for f in facts], RELEASE_SCHEMA.field(name).type) for i, name in enumerate(names)),
+    ]
+    return pa.Table.from_arrays(columns, schema=RELEASE_SCHEMA)
+
+
+def _facts(part: ReleaseColumns) -> tuple:
+    """The columns after ``shape`` that one part's releases share, in :data:`RELEASE_SCHEMA` order."""
+    batch, g, labels = part.batch, part.guarantee, part.labels
+    eps, delta = float(batch.epsilon_spent), float(batch.delta_spent)
+    job = (0.0,) * 4 if labels is None else labels.job_spend(eps, delta, g.epsilon, g.delta)
+    meta = json.dumps(dict(batch.meta), sort_keys=True, default=_json_default)
+    return ("", eps, delta, float(g.epsilon), float(g.delta), g.window, part.step_start, part.step_end, meta,
+            "" if labels is None else labels.noise_domain, "" if labels is None else labels.composition, *job)
 
 
 @functools.lru_cache(maxsize=1 << 16)

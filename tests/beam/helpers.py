@@ -11,7 +11,7 @@ from beam_dp.beam import ContinualCountParams, ContinualSumParams, WindowedSumPa
 from beam_dp.beam.params import _UnitCountSumParams
 from beam_dp.core import NoiseSource
 from beam_dp.core.budget import composition_of
-from beam_dp.io import release_to_row
+from beam_dp.io import ReleaseColumns, release_to_row
 from beam_dp.io.schema import ReleaseLabels
 from beam_dp.mechanisms.replay import replay_event_time
 from tests.conftest import TEST_KEY
@@ -67,10 +67,12 @@ def expected_rows(params, stream_ids, timestamps, values, streams=None, domain=N
 
 
 def rows_match(expected, rel_tol=1e-9):
-    """A matcher for ``assert_that``: same (stream, step) set, values equal within ``rel_tol``, all else exact."""
+    """A matcher for ``assert_that``: same (stream, step) set, values equal within ``rel_tol``, all else exact
+    (release rows, or the ``ReleaseColumns`` of a transform keyed by stream groups)."""
     expected = sorted(expected, key=lambda r: (r.stream, r.step))
 
     def check(actual):
+        actual = [row for item in actual for row in (item.rows() if isinstance(item, ReleaseColumns) else [item])]
         actual = sorted(actual, key=lambda r: (r.stream, r.step))
         if [(r.stream, r.step) for r in actual] != [(r.stream, r.step) for r in expected]:
             raise BeamAssertException(

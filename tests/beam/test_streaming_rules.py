@@ -3,7 +3,10 @@ a watermark at +infinity with an open clock, a stream first seen after the water
 watermark jump closed by the ladder of close timers.
 
 Beam's end rule (beam_dp/beam/dofn.py): at +infinity a key releases up to its furthest armed rung,
-the first step numbered a multiple of 16 at or after its first step the watermark had not closed."""
+the first step numbered a multiple of 16 at or after its first step the watermark had not closed.
+
+Every rule is checked keyed by stream and keyed by groups of streams (``stream_groups``): the
+releases must be the same."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from apache_beam.transforms.window import TimestampedValue
 
 from beam_dp.beam import ContinualSum, ContinualSumParams, Reason
 from beam_dp.core import StepClock
+from beam_dp.io import ReleaseColumns
 from beam_dp.mechanisms.replay import replay_event_time
 from beam_dp.steps.schema import release_to_row
 from tests.beam.helpers import domain_noise, labelled, reasons_are, rows_match, streaming_options
@@ -57,14 +61,21 @@ _SEEN: dict[str, list] = {}
 
 
 def _collect(item, kind: str) -> None:  # a module function: pickled by reference, so _SEEN is this module's
-    _SEEN.setdefault(kind, []).append(item)
+    _SEEN.setdefault(kind, []).extend(item.rows() if isinstance(item, ReleaseColumns) else [item])
 
 
-def _run(stream: TestStream, params, expected, reasons):
-    """Runs to the end and checks every output. Outputs of the final (+infinity) timer round reach a
-    ``Map`` but are behind the global window's end for a ``GroupByKey`` (``assert_that``) in the
-    DirectRunner, so they are collected in this process instead."""
+@pytest.fixture(params=[None, 2], ids=["by-stream", "by-2-groups"])
+def groups(request):
+    return request.param
+
+
+def _run(stream: TestStream, params, expected, reasons, groups=None):
+    """Runs to the end (keyed by stream, or by ``groups`` groups of streams) and checks every output.
+    Outputs of the final (+infinity) timer round reach a ``Map`` but are behind the global window's
+    end for a ``GroupByKey`` (``assert_that``) in the DirectRunner, so they are collected in this
+    process instead."""
     _SEEN.clear()
+    params = dataclasses.replace(params, stream_groups=groups)
     with beam.Pipeline(options=streaming_options()) as p:
         out = p | stream | ContinualSum(params)
         out.releases | "Releases" >> beam.Map(_collect, "releases")
@@ -77,7 +88,7 @@ def _at(*events):
     return [TimestampedValue(e, e[1]) for e in events]
 
 
-def test_data_within_the_grace_counts_and_later_data_is_dead_lettered():
+def test_data_within_the_grace_counts_and_later_data_is_dead_lettered(groups):
     params = ContinualSumParams(dim=1, epsilon=1.0, clip_bound=1.0, clock=OPEN, allowed_lateness=5.0)
     on_time = [("a", 1.0, [0.5]), ("a", 3.0, [0.25]), ("a", 12.0, [0.75])]
     stream = (TestStream().add_elements(_at(on_time[0], on_time[2]))
@@ -89,10 +100,10 @@ def test_data_within_the_grace_counts_and_later_data_is_dead_lettered():
               .advance_watermark_to_infinity())
     # steps 1-2 close by the grace (step 3 ends at 30 s + 5 s grace > 30 s); at the end Beam releases
     # through step 16, the furthest rung (the driver's exact rule: through step 3, begun before 30 - 5 s)
-    _run(stream, params, _expected(params, on_time, 16), {Reason.LATE: 1})
+    _run(stream, params, _expected(params, on_time, 16), {Reason.LATE: 1}, groups)
 
 
-def test_watermark_at_infinity_ends_an_open_clock_cleanly():
+def test_watermark_at_infinity_ends_an_open_clock_cleanly(groups):
     params = ContinualSumParams(dim=1, epsilon=1.0, clip_bound=1.0, clock=OPEN)
     on_time = [("a", 5.0, [0.5]), ("a", 21.0, [0.5]), ("a", 95.0, [0.5])]
     stream = (TestStream().add_elements(_at(*on_time, ("a", 175.0, [0.5])))  # step 18: never reached
@@ -100,10 +111,10 @@ def test_watermark_at_infinity_ends_an_open_clock_cleanly():
               .advance_watermark_to_infinity())
     # steps 1-2 closed by the watermark; at the end steps 3..16 (the furthest rung), nothing after
     # (the exact rule: through step 3); step 18's buffered data: unclosed
-    _run(stream, params, _expected(params, on_time, 16), {Reason.UNCLOSED: 1})
+    _run(stream, params, _expected(params, on_time, 16), {Reason.UNCLOSED: 1}, groups)
 
 
-def test_a_stream_first_seen_late_never_releases_behind_the_watermark():
+def test_a_stream_first_seen_late_never_releases_behind_the_watermark(groups):
     params = ContinualSumParams(dim=1, epsilon=1.0, clip_bound=1.0, clock=OPEN)
     a = [("a", 5.0, [0.5]), ("a", 15.0, [0.5])]
     late = [("late", 55.0, [0.5])]
@@ -116,10 +127,10 @@ def test_a_stream_first_seen_late_never_releases_behind_the_watermark():
     # up to the furthest rung at the end (step 16)
     expected = _expected(params, a, 16) + _expected(params, late, 16, first_step=6)
     assert sorted(r.step for r in expected if r.stream == "late") == list(range(6, 17))
-    _run(stream, params, expected, {Reason.LATE: 1})
+    _run(stream, params, expected, {Reason.LATE: 1}, groups)
 
 
-def test_a_watermark_jump_closes_every_passed_step_in_few_firing_rounds():
+def test_a_watermark_jump_closes_every_passed_step_in_few_firing_rounds(groups):
     """A jump of 100 steps closes steps 1..100 in order, each once, through the rungs (1, 4, 16)."""
     params = ContinualSumParams(dim=1, epsilon=1.0, clip_bound=1.0, clock=OPEN)
     events = [("a", 5.0, [0.5]), ("a", 505.0, [0.25]), ("a", 995.0, [1.0])]
@@ -128,4 +139,4 @@ def test_a_watermark_jump_closes_every_passed_step_in_few_firing_rounds():
               .add_elements(_at(("a", 999.0, [1.0])))  # step 100: closed, late
               .advance_watermark_to_infinity())
     # at the end: through step 112, the first multiple of 16 at or after step 101
-    _run(stream, params, _expected(params, events, 112), {Reason.LATE: 1})
+    _run(stream, params, _expected(params, events, 112), {Reason.LATE: 1}, groups)
