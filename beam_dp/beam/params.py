@@ -24,9 +24,9 @@ from beam_dp.core.budget import check_params_budget
 from beam_dp.core.limits import (EPSILON_RANGE, MAX_DIM, MAX_SCALE, MIN_SCALE, check_count, check_delta, check_noise_std,
                                  check_number, check_window)
 from beam_dp.core.clock import StepClock
-from beam_dp.mechanisms.base import ContinualSumMechanism, GroupSteppedSum
+from beam_dp.mechanisms.base import ContinualSumMechanism
 from beam_dp.mechanisms.snapping import SnappedSum
-from beam_dp.steps.params import NoiseKey, StepParams
+from beam_dp.steps.params import NoiseKey, StepParams, check_stream_groups
 
 __all__ = ["ContinualCountParams", "ContinualSumParams", "NoiseKey", "WindowedSumParams"]
 
@@ -71,22 +71,6 @@ class _VectorSumParams(StepParams):
                 except (OverflowError, ZeroDivisionError, FloatingPointError):
                     std = math.inf
                 check_noise_std(std, f"epsilon={self.epsilon!r}, delta={self.delta!r}, clip_bound={self.clip_bound!r}")
-
-    def _validate_stream_groups(self, mechanism: ContinualSumMechanism) -> None:
-        """``stream_groups`` needs event-time steps, no restored states and a group-stepped mechanism."""
-        if self.stream_groups is None:
-            return
-        from beam_dp.mechanisms.stream_groups import MAX_STREAM_GROUPS
-
-        check_count("stream_groups", self.stream_groups, 1, MAX_STREAM_GROUPS)
-        if self.clock is None:
-            raise ValueError("stream_groups needs event-time steps (a clock): count steps are per stream")
-        if self.restore_states is not None:
-            raise ValueError("stream_groups cannot restore per-stream states: leave stream_groups=None")
-        if not isinstance(mechanism, GroupSteppedSum):
-            raise ValueError(
-                f"stream_groups needs a mechanism that steps groups of streams; {mechanism.name} does not "
-                "(use counter 'blt', 'toeplitz', 'honaker', 'kary' or 'auto', and no granularity)")
 
     def _mechanism_kwargs(self, clip_bound: float) -> dict:
         return dict(
@@ -140,7 +124,7 @@ class ContinualSumParams(_VectorSumParams):
                 raise ValueError(f"the clock has {self.clock.last_step} steps but horizon is {self.horizon}")
         mechanism = self.build_mechanism()
         self._validate_noise(mechanism, self.horizon or _public_end(self.clock))
-        self._validate_stream_groups(mechanism)
+        check_stream_groups(self, mechanism)
         check_params_budget(self, mechanism)
 
     def build_mechanism(self):
@@ -177,7 +161,7 @@ class WindowedSumParams(_VectorSumParams):
         check_window(self.window, self.dim)
         mechanism = self.build_mechanism()
         self._validate_noise(mechanism, _public_end(self.clock))
-        self._validate_stream_groups(mechanism)
+        check_stream_groups(self, mechanism)
         check_params_budget(self, mechanism)
 
     def build_mechanism(self):

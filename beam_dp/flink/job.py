@@ -6,6 +6,8 @@
 
 ``events`` are ``(stream_id, timestamp seconds, value)``; ``params`` a
 :class:`~beam_dp.flink.params.FlinkReleaseParams` (or a Beam params object of the continual sums).
+With ``params.stream_groups`` the function is keyed by groups of streams
+(:mod:`beam_dp.mechanisms.stream_groups`: the same public hash, join rule and releases as on Beam).
 ``releases`` is a DataStream of release rows as JSON (the columns of ``beam_dp.io.ReleaseRow``),
 ``dead`` the dead-letter side output (JSON ``reason``, ``detail``, ``stream``, ``element``).
 
@@ -25,6 +27,8 @@ import pickle
 import sys
 from typing import Any, Iterator
 
+import numpy as np
+
 from pyflink.common import Configuration, Duration, Types, WatermarkStrategy
 from pyflink.common.watermark_strategy import TimestampAssigner
 from pyflink.datastream import OutputTag, RuntimeExecutionMode, StreamExecutionEnvironment
@@ -32,11 +36,12 @@ from pyflink.datastream.functions import KeyedProcessFunction, RuntimeContext
 from pyflink.datastream.state import ListStateDescriptor, ValueStateDescriptor
 
 from beam_dp.core.budget import composition_of
+from beam_dp.mechanisms.stream_groups import GroupBlock, GroupedSum, group_key, group_of
 from beam_dp.steps.coder import decode_entry, decode_key_state, encode_entry, encode_key_state
 from beam_dp.steps.driver import RELEASE, Output, StepDriver
 from beam_dp.steps.events import DEAD_LETTER, DeadLetter, parse_contribution
-from beam_dp.steps.policies import BlockPolicy
-from beam_dp.steps.schema import ReleaseLabels
+from beam_dp.steps.policies import BlockPolicy, GroupPolicy
+from beam_dp.steps.schema import ReleaseColumns, ReleaseLabels
 
 __all__ = ["DEAD_LETTERS", "EVENT_TYPE", "ContinualReleaseFunction", "local_environment", "release_stream",
            "to_event"]
@@ -70,7 +75,7 @@ def _dead_json(letter: DeadLetter) -> str:
 
 
 class ContinualReleaseFunction(KeyedProcessFunction):
-    """Keyed by stream; moves state and timers between Flink and the driver, nothing else."""
+    """Keyed by stream (or group of streams); moves state and timers between Flink and the driver, nothing else."""
 
     def __init__(self, params: Any):
         self._params = params
@@ -78,7 +83,10 @@ class ContinualReleaseFunction(KeyedProcessFunction):
     def open(self, runtime_context: RuntimeContext) -> None:
         params = self._params
         self._mechanism = params.build_mechanism()
-        self._driver = StepDriver.for_params(params, BlockPolicy(self._mechanism, params.noise_key.load()))
+        self._grouped = getattr(params, "stream_groups", None) is not None
+        noise = params.noise_key.load()
+        policy = GroupPolicy(GroupedSum(self._mechanism), noise) if self._grouped else BlockPolicy(self._mechanism, noise)
+        self._driver = StepDriver.for_params(params, policy)
         self._labels = ReleaseLabels(params.noise_key.domain, composition_of(self._mechanism), params.budget)
         self._streams = frozenset(params.streams) if params.streams is not None else None
         self._key = runtime_context.get_state(ValueStateDescriptor("beam_dp_key_state", _BYTES))
@@ -87,7 +95,8 @@ class ContinualReleaseFunction(KeyedProcessFunction):
     def _emit(self, outputs: list[Output]) -> Iterator:
         for tag, value in outputs:
             if tag == RELEASE:
-                yield json.dumps(self._labels(value)._asdict(), sort_keys=True)
+                for row in value.rows() if isinstance(value, ReleaseColumns) else (value,):
+                    yield json.dumps(self._labels(row)._asdict(), sort_keys=True)
             else:
                 yield DEAD_LETTERS, _dead_json(value)
 
@@ -108,7 +117,13 @@ class ContinualReleaseFunction(KeyedProcessFunction):
     def process_element(self, value, ctx: KeyedProcessFunction.Context):
         stream, seconds, payload = value
         if payload == _DECLARE:
-            if self._key.value() is None and isinstance(stream, str) and stream:
+            if not (isinstance(stream, str) and stream):
+                return
+            if self._grouped:  # a group learns its declared streams as carried items
+                state = self._state(ctx.get_current_key(), ctx)
+                self._driver.carry(state, self._buffer, GroupBlock.declaring([stream], self._mechanism.dim))
+                self._key.update(encode_key_state(state))
+            elif self._key.value() is None:
                 self._key.update(encode_key_state(self._state(stream, ctx)))
             return
         parsed = parse_contribution((stream, seconds, payload), self._mechanism, self._driver.clock, self._streams)
@@ -116,8 +131,10 @@ class ContinualReleaseFunction(KeyedProcessFunction):
             yield DEAD_LETTERS, _dead_json(parsed)
             return
         stream, step, block = parsed
-        state = self._state(stream, ctx)
-        outputs = self._driver.add(state, self._buffer, step, block, (stream, seconds, payload))
+        if self._grouped:
+            block = GroupBlock((stream,), block.vector[None, :], np.array([block.count]), np.array([block.clipped]))
+        state = self._state(ctx.get_current_key() if self._grouped else stream, ctx)
+        outputs = self._driver.add(state, self._buffer, step, block, (stream, seconds, payload), stream)
         self._key.update(encode_key_state(state))
         yield from self._emit(outputs)
 
@@ -183,8 +200,14 @@ def release_stream(env: StreamExecutionEnvironment, events, params: Any, max_del
         if params.clock is not None:
             markers = markers.assign_timestamps_and_watermarks(watermarks(0, idle_ms))
         events = events.union(markers)
+    groups = getattr(params, "stream_groups", None)
+
+    def key(event) -> str:
+        stream = event[0] if isinstance(event[0], str) else ""
+        return group_key(group_of(stream, groups)) if groups is not None else stream
+
     releases = (events
-                .key_by(lambda e: e[0] if isinstance(e[0], str) else "", key_type=Types.STRING())
+                .key_by(key, key_type=Types.STRING())
                 .process(ContinualReleaseFunction(params), output_type=Types.STRING()))
     return releases, releases.get_side_output(DEAD_LETTERS)
 

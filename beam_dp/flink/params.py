@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from beam_dp.steps.params import StepParams
+from beam_dp.steps.params import StepParams, check_stream_groups
 
 __all__ = ["DOMAIN", "FlinkReleaseParams"]
 
@@ -23,9 +23,12 @@ class FlinkReleaseParams(StepParams):
     clip_bound=1.0)``), called on each worker. ``noise_key.domain`` defaults to :data:`DOMAIN`. Flink
     timers are in milliseconds, so the step start, the period and the grace must be whole milliseconds.
     A Beam params object of the continual sums with a bound ``noise_key.domain`` works in its place.
+    ``stream_groups``: key the function by this many groups of streams (event time, a mechanism that
+    steps groups; see ``beam_dp.mechanisms.stream_groups``); None keys by stream.
     """
 
     build: Callable[[], Any] | None = None
+    stream_groups: int | None = None
 
     def __post_init__(self) -> None:
         if not callable(self.build):
@@ -37,7 +40,9 @@ class FlinkReleaseParams(StepParams):
             raise ValueError("Flink timers are in milliseconds: the step start and period must be whole ms")
         if round(self.allowed_lateness * 1_000_000) % 1000:
             raise ValueError("Flink timers are in milliseconds: allowed_lateness must be whole ms")
-        self.build()  # invalid privacy parameters fail here, before a job is submitted
+        mechanism = self.build()  # invalid privacy parameters fail here, before a job is submitted
+        if self.stream_groups is not None:
+            check_stream_groups(self, mechanism)
 
     def build_mechanism(self) -> Any:
         return self.build()

@@ -18,7 +18,7 @@ from beam_dp.core.budget import BudgetShare
 from beam_dp.core.clock import StepClock
 from beam_dp.core.noise import KEY_ENV_VAR, NoiseSource
 
-__all__ = ["NoiseKey", "StepParams", "check_schedule", "check_streams"]
+__all__ = ["NoiseKey", "StepParams", "check_schedule", "check_stream_groups", "check_streams"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,25 @@ def check_schedule(clock: StepClock | None, block_size: Any, allowed_lateness: A
         raise ValueError(f"allowed_lateness must be a finite number of seconds >= 0, got {allowed_lateness!r}")
     if allowed_lateness and clock is None:
         raise ValueError("allowed_lateness applies to event-time steps (a clock) only")
+
+
+def check_stream_groups(params: Any, mechanism: Any) -> None:
+    """``params.stream_groups`` (None, or groups in ``[1, 2^20]``) needs event-time steps, no restored
+    per-stream states and a mechanism that steps groups (``GroupSteppedSum``)."""
+    if params.stream_groups is None:
+        return
+    from beam_dp.mechanisms.base import GroupSteppedSum
+    from beam_dp.mechanisms.stream_groups import MAX_STREAM_GROUPS
+
+    limits.check_count("stream_groups", params.stream_groups, 1, MAX_STREAM_GROUPS)
+    if params.clock is None:
+        raise ValueError("stream_groups needs event-time steps (a clock): count steps are per stream")
+    if params.restore_states is not None:
+        raise ValueError("stream_groups cannot restore per-stream states: leave stream_groups=None")
+    if not isinstance(mechanism, GroupSteppedSum):
+        raise ValueError(
+            f"stream_groups needs a mechanism that steps groups of streams; {mechanism.name} does not "
+            "(use counter 'blt', 'toeplitz', 'honaker', 'kary' or 'auto', and no granularity)")
 
 
 @dataclass(frozen=True)
