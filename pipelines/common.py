@@ -18,6 +18,7 @@ from typing import Any, Iterator
 
 import apache_beam as beam
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
@@ -38,6 +39,7 @@ __all__ = [
     "metrics_summary",
     "output_summary",
     "write_dead_letters",
+    "release_table_or_none",
     "write_releases",
 ]
 
@@ -252,6 +254,16 @@ class _WriteBundleFiles(beam.DoFn):
         self._items = []
 
 
+def release_table_or_none(out_dir: str, name: str, columns: list[str] | None = None) -> pa.Table | None:
+    """The releases ``<out_dir>/<name>-*`` as one table (``beam_dp.io.read_release_table``), None if none were written."""
+    from beam_dp.io import read_release_table
+
+    try:
+        return read_release_table(join(out_dir, f"{name}-*"), columns)
+    except FileNotFoundError:
+        return None
+
+
 def write_releases(releases: beam.PCollection, out_dir: str, name: str, fmt: str, streaming: bool,
                    columnar: bool = False):
     """Write releases (rows, or ``ReleaseColumns`` when ``columnar``) to ``<out_dir>/<name>-*.parquet``
@@ -295,21 +307,17 @@ def metrics_summary(result) -> str:
 
 def output_summary(out_dir: str, names: list[str]) -> list[str]:
     """Summary lines of a finished local run: releases per output, epsilon spent, dead letters by reason."""
-    from beam_dp.io import read_releases
-
     lines = []
     for name in names:
-        try:
-            rows = read_releases(join(out_dir, f"{name}-*"))
-        except FileNotFoundError:
-            rows = []
-        if not rows:
+        table = release_table_or_none(out_dir, name, ["stream", "mechanism", "epsilon_spent", "epsilon_budget"])
+        if table is None or not table.num_rows:
             lines.append(f"  {name}: no releases")
             continue
-        streams = sorted({r["stream"] for r in rows})
-        eps = max(r["epsilon_spent"] for r in rows)
-        lines.append(f"  {name}: {len(rows)} releases, {len(streams)} streams, mechanism {rows[0]['mechanism']}, "
-                     f"max epsilon_spent {eps:.4g} of budget {rows[0]['epsilon_budget']:g}")
+        streams = len(pc.unique(table.column("stream")))
+        eps = pc.max(table.column("epsilon_spent")).as_py()
+        lines.append(f"  {name}: {table.num_rows} releases, {streams} streams, mechanism "
+                     f"{table.column('mechanism')[0].as_py()}, max epsilon_spent {eps:.4g} of budget "
+                     f"{table.column('epsilon_budget')[0].as_py():g}")
     letters = [json.loads(line) for line in read_text_lines(join(out_dir, "dead_letter-*.jsonl"))]
     reasons = Counter(f"{d['stage']}:{d['reason']}" for d in letters)
     lines.append(f"  dead letters: {len(letters)} {dict(sorted(reasons.items())) if reasons else ''}".rstrip())

@@ -185,23 +185,24 @@ def summary(job: Plan, opts) -> list[str]:
     verification from the written release files."""
     source = "embedded demo dataset" if job.demo else (opts.input or opts.source)
     lines = [f"  input: {source}; dim={job.dim}; steps of {job.clock.period:g}s, {job.clock.last_step} steps"]
-    for name in job.params:
-        last = [r for r in _read_or_empty(job.out_dir, name) if r["step"] == job.clock.last_step]
-        noise_std = last[0]["meta"].get("noise_std") if last else None
+    import json
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from beam_dp.verify import VERIFIED_COLUMNS
+    from pipelines.common import release_table_or_none
+
+    tables = {name: release_table_or_none(job.out_dir, name, list(VERIFIED_COLUMNS)) for name in job.params}
+    tables = {name: table for name, table in tables.items() if table is not None}
+    for name, table in tables.items():
+        last = table.filter(pc.equal(table.column("step"), job.clock.last_step)).slice(0, 1).column("meta").to_pylist()
+        noise_std = json.loads(last[0]).get("noise_std") if last else None
         if noise_std:
             lines.append(f"  {name}: noise std at the last step {noise_std:.3g}")
     shares = ", ".join(f"{name} epsilon={params.epsilon:.4g}" for name, params in job.params.items())
     lines.append(f"  job budget: ({opts.epsilon:g}, {opts.delta:g}) per contribution, split as {shares}")
-    return lines + verified_lines([row for name in job.params for row in _read_or_empty(job.out_dir, name)])
-
-
-def _read_or_empty(out_dir: str, name: str) -> list[dict]:
-    from beam_dp.io import read_releases
-
-    try:
-        return read_releases(join(out_dir, f"{name}-*"))
-    except FileNotFoundError:
-        return []
+    return lines + (verified_lines(pa.concat_tables(tables.values())) if tables else [])
 
 
 def write_demo(job: Plan) -> str:

@@ -10,10 +10,13 @@ and the block a ``GroupBlock`` of every stream of that group and step in the inp
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Iterator
 
 import apache_beam as beam
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from apache_beam.metrics import Metrics
 
 from beam_dp.core.limits import MAX_ABS_SECONDS, is_utf8
@@ -25,23 +28,33 @@ __all__ = ["DEAD_LETTER", "MergeClippedSums", "ParseEvents"]
 
 
 class MergeClippedSums(beam.CombineFn):
-    """Sums ``ClippedSum`` blocks of one (stream, step); lifted before the shuffle by Beam."""
+    """Sums the blocks (``ClippedSum`` or ``GroupBlock``) of one key and step; lifted before the shuffle
+    by Beam. Blocks are gathered and summed ``_BATCH`` at a time (one sort per batch of group blocks)."""
+
+    _BATCH = 64
 
     def create_accumulator(self):
-        return None
+        return []
 
     def add_input(self, acc, block):
-        return block if acc is None else acc.merge(block)
+        acc.append(block)
+        return [_combine(acc)] if len(acc) >= self._BATCH else acc
 
     def merge_accumulators(self, accs):
-        out = None
-        for acc in accs:
-            if acc is not None:
-                out = acc if out is None else out.merge(acc)
-        return out
+        merged = [block for acc in accs for block in acc]
+        return [_combine(merged)] if len(merged) >= self._BATCH else merged
+
+    def compact(self, acc):
+        return [_combine(acc)] if len(acc) > 1 else acc
 
     def extract_output(self, acc):
-        return acc
+        return _combine(acc) if acc else None
+
+
+def _combine(blocks: list) -> Any:
+    if isinstance(blocks[0], GroupBlock):
+        return GroupBlock.combine(blocks)
+    return functools.reduce(lambda a, b: a.merge(b), blocks)
 
 
 class ParseEvents(beam.DoFn):
@@ -110,7 +123,7 @@ class ParseEvents(beam.DoFn):
                 yield from self.process(batch.row(i))
             return
         reasons = np.full(n, "", dtype=object)
-        good_id = np.array([isinstance(s, str) and bool(s) and is_utf8(s) for s in streams], dtype=bool)
+        good_id = _good_stream_ids(streams)
         reasons[~good_id] = Reason.BAD_STREAM_ID
         if self._streams is not None:
             declared = np.array([s in self._streams for s in streams], dtype=bool)
@@ -160,8 +173,10 @@ class ParseEvents(beam.DoFn):
 
     def _emit_groups(self, names, steps, sums, counts, clipped, row_block, streams_ok, seconds_ok, values_ok) -> Iterator:
         """One ``GroupBlock`` per (group, step) from the per-(stream, step) sums (streams sorted by name)."""
-        keys = np.array([self._key_of(str(name)) for name in names], dtype=object)
-        key_names, key_idx = np.unique(keys.astype(str), return_inverse=True)
+        stream_names, stream_idx = np.unique(names.astype(str), return_inverse=True)
+        stream_keys = np.array([self._key_of(name) for name in stream_names.tolist()], dtype=str)
+        key_names, key_of_stream = np.unique(stream_keys, return_inverse=True)
+        key_idx = key_of_stream[stream_idx]
         order = np.lexsort((names.astype(str), steps, key_idx))
         cuts = np.flatnonzero(np.diff(key_idx[order] * (int(steps.max()) + 1) + steps[order])) + 1
         parts = np.split(order, cuts)
@@ -178,6 +193,18 @@ class ParseEvents(beam.DoFn):
                 rows = members[i]
                 original = EventBatch(streams_ok[rows], seconds_ok[rows], values_ok[rows])
             yield (key, step) if self._pre_aggregate else key, (block if self._pre_aggregate else (step, block, original))
+
+
+def _good_stream_ids(streams: np.ndarray) -> np.ndarray:
+    """Which ids are non-empty UTF-8 strings: one Arrow conversion when every id is a string (the usual
+    case), else one check per row."""
+    try:
+        ids = pa.array(streams, from_pandas=False)
+    except (pa.ArrowException, UnicodeError):
+        ids = None
+    if ids is not None and pa.types.is_string(ids.type):
+        return np.asarray(pc.fill_null(pc.greater(pc.utf8_length(ids), 0), False).to_numpy(zero_copy_only=False))
+    return np.array([isinstance(s, str) and bool(s) and is_utf8(s) for s in streams], dtype=bool)
 
 
 def _rows_by_group(groups: np.ndarray, n_groups: int) -> list[np.ndarray]:

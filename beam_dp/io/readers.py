@@ -9,10 +9,13 @@ from typing import Any
 
 import numpy as np
 
+import pyarrow as pa
+
 from beam_dp.core.release import Release
 from beam_dp.io.tables import read_parquet_batches
+from beam_dp.steps.schema import RELEASE_SCHEMA
 
-__all__ = ["read_releases", "row_to_release"]
+__all__ = ["read_release_table", "read_releases", "row_to_release"]
 
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
 
@@ -33,19 +36,43 @@ def _match(pattern: str) -> list[str]:
         return []
 
 
+def _paths(pattern: str) -> list[str]:
+    paths = _match(pattern) or _match(pattern + "*")
+    if not paths:
+        raise FileNotFoundError(f"no release files match {pattern!r}")
+    return paths
+
+
+def read_release_table(pattern: str, columns: "list[str] | tuple[str, ...] | None" = None) -> pa.Table:
+    """The releases of every ``.parquet`` or JSON-lines file matching ``pattern`` as one Arrow table of
+    :data:`~beam_dp.io.RELEASE_SCHEMA` (or its ``columns``), in file order: for summaries and checks of
+    large outputs without a Python object per release."""
+    from apache_beam.io.filesystems import FileSystems
+
+    schema = RELEASE_SCHEMA if columns is None else pa.schema([RELEASE_SCHEMA.field(c) for c in columns])
+    tables = []
+    for path in _paths(pattern):
+        with FileSystems.open(path) as fh:
+            if path.endswith(".parquet"):
+                batches = read_parquet_batches(fh)
+                table = pa.Table.from_batches(batches) if batches else RELEASE_SCHEMA.empty_table()
+            else:
+                rows = [json.loads(line) for line in fh.read().decode("utf-8").splitlines() if line.strip()]
+                table = pa.Table.from_pylist(rows, schema=RELEASE_SCHEMA)
+        tables.append(table.select(schema.names))
+    return pa.concat_tables(tables)
+
+
 def read_releases(pattern: str) -> list[dict]:
     """Read every ``.parquet`` or JSON-lines file matching ``pattern`` (a glob or a file prefix).
 
     Returns dicts with the release columns; ``meta`` parsed from JSON, ``step_start``/``step_end``
     as µs since the epoch; sorted by (stream, step).
     """
-    paths = _match(pattern) or _match(pattern + "*")
-    if not paths:
-        raise FileNotFoundError(f"no release files match {pattern!r}")
     from apache_beam.io.filesystems import FileSystems
 
     rows: list[dict] = []
-    for path in paths:
+    for path in _paths(pattern):
         with FileSystems.open(path) as fh:
             if path.endswith(".parquet"):
                 rows.extend(row for batch in read_parquet_batches(fh) for row in batch.to_pylist())

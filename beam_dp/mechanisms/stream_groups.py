@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterable, Sequence
+from typing import ClassVar, Iterable, Sequence
 
 import numpy as np
 
@@ -81,12 +81,19 @@ class GroupBlock:
         return int(np.sum(self.counts))
 
     def merge(self, other: "GroupBlock") -> "GroupBlock":
-        names, where = np.unique(np.array(self.streams + other.streams, dtype=object).astype(str), return_inverse=True)
+        return GroupBlock.combine([self, other])
+
+    @staticmethod
+    def combine(blocks: Sequence["GroupBlock"]) -> "GroupBlock":
+        """One block summing ``blocks`` stream by stream (one sort of all their streams)."""
+        if len(blocks) == 1:
+            return blocks[0]
+        names, where = np.unique(np.array([s for b in blocks for s in b.streams], dtype=str), return_inverse=True)
         n = len(names)
-        sums = np.zeros((n, self.sums.shape[1]))
-        np.add.at(sums, where, np.concatenate([self.sums, other.sums]))
-        counts = np.bincount(where, np.concatenate([self.counts, other.counts]), minlength=n).astype(np.int64)
-        clipped = np.bincount(where, np.concatenate([self.clipped, other.clipped]), minlength=n).astype(np.int64)
+        sums = np.zeros((n, blocks[0].sums.shape[1]))
+        np.add.at(sums, where, np.concatenate([b.sums for b in blocks]))
+        counts = np.bincount(where, np.concatenate([b.counts for b in blocks]), minlength=n).astype(np.int64)
+        clipped = np.bincount(where, np.concatenate([b.clipped for b in blocks]), minlength=n).astype(np.int64)
         return GroupBlock(tuple(names.tolist()), sums, counts, clipped)
 
 
@@ -126,10 +133,7 @@ class GroupedSum:
         return decode_state(StreamGroupsState, data)
 
     def merge_blocks(self, items: list[GroupBlock]) -> GroupBlock:
-        merged = items[0]
-        for item in items[1:]:
-            merged = merged.merge(item)
-        return merged
+        return GroupBlock.combine(items)
 
     @staticmethod
     def block_count(item: GroupBlock) -> int:
