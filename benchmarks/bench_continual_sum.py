@@ -68,12 +68,13 @@ def options() -> PipelineOptions:
     return opts
 
 
-def run_beam(pattern: str, params: ContinualSumParams, out: Path) -> tuple[float, float]:
-    """Wall and CPU seconds of the Beam job (keyed by stream, or by ``params.stream_groups`` groups)."""
+def run_beam(pattern: str, params: ContinualSumParams, out: Path, pre_aggregate: bool | None = None) -> tuple[float, float]:
+    """Wall and CPU seconds of the Beam job (keyed by stream, or by ``params.stream_groups`` groups);
+    ``pre_aggregate=False``: the path of an unbounded input (no combiner; blocks keep their rows)."""
     t0, c0 = time.perf_counter(), time.process_time()
     with beam.Pipeline(options=options()) as p:
         batches, _ = p | ReadEventFiles(pattern)
-        (batches | ContinualSum(params)).releases | WriteReleasesToParquet(
+        (batches | ContinualSum(params, pre_aggregate=pre_aggregate)).releases | WriteReleasesToParquet(
             str(out), columnar=params.stream_groups is not None)
     return time.perf_counter() - t0, time.process_time() - c0
 
@@ -141,6 +142,8 @@ def main() -> int:
     ap.add_argument("--state-steps", type=int, default=1_000_000)
     ap.add_argument("--skip-per-event", action="store_true")
     ap.add_argument("--stream-groups", default="0", help="comma list of group counts for the Beam path (0: by stream)")
+    ap.add_argument("--streaming-path", action="store_true",
+                    help="run the Beam path as for an unbounded input (no pre-aggregation), on the same files")
     ap.add_argument("--out", default=None, help="Markdown file to append the results to")
     args = ap.parse_args()
     os.environ["BEAM_DP_NOISE_KEY"] = KEY.hex()  # the Beam workers' key: the same as the pure path's
@@ -158,7 +161,8 @@ def main() -> int:
         for groups in [int(g) for g in args.stream_groups.split(",")]:
             grouped = dataclasses.replace(params, stream_groups=groups or None)
             out = tmp / f"beam{groups}"
-            beam_runs[groups] = run_beam(str(tmp / "events.parquet"), grouped, out)
+            beam_runs[groups] = run_beam(str(tmp / "events.parquet"), grouped, out,
+                                         False if args.streaming_path else None)
             beam_rows = read_releases(str(out) + "-*")
             pure_rows = read_releases(str(tmp / "pure.parquet"))
             assert [(r["stream"], r["step"]) for r in beam_rows] == [(r["stream"], r["step"]) for r in pure_rows]
@@ -177,6 +181,7 @@ def main() -> int:
     lines.append(f"| pure mechanism loop (pyarrow read + replay + Parquet write) | {t_pure:.2f} | | | {n / t_pure:,.0f} | 1.00 |")
     for groups, (wall, cpu) in beam_runs.items():
         keyed = "keyed by stream" if not groups else f"keyed by {groups} stream groups, columnar releases"
+        keyed += ", unbounded-input path (no pre-aggregation)" if args.streaming_path else ""
         lines.append(f"| Beam FnApiRunner, Parquet → EventBatch blocks, {keyed} | {wall:.2f} | {cpu:.2f} | "
                      f"{1e6 * cpu / releases:.1f} | {n / wall:,.0f} | {wall / t_pure:.2f} |")
     if t_elem is not None:

@@ -8,7 +8,8 @@ Writes the synthetic events of ``bench_throughput.make_events`` (N(0, 0.5²) coo
 steps) to one Parquet file, then runs, each in its own process, the job on the DirectRunner's
 FnApiRunner with ``--noise gaussian --delta 1e-6`` (the BLT counter) and ``--stream-groups G``
 (0 = keyed by stream), and reports the CPU seconds of that process (user + system: reading, parsing,
-the release stage, the Parquet sink, the verifier and the summary) per release. The floor is
+the release stage, the Parquet sink, the verifier and the summary) per release, with and without the
+CPU of a process that only starts the interpreter and imports the job's modules. The floor is
 ``bench_throughput.run_floor`` on the same events in this process (CPU of the floor only).
 ``--check`` compares every run's releases with the first run's (same noise key: they must agree within
 float summation order).
@@ -45,11 +46,17 @@ def write_events(path: Path, ids, ts, values) -> None:
     pq.write_table(pa.table(columns), path, row_group_size=65_536)
 
 
+_STARTUP = "import apache_beam, beam_dp.beam, beam_dp.io.sources, pipelines.common, pipelines.continual_stats"
+
+
 def run_job(events: Path, out: Path, steps: int, groups: int) -> tuple[float, float]:
     """Wall and CPU seconds (the child process: user + system) of one run of the job."""
-    argv = [sys.executable, "-m", "pipelines.continual_stats", f"--input={events}", f"--output={out}",
-            "--start=0", "--period=1", f"--end={steps}", "--noise=gaussian", "--delta=1e-6", "--epsilon=1",
-            "--clip-bound=1", f"--stream-groups={groups}"]
+    return _child([sys.executable, "-m", "pipelines.continual_stats", f"--input={events}", f"--output={out}",
+                   "--start=0", "--period=1", f"--end={steps}", "--noise=gaussian", "--delta=1e-6", "--epsilon=1",
+                   "--clip-bound=1", f"--stream-groups={groups}"])
+
+
+def _child(argv: list[str]) -> tuple[float, float]:
     env = {**os.environ, "BEAM_DP_NOISE_KEY": KEY, "PYTHONPATH": str(ROOT)}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     wall = time.perf_counter()
@@ -79,8 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     releases = args.streams * args.steps
     lines = [f"### Main job: {args.events:,} events, {args.streams:,} streams × {args.steps:,} steps, d = {args.dim} "
              f"({releases:,} releases)\n",
-             "| run | wall (s) | CPU (s) | CPU µs per release | × floor | events/s per CPU-second |",
-             "|---|---|---|---|---|---|"]
+             "| run | wall (s) | CPU (s) | CPU µs per release | × floor | without start-up: µs per release, × floor "
+             "| events/s per CPU-second |",
+             "|---|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         write_events(tmp / "events.parquet", ids, ts, values)
@@ -88,14 +96,17 @@ def main(argv: list[str] | None = None) -> int:
         run_floor(ids, ts, values, args.steps, build("blt", args.steps, args.dim), str(tmp / "floor.parquet"))
         floor = time.process_time() - cpu
         lines.append(f"| numpy floor (bench_throughput.run_floor) | | {floor:.2f} | {1e6 * floor / releases:.1f} | 1.00 "
-                     f"| {args.events / floor:,.0f} |")
+                     f"| | {args.events / floor:,.0f} |")
+        _, startup = _child([sys.executable, "-c", _STARTUP])
+        lines.append(f"| start-up only (interpreter + imports of the job) | | {startup:.1f} | | | | |")
         first = None
         for groups in [int(g) for g in args.stream_groups.split(",")]:
             out = tmp / f"job{groups}"
             wall, cpu = run_job(tmp / "events.parquet", out, args.steps, groups)
             keyed = "keyed by stream" if groups == 0 else f"--stream-groups {groups}"
             lines.append(f"| continual_stats, {keyed} | {wall:.1f} | {cpu:.1f} | {1e6 * cpu / releases:.1f} | "
-                         f"{cpu / floor:.1f} | {args.events / cpu:,.0f} |")
+                         f"{cpu / floor:.1f} | {1e6 * (cpu - startup) / releases:.1f}, {(cpu - startup) / floor:.1f} | "
+                         f"{args.events / cpu:,.0f} |")
             if args.check:
                 table = releases_of(out)
                 if first is None:
@@ -108,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                     if not same or not np.allclose(got, want, rtol=1e-9, atol=1e-9):
                         raise SystemExit(f"releases with --stream-groups {groups} differ from the first run's")
                     lines.append(f"|  (releases equal the first run's: max abs difference "
-                                 f"{np.max(np.abs(got - want)):.1e}) | | | | | |")
+                                 f"{np.max(np.abs(got - want)):.1e}) | | | | | | |")
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.platform()}"
     text = (f"\nMachine: {machine}; load average at the end {os.getloadavg()[0]:.1f}\n\n"
             f"Command: `{' '.join(['python'] + sys.argv)}`\n\n" + "\n".join(lines) + "\n")

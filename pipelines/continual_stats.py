@@ -125,9 +125,9 @@ def plan(options) -> Plan:
 
 def _with_stream_groups(params: Any, groups: int) -> Any:
     """``params`` keyed by ``groups`` groups of streams where its mechanism steps groups (else unchanged)."""
-    from beam_dp.mechanisms.base import GroupSteppedSum
+    from beam_dp.mechanisms.stream_groups import groups_for
 
-    if not groups or not isinstance(params.build_mechanism(), GroupSteppedSum):
+    if groups_for(params.build_mechanism(), groups) is None:
         return params
     return params_or_usage_error(lambda: dataclasses.replace(params, stream_groups=groups), "stream groups")
 

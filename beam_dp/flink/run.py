@@ -26,6 +26,7 @@ import sys
 
 from beam_dp.core.clock import StepClock
 from beam_dp.mechanisms.counters import make_counter
+from beam_dp.mechanisms.stream_groups import groups_for
 from beam_dp.steps.params import NoiseKey
 
 __all__ = ["main", "parse_line"]
@@ -67,6 +68,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--clip-bound", type=float, default=1.0)
     p.add_argument("--noise", default="gamma", choices=["gamma", "gaussian"])
     p.add_argument("--counter", default="auto")
+    p.add_argument("--stream-groups", type=int, default=16,
+                   help="key by this many groups of streams where the counter steps groups (0: by stream)")
     p.add_argument("--key-file", default=None)
     p.add_argument("--parallelism", type=int, default=1)
     p.add_argument("--streaming", action="store_true", help="STREAMING mode for a file input too")
@@ -78,6 +81,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         p.error("give --input, --output and --dead-letter, or --kafka-brokers with the Kafka topics")
     if args.kafka_brokers and not (args.kafka_topic and args.kafka_output_topic and args.kafka_dead_letter_topic):
         p.error("Kafka needs --kafka-topic, --kafka-output-topic and --kafka-dead-letter-topic")
+    if args.stream_groups < 0:
+        p.error(f"--stream-groups must be >= 0, got {args.stream_groups}")
     return args
 
 
@@ -89,7 +94,8 @@ def _params(args: argparse.Namespace):
                               epsilon=args.epsilon, delta=args.delta, clip_bound=args.clip_bound, noise=args.noise)
     streams = tuple(args.streams.split(",")) if args.streams else None
     return FlinkReleaseParams(build=build, clock=clock, streams=streams, allowed_lateness=args.allowed_lateness,
-                              noise_key=NoiseKey(key_file=args.key_file) if args.key_file else NoiseKey())
+                              noise_key=NoiseKey(key_file=args.key_file) if args.key_file else NoiseKey(),
+                              stream_groups=groups_for(build(), args.stream_groups))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,7 +34,7 @@ from beam_dp.core.state import decode_state, encode_state
 from beam_dp.mechanisms.base import GroupState, GroupSteppedSum
 
 __all__ = ["MAX_STREAM_GROUPS", "GroupBlock", "GroupedSum", "StreamGroupsState", "group_key", "group_of",
-           "groups_of"]
+           "groups_for", "groups_of"]
 
 MAX_STREAM_GROUPS = 1 << 20
 _PERSON = b"beam_dp-group-1"  # versioned: changing the hash moves streams between groups
@@ -49,6 +49,12 @@ def group_of(stream: str, stream_groups: int) -> int:
 def groups_of(streams: Sequence[str], stream_groups: int) -> np.ndarray:
     """:func:`group_of` of each name (int64 array)."""
     return np.fromiter((group_of(s, stream_groups) for s in streams), dtype=np.int64, count=len(streams))
+
+
+def groups_for(mechanism: object, requested: int | None) -> int | None:
+    """``requested`` groups where ``mechanism`` steps groups of streams, else None (key by stream):
+    what a job's ``--stream-groups`` means for each of its transforms."""
+    return requested if requested and isinstance(mechanism, GroupSteppedSum) else None
 
 
 def group_key(group: int) -> str:

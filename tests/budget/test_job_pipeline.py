@@ -7,6 +7,7 @@ import json
 
 import apache_beam as beam
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -141,3 +142,25 @@ def test_verifier_catches_a_shared_domain_and_unlabelled_rows(tmp_path, monkeypa
     assert any("share the noise domain" in p for p in verify_job(shared).problems)
     assert not verify_job([dict(r, noise_domain="") for r in rows]).ok
     assert json.dumps(verify_job(rows).worst_epsilon) and verify_job(rows).worst_epsilon <= 1.0 + 1e-9
+
+
+def test_the_verifier_gives_one_verdict_for_rows_and_for_their_table(tmp_path, monkeypatch):
+    """``verify_job`` on release dicts and on the Arrow table of the same files (what the jobs' summaries
+    and the CLI read), honest and doctored (a spend over its budget, an unlabelled row, a duplicate)."""
+    from beam_dp.io import read_release_table
+    from beam_dp.verify import VERIFIED_COLUMNS
+
+    monkeypatch.setenv("BEAM_DP_NOISE_KEY", bytes(range(32)).hex())
+    out = _write_job(tmp_path, JobBudget(1.0).split({"sum": "pure", "windowed": "pure"}))
+    rows = read_releases(out + "/*.parquet")
+    table = read_release_table(out + "/*.parquet", VERIFIED_COLUMNS)
+    doctored = [dict(rows[0], epsilon_spent=rows[0]["epsilon_budget"] * 1.5), dict(rows[1], noise_domain=""),
+                rows[2], rows[2]] + rows[3:]
+    for given in (rows, doctored):
+        by_rows, by_table = verify_job(given), verify_job(pa.Table.from_pylist(
+            [{k: json.dumps(r[k], sort_keys=True) if k == "meta" else r[k] for k in VERIFIED_COLUMNS} for r in given]))
+        assert (by_rows.ok, by_rows.worst_epsilon, len(by_rows.problems)) == (
+            by_table.ok, by_table.worst_epsilon, len(by_table.problems))
+    assert verify_job(table).ok and verify_job(table).worst_epsilon == pytest.approx(verify_job(rows).worst_epsilon)
+    # over its own budget, no domain, appears twice, and the over-budget spend breaks the job total
+    assert len(verify_job(doctored).problems) == 4
