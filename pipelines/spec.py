@@ -197,7 +197,7 @@ JOBS: dict[str, tuple[Param, ...]] = {
           "whole Arrow tables; the releases are the same for any value. It bounds the stage's parallelism: raise "
           "it on a large cluster. 0 keys by stream. Applies where the mechanism steps groups (counter auto, blt, "
           "toeplitz, honaker or kary, no --granularity); the others key by stream.", kind="int",
-          regex=_NON_NEGATIVE_INT, default=16, fields=("stream_groups",), yaml=False),
+          regex=_NON_NEGATIVE_INT, default=4, fields=("stream_groups",), yaml=False),
         P("block_size", "Count steps of this many contributions instead of start/period.", kind="int",
           regex=_POSITIVE_INT, fields=("block_size",), cli=False),
         STREAMS) + KEY + RUN,

@@ -68,7 +68,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--clip-bound", type=float, default=1.0)
     p.add_argument("--noise", default="gamma", choices=["gamma", "gaussian"])
     p.add_argument("--counter", default="auto")
-    p.add_argument("--stream-groups", type=int, default=16,
+    p.add_argument("--stream-groups", type=int, default=4,
                    help="key by this many groups of streams where the counter steps groups (0: by stream)")
     p.add_argument("--key-file", default=None)
     p.add_argument("--parallelism", type=int, default=1)

@@ -212,7 +212,7 @@ class StepDriver:
                 keep.append((step, item))
         mechanism = self.policy.mechanism
         mech_state = mechanism.decode_state(_as_bytes(state.mechanism))
-        context = self.policy.begin(carried)
+        context = self.policy.begin(carried, upto - state.next_step + 1)
         if admits and consumed:
             mech_state = self.policy.admit(mech_state, [item for _, item in keep] + carried +
                                            [item for items in by_step.values() for item in items])

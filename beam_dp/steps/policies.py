@@ -21,6 +21,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from beam_dp.core.noise import NoiseSource
+from beam_dp.core.noise_ahead import NoiseAhead
 from beam_dp.steps.driver import SNAPSHOTS, Output
 from beam_dp.steps.events import DEAD_LETTER, DeadLetter, Reason
 from beam_dp.steps.schema import release_to_row
@@ -47,7 +48,8 @@ class BlockPolicy:
         state, releases = self.mechanism.step(state, block, self.noise)
         return state, releases, []
 
-    def begin(self, carried: list) -> None:
+    def begin(self, carried: list, steps: int = 1) -> None:
+        """The context of one call that closes ``steps`` steps (``carried``: the items kept across steps)."""
         return None
 
     def end(self, key: str, state: Any, context: Any, finished: bool) -> tuple[list, list]:
@@ -59,10 +61,22 @@ class GroupPolicy(BlockPolicy):
 
     The driver calls ``admit`` with every buffered item (blocks and carried declarations) before it
     closes steps, so a stream joins at the first step its group closes after its first item arrived;
-    declarations are consumed there."""
+    declarations are consumed there. A call that closes several steps draws their noise ahead
+    (:class:`~beam_dp.core.noise_ahead.NoiseAhead`: the same values, fewer array draws)."""
+
+    #: steps whose noise a call draws at once (``NoiseAhead``): 64 steps of a group's streams
+    AHEAD = 64
 
     def admit(self, state: Any, items: list) -> Any:
         return self.mechanism.join(state, (stream for item in items for stream in item.streams))
+
+    def begin(self, carried: list, steps: int = 1) -> NoiseAhead:
+        return NoiseAhead(self.noise, min(steps, self.AHEAD))
+
+    def close(self, key: str, state: Any, step: int, items: list, noise: NoiseAhead) -> tuple[Any, list, list]:
+        block = self.mechanism.merge_blocks(items) if items else None
+        state, releases = self.mechanism.step(state, block, noise)
+        return state, releases, []
 
 
 class TaskPolicy(BlockPolicy):
@@ -122,7 +136,7 @@ class GrowingPolicy(BlockPolicy):
     def late(self, step: int) -> tuple[str, str]:
         return Reason.LATE, f"step {step} was already absorbed"
 
-    def begin(self, carried: list) -> list:
+    def begin(self, carried: list, steps: int = 1) -> list:
         return list(carried)  # the pending queries, consumed step by step
 
     def close(self, key: str, state: Any, step: int, items: list, pending: list) -> tuple[Any, list, list]:
