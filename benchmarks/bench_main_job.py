@@ -47,23 +47,29 @@ def write_events(path: Path, ids, ts, values) -> None:
 
 
 _STARTUP = "import apache_beam, beam_dp.beam, beam_dp.io.sources, pipelines.common, pipelines.continual_stats"
+# the job as `python -m pipelines.continual_stats ARGS`, reporting its own peak RSS on stderr at exit
+_LAUNCH = ("import atexit, resource, runpy, sys; atexit.register(lambda: print('peak_rss_kb', "
+           "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)); "
+           "sys.argv = ['continual_stats'] + sys.argv[1:]; runpy.run_module('pipelines.continual_stats', run_name='__main__')")
 
 
-def run_job(events: Path, out: Path, steps: int, groups: int) -> tuple[float, float]:
-    """Wall and CPU seconds (the child process: user + system) of one run of the job."""
-    return _child([sys.executable, "-m", "pipelines.continual_stats", f"--input={events}", f"--output={out}",
+def run_job(events: Path, out: Path, steps: int, groups: int) -> tuple[float, float, float]:
+    """Wall and CPU seconds (the child process: user + system) and peak RSS (MB) of one run of the job."""
+    return _child([sys.executable, "-c", _LAUNCH, f"--input={events}", f"--output={out}",
                    "--start=0", "--period=1", f"--end={steps}", "--noise=gaussian", "--delta=1e-6", "--epsilon=1",
                    "--clip-bound=1", f"--stream-groups={groups}"])
 
 
-def _child(argv: list[str]) -> tuple[float, float]:
+def _child(argv: list[str]) -> tuple[float, float, float]:
     env = {**os.environ, "BEAM_DP_NOISE_KEY": KEY, "PYTHONPATH": str(ROOT)}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     wall = time.perf_counter()
-    subprocess.run(argv, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    done = subprocess.run(argv, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True)
     wall = time.perf_counter() - wall
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    rss = [int(line.split()[1]) for line in done.stderr.splitlines() if line.startswith("peak_rss_kb ")]
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), (rss[-1] / 1024 if rss else 0.0)
 
 
 def releases_of(out: Path) -> pa.Table:
@@ -87,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"### Main job: {args.events:,} events, {args.streams:,} streams × {args.steps:,} steps, d = {args.dim} "
              f"({releases:,} releases)\n",
              "| run | wall (s) | CPU (s) | CPU µs per release | × floor | without start-up: µs per release, × floor "
-             "| events/s per CPU-second |",
-             "|---|---|---|---|---|---|---|"]
+             "| events/s per CPU-second | peak RSS (MB) |",
+             "|---|---|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         write_events(tmp / "events.parquet", ids, ts, values)
@@ -96,17 +102,17 @@ def main(argv: list[str] | None = None) -> int:
         run_floor(ids, ts, values, args.steps, build("blt", args.steps, args.dim), str(tmp / "floor.parquet"))
         floor = time.process_time() - cpu
         lines.append(f"| numpy floor (bench_throughput.run_floor) | | {floor:.2f} | {1e6 * floor / releases:.1f} | 1.00 "
-                     f"| | {args.events / floor:,.0f} |")
-        _, startup = _child([sys.executable, "-c", _STARTUP])
-        lines.append(f"| start-up only (interpreter + imports of the job) | | {startup:.1f} | | | | |")
+                     f"| | {args.events / floor:,.0f} | |")
+        _, startup, _ = _child([sys.executable, "-c", _STARTUP])
+        lines.append(f"| start-up only (interpreter + imports of the job) | | {startup:.1f} | | | | | |")
         first = None
         for groups in [int(g) for g in args.stream_groups.split(",")]:
             out = tmp / f"job{groups}"
-            wall, cpu = run_job(tmp / "events.parquet", out, args.steps, groups)
+            wall, cpu, rss = run_job(tmp / "events.parquet", out, args.steps, groups)
             keyed = "keyed by stream" if groups == 0 else f"--stream-groups {groups}"
             lines.append(f"| continual_stats, {keyed} | {wall:.1f} | {cpu:.1f} | {1e6 * cpu / releases:.1f} | "
                          f"{cpu / floor:.1f} | {1e6 * (cpu - startup) / releases:.1f}, {(cpu - startup) / floor:.1f} | "
-                         f"{args.events / cpu:,.0f} |")
+                         f"{args.events / cpu:,.0f} | {rss:,.0f} |")
             if args.check:
                 table = releases_of(out)
                 if first is None:
@@ -119,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                     if not same or not np.allclose(got, want, rtol=1e-9, atol=1e-9):
                         raise SystemExit(f"releases with --stream-groups {groups} differ from the first run's")
                     lines.append(f"|  (releases equal the first run's: max abs difference "
-                                 f"{np.max(np.abs(got - want)):.1e}) | | | | | | |")
+                                 f"{np.max(np.abs(got - want)):.1e}) | | | | | | | |")
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.platform()}"
     text = (f"\nMachine: {machine}; load average at the end {os.getloadavg()[0]:.1f}\n\n"
             f"Command: `{' '.join(['python'] + sys.argv)}`\n\n" + "\n".join(lines) + "\n")
