@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -31,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import apache_beam as beam  # noqa: E402
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions  # noqa: E402
@@ -44,6 +44,7 @@ from beam_dp.steps.params import NoiseKey  # noqa: E402
 from beam_dp.mechanisms.replay import replay_event_time  # noqa: E402
 from beam_dp.mechanisms.tree import HybridTreeSum  # noqa: E402
 from beam_dp.mechanisms.window_tree import WindowTreeSum  # noqa: E402
+from report import emit_report  # noqa: E402
 
 KEY = bytes(range(32))
 
@@ -192,13 +193,7 @@ def main() -> int:
     lines.append("| mechanism | final state (bytes) | largest seen (bytes) | notes |\n|---|---|---|---|")
     for name, size, biggest, note in state_sizes(args.state_steps, args.dim):
         lines.append(f"| {name} | {size:,} | {biggest:,} | {note} |")
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.platform()}"
-    header = f"\nMachine: {machine}\n\nCommand: `{' '.join(['python'] + sys.argv)}`\n"
-    text = header + "\n" + "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        with open(args.out, "a", encoding="utf-8") as fh:
-            fh.write(text)
+    emit_report(lines, args.out)
     return 0
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -36,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_throughput import build, make_events, run_floor  # noqa: E402
+from report import emit_report  # noqa: E402
 
 KEY = bytes(range(32)).hex()
 
@@ -126,13 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                         raise SystemExit(f"releases with --stream-groups {groups} differ from the first run's")
                     lines.append(f"|  (releases equal the first run's: max abs difference "
                                  f"{np.max(np.abs(got - want)):.1e}) | | | | | | | |")
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.platform()}"
-    text = (f"\nMachine: {machine}; load average at the end {os.getloadavg()[0]:.1f}\n\n"
-            f"Command: `{' '.join(['python'] + sys.argv)}`\n\n" + "\n".join(lines) + "\n")
-    print(text)
-    if args.out:
-        with open(args.out, "a", encoding="utf-8") as fh:
-            fh.write(text)
+    emit_report(lines, args.out)
     return 0
 
 
