@@ -398,9 +398,15 @@ class GroupSteppedSum(ContinualSumMechanism[StateT]):
         """The per-stream states of a group (for engines that keep one state per stream)."""
         names = self._array_fields()
         return [
-            self.state_type(stream, group.t, **{name: _frozen_copy(group.arrays[name][i]) for name in names})
+            self.state_type(stream, group.t, **{name: self._stream_array(group.arrays[name], i) for name in names})
             for i, stream in enumerate(group.streams)
         ]
+
+    @staticmethod
+    def _stream_array(arr: np.ndarray, i: int) -> np.ndarray:
+        """Stream ``i``'s read-only array from a group array: a copy (a subclass whose steps never
+        write rows a state holds may hand out a view)."""
+        return _frozen_copy(arr[i])
 
     def step_group(self, group: GroupState, sums: np.ndarray, counts: np.ndarray, noise: NoiseSource) -> tuple[GroupState, ReleaseBatch]:
         """Feed the next step of every stream: ``sums (S, d)`` of contributions clipped by
