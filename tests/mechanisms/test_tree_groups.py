@@ -164,32 +164,30 @@ def test_window_tree_group_of_one_reuses_its_buffers():
     assert not state.prev_prefix.flags.writeable and not state.cur_prefix.flags.writeable
 
 
+BAD_SUMS = [  # (sums, counts, error) for a group of two streams with d = 2 and R = 1.5
+    ([[3.1, 0.0], [0.0, 0.0]], [2, 0], "count × clip_bound"),  # more than 2R: not made by clip_and_sum_groups
+    ([[np.nan, 0.0], [0.0, 0.0]], [1, 0], "finite"),
+    ([[np.inf, 0.0], [0.0, 0.0]], [1, 0], "finite"),
+    (np.zeros((3, 2)), np.zeros(3), "expected sums"),
+    (np.zeros((2, 3)), np.zeros(2), "expected sums"),
+    (np.zeros(2), np.zeros(2), "expected sums"),
+]
+
+
 @pytest.mark.parametrize("kind", ["binary", "hybrid", "doubling", "window5"])
 def test_group_step_refuses_bad_input(kind):
     mech = build(kind, "gamma", dim=2)
     group = mech.init_group(["a", "b"])
-    source = NoiseSource(KEY)
-    with pytest.raises(ValueError, match="count × clip_bound"):
-        mech.step_group(group, np.array([[3.0, 0.0], [0.0, 0.0]]), np.array([1, 0]), source)
-    with pytest.raises(ValueError, match="finite"):
-        mech.step_group(group, np.array([[np.nan, 0.0], [0.0, 0.0]]), np.array([1, 0]), source)
-    with pytest.raises(ValueError, match="finite"):
-        mech.step_group(group, np.array([[np.inf, 0.0], [0.0, 0.0]]), np.array([1, 0]), source)
-    with pytest.raises(ValueError, match="expected sums"):
-        mech.step_group(group, np.zeros((3, 2)), np.zeros(3), source)
-    with pytest.raises(ValueError, match="expected sums"):
-        mech.step_group(group, np.zeros((2, 3)), np.zeros(2), source)
-    with pytest.raises(ValueError, match="distinct"):
-        mech.init_group(["a", "a"])
-    a, b = mech.init_state("a"), mech.init_state("b")
-    a, _ = mech.step(a, None, source)
-    with pytest.raises(ValueError, match="same step"):
-        mech.stack([a, b])
-    with pytest.raises(TypeError):
+    for sums, counts, error in BAD_SUMS:
+        with pytest.raises(ValueError, match=error):
+            mech.step_group(group, np.asarray(sums, dtype=float), np.asarray(counts), NoiseSource(KEY))
+    with pytest.raises(TypeError):  # another mechanism's state
         mech.stack([build("binary" if kind != "binary" else "hybrid", "gamma", dim=2).init_state("x")])
     other = build(kind, "gamma", dim=3).init_group(["a", "b"])  # a group of a mechanism with another dim
     with pytest.raises(ValueError, match="state"):
-        mech.step_group(other, np.zeros((2, 2)), np.zeros(2), source)
+        mech.step_group(other, np.zeros((2, 2)), np.zeros(2), NoiseSource(KEY))
+    group, batch = mech.step_group(group, np.zeros((2, 2)), np.zeros(2), NoiseSource(KEY))  # still usable
+    assert group.t == batch.step == 1
 
 
 def test_group_refuses_non_integer_sums_under_discrete_laplace_and_steps_past_the_horizon():
