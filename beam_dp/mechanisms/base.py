@@ -112,6 +112,13 @@ class NodeNoise:
         law = _CELL_LAW[self.law]
         return np.asarray(noise.draw_cells(law, streams, purpose, index, self.scale, dim), dtype=np.float64)
 
+    def draw_nodes(self, noise: NoiseSource, streams: Sequence[str], purpose: str, indices: Sequence[tuple[int, ...]], dim: int) -> np.ndarray:
+        """The nodes ``(purpose, indices[j])`` of every stream in one batch of cells: ``(len(streams),
+        len(indices), dim)`` floats, entry ``[i, j]`` equal to ``draw_group(..., indices[j], ...)[i]``."""
+        rows = np.tile(np.asarray(indices, dtype=np.int64), (len(streams), 1))
+        cells = noise.draw_cells(_CELL_LAW[self.law], [s for s in streams for _ in indices], purpose, rows, self.scale, dim)
+        return np.asarray(cells, dtype=np.float64).reshape(len(streams), len(indices), dim)
+
 
 class ContinualSumMechanism(abc.ABC, Generic[StateT]):
     """Base of the private prefix-sum mechanisms over vectors in R^dim.

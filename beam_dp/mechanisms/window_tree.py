@@ -409,8 +409,7 @@ class WindowTreeSum(GroupSteppedSum[WindowTreeState]):
         # Position j of block k: extend the exact prefix sums, noise the nodes completing now
         # (N_k(l, j >> l) for l = 0..tz(j)), in completion order.
         new_rows = a["cur_prefix"][:, j - 1] + vectors
-        draw = self.node_noise.draw_group
-        fresh = np.stack([draw(noise, streams, PURPOSE, (k, level, j >> level), d) for level in range(_tz(j) + 1)], axis=1)
+        fresh = self.node_noise.draw_nodes(noise, streams, PURPOSE, [(k, level, j >> level) for level in range(_tz(j) + 1)], d)
         if not (np.isfinite(new_rows).all() and np.isfinite(fresh).all()):
             raise ValueError("window tree: non-finite prefix sum or noise (overflow?)")
         buf = _writable_buffer(a["cur_prefix"], 1, B + 1)

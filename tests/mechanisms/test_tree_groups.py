@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from beam_dp.core.noise import NoiseSource
-from beam_dp.mechanisms.base import ClippedSum, GroupSteppedSum
+from beam_dp.mechanisms.base import ClippedSum, GroupSteppedSum, NodeNoise
 from beam_dp.mechanisms.tree import BinaryTreeSum, DoublingTreeSum, HybridTreeSum
 from beam_dp.mechanisms.window_tree import WindowTreeSum
 from beam_dp.testing import ZeroNoise
@@ -230,3 +230,24 @@ def test_a_state_encoded_before_the_port_decodes_and_continues(name):
         for value, spent in ((release.value, release), (batch.values[1], batch)):
             np.testing.assert_allclose(value, expected["value"], rtol=1e-12, atol=1e-12)
             assert (spent.epsilon_spent, spent.delta_spent) == (expected["epsilon_spent"], expected["delta_spent"])
+
+
+class _HalfGaussian(NoiseSource):
+    """TEST ONLY: halves every Gaussian cell (a one-cell override, honoured cell by cell)."""
+
+    def gaussian(self, stream, purpose, index, sigma, size):
+        return 0.5 * super().gaussian(stream, purpose, index, sigma, size)
+
+
+@pytest.mark.parametrize("law,scale", [("gamma", 2.0), ("gaussian", 1.5)])
+def test_draw_nodes_equals_draw_group_node_by_node(law, scale):
+    """The window tree draws all nodes completing at a step in one batch of cells; each cell is the
+    one ``draw_group`` draws for that node, also for a noise source that overrides a one-cell sampler."""
+    node = NodeNoise(law, scale)
+    indices = [(3, 0, 8), (3, 1, 4), (3, 2, 2), (3, 3, 1)]
+    for source in (NoiseSource(KEY), _HalfGaussian(KEY)):
+        got = node.draw_nodes(source, STREAMS, "wtm", indices, 3)
+        assert got.shape == (len(STREAMS), len(indices), 3)
+        for j, index in enumerate(indices):
+            # the same words per cell; tolerance for vectorised libm on other batch lengths
+            np.testing.assert_allclose(got[:, j], node.draw_group(source, STREAMS, "wtm", index, 3), rtol=1e-12, atol=1e-12)
