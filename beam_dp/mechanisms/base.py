@@ -112,7 +112,9 @@ class NodeNoise:
         law = _CELL_LAW[self.law]
         return np.asarray(noise.draw_cells(law, streams, purpose, index, self.scale, dim), dtype=np.float64)
 
-    def draw_nodes(self, noise: NoiseSource, streams: Sequence[str], purpose: str, indices: Sequence[tuple[int, ...]], dim: int) -> np.ndarray:
+    def draw_nodes(
+        self, noise: NoiseSource, streams: Sequence[str], purpose: str, indices: Sequence[tuple[int, ...]], dim: int
+    ) -> np.ndarray:
         """The nodes ``(purpose, indices[j])`` of every stream in one batch of cells: ``(len(streams),
         len(indices), dim)`` floats, entry ``[i, j]`` equal to ``draw_group(..., indices[j], ...)[i]``."""
         rows = np.tile(np.asarray(indices, dtype=np.int64), (len(streams), 1))

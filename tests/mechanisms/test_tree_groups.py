@@ -106,7 +106,10 @@ def test_zero_noise_group_releases_the_exact_prefix_sums(kind):
     assert np.all(batch.values[QUIET] == 0.0)
 
 
-@pytest.mark.parametrize("kind,law", [("hybrid", "gaussian"), ("doubling", "gamma"), ("window5", "gamma"), ("window1", "gaussian")])
+MOVES = [("hybrid", "gaussian"), ("doubling", "gamma"), ("window5", "gamma"), ("window1", "gaussian")]
+
+
+@pytest.mark.parametrize("kind,law", MOVES)
 def test_states_move_between_per_stream_and_group_form(kind, law):
     """Per-stream states stacked mid-run, a group unstacked mid-run, and a group stepped twice from the
     same state (a retry) all continue with the releases of one uninterrupted per-stream run, and
