@@ -112,6 +112,15 @@ class NodeNoise:
         law = _CELL_LAW[self.law]
         return np.asarray(noise.draw_cells(law, streams, purpose, index, self.scale, dim), dtype=np.float64)
 
+    def draw_nodes(
+        self, noise: NoiseSource, streams: Sequence[str], purpose: str, indices: Sequence[tuple[int, ...]], dim: int
+    ) -> np.ndarray:
+        """The nodes ``(purpose, indices[j])`` of every stream in one batch of cells: ``(len(streams),
+        len(indices), dim)`` floats, entry ``[i, j]`` equal to ``draw_group(..., indices[j], ...)[i]``."""
+        rows = np.tile(np.asarray(indices, dtype=np.int64), (len(streams), 1))
+        cells = noise.draw_cells(_CELL_LAW[self.law], [s for s in streams for _ in indices], purpose, rows, self.scale, dim)
+        return np.asarray(cells, dtype=np.float64).reshape(len(streams), len(indices), dim)
+
 
 class ContinualSumMechanism(abc.ABC, Generic[StateT]):
     """Base of the private prefix-sum mechanisms over vectors in R^dim.
@@ -398,9 +407,15 @@ class GroupSteppedSum(ContinualSumMechanism[StateT]):
         """The per-stream states of a group (for engines that keep one state per stream)."""
         names = self._array_fields()
         return [
-            self.state_type(stream, group.t, **{name: _frozen_copy(group.arrays[name][i]) for name in names})
+            self.state_type(stream, group.t, **{name: self._stream_array(group.arrays[name], i) for name in names})
             for i, stream in enumerate(group.streams)
         ]
+
+    @staticmethod
+    def _stream_array(arr: np.ndarray, i: int) -> np.ndarray:
+        """Stream ``i``'s read-only array from a group array: a copy (a subclass whose steps never
+        write rows a state holds may hand out a view)."""
+        return _frozen_copy(arr[i])
 
     def step_group(self, group: GroupState, sums: np.ndarray, counts: np.ndarray, noise: NoiseSource) -> tuple[GroupState, ReleaseBatch]:
         """Feed the next step of every stream: ``sums (S, d)`` of contributions clipped by

@@ -1,6 +1,8 @@
 """Binary tree mechanisms for private continual prefix sums of vectors (Chan, Shi & Song, "Private and Continual Release of Statistics").
 
-Three mechanisms, all pure state machines over numpy (ARCHITECTURE §3):
+Three mechanisms, all pure state machines over numpy (ARCHITECTURE §3) whose step is written once for a
+group of streams (``GroupSteppedSum``: state arrays with a leading stream axis, one array operation per
+node for the whole group; the per-stream ``step`` is the group of one):
 
 * :class:`BinaryTreeSum` (``"binary_tree"``) -- the binary tree / TREEMECH for a known
   horizon ``T``; steps beyond ``T`` are refused.
@@ -52,7 +54,7 @@ import numpy as np
 from beam_dp.core.calibration import sigma_tree_004
 from beam_dp.core.guarantee import Charge, ElementLoss, Guarantee, require_within_budget
 from beam_dp.core.noise import NoiseSource
-from beam_dp.mechanisms.base import Calibration, ContinualSumMechanism, NodeNoise, NoiseLaw
+from beam_dp.mechanisms.base import Calibration, ContinualSumMechanism, GroupState, GroupSteppedSum, NodeNoise, NoiseLaw
 
 __all__ = [
     "BinaryTreeState",
@@ -98,26 +100,35 @@ def _frozen(arr: np.ndarray) -> np.ndarray:
     return arr
 
 
-def _tree_step(
-    clean: np.ndarray, noisy: np.ndarray, u: int, vector: np.ndarray, draw: Callable[[int, int], np.ndarray]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """TREEMECH step at local step ``u`` of a tree with ``clean.shape[0]`` levels.
+def _sum_rows(arr: np.ndarray, rows: Any) -> np.ndarray:
+    """``Σ_{r in rows} arr[:, r]`` of a ``(streams, levels, d)`` array, added row by row in order (the
+    same rounding for any group size); zeros ``(streams, d)`` for no rows."""
+    out = np.zeros((arr.shape[0], arr.shape[2]))
+    for r in rows:
+        out += arr[:, r]
+    return out
 
-    ``clean[j]``/``noisy[j]`` hold the clean and noisy value of the last completed node of level ``j``
-    that later prefixes may still use. Exactly one node, ``N(tz(u), u >> tz(u))``, completes with
-    noise now (``draw(level, index)``); returns new arrays (inputs untouched) and the noisy prefix
-    ``Σ_{set bits j of u} noisy[j]``. O(levels · d) numpy work.
+
+def _tree_step(
+    clean: np.ndarray, noisy: np.ndarray, u: int, vectors: np.ndarray, draw: Callable[[int, int], np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """TREEMECH step at local step ``u`` of a tree with ``clean.shape[1]`` levels, for a group of streams.
+
+    ``clean[:, j]``/``noisy[:, j]`` (shape ``(streams, levels, d)``) hold each stream's clean and noisy
+    value of the last completed node of level ``j`` that later prefixes may still use; ``vectors`` are
+    the step vectors ``(streams, d)``. Exactly one node, ``N(tz(u), u >> tz(u))``, completes with noise
+    now (``draw(level, index)``: ``(streams, d)``); returns new arrays (inputs untouched) and the noisy
+    prefixes ``Σ_{set bits j of u} noisy[:, j]``. O(levels · streams · d) numpy work.
     """
     i = _tz(u)
     clean = clean.copy()
     noisy = noisy.copy()
-    node = vector + clean[:i].sum(axis=0)  # the finished lower nodes merge into N(i, u >> i)
-    clean[:i] = 0.0
-    noisy[:i] = 0.0
-    clean[i] = node
-    noisy[i] = node + draw(i, u >> i)
-    bits = [j for j in range(clean.shape[0]) if (u >> j) & 1]
-    estimate = noisy[bits].sum(axis=0)
+    node = vectors + _sum_rows(clean, range(i))  # the finished lower nodes merge into N(i, u >> i)
+    clean[:, :i] = 0.0
+    noisy[:, :i] = 0.0
+    clean[:, i] = node
+    noisy[:, i] = node + draw(i, u >> i)
+    estimate = _sum_rows(noisy, [j for j in range(clean.shape[1]) if (u >> j) & 1])
     return _frozen(clean), _frozen(noisy), estimate
 
 
@@ -133,7 +144,7 @@ def _check_step_number(t: Any) -> int:
     return int(t)
 
 
-class _TreeFamily(ContinualSumMechanism):
+class _TreeFamily(GroupSteppedSum):
     """Shared helpers of the three tree mechanisms (not part of the public API)."""
 
     supports_discrete_laplace = True
@@ -161,14 +172,13 @@ class _TreeFamily(ContinualSumMechanism):
             return ElementLoss(pure_epsilon=budget * (count / levels))
         return ElementLoss(gaussian_mu_sq=count * (self.sensitivity / node.scale) ** 2)
 
-    def _check_state(self, state: Any, rows: int) -> None:
-        if not isinstance(state, self.state_type):
-            raise TypeError(f"{self.name} expects a {self.state_type.__name__}, got {type(state).__name__}")
-        for arr in (state.clean, state.noisy):
-            if arr.shape != (rows, self.dim):
+    def _check_group(self, group: GroupState, rows: int) -> None:
+        for name in ("clean", "noisy"):
+            shape = group.arrays[name].shape
+            if shape != (len(group.streams), rows, self.dim):
                 raise ValueError(
-                    f"{self.name}: state arrays have shape {arr.shape}, expected {(rows, self.dim)} at step "
-                    f"{state.t}; the state belongs to a mechanism with a different configuration"
+                    f"{self.name}: state arrays have shape {shape[1:]}, expected {(rows, self.dim)} at step "
+                    f"{group.t}; the state belongs to a mechanism with a different configuration"
                 )
 
     def _meta(self, t: int, k_t: int, levels: int, node: NodeNoise, **extra: Any) -> dict[str, Any]:
@@ -189,9 +199,10 @@ class _TreeFamily(ContinualSumMechanism):
         first, last = self.node_steps(node_id)
         return self.node_law(node_id).charge(first, last, self.sensitivity, f"{purpose}{index}")
 
-    def _draw(self, node_id: Any, noise: NoiseSource, stream: str) -> np.ndarray:
+    def _draw(self, node_id: Any, noise: NoiseSource, streams: tuple[str, ...]) -> np.ndarray:
+        """The noise of node ``node_id`` of every stream of a group: ``(streams, d)``."""
         purpose, index = self.node_key(node_id)
-        return self.node_law(node_id).draw(noise, stream, purpose, index, self.dim)
+        return self.node_law(node_id).draw_group(noise, streams, purpose, index, self.dim)
 
     def charges_at(self, t: int) -> list[Charge]:
         """Ledger charges of the nodes that get noise at step ``t`` (exactly one node per step)."""
@@ -324,19 +335,20 @@ class BinaryTreeSum(_TreeFamily):
         zeros = np.zeros((self.levels, self.dim))
         return BinaryTreeState(stream, 0, _frozen(zeros.copy()), _frozen(zeros))
 
-    def _advance(self, state: BinaryTreeState, vector: np.ndarray, noise: NoiseSource):
-        self._check_state(state, self.levels)
-        t = state.t + 1
+    def _advance_group(self, group: GroupState, vectors: np.ndarray, noise: NoiseSource):
+        self._check_group(group, self.levels)
+        t = group.t + 1
         if t > self.horizon:
             raise ValueError(
                 f"step {t} is beyond the horizon T={self.horizon}; use horizon=None (hybrid/doubling) "
                 "for an unbounded stream"
             )
         clean, noisy, estimate = _tree_step(
-            state.clean, state.noisy, t, vector, lambda level, k: self._draw((level, k), noise, state.stream)
+            group.arrays["clean"], group.arrays["noisy"], t, vectors,
+            lambda level, k: self._draw((level, k), noise, group.streams),
         )
         meta = self._meta(t, _popcount(t), self.levels, self.node_noise, horizon=self.horizon)
-        return BinaryTreeState(state.stream, t, clean, noisy), estimate, meta, self._worst_loss(t)
+        return GroupState(group.streams, t, {"clean": clean, "noisy": noisy}), estimate, meta, self._worst_loss(t)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -521,35 +533,35 @@ class HybridTreeSum(_TreeFamily):
         empty = _frozen(np.zeros((0, self.dim)))
         return HybridTreeState(stream, 0, vec, vec.copy(), empty, empty.copy())
 
-    def _advance(self, state: HybridTreeState, vector: np.ndarray, noise: NoiseSource):
-        self._check_state(state, _floor_log2(state.t) if state.t >= 1 else 0)  # B_k of the last milestone
-        t = state.t + 1
+    def _advance_group(self, group: GroupState, vectors: np.ndarray, noise: NoiseSource):
+        self._check_group(group, _floor_log2(group.t) if group.t >= 1 else 0)  # B_k of the last milestone
+        t = group.t + 1
         k = _floor_log2(t)
         if t > MAX_STEP:
             raise ValueError(f"step {t} exceeds the supported {MAX_STEP} steps")
-        beta = state.beta + vector
+        beta = group.arrays["beta"] + vectors
         if _is_power_of_two(t):  # milestone 2^k: log noise η_k, release Lout, start B_k
-            beta = beta + self._draw(("L", k), noise, state.stream)
+            beta = beta + self._draw(("L", k), noise, group.streams)
             lout = beta
             estimate = lout.copy()
-            clean = _frozen(np.zeros((k, self.dim)))
-            noisy = _frozen(np.zeros((k, self.dim)))
+            clean = _frozen(np.zeros((len(group.streams), k, self.dim)))
+            noisy = _frozen(np.zeros((len(group.streams), k, self.dim)))
             k_t = k + 1
         else:
             u = t - 2**k
             clean, noisy, prefix = _tree_step(
-                state.clean, state.noisy, u, vector,
-                lambda level, i: self._draw(("B", k, level, i), noise, state.stream),
+                group.arrays["clean"], group.arrays["noisy"], u, vectors,
+                lambda level, i: self._draw(("B", k, level, i), noise, group.streams),
             )
-            lout = state.lout
+            lout = group.arrays["lout"]
             estimate = lout + prefix
             k_t = k + 1 + _popcount(u)
         block = max(k, 1)  # the B_k in use at t (at t = 1, 2: the first tree, B_1)
         meta = self._meta(
             t, k_t, block, self.block_noise(block), block=block, log_scale=float(self.log_noise.scale)
         )
-        new = HybridTreeState(state.stream, t, _frozen(beta), _frozen(lout), clean, noisy)
-        return new, estimate, meta, self._worst_loss(t)
+        arrays = {"beta": _frozen(beta), "lout": _frozen(lout), "clean": clean, "noisy": noisy}
+        return GroupState(group.streams, t, arrays), estimate, meta, self._worst_loss(t)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -691,24 +703,26 @@ class DoublingTreeSum(_TreeFamily):
             stream, 0, _frozen(np.zeros(self.dim)), _frozen(np.zeros((1, self.dim))), _frozen(np.zeros((1, self.dim)))
         )
 
-    def _advance(self, state: DoublingTreeState, vector: np.ndarray, noise: NoiseSource):
-        t = state.t + 1
+    def _advance_group(self, group: GroupState, vectors: np.ndarray, noise: NoiseSource):
+        t = group.t + 1
         if t > MAX_STEP:
             raise ValueError(f"step {t} exceeds the supported {MAX_STEP} steps")
         k = _floor_log2(t)
-        self._check_state(state, k + 1)
+        self._check_group(group, k + 1)
         u = t - 2**k + 1
         clean, noisy, prefix = _tree_step(
-            state.clean, state.noisy, u, vector, lambda level, i: self._draw((k, level, i), noise, state.stream)
+            group.arrays["clean"], group.arrays["noisy"], u, vectors,
+            lambda level, i: self._draw((k, level, i), noise, group.streams),
         )
-        estimate = state.carry + prefix
-        carry = state.carry
+        carry = group.arrays["carry"]
+        estimate = carry + prefix
         if u == 2**k:  # block k closes: carry its noisy root, open block k + 1
-            carry = _frozen(state.carry + noisy[k])
-            clean = _frozen(np.zeros((k + 2, self.dim)))
-            noisy = _frozen(np.zeros((k + 2, self.dim)))
+            carry = _frozen(carry + noisy[:, k])
+            clean = _frozen(np.zeros((len(group.streams), k + 2, self.dim)))
+            noisy = _frozen(np.zeros((len(group.streams), k + 2, self.dim)))
         meta = self._meta(t, k + _popcount(u), k + 1, self.block_noise(k), block=k)
-        return DoublingTreeState(state.stream, t, carry, clean, noisy), estimate, meta, self._worst_loss(t)
+        arrays = {"carry": carry, "clean": clean, "noisy": noisy}
+        return GroupState(group.streams, t, arrays), estimate, meta, self._worst_loss(t)
 
 
 # ---------------------------------------------------------------------------------------------

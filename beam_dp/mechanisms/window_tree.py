@@ -58,9 +58,14 @@ same). At most ``6B + 1`` vectors of length ``d``, independent of ``t``. Node no
 in completion order (``N(ℓ, i)`` completes at block position ``i·2^ℓ``; the nodes completed by
 position ``p`` are the first ``2p - popcount(p)``).
 
-The current block's arrays are leading-row views of preallocated buffers that later steps fill
-in place, so one step costs ``O(L_W · d)`` numpy work (plus one ``O(B·d)`` buffer allocation per
-block, and one after a state was decoded). A state is never changed by stepping it: rows after a
+The step is written once for a group of streams (``GroupSteppedSum``: every array above gains a
+leading stream axis, and each step is one array operation per completing node for the whole group);
+the per-stream ``step`` is the group of one, and ``unstack`` hands out read-only row views, not copies.
+
+The current block's arrays are leading-row views of preallocated ``(streams, capacity, d)`` buffers
+that later steps fill in place, so one step costs ``O(L_W · d)`` numpy work per stream (plus one
+``O(B·d)`` buffer allocation per block, and one after a state was decoded, stacked from separate
+states or unstacked from a larger group). A state is never changed by stepping it: rows after a
 state's own rows are unused by it, and stepping the same state twice (e.g. a retry) notices that
 the next rows were already claimed and copies instead of overwriting. Do not step one state
 object from two threads at once.
@@ -78,7 +83,7 @@ import numpy as np
 from beam_dp.core.calibration import sigma_window_002
 from beam_dp.core.guarantee import Charge, ElementLoss, Guarantee
 from beam_dp.core.noise import NoiseSource
-from beam_dp.mechanisms.base import ContinualSumMechanism, NodeNoise
+from beam_dp.mechanisms.base import GroupState, GroupSteppedSum, NodeNoise
 
 __all__ = ["WindowTreeState", "WindowTreeSum"]
 
@@ -170,41 +175,44 @@ def _gather_plan(block: int, j: int) -> tuple[_Gather, _Gather, int, int]:
 
 
 def _writable_buffer(view: np.ndarray, extra: int, capacity: int) -> np.ndarray:
-    """A ``(capacity, d)`` buffer whose first ``len(view)`` rows equal ``view`` and whose next
-    ``extra`` rows may be written without changing any existing state.
+    """A ``(streams, capacity, d)`` buffer whose first ``view.shape[1]`` rows per stream equal ``view``
+    ``(streams, n, d)`` and whose next ``extra`` rows may be written without changing any existing state.
 
     Reuses the buffer ``view`` is the leading rows of when the row after ``view`` is unclaimed
-    (NaN: rows ``n..n+extra-1`` are always written together by one step, so one check suffices);
-    otherwise (a decoded state, or a state that was stepped before, e.g. a retry) copies.
+    (NaN: rows ``n..n+extra-1`` of every stream are always written together by one step, so one
+    check suffices); otherwise (a decoded or stacked state, one unstacked from a larger group, or a
+    state that was stepped before, e.g. a retry) copies. The stream stride of a group of one is not
+    compared (``state[None]`` has stride 0 there).
     """
-    n = view.shape[0]
+    streams, n, d = view.shape
     if n + extra > capacity:
         raise ValueError(f"window tree state overflow: {n} + {extra} rows > capacity {capacity}")
     base = view.base
     if (
         type(base) is np.ndarray
-        and base.shape == (capacity, view.shape[1])
+        and base.shape == (streams, capacity, d)
         and base.dtype == np.float64
         and base.flags.writeable
-        and view.strides == base.strides
+        and view.strides[1:] == base.strides[1:]
+        and (streams == 1 or view.strides[0] == base.strides[0])
         and view.ctypes.data == base.ctypes.data
-        and math.isnan(base[n, 0])
+        and math.isnan(base[0, n, 0])
     ):
         return base
-    buf = np.empty((capacity, view.shape[1]))
-    buf[:n] = view
-    buf[n:] = np.nan
+    buf = np.empty((streams, capacity, d))
+    buf[:, :n] = view
+    buf[:, n:] = np.nan
     return buf
 
 
 def _frozen_rows(buf: np.ndarray, n: int) -> np.ndarray:
-    """Read-only view of the first ``n`` rows of ``buf`` (the form state arrays take)."""
-    out = buf[:n]
+    """Read-only view of the first ``n`` rows of every stream of ``buf`` (the form state arrays take)."""
+    out = buf[:, :n]
     out.flags.writeable = False
     return out
 
 
-class WindowTreeSum(ContinualSumMechanism[WindowTreeState]):
+class WindowTreeSum(GroupSteppedSum[WindowTreeState]):
     """Private prefix sums of vectors in ``R^dim`` with privacy expiration after ``B >= W`` steps.
 
     See the module docstring for the guarantee (window ε-DP or (ε, δ)-DP over the last ``B`` steps,
@@ -366,84 +374,76 @@ class WindowTreeSum(ContinualSumMechanism[WindowTreeState]):
             cur_noise=np.zeros((0, d)),
         )
 
-    def _check_state(self, state: WindowTreeState, k: int, j: int) -> None:
-        d, B = self.dim, self.block
-        full = k >= 2
-        if (
-            state.clean_base.shape != (d,)
-            or state.prev_prefix.shape != ((B + 1, d) if full else (0, d))
-            or state.prev_noise.shape != ((2 * B - 1, d) if full else (0, d))
-            or state.cur_prefix.shape != (j, d)
-            or state.cur_noise.shape != (_completed_before(j - 1), d)
-        ):
+    @staticmethod
+    def _stream_array(arr: np.ndarray, i: int) -> np.ndarray:
+        """A read-only view of stream ``i``'s rows: later steps of the group write only rows beyond
+        them, so the group of one stays ``O(L_W·d)`` per step (module docstring)."""
+        out = arr[i]
+        out.flags.writeable = False
+        return out
+
+    def _check_group(self, group: GroupState, k: int, j: int) -> None:
+        d, B, a = self.dim, self.block, group.arrays
+        n, full = len(group.streams), k >= 2
+        expected = {
+            "clean_base": (n, d),
+            "prev_prefix": (n, B + 1, d) if full else (n, 0, d),
+            "prev_noise": (n, 2 * B - 1, d) if full else (n, 0, d),
+            "cur_prefix": (n, j, d),
+            "cur_noise": (n, _completed_before(j - 1), d),
+        }
+        if any(a[name].shape != shape for name, shape in expected.items()):
             raise ValueError(
-                f"window tree state does not match step t={state.t} (block size {B}, dim {d}): shapes "
-                f"{state.clean_base.shape}, {state.prev_prefix.shape}, {state.prev_noise.shape}, "
-                f"{state.cur_prefix.shape}, {state.cur_noise.shape}"
+                f"window tree state does not match step t={group.t} (block size {B}, dim {d}): shapes "
+                + ", ".join(str(a[name].shape[1:]) for name in expected)
             )
 
-    def _clean(self, state: WindowTreeState, k: int, j: int) -> np.ndarray:
-        """Exact sum of steps 1..t-B: blocks 1..k-2 plus positions 1..j of block k-1."""
-        if k == 1:
-            return np.zeros(self.dim)
-        return state.clean_base + state.prev_prefix[j]
-
-    def _advance(
-        self, state: WindowTreeState, vector: np.ndarray, noise: NoiseSource
-    ) -> tuple[WindowTreeState, np.ndarray, dict, ElementLoss]:
-        t = state.t + 1
+    def _advance_group(
+        self, group: GroupState, vectors: np.ndarray, noise: NoiseSource
+    ) -> tuple[GroupState, np.ndarray, dict, ElementLoss]:
+        t = group.t + 1
         k, j = self._locate(t)
-        self._check_state(state, k, j)
-        B, d = self.block, self.dim
+        self._check_group(group, k, j)
+        B, d, a, streams = self.block, self.dim, group.arrays, group.streams
 
         # Position j of block k: extend the exact prefix sums, noise the nodes completing now
         # (N_k(l, j >> l) for l = 0..tz(j)), in completion order.
-        new_row = state.cur_prefix[j - 1] + vector
-        draw = self.node_noise.draw
-        fresh = np.array(
-            [draw(noise, state.stream, PURPOSE, (k, level, j >> level), d) for level in range(_tz(j) + 1)], dtype=np.float64
-        )
-        if not (np.isfinite(new_row).all() and np.isfinite(fresh).all()):
+        new_rows = a["cur_prefix"][:, j - 1] + vectors
+        fresh = self.node_noise.draw_nodes(noise, streams, PURPOSE, [(k, level, j >> level) for level in range(_tz(j) + 1)], d)
+        if not (np.isfinite(new_rows).all() and np.isfinite(fresh).all()):
             raise ValueError("window tree: non-finite prefix sum or noise (overflow?)")
-        buf = _writable_buffer(state.cur_prefix, 1, B + 1)
-        buf[j] = new_row
+        buf = _writable_buffer(a["cur_prefix"], 1, B + 1)
+        buf[:, j] = new_rows
         cur_prefix = _frozen_rows(buf, j + 1)
-        n_done, n_new = state.cur_noise.shape[0], fresh.shape[0]
-        buf = _writable_buffer(state.cur_noise, n_new, 2 * B - 1)
-        buf[n_done : n_done + n_new] = fresh
+        n_done, n_new = a["cur_noise"].shape[1], fresh.shape[1]
+        buf = _writable_buffer(a["cur_noise"], n_new, 2 * B - 1)
+        buf[:, n_done : n_done + n_new] = fresh
         cur_noise = _frozen_rows(buf, n_done + n_new)
 
-        # The release: clean part (steps <= t - B), noisy suffix of block k-1 (positions j+1..B),
-        # noisy prefix of block k (positions 1..j). Each node adds its clean value and its noise.
+        # The release: clean part (steps <= t - B: blocks 1..k-2 and positions 1..j of block k-1),
+        # noisy suffix of block k-1 (positions j+1..B), noisy prefix of block k (positions 1..j).
+        # Each node adds its clean value and its noise.
         (p_hi, p_lo, p_rows), (s_hi, s_lo, s_rows), n_prefix, n_suffix = _gather_plan(B, j)
         total = np.add.reduce
-        estimate = self._clean(state, k, j)
-        if k >= 2 and n_suffix:
-            pp = state.prev_prefix
-            estimate = estimate + total(pp[s_hi] - pp[s_lo], axis=0) + total(state.prev_noise[s_rows], axis=0)
-        estimate = estimate + total(cur_prefix[p_hi] - cur_prefix[p_lo], axis=0) + total(cur_noise[p_rows], axis=0)
+        if k == 1:
+            estimate = np.zeros((len(streams), d))
+        else:
+            pp = a["prev_prefix"]
+            estimate = a["clean_base"] + pp[:, j]
+            if n_suffix:
+                estimate = estimate + total(pp[:, s_hi] - pp[:, s_lo], axis=1) + total(a["prev_noise"][:, s_rows], axis=1)
+        estimate = estimate + total(cur_prefix[:, p_hi] - cur_prefix[:, p_lo], axis=1) + total(cur_noise[:, p_rows], axis=1)
 
         if j == B:  # block k closes: block k-1 has fully expired, fold its exact total into the base
-            clean_base = state.clean_base + state.prev_prefix[B] if k >= 2 else state.clean_base
-            new_state = WindowTreeState(
-                stream=state.stream,
-                t=t,
-                clean_base=clean_base,
-                prev_prefix=cur_prefix,
-                prev_noise=cur_noise,
-                cur_prefix=np.zeros((1, d)),
-                cur_noise=np.zeros((0, d)),
-            )
+            arrays = {
+                "clean_base": a["clean_base"] + a["prev_prefix"][:, B] if k >= 2 else a["clean_base"],
+                "prev_prefix": cur_prefix,
+                "prev_noise": cur_noise,
+                "cur_prefix": np.zeros((len(streams), 1, d)),
+                "cur_noise": np.zeros((len(streams), 0, d)),
+            }
         else:
-            new_state = WindowTreeState(
-                stream=state.stream,
-                t=t,
-                clean_base=state.clean_base,
-                prev_prefix=state.prev_prefix,
-                prev_noise=state.prev_noise,
-                cur_prefix=cur_prefix,
-                cur_noise=cur_noise,
-            )
+            arrays = {**a, "cur_prefix": cur_prefix, "cur_noise": cur_noise}
         k_t = n_prefix + (n_suffix if k >= 2 else 0)
         var = k_t * self.node_variance(self.node_noise)
         meta = {
@@ -456,4 +456,4 @@ class WindowTreeSum(ContinualSumMechanism[WindowTreeState]):
             "noise_std": float(math.sqrt(var)),
             "calibration": self.node_noise.calibration,
         }
-        return new_state, estimate, meta, self.worst_loss(t)
+        return GroupState(streams, t, arrays), estimate, meta, self.worst_loss(t)
