@@ -195,8 +195,8 @@ JOBS: dict[str, tuple[Param, ...]] = {
         P("stream_groups", "Key the release stage by this many groups of streams (a public hash of the stream "
           "name): one state and timer per group, each group stepped in one numpy operation, releases written as "
           "whole Arrow tables; the releases are the same for any value. It bounds the stage's parallelism: raise "
-          "it on a large cluster. 0 keys by stream. Applies where the mechanism steps groups (counter auto, blt, "
-          "toeplitz, honaker or kary, no --granularity); the others key by stream.", kind="int",
+          "it on a large cluster. 0 keys by stream. Applies where the mechanism steps groups (every counter and "
+          "the windowed sum, without --granularity; counts are snapped to integers, so they key by stream).", kind="int",
           regex=_NON_NEGATIVE_INT, default=4, fields=("stream_groups",), yaml=False),
         P("block_size", "Count steps of this many contributions instead of start/period.", kind="int",
           regex=_POSITIVE_INT, fields=("block_size",), cli=False),

@@ -100,7 +100,7 @@ def check_stream_groups(params: Any, mechanism: Any) -> None:
     if not isinstance(mechanism, GroupSteppedSum):
         raise ValueError(
             f"stream_groups needs a mechanism that steps groups of streams; {mechanism.name} does not "
-            "(use counter 'blt', 'toeplitz', 'honaker', 'kary' or 'auto', and no granularity)")
+            "(every counter and the window tree do; a granularity wraps them in snapping, which does not)")
 
 
 @dataclass(frozen=True)

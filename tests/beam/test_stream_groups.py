@@ -10,7 +10,8 @@ import apache_beam as beam
 import numpy as np
 import pytest
 
-from beam_dp.beam import ContinualCount, ContinualCountParams, ContinualSum, ContinualSumParams, Reason, WindowedSumParams
+from beam_dp.beam import (ContinualCount, ContinualCountParams, ContinualSum, ContinualSumParams, Reason, WindowedSum,
+                          WindowedSumParams)
 from beam_dp.core import StepClock
 from beam_dp.io import ReleaseColumns, WriteReleasesToJsonLines, WriteReleasesToParquet, read_releases
 from beam_dp.steps.events import EventBatch
@@ -98,7 +99,6 @@ def _equal(got, want):
 
 
 @pytest.mark.parametrize("change, message", [
-    (dict(counter="tree"), "stream_groups needs a mechanism that steps groups"),
     (dict(granularity=0.5), "stream_groups needs a mechanism that steps groups"),
     (dict(stream_groups=0), "stream_groups must be an integer"),
     (dict(stream_groups=2.5), "stream_groups must be an integer"),
@@ -110,6 +110,23 @@ def test_stream_groups_refuses_what_it_cannot_key_by_group(change, message):
         ContinualSumParams(**{"dim": 2, "clock": CLOCK, "stream_groups": 4, **change})
 
 
-def test_windowed_sums_key_by_stream_until_the_window_tree_steps_groups():
-    with pytest.raises(ValueError, match="stream_groups needs a mechanism that steps groups"):
-        WindowedSumParams(dim=2, clock=CLOCK, window=4, stream_groups=4)
+@pytest.mark.parametrize("make", [
+    lambda groups: WindowedSumParams(dim=2, clock=CLOCK, window=4, stream_groups=groups),
+    lambda groups: ContinualSumParams(dim=2, clock=CLOCK, counter="tree", stream_groups=groups),
+    lambda groups: ContinualCountParams(clock=CLOCK, noise="discrete_laplace", stream_groups=groups).as_sum_params(),
+], ids=["window-tree", "hybrid-tree", "discrete-laplace-count"])
+def test_the_trees_and_the_window_tree_key_by_group_too(make):
+    ids, ts, values = _events(300)
+    params = make(3)
+    dim = params.dim
+    values = values[:, :dim] if dim == 2 else np.ones((len(ids), 1))
+    want = expected_rows(make(None), ids, ts, values, domain="T")
+    noise_key = dataclasses.replace(params.noise_key, domain="T")
+
+    transform = WindowedSum if isinstance(params, WindowedSumParams) else ContinualSum
+
+    def build(p):
+        out = p | beam.Create(_batches(ids, ts, values)) | transform(dataclasses.replace(params, noise_key=noise_key))
+        assert_that(out.releases, rows_match(want), label="releases")
+
+    run_and_check(build)
