@@ -211,17 +211,21 @@ def part_regime(args, res):
             X, y = signal_data(T, d, seed=11000 + d + s)
             best = ls_min(X, y, C)
             row = {"d": d, "seed": s, "T": T, "theta0": float(y @ y) - best}
-            configs = [("privincreg1", {}, "REG1")] + [("privincreg2", {"m": m}, f"REG2 m={m}") for m in args.regime_m
-                                                       if m < d]
+            configs = [] if args.regime_no_reg1 else [("privincreg1", {}, "REG1")]
+            configs += [("privincreg2", {"m": m}, f"REG2 m={m}") for m in args.regime_m if m < d]
+            if args.regime_paper_m:  # m = ⌈max(W², ln(T/β))/γ²⌉ (c_m = 1); signal_data inputs are 8-sparse
+                configs.append(("privincreg2", {"input_domain": ("sparse", 8)}, "REG2 paper m"))
             for algo, kw, label in configs:
+                kw = {**kw, "calibration": args.regime_calibration}
                 loss, meta, m, sec = reg_run(algo, X, y, C, args.regime_eps, NoiseSource(KEY), f"s{s}", T // 8, **kw)
+                print(f"[regime] d={d} s={s} {label} (m={m}): private excess {loss - best:.3g} {sec:.1f}s", flush=True)
                 zloss, zmeta, _, _ = reg_run(algo, X, y, C, args.regime_eps, ZeroNoise(), f"s{s}", T // 8, **kw)
                 row[label] = {"excess": loss - best, "noise_free": zloss - best, "r_t": meta["r_t"],
-                              "alpha_t": meta["alpha_t"], "seconds": sec}
-                print(f"[regime] d={d} s={s} {label}: excess {loss - best:.3g} (noise-free {zloss - best:.3g}; "
+                              "alpha_t": meta["alpha_t"], "m": m, "m_capped": meta["m_capped"], "seconds": sec}
+                print(f"[regime] d={d} s={s} {label} (m={m}): excess {loss - best:.3g} (noise-free {zloss - best:.3g}; "
                       f"θ=0 {row['theta0']:.3g}; r_T {meta['r_t']}, α_T {meta['alpha_t']:.3g}) {sec:.1f}s", flush=True)
             rows.append(row)
-    res["regime"] = {"T": T, "epsilon": args.regime_eps, "rows": rows}
+    res["regime"] = {"T": T, "epsilon": args.regime_eps, "calibration": args.regime_calibration, "rows": rows}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,7 +266,7 @@ def tables(res) -> str:
                      + ", ".join(f"k={3 + int(k)}: {fmt_fit(f)}" for k, f in r2["fit_vs_T"].items()) + " (theory 1/3)")
     if "regime" in res:
         rg = res["regime"]
-        labels = [k for k in rg["rows"][0] if k.startswith("REG")]
+        labels = list(dict.fromkeys(k for r in rg["rows"] for k in r if k.startswith("REG")))
         lines += ["", "| d | seed | θ=0 | " + " | ".join(f"{k} excess (noise-free)" for k in labels) + " |",
                   "|---|---|---|" + "---|" * len(labels)]
         for r in rg["rows"]:
@@ -351,7 +355,12 @@ def parse(argv=None):
     p.add_argument("--reg2-cm", type=float, default=0.01)
     p.add_argument("--reg2-eps", type=float, default=100.0)
     p.add_argument("--regime-dims", type=int, nargs="+", default=[128, 512])
-    p.add_argument("--regime-m", type=int, nargs="+", default=[16, 64])
+    p.add_argument("--regime-m", type=int, nargs="*", default=[16, 64], help="explicit m values (none: only --regime-paper-m)")
+    p.add_argument("--regime-no-reg1", action="store_true", help="skip PRIVINCREG1 (its row is known)")
+    p.add_argument("--regime-paper-m", action="store_true",
+                   help="also PRIVINCREG2 with the paper's m (c_m = 1, inputs declared 8-sparse; capped at d − 1)")
+    p.add_argument("--regime-calibration", choices=["paper", "analytic"], default="paper",
+                   help="tree noise calibration (analytic: the smallest certified σ, needed for large ε)")
     p.add_argument("--regime-T", type=int, default=1024)
     p.add_argument("--regime-eps", type=float, default=10.0)
     p.add_argument("--regime-seeds", type=int, default=1)
