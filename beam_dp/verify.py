@@ -91,7 +91,7 @@ def _table_of(rows: Iterable[Mapping]) -> pa.Table:
 
 
 def _strings(table: pa.Table, name: str) -> np.ndarray:
-    return np.array([s or "" for s in table.column(name).to_pylist()], dtype=object)
+    return pc.fill_null(table.column(name), "").to_numpy(zero_copy_only=False).astype(object)
 
 
 def verify_job(rows: Iterable[Mapping] | pa.Table, epsilon: float | None = None, delta: float | None = None) -> JobVerdict:

@@ -34,7 +34,7 @@ from beam_dp.core.state import decode_state, encode_state
 from beam_dp.mechanisms.base import GroupState, GroupSteppedSum
 
 __all__ = ["MAX_STREAM_GROUPS", "GroupBlock", "GroupedSum", "StreamGroupsState", "group_key", "group_of",
-           "groups_for", "groups_of"]
+           "groups_for"]
 
 MAX_STREAM_GROUPS = 1 << 20
 _PERSON = b"beam_dp-group-1"  # versioned: changing the hash moves streams between groups
@@ -44,11 +44,6 @@ def group_of(stream: str, stream_groups: int) -> int:
     """The group (``0 .. stream_groups − 1``) of ``stream``: a stable public hash of its name."""
     digest = hashlib.blake2b(stream.encode("utf-8"), digest_size=8, person=_PERSON).digest()
     return int.from_bytes(digest, "little") % stream_groups
-
-
-def groups_of(streams: Sequence[str], stream_groups: int) -> np.ndarray:
-    """:func:`group_of` of each name (int64 array)."""
-    return np.fromiter((group_of(s, stream_groups) for s in streams), dtype=np.int64, count=len(streams))
 
 
 def groups_for(mechanism: object, requested: int | None) -> int | None:
