@@ -39,7 +39,7 @@ __all__ = [
     "metrics_summary",
     "output_summary",
     "write_dead_letters",
-    "release_table_or_none",
+    "release_tables",
     "write_releases",
 ]
 
@@ -254,14 +254,15 @@ class _WriteBundleFiles(beam.DoFn):
         self._items = []
 
 
-def release_table_or_none(out_dir: str, name: str, columns: list[str] | None = None) -> pa.Table | None:
-    """The releases ``<out_dir>/<name>-*`` as one table (``beam_dp.io.read_release_table``), None if none were written."""
-    from beam_dp.io import read_release_table
+def release_tables(out_dir: str, name: str, columns: list[str] | tuple[str, ...] | None = None) -> Iterator[pa.Table]:
+    """The releases ``<out_dir>/<name>-*`` as Arrow tables of up to 65,536 rows
+    (``beam_dp.io.iter_release_tables``), none if none were written."""
+    from beam_dp.io import iter_release_tables
 
     try:
-        return read_release_table(join(out_dir, f"{name}-*"), columns)
+        yield from iter_release_tables(join(out_dir, f"{name}-*"), columns)
     except FileNotFoundError:
-        return None
+        return
 
 
 def write_releases(releases: beam.PCollection, out_dir: str, name: str, fmt: str, streaming: bool,
@@ -309,15 +310,17 @@ def output_summary(out_dir: str, names: list[str]) -> list[str]:
     """Summary lines of a finished local run: releases per output, epsilon spent, dead letters by reason."""
     lines = []
     for name in names:
-        table = release_table_or_none(out_dir, name, ["stream", "mechanism", "epsilon_spent", "epsilon_budget"])
-        if table is None or not table.num_rows:
+        rows, streams, eps, first = 0, set(), float("-inf"), None
+        for table in release_tables(out_dir, name, ["stream", "mechanism", "epsilon_spent", "epsilon_budget"]):
+            rows += table.num_rows
+            streams.update(pc.unique(table.column("stream")).to_pylist())
+            eps = max(eps, pc.max(table.column("epsilon_spent")).as_py())
+            first = first or table.slice(0, 1).to_pylist()[0]
+        if not rows:
             lines.append(f"  {name}: no releases")
             continue
-        streams = len(pc.unique(table.column("stream")))
-        eps = pc.max(table.column("epsilon_spent")).as_py()
-        lines.append(f"  {name}: {table.num_rows} releases, {streams} streams, mechanism "
-                     f"{table.column('mechanism')[0].as_py()}, max epsilon_spent {eps:.4g} of budget "
-                     f"{table.column('epsilon_budget')[0].as_py():g}")
+        lines.append(f"  {name}: {rows} releases, {len(streams)} streams, mechanism {first['mechanism']}, max "
+                     f"epsilon_spent {eps:.4g} of budget {first['epsilon_budget']:g}")
     letters = [json.loads(line) for line in read_text_lines(join(out_dir, "dead_letter-*.jsonl"))]
     reasons = Counter(f"{d['stage']}:{d['reason']}" for d in letters)
     lines.append(f"  dead letters: {len(letters)} {dict(sorted(reasons.items())) if reasons else ''}".rstrip())

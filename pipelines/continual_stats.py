@@ -187,22 +187,23 @@ def summary(job: Plan, opts) -> list[str]:
     lines = [f"  input: {source}; dim={job.dim}; steps of {job.clock.period:g}s, {job.clock.last_step} steps"]
     import json
 
-    import pyarrow as pa
     import pyarrow.compute as pc
 
-    from beam_dp.verify import VERIFIED_COLUMNS
-    from pipelines.common import release_table_or_none
+    from beam_dp.verify import VERIFIED_COLUMNS, JobVerifier
+    from pipelines.common import release_tables
 
-    tables = {name: release_table_or_none(job.out_dir, name, list(VERIFIED_COLUMNS)) for name in job.params}
-    tables = {name: table for name, table in tables.items() if table is not None}
-    for name, table in tables.items():
-        last = table.filter(pc.equal(table.column("step"), job.clock.last_step)).slice(0, 1).column("meta").to_pylist()
-        noise_std = json.loads(last[0]).get("noise_std") if last else None
+    verifier = JobVerifier()
+    for name in job.params:
+        noise_std = None
+        for table in release_tables(job.out_dir, name, VERIFIED_COLUMNS):
+            verifier.add(table)
+            last = table.filter(pc.equal(table.column("step"), job.clock.last_step)).slice(0, 1).column("meta")
+            noise_std = noise_std or (json.loads(last[0].as_py()).get("noise_std") if len(last) else None)
         if noise_std:
             lines.append(f"  {name}: noise std at the last step {noise_std:.3g}")
     shares = ", ".join(f"{name} epsilon={params.epsilon:.4g}" for name, params in job.params.items())
     lines.append(f"  job budget: ({opts.epsilon:g}, {opts.delta:g}) per contribution, split as {shares}")
-    return lines + (verified_lines(pa.concat_tables(tables.values())) if tables else [])
+    return lines + verified_lines(verifier)
 
 
 def write_demo(job: Plan) -> str:

@@ -309,12 +309,11 @@ def budget_shares(opts, names: list[str]) -> Any:
         lambda: JobBudget(opts.epsilon, opts.delta).split({name: composition for name in names}), "job budget")
 
 
-def verified_lines(releases) -> list[str]:
-    """The job's total spend recomputed from its written releases (rows or a table; ``beam_dp.verify``)."""
-    from beam_dp.verify import verify_job
-
-    if not len(releases):
+def verified_lines(verifier) -> list[str]:
+    """The job's total spend recomputed from its written releases (a ``beam_dp.verify.JobVerifier`` fed
+    with them), none if it saw no release."""
+    if not verifier.rows:
         return []
-    verdict = verify_job(releases)
+    verdict = verifier.verdict()
     return [f"  verified from the release files: worst contribution spends epsilon {verdict.worst_epsilon:.4g} "
             f"of {verdict.epsilon:g}" if verdict.ok else "  NOT verified: " + "; ".join(verdict.problems)]

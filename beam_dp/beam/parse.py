@@ -123,7 +123,7 @@ class ParseEvents(beam.DoFn):
                 yield from self.process(batch.row(i))
             return
         reasons = np.full(n, "", dtype=object)
-        good_id = _good_stream_ids(streams)
+        good_id, arrow_ids = _good_stream_ids(streams)
         reasons[~good_id] = Reason.BAD_STREAM_ID
         if self._streams is not None:
             declared = np.array([s in self._streams for s in streams], dtype=bool)
@@ -148,20 +148,20 @@ class ParseEvents(beam.DoFn):
             return
         streams_ok, values_ok = streams[ok], values[ok]
         steps = self._clock.step_of_micros(micros[ok].astype(np.int64))
-        stream_names, stream_idx = np.unique(streams_ok.astype(str), return_inverse=True)
-        keys = stream_idx.astype(np.int64) * (int(steps.max()) + 1) + steps
-        unique_keys, groups = np.unique(keys, return_inverse=True)
+        stream_names, stream_idx = _sorted_codes(streams_ok, None if arrow_ids is None else arrow_ids.filter(ok))
+        width = int(steps.max()) + 1
+        unique_keys, groups = _unique_codes(stream_idx * width + steps, len(stream_names) * width)
         sums, counts, clipped = self._mechanism.clip_and_sum_groups(values_ok, groups, len(unique_keys))
         self._elements.inc(int(ok.sum()))
         if clipped.sum():
             self._clipped.inc(int(clipped.sum()))
-        width = int(steps.max()) + 1
         seconds_ok = None if self._pre_aggregate else micros[ok] / 1e6
-        names, block_steps = stream_names[unique_keys // width], unique_keys % width
+        block_stream, block_steps = unique_keys // width, unique_keys % width
         if self._groups is not None:
-            yield from self._emit_groups(names, block_steps, sums, counts, clipped, groups, streams_ok, seconds_ok,
-                                         values_ok)
+            yield from self._emit_groups(stream_names, block_stream, block_steps, sums, counts, clipped, groups,
+                                         streams_ok, seconds_ok, values_ok)
             return
+        names = stream_names[block_stream]
         members = None if self._pre_aggregate else _rows_by_group(groups, len(unique_keys))
         for g in range(len(unique_keys)):
             block = ClippedSum(sums[g], int(counts[g]), int(clipped[g]))
@@ -171,14 +171,17 @@ class ParseEvents(beam.DoFn):
                 original = EventBatch(streams_ok[rows], seconds_ok[rows], values_ok[rows])
             yield self._emit(str(names[g]), int(block_steps[g]), block, original)
 
-    def _emit_groups(self, names, steps, sums, counts, clipped, row_block, streams_ok, seconds_ok, values_ok) -> Iterator:
-        """One ``GroupBlock`` per (group, step) from the per-(stream, step) sums (streams sorted by name)."""
-        stream_names, stream_idx = np.unique(names.astype(str), return_inverse=True)
-        stream_keys = np.array([self._key_of(name) for name in stream_names.tolist()], dtype=str)
-        key_names, key_of_stream = np.unique(stream_keys, return_inverse=True)
-        key_idx = key_of_stream[stream_idx]
-        order = np.lexsort((names.astype(str), steps, key_idx))
-        cuts = np.flatnonzero(np.diff(key_idx[order] * (int(steps.max()) + 1) + steps[order])) + 1
+    def _emit_groups(self, stream_names, block_stream, steps, sums, counts, clipped, row_block, streams_ok,
+                     seconds_ok, values_ok) -> Iterator:
+        """One ``GroupBlock`` per (group, step) from the per-(stream, step) sums: block ``i`` is stream
+        ``stream_names[block_stream[i]]`` (names sorted, blocks sorted by (stream, step)) at ``steps[i]``."""
+        stream_keys = [self._key_of(name) for name in stream_names.tolist()]
+        key_names, key_of_stream = np.unique(np.array(stream_keys, dtype=str), return_inverse=True)
+        key_idx = key_of_stream[block_stream]
+        width = int(steps.max()) + 1
+        part_code = key_idx * width + steps
+        order = np.argsort(part_code, kind="stable")  # by (group, step), then stream name (the blocks' order)
+        cuts = np.flatnonzero(np.diff(part_code[order])) + 1
         parts = np.split(order, cuts)
         members = None
         if seconds_ok is not None:  # the input rows of each part, kept so a late part is dead-lettered whole
@@ -186,8 +189,8 @@ class ParseEvents(beam.DoFn):
             members = _rows_by_group(part_of_block[row_block], len(parts))
         for i, part in enumerate(parts):
             key, step = str(key_names[key_idx[part[0]]]), int(steps[part[0]])
-            block = GroupBlock(tuple(names[part].astype(str).tolist()), sums[part], counts[part].astype(np.int64),
-                               clipped[part].astype(np.int64))
+            block = GroupBlock(tuple(stream_names[block_stream[part]].tolist()), sums[part],
+                               counts[part].astype(np.int64), clipped[part].astype(np.int64))
             original = None
             if members is not None:
                 rows = members[i]
@@ -195,16 +198,45 @@ class ParseEvents(beam.DoFn):
             yield (key, step) if self._pre_aggregate else key, (block if self._pre_aggregate else (step, block, original))
 
 
-def _good_stream_ids(streams: np.ndarray) -> np.ndarray:
-    """Which ids are non-empty UTF-8 strings: one Arrow conversion when every id is a string (the usual
-    case), else one check per row."""
+def _sorted_codes(streams: np.ndarray, ids: "pa.Array | None") -> tuple[np.ndarray, np.ndarray]:
+    """``(names, codes)``: the distinct stream ids sorted (a str array) and each row's index into them
+    (``np.unique(..., return_inverse=True)``), by one hash pass over the Arrow ids when there are
+    (sorting only the distinct names), else by sorting every row."""
+    if ids is None:
+        names, codes = np.unique(streams.astype(str), return_inverse=True)
+        return names, codes.astype(np.int64)
+    encoded = pc.dictionary_encode(ids)
+    distinct = np.asarray(encoded.dictionary.to_pylist(), dtype=str)
+    order = np.argsort(distinct, kind="stable")
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    return distinct[order], rank[encoded.indices.to_numpy(zero_copy_only=False)]
+
+
+def _unique_codes(codes: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(codes, return_inverse=True)`` for integer codes in ``[0, bound)``: by a presence
+    table when ``bound`` is at most a few times the number of rows (O(n + bound), no sort)."""
+    if bound > 4 * len(codes) + 4096:
+        unique, inverse = np.unique(codes, return_inverse=True)
+        return unique, inverse.astype(np.int64)
+    present = np.zeros(bound, dtype=bool)
+    present[codes] = True
+    unique = np.flatnonzero(present)
+    position = np.cumsum(present) - 1
+    return unique, position[codes]
+
+
+def _good_stream_ids(streams: np.ndarray) -> tuple[np.ndarray, "pa.Array | None"]:
+    """Which ids are non-empty UTF-8 strings, and the ids as one Arrow string array when every id is a
+    string (the usual case: one conversion), else ``None`` (one check per row)."""
     try:
         ids = pa.array(streams, from_pandas=False)
     except (pa.ArrowException, UnicodeError):
         ids = None
     if ids is not None and pa.types.is_string(ids.type):
-        return np.asarray(pc.fill_null(pc.greater(pc.utf8_length(ids), 0), False).to_numpy(zero_copy_only=False))
-    return np.array([isinstance(s, str) and bool(s) and is_utf8(s) for s in streams], dtype=bool)
+        good = np.asarray(pc.fill_null(pc.greater(pc.utf8_length(ids), 0), False).to_numpy(zero_copy_only=False))
+        return good, ids
+    return np.array([isinstance(s, str) and bool(s) and is_utf8(s) for s in streams], dtype=bool), None
 
 
 def _rows_by_group(groups: np.ndarray, n_groups: int) -> list[np.ndarray]:

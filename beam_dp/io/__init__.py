@@ -1,7 +1,7 @@
 """Release schema, sinks and a reader."""
 
 from beam_dp.io.models import LinearPredictor, load_model
-from beam_dp.io.readers import read_release_table, read_releases, row_to_release
+from beam_dp.io.readers import iter_release_tables, read_release_table, read_releases, row_to_release
 from beam_dp.steps.schema import RELEASE_SCHEMA, ReleaseColumns, ReleaseRow, release_table, release_to_row
 from beam_dp.io.sinks import GatherReleaseTables, WriteReleasesToJsonLines, WriteReleasesToParquet, release_dicts
 
@@ -14,6 +14,7 @@ __all__ = [
     "WriteReleasesToJsonLines",
     "WriteReleasesToParquet",
     "load_model",
+    "iter_release_tables",
     "read_release_table",
     "read_releases",
     "release_dicts",

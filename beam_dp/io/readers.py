@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -12,10 +13,10 @@ import numpy as np
 import pyarrow as pa
 
 from beam_dp.core.release import Release
-from beam_dp.io.tables import read_parquet_batches
+from beam_dp.io.tables import iter_parquet_batches, read_parquet_batches
 from beam_dp.steps.schema import RELEASE_SCHEMA
 
-__all__ = ["read_release_table", "read_releases", "row_to_release"]
+__all__ = ["iter_release_tables", "read_release_table", "read_releases", "row_to_release"]
 
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
 
@@ -43,24 +44,33 @@ def _paths(pattern: str) -> list[str]:
     return paths
 
 
-def read_release_table(pattern: str, columns: "list[str] | tuple[str, ...] | None" = None) -> pa.Table:
-    """The releases of every ``.parquet`` or JSON-lines file matching ``pattern`` as one Arrow table of
-    :data:`~beam_dp.io.RELEASE_SCHEMA` (or its ``columns``), in file order: for summaries and checks of
-    large outputs without a Python object per release."""
+def iter_release_tables(pattern: str, columns: "list[str] | tuple[str, ...] | None" = None) -> Iterator[pa.Table]:
+    """The releases of every ``.parquet`` or JSON-lines file matching ``pattern``, as Arrow tables of
+    :data:`~beam_dp.io.RELEASE_SCHEMA` (or its ``columns``) of up to 65,536 rows, in file order: one
+    file's bytes and one decoded batch in memory at a time, for summaries and checks of outputs of any
+    size without a Python object per release."""
     from apache_beam.io.filesystems import FileSystems
 
     schema = RELEASE_SCHEMA if columns is None else pa.schema([RELEASE_SCHEMA.field(c) for c in columns])
-    tables = []
     for path in _paths(pattern):
         with FileSystems.open(path) as fh:
             if path.endswith(".parquet"):
-                batches = read_parquet_batches(fh)
-                table = pa.Table.from_batches(batches) if batches else RELEASE_SCHEMA.empty_table()
+                batches = iter_parquet_batches(fh, columns=schema.names)
             else:
                 rows = [json.loads(line) for line in fh.read().decode("utf-8").splitlines() if line.strip()]
-                table = pa.Table.from_pylist(rows, schema=RELEASE_SCHEMA)
-        tables.append(table.select(schema.names))
-    return pa.concat_tables(tables)
+                batches = pa.Table.from_pylist(rows, schema=RELEASE_SCHEMA).select(schema.names).to_batches(65_536)
+        for batch in batches:
+            yield pa.Table.from_batches([batch]).select(schema.names)
+
+
+def read_release_table(pattern: str, columns: "list[str] | tuple[str, ...] | None" = None) -> pa.Table:
+    """The releases of every ``.parquet`` or JSON-lines file matching ``pattern`` as one Arrow table of
+    :data:`~beam_dp.io.RELEASE_SCHEMA` (or its ``columns``), in file order (``iter_release_tables``
+    concatenated)."""
+    tables = list(iter_release_tables(pattern, columns))
+    if tables:
+        return pa.concat_tables(tables)
+    return (RELEASE_SCHEMA if columns is None else pa.schema([RELEASE_SCHEMA.field(c) for c in columns])).empty_table()
 
 
 def read_releases(pattern: str) -> list[dict]:

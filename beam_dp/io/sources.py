@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from apache_beam.io.filesystems import FileSystems
 
-from beam_dp.io.tables import read_csv_batches, read_parquet_batches
+from beam_dp.io.tables import iter_parquet_batches, read_csv_batches
 from beam_dp.steps.events import DEAD_LETTER, DeadLetter, EventBatch, Reason, to_micros
 
 __all__ = ["STRUCTURAL", "ReadEventFiles", "StructuralInputError", "value_columns"]
@@ -116,7 +116,7 @@ class _ReadEventFile(beam.DoFn):
         bad_rows = _BadRows()
         if path.endswith(".parquet"):
             with FileSystems.open(path) as fh:
-                batches = read_parquet_batches(fh, self._batch_rows)
+                batches = iter_parquet_batches(fh, self._batch_rows)
         else:
             with FileSystems.open(path) as fh:
                 batches = read_csv_batches(

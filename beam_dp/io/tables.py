@@ -3,28 +3,37 @@
 Arrow's global CPU and I/O pools are native threads that live until the process exits; when they are
 torn down there, the interpreter can abort ("terminate called without an active exception", exit 134)
 after a script has done its work. Reading a file's bytes and decoding them on the calling thread
-starts neither pool, so a batch replay or a script that reads its releases exits cleanly. A file is
-held in memory whole (its bytes and its batches), as the readers that used pyarrow's streaming
-readers already held all its batches.
+starts neither pool, so a batch replay or a script that reads its releases exits cleanly. A file's
+bytes are held in memory whole; ``iter_parquet_batches`` decodes them one batch at a time.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-__all__ = ["read_csv_batches", "read_parquet_batches"]
+__all__ = ["iter_parquet_batches", "read_csv_batches", "read_parquet_batches"]
 
 BATCH_ROWS = 65_536
 
 
+def iter_parquet_batches(fh: BinaryIO, batch_size: int = BATCH_ROWS,
+                         columns: Sequence[str] | None = None) -> Iterator[pa.RecordBatch]:
+    """The record batches of the Parquet file open in ``fh`` (or of its ``columns``), decoded on this
+    thread one at a time as the iterator is consumed (``fh`` is read here, so it may be closed
+    before): the file's bytes are held whole, its decoded rows one batch at a time."""
+    reader = pq.ParquetFile(pa.BufferReader(fh.read()))
+    return reader.iter_batches(batch_size=batch_size, columns=None if columns is None else list(columns),
+                               use_threads=False)
+
+
 def read_parquet_batches(fh: BinaryIO, batch_size: int = BATCH_ROWS) -> list[pa.RecordBatch]:
     """All record batches of the Parquet file open in ``fh``, decoded on this thread."""
-    reader = pq.ParquetFile(pa.BufferReader(fh.read()))
-    return list(reader.iter_batches(batch_size=batch_size, use_threads=False))
+    return list(iter_parquet_batches(fh, batch_size))
 
 
 def read_csv_batches(fh: BinaryIO, parse_options: pacsv.ParseOptions, convert_options: pacsv.ConvertOptions,

@@ -164,3 +164,33 @@ def test_the_verifier_gives_one_verdict_for_rows_and_for_their_table(tmp_path, m
     assert verify_job(table).ok and verify_job(table).worst_epsilon == pytest.approx(verify_job(rows).worst_epsilon)
     # over its own budget, no domain, appears twice, and the over-budget spend breaks the job total
     assert len(verify_job(doctored).problems) == 4
+
+
+def test_the_verifier_reads_a_job_batch_by_batch(tmp_path, monkeypatch):
+    """``verify_job`` over the release files' batches (what the jobs' summaries and the CLI do: one
+    batch in memory at a time) gives the verdict of the whole table, and a release written twice is
+    found when its two copies lie in different batches."""
+    from beam_dp.io import iter_release_tables, read_release_table
+    from beam_dp.verify import VERIFIED_COLUMNS, JobVerifier
+
+    monkeypatch.setenv("BEAM_DP_NOISE_KEY", bytes(range(32)).hex())
+    out = _write_job(tmp_path, JobBudget(1.0).split({"sum": "pure", "windowed": "pure"}))
+    table = read_release_table(out + "/*.parquet", VERIFIED_COLUMNS)
+    whole = verify_job(table)
+    assert whole.ok
+    by_batch = verify_job(iter_release_tables(out + "/*.parquet", VERIFIED_COLUMNS))
+    assert (by_batch.ok, by_batch.worst_epsilon, [d.releases for d in by_batch.domains]) == (
+        True, whole.worst_epsilon, [d.releases for d in whole.domains])
+    doubled = pa.concat_tables([table, table.slice(table.num_rows - 1, 1)])
+    verifier = JobVerifier()
+    for start in range(0, doubled.num_rows, 7):  # the copy lands 6+ batches after its original
+        verifier.add(doubled.slice(start, 7))
+    verdict = verifier.verdict()
+    assert [p for p in verdict.problems if "appears 2 times" in p] == [p for p in verify_job(doubled).problems
+                                                                       if "appears" in p]
+    assert len(verdict.problems) == 1 and verifier.rows == doubled.num_rows
+    # a row of another domain's budget breaks agreement even in a later batch
+    other = table.slice(0, 1).set_column(VERIFIED_COLUMNS.index("epsilon_budget"), "epsilon_budget",
+                                         pa.array([9.0]))
+    verifier.add(other)
+    assert any("disagrees" in p for p in verifier.verdict().problems)
