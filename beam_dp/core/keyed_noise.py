@@ -84,10 +84,12 @@ class CellKeys:
     one secret key, cached (bounded) so a stream's family is hashed once per source, not per step."""
 
     MAX_CACHED = 1 << 17
+    MAX_CACHED_ROWS = 256  # lists of cells' streams (groups, or groups drawn several steps ahead)
 
     def __init__(self, secret: bytes):
         self._secret = secret
         self._cache: dict[tuple, np.ndarray] = {}
+        self._rows_cache: dict[tuple, np.ndarray] = {}
         self._local = threading.local()  # one reusable numpy Philox per thread (small batches)
 
     def family(self, stream: str, purpose: str, prefix: tuple[int, ...], length: int) -> np.ndarray:
@@ -106,6 +108,19 @@ class CellKeys:
             self._cache[cache_key] = words
         return words
 
+    def _row_keys(self, streams: tuple[str, ...], purpose: str, length: int) -> np.ndarray:
+        """The family keys of a list of cells' streams (a group's streams, or them repeated for several
+        steps), cached (bounded) as one array: a group drawing at every step stacks them once."""
+        cache_key = (streams, purpose, length)
+        keys = self._rows_cache.get(cache_key)
+        if keys is None:
+            keys = np.stack([self.family(s, purpose, (), length) for s in streams])
+            keys.setflags(write=False)
+            if len(self._rows_cache) >= self.MAX_CACHED_ROWS:
+                self._rows_cache.clear()
+            self._rows_cache[cache_key] = keys
+        return keys
+
     def cells(self, streams: Sequence[str], purpose: str, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(keys (n, 2), counter words (n, 3))`` uint64 of ``n`` cells; ``index`` is ``(n, k)`` int64."""
         n, k = index.shape
@@ -117,7 +132,7 @@ class CellKeys:
         if k <= _COUNTER_INDEX and n == 1:
             keys = self.family(streams[0], purpose, (), k)[None]
         elif k <= _COUNTER_INDEX:
-            keys = np.stack([self.family(s, purpose, (), k) for s in streams])
+            keys = self._row_keys(tuple(streams), purpose, k)
         else:
             prefixes = index[:, : k - tail].tolist()
             keys = np.stack([self.family(s, purpose, tuple(p), k) for s, p in zip(streams, prefixes)])
