@@ -47,20 +47,20 @@ def _paths(pattern: str) -> list[str]:
 def iter_release_tables(pattern: str, columns: "list[str] | tuple[str, ...] | None" = None) -> Iterator[pa.Table]:
     """The releases of every ``.parquet`` or JSON-lines file matching ``pattern``, as Arrow tables of
     :data:`~beam_dp.io.RELEASE_SCHEMA` (or its ``columns``) of up to 65,536 rows, in file order: one
-    file's bytes and one decoded batch in memory at a time, for summaries and checks of outputs of any
-    size without a Python object per release."""
+    batch of a Parquet file in memory at a time (a JSON-lines file whole), for summaries and checks of
+    outputs of any size without a Python object per release."""
     from apache_beam.io.filesystems import FileSystems
 
     schema = RELEASE_SCHEMA if columns is None else pa.schema([RELEASE_SCHEMA.field(c) for c in columns])
     for path in _paths(pattern):
         with FileSystems.open(path) as fh:
             if path.endswith(".parquet"):
-                batches = iter_parquet_batches(fh, columns=schema.names)
-            else:
-                rows = [json.loads(line) for line in fh.read().decode("utf-8").splitlines() if line.strip()]
-                batches = pa.Table.from_pylist(rows, schema=RELEASE_SCHEMA).select(schema.names).to_batches(65_536)
-        for batch in batches:
-            yield pa.Table.from_batches([batch]).select(schema.names)
+                for batch in iter_parquet_batches(fh, columns=schema.names):
+                    yield pa.Table.from_batches([batch]).select(schema.names)
+                continue
+            rows = [json.loads(line) for line in fh.read().decode("utf-8").splitlines() if line.strip()]
+        for batch in pa.Table.from_pylist(rows, schema=RELEASE_SCHEMA).select(schema.names).to_batches(65_536):
+            yield pa.Table.from_batches([batch])
 
 
 def read_release_table(pattern: str, columns: "list[str] | tuple[str, ...] | None" = None) -> pa.Table:

@@ -116,17 +116,18 @@ class _ReadEventFile(beam.DoFn):
         bad_rows = _BadRows()
         if path.endswith(".parquet"):
             with FileSystems.open(path) as fh:
-                batches = iter_parquet_batches(fh, self._batch_rows)
-        else:
-            with FileSystems.open(path) as fh:
-                batches = read_csv_batches(
-                    fh,
-                    parse_options=pacsv.ParseOptions(invalid_row_handler=bad_rows),
-                    # stream ids as bytes: a non-UTF-8 id is one dead letter, not a failed file
-                    convert_options=pacsv.ConvertOptions(strings_can_be_null=False,
-                                                         column_types={"stream_id": pa.binary()}),
-                    batch_size=self._batch_rows,
-                )
+                for batch in iter_parquet_batches(fh, self._batch_rows):
+                    yield from self._convert(batch, path)
+            return
+        with FileSystems.open(path) as fh:
+            batches = read_csv_batches(
+                fh,
+                parse_options=pacsv.ParseOptions(invalid_row_handler=bad_rows),
+                # stream ids as bytes: a non-UTF-8 id is one dead letter, not a failed file
+                convert_options=pacsv.ConvertOptions(strings_can_be_null=False,
+                                                     column_types={"stream_id": pa.binary()}),
+                batch_size=self._batch_rows,
+            )
         for text in bad_rows.texts:
             yield beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(Reason.MALFORMED, "wrong column count", None, text))
         for batch in batches:

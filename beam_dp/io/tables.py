@@ -2,9 +2,10 @@
 
 Arrow's global CPU and I/O pools are native threads that live until the process exits; when they are
 torn down there, the interpreter can abort ("terminate called without an active exception", exit 134)
-after a script has done its work. Reading a file's bytes and decoding them on the calling thread
-starts neither pool, so a batch replay or a script that reads its releases exits cleanly. A file's
-bytes are held in memory whole; ``iter_parquet_batches`` decodes them one batch at a time.
+after a script has done its work. Reading a Parquet file without pre-buffering and decoding it on the
+calling thread starts neither pool (nor does decoding a CSV file's bytes there), so a batch replay or
+a script that reads its releases exits cleanly. ``iter_parquet_batches`` reads and decodes one batch
+at a time.
 """
 
 from __future__ import annotations
@@ -23,12 +24,12 @@ BATCH_ROWS = 65_536
 
 def iter_parquet_batches(fh: BinaryIO, batch_size: int = BATCH_ROWS,
                          columns: Sequence[str] | None = None) -> Iterator[pa.RecordBatch]:
-    """The record batches of the Parquet file open in ``fh`` (or of its ``columns``), decoded on this
-    thread one at a time as the iterator is consumed (``fh`` is read here, so it may be closed
-    before): the file's bytes are held whole, its decoded rows one batch at a time."""
-    reader = pq.ParquetFile(pa.BufferReader(fh.read()))
-    return reader.iter_batches(batch_size=batch_size, columns=None if columns is None else list(columns),
-                               use_threads=False)
+    """The record batches of the Parquet file open in ``fh`` (or of its ``columns``), read and decoded
+    on this thread one at a time as the iterator is consumed (so consume it while ``fh`` is open): the
+    file is never held whole. No pre-buffering, which would start Arrow's I/O pool."""
+    reader = pq.ParquetFile(fh, pre_buffer=False)
+    yield from reader.iter_batches(batch_size=batch_size, columns=None if columns is None else list(columns),
+                                   use_threads=False)
 
 
 def read_parquet_batches(fh: BinaryIO, batch_size: int = BATCH_ROWS) -> list[pa.RecordBatch]:

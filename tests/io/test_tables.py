@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="co
 SCRIPT = textwrap.dedent("""
     import io, os, sys, threading, time
     import pyarrow as pa, pyarrow.csv as pacsv, pyarrow.parquet as pq
-    from beam_dp.io.tables import read_csv_batches, read_parquet_batches
+    from beam_dp.io.tables import iter_parquet_batches, read_csv_batches, read_parquet_batches
     def threads():  # live native threads, less jemalloc's background thread (a plain pthread)
         names = []
         for task in os.listdir("/proc/self/task"):
@@ -29,10 +29,14 @@ SCRIPT = textwrap.dedent("""
         return sum(name != "jemalloc_bg_thd" for name in names)
     parquet = io.BytesIO()
     pq.write_table(pa.table({"a": list(range(5000)), "s": ["x"] * 5000}), parquet)
+    path = sys.argv[2]
+    pq.write_table(pa.table({"a": list(range(5000)), "s": ["x"] * 5000}), path, row_group_size=1000)
     text = b"a,b\\n" + b"".join(b"%d,%d\\n" % (i, i) for i in range(5000))
     def read():
         if sys.argv[1] == "ours":
             read_parquet_batches(io.BytesIO(parquet.getvalue()))
+            with open(path, "rb") as fh:  # a file read row group by row group (what the job's readers do)
+                assert sum(batch.num_rows for batch in iter_parquet_batches(fh, batch_size=500)) == 5000
             read_csv_batches(io.BytesIO(text), pacsv.ParseOptions(), pacsv.ConvertOptions())
         else:  # Arrow's streaming readers, which start its pools
             list(pq.ParquetFile(io.BytesIO(parquet.getvalue())).iter_batches())
@@ -50,17 +54,18 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _new_threads(mode: str) -> int:
-    out = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, check=True)
+def _new_threads(mode: str, tmp_path) -> int:
+    out = subprocess.run([sys.executable, "-c", SCRIPT, mode, str(tmp_path / "rows.parquet")], capture_output=True,
+                         text=True, check=True)
     return int(out.stdout.strip())
 
 
-def test_reading_starts_no_native_threads():
-    assert _new_threads("ours") == 0
+def test_reading_starts_no_native_threads(tmp_path):
+    assert _new_threads("ours", tmp_path) == 0
 
 
-def test_the_thread_count_detects_arrow_pools():
-    assert _new_threads("arrow-streaming") > 0
+def test_the_thread_count_detects_arrow_pools(tmp_path):
+    assert _new_threads("arrow-streaming", tmp_path) > 0
 
 
 def test_batches_hold_every_row_and_bad_rows_go_to_the_handler():
