@@ -309,6 +309,8 @@ class _PrivateFTAL:
         for state in states:
             if not isinstance(state, OnlineState):
                 raise TypeError(f"{self.name} expects an OnlineState, got {type(state).__name__}")
+        if any(state.tree.stream != state.stream for state in states):
+            raise ValueError("a learner state's window tree belongs to another stream")
         tree = self.tree.stack([state.tree for state in states])  # refuses an empty list and mixed steps
         if len(states) == 1:  # the per-stream path: views, no copies
             x, S = states[0].x[None, :], states[0].S[None, :]
