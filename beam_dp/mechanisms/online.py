@@ -131,8 +131,7 @@ class OnlineLoss:
         """Features ``(n, d)`` as the loss sees them: rows scaled to L2 norm <= 1 where clipped."""
         if not (self.kind != "custom" if self.clip_features is None else self.clip_features):
             return A
-        norms = np.sqrt(np.einsum("ij,ij->i", A, A))
-        return np.where((norms > 1.0)[:, None], A / np.maximum(norms, 1.0)[:, None], A)
+        return A / np.maximum(np.sqrt(np.einsum("ij,ij->i", A, A)), 1.0)[:, None]  # x / 1.0 == x exactly
 
     def grad(self, x: np.ndarray, a: np.ndarray, b: float) -> np.ndarray:
         """``∇f(x; a, b)`` of one record (the batch of one of ``grad_rows``)."""
@@ -468,6 +467,7 @@ class WDPCOCOL(_PrivateFTAL):
 
 
 def _row(arr: np.ndarray, i: int) -> np.ndarray:
+    """Read-only view of row ``i`` (a state's array; steps make new arrays, never write rows)."""
     out = arr[i]
     out.flags.writeable = False
     return out
