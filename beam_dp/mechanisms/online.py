@@ -117,10 +117,10 @@ class OnlineLoss:
     def check_labels(self, b: np.ndarray) -> np.ndarray:
         """The labels ``(n,)`` the loss uses: logistic needs ±1 (``ValueError`` otherwise), squared clips
         to [−1, 1]."""
-        if not np.all(np.isfinite(b)):
+        if not np.isfinite(b).all():
             raise ValueError("non_finite: label")
         if self.kind == "logistic":
-            if not np.all((b == 1.0) | (b == -1.0)):
+            if not (np.abs(b) == 1.0).all():
                 raise ValueError("bad_value: logistic labels must be -1 or +1")
             return b
         if self.kind == "squared":
@@ -292,7 +292,7 @@ class _PrivateFTAL:
         arr = np.asarray(a, dtype=np.float64)
         if arr.shape != shape:
             raise ValueError(f"wrong_shape: expected features of shape {shape}, got {arr.shape}")
-        if not np.all(np.isfinite(arr)):
+        if not np.isfinite(arr).all():
             raise ValueError("non_finite: features")
         return self.loss.features(arr.reshape(-1, self.dim))
 
@@ -350,7 +350,7 @@ class _PrivateFTAL:
             raise ValueError(f"learner state does not match: x {group.x.shape}, S {group.S.shape} for "
                              f"{len(group.streams)} streams of dim {self.dim}")
         grads = self.loss.grad_rows(group.x, A, b)
-        if not np.all(np.isfinite(grads)):
+        if not np.isfinite(grads).all():
             raise ValueError("non-finite gradient")
         # one contribution per stream of norm <= L <= Δ₂/2 (the tree's R): a clipped sum of count 1
         v, _ = clip_l2(grads, self.lipschitz)
