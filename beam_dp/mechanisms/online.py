@@ -326,8 +326,8 @@ class _PrivateFTAL:
     def step_group(self, group: OnlineGroup, A: Any, b: Any, noise: NoiseSource) -> tuple[OnlineGroup, ReleaseBatch]:
         """Feed step ``t + 1`` of every stream of the group: one record per stream, features ``A (S, d)``
         and labels ``b (S,)`` (row ``i`` is stream ``i``'s). A bad row refuses the whole step
-        (``ValueError`` with :meth:`record`'s reasons) and changes nothing. The batch's rows are the
-        releases each stream's :meth:`step` makes."""
+        (``ValueError`` with :meth:`record`'s reasons, or "non-finite gradient" from a custom loss)
+        and changes nothing. The batch's rows are the releases each stream's :meth:`step` makes."""
         rows, labels = self.records(A, b, len(group.streams))
         return self._advance_group(group, rows, labels, noise)
 
