@@ -21,7 +21,7 @@ from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
 from beam_dp.core.release_batch import ReleaseBatch
 from beam_dp.mechanisms.base import ClippedSum, ContinualSumMechanism, GroupSteppedSum
-from beam_dp.mechanisms.online import _PrivateFTAL
+from beam_dp.mechanisms.online import WDPCOCOL, WDPCOCOP
 
 __all__ = ["replay_batches", "replay_event_time", "replay_learner"]
 
@@ -102,7 +102,7 @@ def replay_event_time(
 
 
 def replay_learner(
-    learner: _PrivateFTAL,
+    learner: WDPCOCOP | WDPCOCOL,
     streams: tuple[str, ...],
     features: np.ndarray,
     labels: np.ndarray,
