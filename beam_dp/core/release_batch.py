@@ -4,6 +4,8 @@ A group step of a mechanism releases one value per stream and the same public fa
 (step, ``epsilon_spent``, ``delta_spent``, ``meta``: they depend on the step, never on a stream's
 data), so they are kept once, next to a ``(streams, d)`` array of values. ``rows()`` gives the
 per-stream :class:`~beam_dp.core.release.Release` records (identical to those of per-stream steps).
+A mechanism whose release value is one named array (the online learners' ``{"x": ...}``) sets
+``value_name``; the rows then carry ``{value_name: values[i]}``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ __all__ = ["ReleaseBatch"]
 
 @dataclass(frozen=True, eq=False)
 class ReleaseBatch:
-    """Releases of ``streams`` at ``step``: ``values[i]`` is stream ``i``'s released vector."""
+    """Releases of ``streams`` at ``step``: ``values[i]`` is stream ``i``'s released vector (named
+    ``value_name`` in each row's value when that is set)."""
 
     streams: tuple[str, ...]
     step: int
@@ -29,6 +32,7 @@ class ReleaseBatch:
     epsilon_spent: float
     delta_spent: float
     meta: Mapping[str, Any] = field(default_factory=dict)
+    value_name: str | None = None
 
     def __post_init__(self) -> None:
         values = np.array(self.values, dtype=np.float64)
@@ -42,7 +46,9 @@ class ReleaseBatch:
 
     def rows(self) -> list[Release]:
         """One :class:`Release` per stream, in group order."""
+        name = self.value_name
         return [
-            Release(stream, self.step, self.mechanism, value, self.epsilon_spent, self.delta_spent, self.meta)
+            Release(stream, self.step, self.mechanism, value if name is None else {name: value},
+                    self.epsilon_spent, self.delta_spent, self.meta)
             for stream, value in zip(self.streams, self.values)
         ]

@@ -22,6 +22,12 @@ A *local linear oracle* ``llo(x, r, c)`` (Lou & Cheung, "Projection-free Online 
 here is the exact minimiser of ``⟨·, c⟩`` over a relaxation that contains ``B(x, r) ∩ P`` (so the
 first property holds) and whose size gives the second.
 
+Every set also works on a batch of points, one per row: ``project_rows(X)`` and ``llo_rows(X, r, C)``
+(``X``, ``C`` of shape ``(n, d)``, one radius ``r`` for all rows), what the online learners use to step
+a group of streams at once. The L2 ball, box, simplex and L1 ball do it in array operations (scaling,
+clipping, the sort-based formulas), and their ``project``/``llo`` are the batch of one of the same
+code; the general :class:`Polytope` solves one LP/NNLS per row.
+
 :func:`make_convex_set` parses a declarative spec (``{"kind": "l1_ball", "radius": 1.0}``, ...);
 unknown or non-convex kinds and empty sets raise ``ValueError``.
 """
@@ -91,15 +97,20 @@ def simplex_greedy_llo(x: np.ndarray, c: np.ndarray, mass: float) -> np.ndarray:
     """The simplex oracle's greedy move: remove a total ``mass`` from the coordinates in
     decreasing order of ``c`` (ties: lowest index first), taking ``min(p_j, remaining)`` from each,
     and add it to ``argmin c`` (lowest index on ties). Exact minimiser of ``⟨p, c⟩`` over
-    ``{p in the simplex through x, ‖p − x‖₁ <= 2·mass}`` when ``mass <= Σx``."""
-    order = np.lexsort((np.arange(c.size), -c))  # by c descending, then index ascending
-    taken_sorted = x[order]
-    before = np.cumsum(taken_sorted) - taken_sorted
+    ``{p in the simplex through x, ‖p − x‖₁ <= 2·mass}`` when ``mass <= Σx``.
+
+    ``x``, ``c`` may be ``(d,)`` or ``(n, d)`` (rows moved independently, the same ``mass``)."""
+    x, c = np.asarray(x, dtype=np.float64), np.asarray(c, dtype=np.float64)
+    xs, cs = (x[None, :], c[None, :]) if x.ndim == 1 else (x, c)
+    rows = np.arange(xs.shape[0])[:, None]
+    order = np.argsort(-cs, axis=1, kind="stable")  # by c descending, then index ascending
+    taken_sorted = xs[rows, order]
+    before = np.cumsum(taken_sorted, axis=1) - taken_sorted
     removed = np.clip(mass - before, 0.0, taken_sorted)
-    p = x.copy()
-    p[order] -= removed
-    p[int(np.argmin(c))] += removed.sum()
-    return p
+    p = xs.copy()
+    p[rows, order] -= removed
+    p[rows[:, 0], np.argmin(cs, axis=1)] += removed.sum(axis=1)
+    return p[0] if x.ndim == 1 else p
 
 
 class ConvexSet(abc.ABC):
@@ -115,9 +126,13 @@ class ConvexSet(abc.ABC):
     radius: float
     rho: float | None = None
 
-    @abc.abstractmethod
     def project(self, x: np.ndarray) -> np.ndarray:
-        """Euclidean projection ``Π_C(x)``."""
+        """Euclidean projection ``Π_C(x)`` of one point ``(d,)`` (the batch of one of ``project_rows``)."""
+        return self.project_rows(self._vector(x)[None, :])[0]
+
+    @abc.abstractmethod
+    def project_rows(self, X: np.ndarray) -> np.ndarray:
+        """Euclidean projection of every row of ``X`` ``(n, d)``."""
 
     @abc.abstractmethod
     def contains(self, x: np.ndarray, tol: float = 1e-12) -> bool:
@@ -132,7 +147,11 @@ class ConvexSet(abc.ABC):
         return self.rho is not None
 
     def llo(self, x: np.ndarray, r: float, c: np.ndarray) -> np.ndarray:
-        """Local linear oracle (see the module docstring)."""
+        """Local linear oracle (see the module docstring) at one point (the batch of one of ``llo_rows``)."""
+        return self.llo_rows(self._vector(x)[None, :], r, self._vector(c)[None, :])[0]
+
+    def llo_rows(self, X: np.ndarray, r: float, C: np.ndarray) -> np.ndarray:
+        """The local linear oracle of every row: ``p_i = LLO(X[i], r, C[i])`` for ``X``, ``C`` ``(n, d)``."""
         raise NotImplementedError(f"{self.kind} has no local linear oracle")
 
     def gauge(self, x: np.ndarray) -> float:
@@ -162,6 +181,12 @@ class ConvexSet(abc.ABC):
             raise ValueError(f"{self.kind}: expected a vector of shape ({self.dim},), got {arr.shape}")
         return arr
 
+    def _rows(self, X: Any) -> np.ndarray:
+        arr = np.asarray(X, dtype=np.float64)
+        if arr.ndim != 2 or arr.shape[1] != self.dim:
+            raise ValueError(f"{self.kind}: expected rows of shape (n, {self.dim}), got {arr.shape}")
+        return arr
+
 
 class L2Ball(ConvexSet):
     """``{θ : ‖θ‖₂ <= R}``. Projection ``x·min(1, R/‖x‖)``; no LLO (not a polytope)."""
@@ -174,10 +199,11 @@ class L2Ball(ConvexSet):
         self.diameter = 2.0 * self.R
         self.radius = self.R
 
-    def project(self, x):
-        x = self._vector(x)
-        n = float(np.sqrt(x @ x))
-        return x * (self.R / n) if n > self.R else x.copy()
+    def project_rows(self, X):
+        X = self._rows(X)
+        norms = np.sqrt(np.einsum("ij,ij->i", X, X))
+        outside = norms > self.R
+        return X * np.where(outside, self.R / np.where(outside, norms, 1.0), 1.0)[:, None]
 
     def contains(self, x, tol=1e-12):
         return bool(np.linalg.norm(self._vector(x)) <= self.R * (1 + tol) + tol)
@@ -205,16 +231,11 @@ class L1Ball(ConvexSet):
         self.radius = self.R
         self.rho = 2.0 * math.sqrt(self.dim)
 
-    def project(self, x):
-        x = np.asarray(x, dtype=np.float64)
-        if x.ndim == 1:
-            x = self._vector(x)
-            if np.abs(x).sum() <= self.R:
-                return x.copy()
-            return np.sign(x) * project_simplex(np.abs(x), self.R)
-        inside = np.abs(x).sum(axis=1) <= self.R
-        out = np.sign(x) * project_simplex(np.abs(x), self.R)
-        out[inside] = x[inside]
+    def project_rows(self, X):
+        X = self._rows(X)
+        inside = np.abs(X).sum(axis=1) <= self.R
+        out = np.sign(X) * project_simplex(np.abs(X), self.R)
+        out[inside] = X[inside]
         return out
 
     def contains(self, x, tol=1e-12):
@@ -223,14 +244,14 @@ class L1Ball(ConvexSet):
     def gauge(self, x):
         return float(np.abs(x).sum()) / self.R
 
-    def llo(self, x, r, c):
-        x, c = self._vector(x), self._vector(c)
-        d, R = self.dim, self.R
-        z = np.concatenate([np.maximum(x, 0.0), np.maximum(-x, 0.0), [0.0]]) / R
-        z[-1] = max(0.0, 1.0 - z[:-1].sum())
-        lifted = np.concatenate([R * c, -R * c, [0.0]])
+    def llo_rows(self, X, r, C):
+        X, C = self._rows(X), self._rows(C)
+        d, R, zero = self.dim, self.R, np.zeros((X.shape[0], 1))
+        z = np.concatenate([np.maximum(X, 0.0), np.maximum(-X, 0.0), zero], axis=1) / R
+        z[:, -1] = np.maximum(0.0, 1.0 - z[:, :-1].sum(axis=1))
+        lifted = np.concatenate([R * C, -R * C, zero], axis=1)
         p = simplex_greedy_llo(z, lifted, min(math.sqrt(d) * r / R, 1.0))
-        return R * (p[:d] - p[d : 2 * d])
+        return R * (p[:, :d] - p[:, d : 2 * d])
 
     def _support(self, g):
         return self.R * np.abs(g).max(axis=1)
@@ -262,16 +283,15 @@ class Box(ConvexSet):
         self.radius = float(np.linalg.norm(np.maximum(np.abs(lo), np.abs(hi))))
         self.rho = math.sqrt(self.dim)
 
-    def project(self, x):
-        return np.clip(np.asarray(x, dtype=np.float64), self.lower, self.upper)
+    def project_rows(self, X):
+        return np.clip(self._rows(X), self.lower, self.upper)
 
     def contains(self, x, tol=1e-12):
         x = self._vector(x)
         return bool(np.all(x >= self.lower - tol) and np.all(x <= self.upper + tol))
 
-    def llo(self, x, r, c):
-        x, c = self._vector(x), self._vector(c)
-        return np.clip(x - r * np.sign(c), self.lower, self.upper)
+    def llo_rows(self, X, r, C):
+        return np.clip(self._rows(X) - r * np.sign(self._rows(C)), self.lower, self.upper)
 
     def _support(self, g):
         return np.maximum(g * self.lower, g * self.upper).sum(axis=1)
@@ -296,16 +316,15 @@ class Simplex(ConvexSet):
         self.radius = self.R
         self.rho = math.sqrt(self.dim)
 
-    def project(self, x):
-        return project_simplex(np.asarray(x, dtype=np.float64), self.R)
+    def project_rows(self, X):
+        return project_simplex(self._rows(X), self.R)
 
     def contains(self, x, tol=1e-12):
         x = self._vector(x)
         return bool(np.all(x >= -tol) and abs(x.sum() - self.R) <= tol * max(1.0, self.R))
 
-    def llo(self, x, r, c):
-        x, c = self._vector(x), self._vector(c)
-        return simplex_greedy_llo(np.maximum(x, 0.0), c, min(math.sqrt(self.dim) * r / 2.0, self.R))
+    def llo_rows(self, X, r, C):
+        return simplex_greedy_llo(np.maximum(self._rows(X), 0.0), self._rows(C), min(math.sqrt(self.dim) * r / 2.0, self.R))
 
     def _support(self, g):
         return self.R * g.max(axis=1)
@@ -319,7 +338,8 @@ class Polytope(ConvexSet):
 
     LLO (``ρ = √d``): the LP ``min ⟨c, y⟩`` over ``P ∩ {‖y − x‖₁ <= √d r}`` (``linprog``, HiGHS);
     the L1 ball of radius ``√d r`` contains the L2 ball of radius r. Projection: only for the vertex
-    form (active set by NNLS, then an exact KKT solve on the support).
+    form (active set by NNLS, then an exact KKT solve on the support). ``project_rows``/``llo_rows``
+    do not vectorise: they solve one problem per row, in a Python loop.
     """
 
     kind = "polytope"
@@ -375,6 +395,14 @@ class Polytope(ConvexSet):
 
     def _weights_to_point(self, lam: np.ndarray) -> np.ndarray:
         return lam @ self.vertices
+
+    def project_rows(self, X):
+        X = self._rows(X)
+        return np.array([self.project(x) for x in X]).reshape(X.shape)
+
+    def llo_rows(self, X, r, C):
+        X, C = self._rows(X), self._rows(C)
+        return np.array([self.llo(x, r, c) for x, c in zip(X, C)]).reshape(X.shape)
 
     def project(self, x):
         if self.vertices is None:

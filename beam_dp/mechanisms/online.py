@@ -33,6 +33,16 @@ get ``ĝ_t``, ``S_t = S_{t−1} + x̂_t`` (public), then
   (``meta["paper_constants"] = False`` then).
 
 The release at step ``t`` is ``{"x": x̂_{t+1}}`` (the point played next). ``x_1`` is public.
+
+Groups of streams
+-----------------
+The step is written once, for a group of streams at the same step ``t`` (``init_group``/``stack``/
+``unstack``/``step_group``): records ``A (S, d)``, ``b (S,)``; features clipped row-wise, every
+stream's gradient in one array expression (a custom loss's callable is applied row by row), row-wise
+clipping to ``L``, one window-tree group step, then every row projected (COCOP) or moved by the
+oracle (COCOL) through the set's ``project_rows``/``llo_rows``. The per-stream ``step`` is the group
+of one. The window tree keys its noise cells per stream, so a stream's releases do not depend on the
+group it is stepped in (equal to float rounding of the array operations).
 """
 
 from __future__ import annotations
@@ -46,12 +56,13 @@ import numpy as np
 from beam_dp.core.clipping import clip_l2
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
+from beam_dp.core.release_batch import ReleaseBatch
 from beam_dp.core.state import decode_state, encode_state
-from beam_dp.mechanisms.base import ClippedSum
+from beam_dp.mechanisms.base import GroupState
 from beam_dp.mechanisms.convex_sets import ConvexSet, make_convex_set
 from beam_dp.mechanisms.window_tree import WindowTreeState, WindowTreeSum
 
-__all__ = ["OnlineLoss", "OnlineRecord", "OnlineState", "WDPCOCOL", "WDPCOCOP", "make_online_learner"]
+__all__ = ["OnlineGroup", "OnlineLoss", "OnlineRecord", "OnlineState", "WDPCOCOL", "WDPCOCOP", "make_online_learner"]
 
 LossKind = Literal["logistic", "squared", "custom"]
 
@@ -103,31 +114,42 @@ class OnlineLoss:
             return 1.0 + self.mu * r
         return (r + 1.0) + self.mu * r
 
-    def check_label(self, b: float) -> float:
-        """The label the loss uses: logistic needs ±1 (``ValueError`` otherwise), squared clips to [−1, 1]."""
-        if not math.isfinite(b):
+    def check_labels(self, b: np.ndarray) -> np.ndarray:
+        """The labels ``(n,)`` the loss uses: logistic needs ±1 (``ValueError`` otherwise), squared clips
+        to [−1, 1]."""
+        if not np.isfinite(b).all():
             raise ValueError("non_finite: label")
         if self.kind == "logistic":
-            if b not in (-1.0, 1.0):
+            if not (np.abs(b) == 1.0).all():
                 raise ValueError("bad_value: logistic labels must be -1 or +1")
             return b
         if self.kind == "squared":
-            return min(1.0, max(-1.0, b))
+            return np.clip(b, -1.0, 1.0)
         return b
 
-    def features(self, a: np.ndarray) -> np.ndarray:
+    def features(self, A: np.ndarray) -> np.ndarray:
+        """Features ``(n, d)`` as the loss sees them: rows scaled to L2 norm <= 1 where clipped."""
         if not (self.kind != "custom" if self.clip_features is None else self.clip_features):
-            return a
-        n = float(np.sqrt(a @ a))
-        return a / n if n > 1.0 else a
+            return A
+        return A / np.maximum(np.sqrt(np.einsum("ij,ij->i", A, A)), 1.0)[:, None]  # x / 1.0 == x exactly
 
     def grad(self, x: np.ndarray, a: np.ndarray, b: float) -> np.ndarray:
+        """``∇f(x; a, b)`` of one record (the batch of one of ``grad_rows``)."""
+        return self.grad_rows(x[None, :], a[None, :], np.array([b], dtype=np.float64))[0]
+
+    def grad_rows(self, X: np.ndarray, A: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """``∇f(X[i]; A[i], b[i])`` of every row: one array expression for the built-in families; a
+        custom loss's ``gradient`` callable is called once per row."""
+        if self.kind == "custom":
+            return np.array([self.gradient(x, a, float(bi)) for x, a, bi in zip(X, A, b)], dtype=np.float64).reshape(X.shape)
+        inner = np.einsum("ij,ij->i", A, X)
         if self.kind == "logistic":
-            m = -b * float(a @ x)
-            return (-b / (1.0 + math.exp(-m)) if m > -700 else 0.0) * a + self.mu * x
-        if self.kind == "squared":
-            return (float(a @ x) - b) * a + self.mu * x
-        return np.asarray(self.gradient(x, a, b), dtype=np.float64)
+            m = -b * inner
+            live = m > -700  # below, e^{-m} overflows and the logistic factor is 0 to double precision
+            coef = np.where(live, -b / (1.0 + np.exp(-np.where(live, m, 0.0))), 0.0)
+        else:
+            coef = inner - b
+        return coef[:, None] * A + self.mu * X
 
     def loss(self, x: np.ndarray, a: np.ndarray, b: float) -> float:
         if self.kind == "logistic":
@@ -150,6 +172,18 @@ class OnlineState:
     x: np.ndarray
     S: np.ndarray
     tree: WindowTreeState
+
+
+@dataclass(frozen=True, eq=False)
+class OnlineGroup:
+    """States of a group of streams, all after ``t`` steps: ``x`` and ``S`` ``(streams, d)`` (public,
+    row ``i`` is stream ``i``'s) and ``tree``, the window tree's group state (raw: never released)."""
+
+    streams: tuple[str, ...]
+    t: int
+    x: np.ndarray
+    S: np.ndarray
+    tree: GroupState
 
 
 @dataclass(frozen=True, eq=False)
@@ -235,53 +269,111 @@ class _PrivateFTAL:
     def record(self, a: Any, b: Any) -> OnlineRecord:
         """Validate and normalise one record (``ValueError`` whose text starts with a dead-letter
         reason: ``wrong_shape``, ``non_finite``, ``bad_value``)."""
-        arr = np.asarray(a, dtype=np.float64)
-        if arr.shape != (self.dim,):
-            raise ValueError(f"wrong_shape: expected features of shape ({self.dim},), got {arr.shape}")
-        if not np.all(np.isfinite(arr)):
-            raise ValueError("non_finite: features")
+        A = self._feature_rows(a, (self.dim,))
         try:
             label = float(b)
         except (TypeError, ValueError):
             raise ValueError("bad_value: label is not a number") from None
-        return OnlineRecord(self.loss.features(arr), self.loss.check_label(label))
+        return OnlineRecord(A[0], float(self.loss.check_labels(np.array([label]))[0]))
+
+    def records(self, A: Any, b: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Validate and normalise the records of ``n`` streams: features ``(n, d)`` and labels ``(n,)``,
+        refused with the ``ValueError`` reasons of :meth:`record` if any row is bad."""
+        rows = self._feature_rows(A, (n, self.dim))
+        try:
+            labels = np.asarray(b, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError("bad_value: label is not a number") from None
+        if labels.shape != (n,):
+            raise ValueError(f"wrong_shape: expected labels of shape ({n},), got {labels.shape}")
+        return rows, self.loss.check_labels(labels)
+
+    def _feature_rows(self, a: Any, shape: tuple[int, ...]) -> np.ndarray:
+        arr = np.asarray(a, dtype=np.float64)
+        if arr.shape != shape:
+            raise ValueError(f"wrong_shape: expected features of shape {shape}, got {arr.shape}")
+        if not np.isfinite(arr).all():
+            raise ValueError("non_finite: features")
+        return self.loss.features(arr.reshape(-1, self.dim))
+
+    # -- groups of streams -------------------------------------------------------------------
+    def init_group(self, streams: Sequence[str]) -> OnlineGroup:
+        """Fresh state of every stream of ``streams`` (distinct names)."""
+        if len(set(streams)) != len(streams):
+            raise ValueError("the streams of a group must be distinct")
+        return self.stack([self.init_state(s) for s in streams])
+
+    def stack(self, states: Sequence[OnlineState]) -> OnlineGroup:
+        """One group from per-stream states that are all at the same step."""
+        for state in states:
+            if not isinstance(state, OnlineState):
+                raise TypeError(f"{self.name} expects an OnlineState, got {type(state).__name__}")
+        if any(state.tree.stream != state.stream for state in states):
+            raise ValueError("a learner state's window tree belongs to another stream")
+        tree = self.tree.stack([state.tree for state in states])  # refuses an empty list and mixed steps
+        if len(states) == 1:  # the per-stream path: views, no copies
+            x, S = states[0].x[None, :], states[0].S[None, :]
+        else:
+            x, S = np.stack([state.x for state in states]), np.stack([state.S for state in states])
+        return OnlineGroup(tree.streams, tree.t, x, S, tree)
+
+    def unstack(self, group: OnlineGroup) -> list[OnlineState]:
+        """The per-stream states of a group (read-only rows of the group's arrays: steps never write
+        into an array a state holds)."""
+        trees = self.tree.unstack(group.tree)
+        return [OnlineState(s, group.t, _row(group.x, i), _row(group.S, i), trees[i]) for i, s in enumerate(group.streams)]
+
+    def step_group(self, group: OnlineGroup, A: Any, b: Any, noise: NoiseSource) -> tuple[OnlineGroup, ReleaseBatch]:
+        """Feed step ``t + 1`` of every stream of the group: one record per stream, features ``A (S, d)``
+        and labels ``b (S,)`` (row ``i`` is stream ``i``'s). A bad row refuses the whole step
+        (``ValueError`` with :meth:`record`'s reasons, or "non-finite gradient" from a custom loss)
+        and changes nothing. The batch's rows are the releases each stream's :meth:`step` makes."""
+        rows, labels = self.records(A, b, len(group.streams))
+        return self._advance_group(group, rows, labels, noise)
 
     def step(self, state: OnlineState, block: Any, noise: NoiseSource) -> tuple[OnlineState, list[Release]]:
+        """One step of one stream: the group of one of :meth:`step_group`."""
         if isinstance(block, OnlineRecord):
             rec = self.record(block.a, block.b)  # idempotent; never trust an unnormalised record
         elif isinstance(block, tuple) and len(block) == 2:
             rec = self.record(*block)
         else:
             raise ValueError("an online step needs one record (features, label)")
-        grad = self.loss.grad(state.x, rec.a, rec.b)
-        if not np.all(np.isfinite(grad)):
+        group, batch = self._advance_group(self.stack([state]), rec.a[None, :], np.array([rec.b]), noise)
+        return self.unstack(group)[0], batch.rows()
+
+    def _advance_group(
+        self, group: OnlineGroup, A: np.ndarray, b: np.ndarray, noise: NoiseSource
+    ) -> tuple[OnlineGroup, ReleaseBatch]:
+        """The step on validated, normalised records (see the module docstring)."""
+        if group.x.shape != (len(group.streams), self.dim) or group.S.shape != group.x.shape:
+            raise ValueError(f"learner state does not match: x {group.x.shape}, S {group.S.shape} for "
+                             f"{len(group.streams)} streams of dim {self.dim}")
+        grads = self.loss.grad_rows(group.x, A, b)
+        if not np.isfinite(grads).all():
             raise ValueError("non-finite gradient")
-        v, clipped = clip_l2(grad, self.lipschitz)
-        # one contribution of norm <= L <= Δ₂/2 (the tree's R): hand it over as an already clipped sum
-        block = ClippedSum(v, 1, int(clipped[0]))
-        tree_state, (tree_release,) = self.tree.step(state.tree, block, noise)
-        t = state.t + 1
-        S = state.S + state.x
-        x_next, extra = self._update(t, state.x, S, np.asarray(tree_release.value))
+        # one contribution per stream of norm <= L <= Δ₂/2 (the tree's R): a clipped sum of count 1
+        v, _ = clip_l2(grads, self.lipschitz)
+        tree, tree_batch = self.tree.step_group(group.tree, v, np.ones(len(group.streams)), noise)
+        t = group.t + 1
+        S = group.S + group.x
+        x_next, extra = self._update_rows(t, group.x, S, tree_batch.values)
         meta = {
             "window": self.tree.block,
             "window_requested": self.tree.window,
             "noise": self.tree.node_noise.law,
             "scale": self.tree.node_noise.scale,
             "calibration": self.tree.node_noise.calibration,
-            "noisy_nodes": tree_release.meta["noisy_nodes"],
+            "noisy_nodes": tree_batch.meta["noisy_nodes"],
             "sensitivity": self.sensitivity,
             "lipschitz": self.lipschitz,
             "mu": self.mu,
             "constraint": self.constraint.kind,
             **extra,
         }
-        release = Release(
-            stream=state.stream, step=t, mechanism=self.name, value={"x": x_next},
-            epsilon_spent=tree_release.epsilon_spent, delta_spent=tree_release.delta_spent, meta=meta,
-        )
-        x_next = np.array(x_next, dtype=np.float64)
-        return OnlineState(state.stream, t, x_next, S, tree_state), [release]
+        batch = ReleaseBatch(group.streams, t, self.name, x_next, tree_batch.epsilon_spent, tree_batch.delta_spent,
+                             meta, value_name="x")
+        return OnlineGroup(group.streams, t, batch.values, S, tree), batch
 
     def run(self, stream: str, records: Sequence[Any], noise: NoiseSource) -> list[Release]:
         """Convenience: feed ``records`` (``(a, b)`` pairs or ``OnlineRecord``s) from a fresh state."""
@@ -292,7 +384,9 @@ class _PrivateFTAL:
             out.extend(releases)
         return out
 
-    def _update(self, t: int, x: np.ndarray, S: np.ndarray, ghat: np.ndarray) -> tuple[np.ndarray, dict]:
+    def _update_rows(self, t: int, X: np.ndarray, S: np.ndarray, ghat: np.ndarray) -> tuple[np.ndarray, dict]:
+        """``x̂_{t+1}`` of every stream ``(streams, d)`` from its ``x̂_t``, ``S_t`` and ``ĝ_t`` rows, and the
+        step's public meta (the same for every stream)."""
         raise NotImplementedError
 
 
@@ -311,8 +405,8 @@ class WDPCOCOP(_PrivateFTAL):
         if not self.constraint.has_projection:
             raise ValueError(f"WDP-COCOP needs a projection onto the constraint set; {self.constraint.kind} has none")
 
-    def _update(self, t, x, S, ghat):
-        return self.constraint.project((S - ghat / self.mu) / t), {}
+    def _update_rows(self, t, X, S, ghat):
+        return self.constraint.project_rows((S - ghat / self.mu) / t), {}
 
 
 class WDPCOCOL(_PrivateFTAL):
@@ -363,13 +457,20 @@ class WDPCOCOL(_PrivateFTAL):
         eta = self.C1**2 / denom
         return eta, math.sqrt(4.0 * eta / denom + 2.0 * self.G / denom)
 
-    def _update(self, t, x, S, ghat):
+    def _update_rows(self, t, X, S, ghat):
         eta, r = self.schedule(t)
-        c = ghat + self.mu * ((t + self.C0) * x - S - self.C0 * self.x1)
-        p = self.constraint.llo(x, r, c)
-        x_next = (1.0 - self.alpha) * x + self.alpha * p
+        c = ghat + self.mu * ((t + self.C0) * X - S - self.C0 * self.x1)
+        p = self.constraint.llo_rows(X, r, c)
+        x_next = (1.0 - self.alpha) * X + self.alpha * p
         return x_next, {"eta_t": eta, "r_t": r, "alpha": self.alpha, "C0": self.C0,
                         "paper_constants": self.paper_constants}
+
+
+def _row(arr: np.ndarray, i: int) -> np.ndarray:
+    """Read-only view of row ``i`` (a state's array; steps make new arrays, never write rows)."""
+    out = arr[i]
+    out.flags.writeable = False
+    return out
 
 
 def make_online_learner(algorithm: Literal["cocop", "cocol"], **kwargs: Any) -> _PrivateFTAL:

@@ -6,7 +6,8 @@ one vectorised clip-and-sum over that step's events, then one group step per gro
 (:class:`~beam_dp.mechanisms.base.GroupSteppedSum`; other mechanisms step stream by stream). Each
 step's releases go to a ``sink`` as they are made, so memory is the events plus one step's state and
 releases (flat in the number of steps). Noise cells are keyed per stream: releases do not depend on
-the group size.
+the group size. :func:`replay_learner` does the same for the online learners, whose streams take one
+record per step.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
 from beam_dp.core.release_batch import ReleaseBatch
 from beam_dp.mechanisms.base import ClippedSum, ContinualSumMechanism, GroupSteppedSum
+from beam_dp.mechanisms.online import WDPCOCOL, WDPCOCOP
 
-__all__ = ["replay_batches", "replay_event_time"]
+__all__ = ["replay_batches", "replay_event_time", "replay_learner"]
 
 
 def replay_batches(
@@ -97,3 +99,32 @@ def replay_event_time(
 
     replay_batches(mechanism, stream_ids, timestamps, values, clock, noise, collect, streams)
     return dict(sorted(out.items()))
+
+
+def replay_learner(
+    learner: WDPCOCOP | WDPCOCOL,
+    streams: tuple[str, ...],
+    features: np.ndarray,
+    labels: np.ndarray,
+    noise: NoiseSource,
+    sink: Callable[[ReleaseBatch], None],
+    group_size: int | None = None,
+) -> None:
+    """Step the online learner ``learner`` (WDP-COCOP/COCOL) over ``T`` steps of ``S`` streams, one record
+    per stream and step: ``features (T, S, d)``, ``labels (T, S)`` (``[t, i]`` is stream ``i``'s record
+    at step ``t + 1``). The streams, in the given order, are stepped in groups of ``group_size``
+    (default: one group), one ``step_group`` per group and step; ``sink`` gets each
+    :class:`ReleaseBatch` in step order. A bad record raises ``ValueError`` (``record``'s reasons)."""
+    features, labels = np.asarray(features, dtype=np.float64), np.asarray(labels, dtype=np.float64)
+    if features.ndim != 3 or features.shape[1:] != (len(streams), learner.dim) or labels.shape != features.shape[:2]:
+        raise ValueError(f"expected features (T, {len(streams)}, {learner.dim}) and labels (T, {len(streams)}), "
+                         f"got {features.shape} and {labels.shape}")
+    if group_size is not None and group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size!r}")
+    size = group_size or max(len(streams), 1)
+    spans = [(lo, min(lo + size, len(streams))) for lo in range(0, len(streams), size)]
+    groups = [learner.init_group(streams[lo:hi]) for lo, hi in spans]
+    for t in range(features.shape[0]):
+        for g, (lo, hi) in enumerate(spans):
+            groups[g], batch = learner.step_group(groups[g], features[t, lo:hi], labels[t, lo:hi], noise)
+            sink(batch)

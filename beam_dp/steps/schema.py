@@ -170,6 +170,10 @@ def release_table(parts: "list[ReleaseColumns]") -> pa.Table:
     dims = np.repeat([p.batch.values.shape[1] for p in parts], sizes)
     offsets = np.zeros(n + 1, dtype=np.int32)  # a table holds < 2^31 values (sinks write ~65,536 releases)
     np.cumsum(dims, out=offsets[1:])
+    # a plain vector has shape [d]; a named one (``value_name``) has shape [] and its name in ``parts``
+    plain = np.repeat([p.batch.value_name is None for p in parts], sizes)
+    shape_offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(plain, out=shape_offsets[1:])
 
     def column(values: list, type_: pa.DataType) -> pa.Array:
         return pa.array(values, type_).take(pa.array(np.repeat(np.arange(len(parts)), sizes)))
@@ -181,7 +185,7 @@ def release_table(parts: "list[ReleaseColumns]") -> pa.Table:
         column([p.batch.step for p in parts], pa.int64()),
         column([p.batch.mechanism for p in parts], pa.string()),
         pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate([p.batch.values.ravel() for p in parts]))),
-        pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32)), pa.array(dims.astype(np.int64))),
+        pa.ListArray.from_arrays(pa.array(shape_offsets), pa.array(dims[plain].astype(np.int64))),
         *(column([f[i] for f in facts], RELEASE_SCHEMA.field(name).type) for i, name in enumerate(names)),
     ]
     return pa.Table.from_arrays(columns, schema=RELEASE_SCHEMA)
@@ -193,7 +197,8 @@ def _facts(part: ReleaseColumns) -> tuple:
     eps, delta = float(batch.epsilon_spent), float(batch.delta_spent)
     job = (0.0,) * 4 if labels is None else labels.job_spend(eps, delta, g.epsilon, g.delta)
     meta = json.dumps(dict(batch.meta), sort_keys=True, default=_json_default)
-    return ("", eps, delta, float(g.epsilon), float(g.delta), g.window, part.step_start, part.step_end, meta,
+    parts = "" if batch.value_name is None else json.dumps([[batch.value_name, [batch.values.shape[1]]]])
+    return (parts, eps, delta, float(g.epsilon), float(g.delta), g.window, part.step_start, part.step_end, meta,
             "" if labels is None else labels.noise_domain, "" if labels is None else labels.composition, *job)
 
 
