@@ -10,7 +10,8 @@ FnApiRunner with ``--noise gaussian --delta 1e-6`` (the BLT counter) and ``--str
 (0 = keyed by stream), and reports the CPU seconds of that process (user + system: reading, parsing,
 the release stage, the Parquet sink, the verifier and the summary) per release, with and without the
 CPU of a process that only starts the interpreter and imports the job's modules. The floor is
-``bench_throughput.run_floor`` on the same events in this process (CPU of the floor only).
+``bench_throughput.run_floor`` on the same events in this process (CPU of the floor only, best of
+``--floor-repeats`` runs).
 ``--check`` compares every run's releases with the first run's (same noise key: they must agree within
 float summation order).
 """
@@ -47,9 +48,10 @@ def write_events(path: Path, ids, ts, values) -> None:
 
 
 _STARTUP = "import apache_beam, beam_dp.beam, beam_dp.io.sources, pipelines.common, pipelines.continual_stats"
-# the job as `python -m pipelines.continual_stats ARGS`, reporting its own peak RSS on stderr at exit
-_LAUNCH = ("import atexit, resource, runpy, sys; atexit.register(lambda: print('peak_rss_kb', "
-           "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)); "
+# the job as `python -m pipelines.continual_stats ARGS`, reporting its own peak RSS on stderr at exit: VmHWM,
+# not getrusage's ru_maxrss, which Linux carries over exec from the forked copy of this (large) parent
+_LAUNCH = ("import atexit, runpy, sys; atexit.register(lambda: print('peak_rss_kb', next(int(line.split()[1]) "
+           "for line in open('/proc/self/status') if line.startswith('VmHWM')), file=sys.stderr)); "
            "sys.argv = ['continual_stats'] + sys.argv[1:]; runpy.run_module('pipelines.continual_stats', run_name='__main__')")
 
 
@@ -86,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--stream-groups", default="0,16")
     parser.add_argument("--check", action="store_true")
+    parser.add_argument("--floor-repeats", type=int, default=3, help="the floor's CPU is its best of this many runs")
     parser.add_argument("--out", default=None, help="Markdown file to append the results to")
     args = parser.parse_args(argv)
     ids, ts, values = make_events(args.events, args.streams, args.steps, args.dim)
@@ -98,9 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         write_events(tmp / "events.parquet", ids, ts, values)
-        cpu = time.process_time()
-        run_floor(ids, ts, values, args.steps, build("blt", args.steps, args.dim), str(tmp / "floor.parquet"))
-        floor = time.process_time() - cpu
+        floor = float("inf")
+        for _ in range(args.floor_repeats):  # the floor is short: its best of a few runs, load being what it is
+            cpu = time.process_time()
+            run_floor(ids, ts, values, args.steps, build("blt", args.steps, args.dim), str(tmp / "floor.parquet"))
+            floor = min(floor, time.process_time() - cpu)
         lines.append(f"| numpy floor (bench_throughput.run_floor) | | {floor:.2f} | {1e6 * floor / releases:.1f} | 1.00 "
                      f"| | {args.events / floor:,.0f} | |")
         _, startup, _ = _child([sys.executable, "-c", _STARTUP])
