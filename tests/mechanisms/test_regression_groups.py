@@ -268,3 +268,23 @@ def test_groups_refuse_mixed_steps_other_mechanisms_and_duplicate_streams():
     other = PrivIncReg1(dim=DIM + 1, constraint="l1_ball", epsilon=8.0, delta=1e-5, horizon=32).init_group(["a"])
     with pytest.raises(ValueError, match="state does not match"):
         mech.step_group(other, np.zeros((0, DIM)), np.zeros(0), np.zeros(0, dtype=int), NoiseSource(KEY))
+
+
+def test_per_stream_sums_of_one_group_equal_the_trees_block_sums():
+    """A group of one sums its records in one reduction (``clip_and_sum_groups``' fast path): the same
+    sums as the tree's ``clip_and_sum`` of the block and, to rounding, as the same rows summed among
+    other streams' rows; rows above the tree's clip bound are clipped and counted either way."""
+    tree = build("l2-hybrid-every1").tree_Q
+    rng = np.random.default_rng(3)
+    C = rng.normal(0.0, 0.1, (7, tree.dim))  # norms about 0.3 (dim 9), below the clip bound 1
+    C[2] *= 10.0  # above the clip bound
+    sums, counts, clipped = tree.clip_and_sum_groups(C, np.zeros(7, dtype=np.intp), 1)
+    block = tree.clip_and_sum(C)
+    np.testing.assert_array_equal(sums[0], block.vector)
+    assert (counts.tolist(), clipped.tolist()) == ([7], [1]) == ([block.count], [block.clipped])
+    mixed = np.insert(C, [1, 5], rng.normal(size=(2, tree.dim)), axis=0)  # stream 1's rows among others'
+    many, many_counts, _ = tree.clip_and_sum_groups(mixed, np.insert(np.ones(7, dtype=np.intp), [1, 5], [0, 2]), 3)
+    np.testing.assert_allclose(many[1], sums[0], rtol=1e-12, atol=1e-12)
+    assert many_counts.tolist() == [1, 7, 1]
+    empty, empty_counts, _ = tree.clip_and_sum_groups(np.zeros((0, tree.dim)), np.zeros(0, dtype=np.intp), 1)
+    assert empty.shape == (1, tree.dim) and not empty.any() and empty_counts.tolist() == [0]
