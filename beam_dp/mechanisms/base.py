@@ -265,9 +265,12 @@ class ContinualSumMechanism(abc.ABC, Generic[StateT]):
         if arr.ndim != 2 or arr.shape[1] != self.dim:
             raise ValueError(f"expected contributions of dimension {self.dim}, got shape {arr.shape}")
         clipped, was_clipped = clip_l2(arr, self.clip_bound) if len(arr) else (arr, np.zeros(0, bool))
-        sums = np.empty((n_groups, self.dim))
-        for j in range(self.dim):  # one bincount per coordinate: O(n) numpy each, no per-element loop
-            sums[:, j] = np.bincount(groups, weights=clipped[:, j], minlength=n_groups)
+        if n_groups == 1:  # a group of one (per-stream steps): one reduction, not one bincount per coordinate
+            sums = clipped.sum(axis=0, keepdims=True) if len(arr) else np.zeros((1, self.dim))
+        else:
+            sums = np.empty((n_groups, self.dim))
+            for j in range(self.dim):  # one bincount per coordinate: O(n) numpy each, no per-element loop
+                sums[:, j] = np.bincount(groups, weights=clipped[:, j], minlength=n_groups)
         counts = np.bincount(groups, minlength=n_groups)
         clipped_counts = np.bincount(groups, weights=was_clipped, minlength=n_groups).astype(np.int64)
         return sums, counts, clipped_counts

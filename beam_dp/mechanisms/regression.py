@@ -27,6 +27,19 @@ may hold several records (event-time steps or blocks); the trees sum them.
 ``epsilon_spent``/``delta_spent`` on each release is the worst per-record loss so far (never above
 the guarantee). Releases are ``{"theta": θ_t}`` every ``release_every`` steps (post-processing;
 skipping releases saves solver time only).
+
+Groups of streams (PRIVINCREG₁)
+-------------------------------
+The PRIVINCREG step is written once, for a group of streams at the same step ``t``
+(``init_group``/``stack``/``unstack``/``step_group``): the records of all streams ``(n, d)`` with
+the stream of each row; both trees clip and sum them per stream (``clip_and_sum_groups``) and take
+one group step; ``r_t``/``η_t`` depend on ``t`` only (public), so NOISYPROJGRAD runs on every
+stream's row at once (gradients by one batched matrix product, the set's ``project_rows``). The
+per-stream ``step`` is the group of one. The trees key their noise per stream, so a stream's
+releases do not depend on its group (equal to float rounding of the array operations).
+PRIVINCREG₂ shares this code but steps one stream at a time: its projection and lift are one
+inner solve per point and its releases carry a per-stream ``meta["lift_fallback"]``, which the
+group's shared meta cannot hold.
 """
 
 from __future__ import annotations
@@ -43,7 +56,9 @@ from beam_dp.core.clipping import clip_l2
 from beam_dp.core.guarantee import ElementLoss, Guarantee
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
+from beam_dp.core.release_batch import ReleaseBatch
 from beam_dp.core.state import decode_state, encode_state
+from beam_dp.mechanisms.base import GroupState, _frozen_copy
 from beam_dp.mechanisms.convex_sets import (
     ConvexSet,
     L1Ball,
@@ -59,6 +74,8 @@ __all__ = [
     "PrivIncERM",
     "PrivIncReg1",
     "PrivIncReg2",
+    "RegGroup",
+    "RegState",
     "RegressionBlock",
     "advanced_composition",
     "make_incremental_regression",
@@ -100,7 +117,8 @@ def noisy_proj_grad(
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """NOISYPROJGRAD (Kasiviswanathan, Nissim & Jin, "Private Incremental Regression" App. C): ``θ_{k+1} = Π(θ_k − η g(θ_k))`` for ``k = 1..r``; returns the
     average of ``θ_1..θ_r`` (the last iterate is not averaged) and the average of the projection's
-    auxiliary outputs (PRIVINCREG₂'s preimages; ``None`` if unused).
+    auxiliary outputs (PRIVINCREG₂'s preimages; ``None`` if unused). ``start`` may be a point or a
+    ``(streams, m)`` array of points sharing ``r`` and ``η`` (``grad``/``project`` then act row-wise).
 
     ``project(v, aux) -> (point, aux)`` gets the current aux as a warm start. Guarantee (Prop. C.1
     with the safe constants of): if ``‖g − ∇f‖ <= α`` on C, f convex and L-Lipschitz on C,
@@ -186,8 +204,12 @@ class _RegressionBase:
             block = self.merge_blocks(block)
         if not isinstance(block, RegressionBlock):
             raise ValueError("a regression step needs a RegressionBlock, a (x, y) record or a list of them")
-        X = np.asarray(block.X, dtype=np.float64)
-        y = np.asarray(block.y, dtype=np.float64).reshape(-1)
+        return self._records(block.X, block.y)
+
+    def _records(self, X: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Validated, normalised records ``X (n, d)``, ``y (n,)`` (``ValueError`` if malformed or non-finite)."""
+        X = np.asarray(X, dtype=np.float64)
+        y = np.asarray(y, dtype=np.float64).reshape(-1)
         if X.ndim != 2 or X.shape[1] != self.dim or X.shape[0] != y.shape[0]:
             raise ValueError(f"expected X of shape (n, {self.dim}) and y of shape (n,), got {X.shape}, {y.shape}")
         if not (np.all(np.isfinite(X)) and np.all(np.isfinite(y))):
@@ -223,6 +245,22 @@ class RegState:
     Q_hat: np.ndarray
     tree_q: Any
     tree_Q: Any
+
+
+@dataclass(frozen=True, eq=False)
+class RegGroup:
+    """States of a group of streams, all after ``t`` steps: the :class:`RegState` arrays stacked on a
+    leading stream axis (``theta``/``aux`` ``(streams, ·)``, ``q_hat (streams, m)``, ``Q_hat
+    (streams, m²)``, row ``i`` is stream ``i``'s) and the trees' group states (raw: never released)."""
+
+    streams: tuple[str, ...]
+    t: int
+    theta: np.ndarray
+    aux: np.ndarray
+    q_hat: np.ndarray
+    Q_hat: np.ndarray
+    tree_q: GroupState
+    tree_Q: GroupState
 
 
 class PrivIncReg1(_RegressionBase):
@@ -289,12 +327,14 @@ class PrivIncReg1(_RegressionBase):
         theta = self.constraint.start_point()
         return theta, theta.copy()
 
-    def _project(self, v: np.ndarray, aux: Any) -> tuple[np.ndarray, Any]:
-        point = self.constraint.project(v)
-        return point, point
+    def _project_rows(self, V: np.ndarray, aux: Any) -> tuple[np.ndarray, Any]:
+        """``Π_C`` of every row of ``V (streams, m)`` (and the aux NOISYPROJGRAD averages)."""
+        points = self.constraint.project_rows(V)
+        return points, points
 
-    def _finish(self, point: np.ndarray, aux: np.ndarray) -> tuple[np.ndarray, dict]:
-        return point, {}
+    def _finish_rows(self, points: np.ndarray, aux: np.ndarray) -> tuple[np.ndarray, dict]:
+        """The released ``θ`` of every row and the step's extra meta."""
+        return points, {}
 
     # -- state --------------------------------------------------------------------------------
     def init_state(self, stream: str) -> RegState:
@@ -328,39 +368,103 @@ class PrivIncReg1(_RegressionBase):
         eta = R / (math.sqrt(r) * (alpha + lip))
         return {"alpha_t": alpha, "L_t": lip, "r_t": int(r), "r_capped": bool(wanted > self.r_max), "eta_t": eta}
 
+    # -- groups of streams -------------------------------------------------------------------
+    def init_group(self, streams: Sequence[str]) -> RegGroup:
+        """Fresh state of every stream of ``streams`` (distinct names)."""
+        if len(set(streams)) != len(streams):
+            raise ValueError("the streams of a group must be distinct")
+        return self.stack([self.init_state(s) for s in streams])
+
+    def stack(self, states: Sequence[RegState]) -> RegGroup:
+        """One group from per-stream states that are all at the same step."""
+        for state in states:
+            if not isinstance(state, RegState):
+                raise TypeError(f"{self.name} expects a RegState, got {type(state).__name__}")
+        if any(state.tree_q.stream != state.stream or state.tree_Q.stream != state.stream for state in states):
+            raise ValueError("a regression state's tree belongs to another stream")
+        tree_q = self.tree_q.stack([state.tree_q for state in states])  # refuses an empty list and mixed steps
+        tree_Q = self.tree_Q.stack([state.tree_Q for state in states])
+        if any(state.t != tree_q.t for state in states):
+            raise ValueError("a regression state's step differs from its trees' step")
+        names = ("theta", "aux", "q_hat", "Q_hat")
+        if len(states) == 1:  # the per-stream path: views, no copies
+            arrays = [np.asarray(getattr(states[0], name))[None] for name in names]
+        else:
+            arrays = [np.stack([getattr(state, name) for state in states]) for name in names]
+        return RegGroup(tree_q.streams, tree_q.t, *arrays, tree_q, tree_Q)
+
+    def unstack(self, group: RegGroup) -> list[RegState]:
+        """The per-stream states of a group (read-only copies of the group's rows)."""
+        trees_q, trees_Q = self.tree_q.unstack(group.tree_q), self.tree_Q.unstack(group.tree_Q)
+        return [
+            RegState(s, group.t, _frozen_copy(group.theta[i]), _frozen_copy(group.aux[i]), _frozen_copy(group.q_hat[i]),
+                     _frozen_copy(group.Q_hat[i]), trees_q[i], trees_Q[i])
+            for i, s in enumerate(group.streams)
+        ]
+
+    def step_group(
+        self, group: RegGroup, X: Any, y: Any, stream_of_row: Any, noise: NoiseSource
+    ) -> tuple[RegGroup, ReleaseBatch | None]:
+        """Feed step ``t + 1`` of every stream of the group: records ``X (n, d)``, ``y (n,)``, record ``k``
+        belonging to stream ``stream_of_row[k]`` (an index into ``group.streams``; a stream without
+        rows has an empty step). Malformed or non-finite input is refused (``ValueError``, as
+        :meth:`step`) and changes nothing. Returns the new group and the releases each stream's
+        :meth:`step` makes (``None`` when ``t + 1`` is not a release step)."""
+        X, y = self._records(X, y)
+        rows = np.asarray(stream_of_row)
+        if rows.shape != y.shape:
+            raise ValueError(f"expected stream_of_row of shape {y.shape}, got {rows.shape}")
+        if rows.size and (not np.issubdtype(rows.dtype, np.integer) or rows.min() < 0 or rows.max() >= len(group.streams)):
+            raise ValueError(f"stream_of_row must hold stream indices in [0, {len(group.streams)})")
+        return self._advance_group(group, X, y, rows.astype(np.intp), noise)
+
     # -- the mechanism --------------------------------------------------------------------------
     def step(self, state: RegState, block: Any, noise: NoiseSource) -> tuple[RegState, list[Release]]:
+        """One step of one stream: the group of one of :meth:`step_group`."""
         X, y = self._block(block)
+        group, batch = self._advance_group(self.stack([state]), X, y, np.zeros(y.shape[0], dtype=np.intp), noise)
+        return self.unstack(group)[0], [] if batch is None else batch.rows()
+
+    def _advance_group(
+        self, group: RegGroup, X: np.ndarray, y: np.ndarray, rows: np.ndarray, noise: NoiseSource
+    ) -> tuple[RegGroup, ReleaseBatch | None]:
+        """The step on validated, normalised records ``rows`` ⟶ stream (see the module docstring)."""
+        S, m = len(group.streams), self.m
+        if group.q_hat.shape != (S, m) or group.Q_hat.shape != (S, m * m) or group.theta.shape != (S, m):
+            raise ValueError(f"regression state does not match: theta {group.theta.shape}, q_hat {group.q_hat.shape}, "
+                             f"Q_hat {group.Q_hat.shape} for {S} streams of m = {m}")
         W = self._features(X)
-        n, m = W.shape[0], self.m
-        tq, (rq,) = self.tree_q.step(state.tree_q, W * y[:, None], noise)
-        tQ, (rQ,) = self.tree_Q.step(state.tree_Q, (W[:, :, None] * W[:, None, :]).reshape(n, m * m), noise)
-        t = state.t + 1
-        q_hat = np.array(rq.value)
-        Q_hat = np.array(rQ.value)
-        new = RegState(state.stream, t, state.theta, state.aux, q_hat, Q_hat, tq, tQ)
+        n = W.shape[0]
+        # per stream: Σ clip(w·y) and Σ clip(w wᵀ) over its records (each of norm <= 1 <= R already)
+        sums_q, counts_q, _ = self.tree_q.clip_and_sum_groups(W * y[:, None], rows, S)
+        sums_Q, counts_Q, _ = self.tree_Q.clip_and_sum_groups((W[:, :, None] * W[:, None, :]).reshape(n, m * m), rows, S)
+        tree_q, rq = self.tree_q.step_group(group.tree_q, sums_q, counts_q, noise)
+        tree_Q, rQ = self.tree_Q.step_group(group.tree_Q, sums_Q, counts_Q, noise)
+        t = group.t + 1
+        q_hat, Q_hat = rq.values, rQ.values
         if t % self.release_every:
-            return new, []
-        Qm = Q_hat.reshape(m, m)
+            return RegGroup(group.streams, t, group.theta, group.aux, q_hat, Q_hat, tree_q, tree_Q), None
+        Q = Q_hat.reshape(S, m, m)
         if self.symmetrize:
-            Qm = 0.5 * (Qm + Qm.T)
+            Q = 0.5 * (Q + Q.transpose(0, 2, 1))
         sched = self.schedule(t)
-        point, aux = noisy_proj_grad(
-            lambda th: 2.0 * (Qm @ th - q_hat), self._project, sched["r_t"], sched["eta_t"], state.theta, state.aux
+        points, aux = noisy_proj_grad(
+            lambda th: 2.0 * (np.matmul(Q, th[:, :, None])[:, :, 0] - q_hat), self._project_rows,
+            sched["r_t"], sched["eta_t"], group.theta, group.aux,
         )
-        theta, extra = self._finish(point, aux)
+        theta, extra = self._finish_rows(points, aux)
         meta = {
             "alpha_t": sched["alpha_t"], "L_t": sched["L_t"], "r_t": sched["r_t"], "r_capped": sched["r_capped"],
             "m": self.m, "m_capped": self.m_capped, "noise": "gaussian",
             "sigma_q": math.sqrt(self.tree_q.noise_var(t)), "sigma_Q": math.sqrt(self.tree_Q.noise_var(t)),
             "constraint": self.constraint.kind, **extra,
         }
-        release = Release(
-            stream=state.stream, step=t, mechanism=self.name, value={"theta": theta},
-            epsilon_spent=min(self.guarantee.epsilon, rq.epsilon_spent + rQ.epsilon_spent),
-            delta_spent=min(self.guarantee.delta, rq.delta_spent + rQ.delta_spent), meta=meta,
+        batch = ReleaseBatch(
+            group.streams, t, self.name, theta,
+            min(self.guarantee.epsilon, rq.epsilon_spent + rQ.epsilon_spent),
+            min(self.guarantee.delta, rq.delta_spent + rQ.delta_spent), meta, value_name="theta",
         )
-        return RegState(state.stream, t, point, aux, q_hat, Q_hat, tq, tQ), [release]
+        return RegGroup(group.streams, t, points, aux, q_hat, Q_hat, tree_q, tree_Q), batch
 
 
 def gaussian_width(domain: Any, dim: int) -> float:
@@ -496,8 +600,10 @@ class PrivIncReg2(PrivIncReg1):
                 break
         return self.phi @ u, u
 
-    def _project(self, v: np.ndarray, aux: Any) -> tuple[np.ndarray, Any]:
-        return self.project_space(v, aux)
+    def _project_rows(self, V: np.ndarray, aux: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`project_space` of every row, warm-started from its preimage (one inner solve per row)."""
+        pairs = [self.project_space(v, warm) for v, warm in zip(V, aux)]
+        return np.stack([p for p, _ in pairs]), np.stack([u for _, u in pairs])
 
     def lift(self, vartheta: np.ndarray) -> np.ndarray | None:
         """``argmin ‖θ‖_C s.t. Φθ = ϑ`` (LP for L1, pseudo-inverse for L2); ``None`` if the LP fails."""
@@ -510,11 +616,23 @@ class PrivIncReg2(PrivIncReg1):
             return None
         return res.x[:d] - res.x[d:]
 
-    def _finish(self, point: np.ndarray, aux: np.ndarray) -> tuple[np.ndarray, dict]:
+    def step_group(
+        self, group: RegGroup, X: Any, y: Any, stream_of_row: Any, noise: NoiseSource
+    ) -> tuple[RegGroup, ReleaseBatch | None]:
+        """:meth:`PrivIncReg1.step_group` for a group of one stream only: a release's
+        ``meta["lift_fallback"]`` is the stream's own, and a group's meta is shared."""
+        if len(group.streams) != 1:
+            raise ValueError("PRIVINCREG2 steps one stream at a time (its lift meta is per stream)")
+        return super().step_group(group, X, y, stream_of_row, noise)
+
+    def _finish_rows(self, points: np.ndarray, aux: np.ndarray) -> tuple[np.ndarray, dict]:
+        """Lift the group's one row (:meth:`step_group` refuses larger groups); falls back to the
+        averaged preimage ``ū ∈ C`` when the lift is numerically outside ``C``."""
+        (point,), (u,) = points, aux
         theta = self.lift(point)
         if theta is None or self.constraint.gauge(theta) > 1.0 + 1e-9:
-            return aux.copy(), {"lift_fallback": True}
-        return theta, {"lift_fallback": False}
+            return u[None, :], {"lift_fallback": True}
+        return theta[None, :], {"lift_fallback": False}
 
 
 # ---------------------------------------------------------------------------------------------
