@@ -34,7 +34,7 @@ from beam_dp.core.release import Release
 from beam_dp.core.release_batch import ReleaseBatch
 from beam_dp.core.state import decode_state, encode_state
 
-__all__ = ["ClippedSum", "ContinualSumMechanism", "GroupState", "GroupSteppedSum", "Mechanism", "NodeNoise"]
+__all__ = ["ClippedSum", "ContinualSumMechanism", "FreshGroups", "GroupState", "GroupSteppedSum", "Mechanism", "NodeNoise"]
 
 StateT = TypeVar("StateT")
 NoiseLaw = Literal["gamma", "gaussian", "discrete_laplace"]
@@ -368,7 +368,17 @@ class GroupState:
     arrays: Mapping[str, np.ndarray]
 
 
-class GroupSteppedSum(ContinualSumMechanism[StateT]):
+class FreshGroups:
+    """``init_group`` for a mechanism that steps groups of streams: its ``stack`` of fresh per-stream states."""
+
+    def init_group(self, streams: Sequence[str]):
+        """Fresh state of every stream of ``streams`` (distinct names)."""
+        if len(set(streams)) != len(streams):
+            raise ValueError("the streams of a group must be distinct")
+        return self.stack([self.init_state(s) for s in streams])  # type: ignore[attr-defined]
+
+
+class GroupSteppedSum(FreshGroups, ContinualSumMechanism[StateT]):
     """A continual sum whose step is written once, for a group of streams (ARCHITECTURE §3).
 
     Subclasses implement ``_advance_group`` (one numpy operation per step for the whole group); the
@@ -383,12 +393,6 @@ class GroupSteppedSum(ContinualSumMechanism[StateT]):
         if names is None:
             names = self.__dict__["_field_names"] = tuple(f.name for f in fields(self.state_type) if f.name not in ("stream", "t"))
         return names
-
-    def init_group(self, streams: Sequence[str]) -> GroupState:
-        """Fresh state of every stream of ``streams`` (distinct names)."""
-        if len(set(streams)) != len(streams):
-            raise ValueError("the streams of a group must be distinct")
-        return self.stack([self.init_state(s) for s in streams])
 
     def stack(self, states: Sequence[StateT]) -> GroupState:
         """One group from per-stream states that are all at the same step."""

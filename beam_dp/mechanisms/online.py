@@ -58,7 +58,7 @@ from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
 from beam_dp.core.release_batch import ReleaseBatch
 from beam_dp.core.state import decode_state, encode_state
-from beam_dp.mechanisms.base import GroupState
+from beam_dp.mechanisms.base import FreshGroups, GroupState
 from beam_dp.mechanisms.convex_sets import ConvexSet, make_convex_set
 from beam_dp.mechanisms.window_tree import WindowTreeState, WindowTreeSum
 
@@ -198,7 +198,7 @@ class _OnlineWire:
     tree: np.ndarray
 
 
-class _PrivateFTAL:
+class _PrivateFTAL(FreshGroups):
     """Shared machinery of WDP-COCOP/COCOL (see the module docstring)."""
 
     name = "private_ftal"
@@ -297,12 +297,6 @@ class _PrivateFTAL:
         return self.loss.features(arr.reshape(-1, self.dim))
 
     # -- groups of streams -------------------------------------------------------------------
-    def init_group(self, streams: Sequence[str]) -> OnlineGroup:
-        """Fresh state of every stream of ``streams`` (distinct names)."""
-        if len(set(streams)) != len(streams):
-            raise ValueError("the streams of a group must be distinct")
-        return self.stack([self.init_state(s) for s in streams])
-
     def stack(self, states: Sequence[OnlineState]) -> OnlineGroup:
         """One group from per-stream states that are all at the same step."""
         for state in states:

@@ -58,7 +58,7 @@ from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
 from beam_dp.core.release_batch import ReleaseBatch
 from beam_dp.core.state import decode_state, encode_state
-from beam_dp.mechanisms.base import GroupState, _frozen_copy
+from beam_dp.mechanisms.base import FreshGroups, GroupState, _frozen_copy
 from beam_dp.mechanisms.convex_sets import (
     ConvexSet,
     L1Ball,
@@ -263,7 +263,7 @@ class RegGroup:
     tree_Q: GroupState
 
 
-class PrivIncReg1(_RegressionBase):
+class PrivIncReg1(FreshGroups, _RegressionBase):
     """PRIVINCREG₁ (Kasiviswanathan, Nissim & Jin, "Private Incremental Regression", Algorithm 2): tree-maintained private gradient + NOISYPROJGRAD.
 
     Guarantee: (ε, δ)-DP, event level (replace one record), forever (``horizon=None``: hybrid trees)
@@ -369,12 +369,6 @@ class PrivIncReg1(_RegressionBase):
         return {"alpha_t": alpha, "L_t": lip, "r_t": int(r), "r_capped": bool(wanted > self.r_max), "eta_t": eta}
 
     # -- groups of streams -------------------------------------------------------------------
-    def init_group(self, streams: Sequence[str]) -> RegGroup:
-        """Fresh state of every stream of ``streams`` (distinct names)."""
-        if len(set(streams)) != len(streams):
-            raise ValueError("the streams of a group must be distinct")
-        return self.stack([self.init_state(s) for s in streams])
-
     def stack(self, states: Sequence[RegState]) -> RegGroup:
         """One group from per-stream states that are all at the same step."""
         for state in states:
