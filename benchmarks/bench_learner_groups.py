@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -34,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from beam_dp.core import NoiseSource  # noqa: E402
 from beam_dp.mechanisms.online import WDPCOCOL, WDPCOCOP  # noqa: E402
+from report import machine_comment  # noqa: E402
 
 KEY = bytes(range(32))
 
@@ -75,8 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--learners", default="cocop,cocol")
     parser.add_argument("--modes", default="per_stream,grouped,rows")
     args = parser.parse_args(argv)
-    print(f"# {platform.platform()}; {platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, "
-          f"numpy {np.__version__}; load {os.getloadavg()[0]:.1f}; beam_dp at {Path(__file__).resolve().parents[1]}", flush=True)
+    print(machine_comment(), flush=True)
     names = [f"user-{i}" for i in range(args.streams)]
     releases = args.streams * args.steps
     for dim in (int(d) for d in args.dims.split(",")):

@@ -18,3 +18,14 @@ def emit_report(lines: list[str], out: str | None) -> str:
         with open(out, "a", encoding="utf-8") as fh:
             fh.write(text)
     return text
+
+
+def machine_comment() -> str:
+    """One ``# ...`` line: the platform, cores, Python, numpy, the load and which beam_dp checkout runs."""
+    import numpy as np
+
+    import beam_dp
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(beam_dp.__file__)))
+    return (f"# {platform.platform()}; {platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, "
+            f"numpy {np.__version__}; load {os.getloadavg()[0]:.1f}; beam_dp at {root}")

@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.mechanisms.group_checks import assert_stack_refusals
+
 from beam_dp.core.noise import NoiseSource
 from beam_dp.mechanisms.convex_sets import Box, L1Ball, L2Ball, Polytope, Simplex
 from beam_dp.mechanisms.online import OnlineLoss, OnlineState, WDPCOCOL, WDPCOCOP, make_online_learner
@@ -234,16 +236,7 @@ def test_groups_refuse_mixed_steps_other_mechanisms_and_duplicate_streams():
     mech = build("cocol", "simplex", "squared")
     a, b = mech.init_state("a"), mech.init_state("b")
     b1, _ = mech.step(b, (np.ones(DIM), 0.3), NoiseSource(KEY))
-    with pytest.raises(ValueError, match="same step"):
-        mech.stack([a, b1])
-    with pytest.raises(ValueError, match="at least one"):
-        mech.stack([])
-    with pytest.raises(ValueError, match="distinct"):
-        mech.init_group(["a", "a"])
-    with pytest.raises(TypeError):
-        mech.stack([mech.tree.init_state("a")])
-    with pytest.raises(ValueError, match="another stream"):
-        mech.stack([dataclasses.replace(a, stream="z")])
+    assert_stack_refusals(mech, a, b1, mech.tree.init_state("a"))
     other = WDPCOCOL(dim=DIM + 1, constraint=Simplex(DIM + 1), loss="squared", epsilon=4.0, window=5).init_group(["a"])
     with pytest.raises(ValueError, match="state does not match"):
         mech.step_group(other, np.zeros((1, DIM)), np.zeros(1), NoiseSource(KEY))

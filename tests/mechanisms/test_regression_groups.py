@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.mechanisms.group_checks import assert_stack_refusals
+
 from beam_dp.core.noise import NoiseSource
 from beam_dp.mechanisms.regression import (
     PrivIncReg1,
@@ -253,16 +255,7 @@ def test_groups_refuse_mixed_steps_other_mechanisms_and_duplicate_streams():
     mech = build("l1-horizon-every3")
     a, b = mech.init_state("a"), mech.init_state("b")
     b1, _ = mech.step(b, (np.ones(DIM), 0.3), NoiseSource(KEY))
-    with pytest.raises(ValueError, match="same step"):
-        mech.stack([a, b1])
-    with pytest.raises(ValueError, match="at least one"):
-        mech.stack([])
-    with pytest.raises(ValueError, match="distinct"):
-        mech.init_group(["a", "a"])
-    with pytest.raises(TypeError):
-        mech.stack([mech.tree_q.init_state("a")])
-    with pytest.raises(ValueError, match="another stream"):
-        mech.stack([dataclasses.replace(a, stream="z")])
+    assert_stack_refusals(mech, a, b1, mech.tree_q.init_state("a"))
     with pytest.raises(ValueError, match="step differs"):
         mech.stack([dataclasses.replace(b1, t=2)])
     other = PrivIncReg1(dim=DIM + 1, constraint="l1_ball", epsilon=8.0, delta=1e-5, horizon=32).init_group(["a"])
