@@ -265,12 +265,10 @@ class ContinualSumMechanism(abc.ABC, Generic[StateT]):
         if arr.ndim != 2 or arr.shape[1] != self.dim:
             raise ValueError(f"expected contributions of dimension {self.dim}, got shape {arr.shape}")
         clipped, was_clipped = clip_l2(arr, self.clip_bound) if len(arr) else (arr, np.zeros(0, bool))
-        if n_groups == 1:  # a group of one (per-stream steps): one reduction, not one bincount per coordinate
-            sums = clipped.sum(axis=0, keepdims=True) if len(arr) else np.zeros((1, self.dim))
-        else:
-            sums = np.empty((n_groups, self.dim))
-            for j in range(self.dim):  # one bincount per coordinate: O(n) numpy each, no per-element loop
-                sums[:, j] = np.bincount(groups, weights=clipped[:, j], minlength=n_groups)
+        # one bincount over (group, coordinate) cells: each cell adds its rows in input order, for any
+        # number of groups and coordinates (d² of them for PRIVINCREG's Q tree) in one O(n·d) call
+        cells = (np.asarray(groups, dtype=np.int64)[:, None] * self.dim + np.arange(self.dim)).ravel()
+        sums = np.bincount(cells, weights=clipped.ravel(), minlength=n_groups * self.dim).reshape(n_groups, self.dim)
         counts = np.bincount(groups, minlength=n_groups)
         clipped_counts = np.bincount(groups, weights=was_clipped, minlength=n_groups).astype(np.int64)
         return sums, counts, clipped_counts

@@ -264,9 +264,9 @@ def test_groups_refuse_mixed_steps_other_mechanisms_and_duplicate_streams():
 
 
 def test_per_stream_sums_of_one_group_equal_the_trees_block_sums():
-    """A group of one sums its records in one reduction (``clip_and_sum_groups``' fast path): the same
-    sums as the tree's ``clip_and_sum`` of the block and, to rounding, as the same rows summed among
-    other streams' rows; rows above the tree's clip bound are clipped and counted either way."""
+    """A group of one sums its records (``clip_and_sum_groups``: one bincount over (group, coordinate)
+    cells) to the sums of the tree's ``clip_and_sum`` of the block and, to rounding, of the same rows
+    summed among other streams' rows; rows above the tree's clip bound are clipped and counted either way."""
     tree = build("l2-hybrid-every1").tree_Q
     rng = np.random.default_rng(3)
     C = rng.normal(0.0, 0.1, (7, tree.dim))  # norms about 0.3 (dim 9), below the clip bound 1
