@@ -101,11 +101,12 @@ class _Names:
         if isinstance(column, pa.ChunkedArray):
             column = column.combine_chunks()
         encoded = pc.dictionary_encode(pc.fill_null(column, ""))
-        for name in encoded.dictionary.to_pylist():
+        distinct = encoded.dictionary.to_pylist()
+        for name in distinct:
             if name not in self.ids:
                 self.ids[name] = len(self.names)
                 self.names.append(name)
-        local = np.array([self.ids[name] for name in encoded.dictionary.to_pylist()], dtype=np.int64)
+        local = np.array([self.ids[name] for name in distinct], dtype=np.int64)
         return local[encoded.indices.to_numpy(zero_copy_only=False)]
 
 

@@ -84,12 +84,13 @@ class CellKeys:
     one secret key, cached (bounded) so a stream's family is hashed once per source, not per step."""
 
     MAX_CACHED = 1 << 17
-    MAX_CACHED_ROWS = 256  # lists of cells' streams (groups, or groups drawn several steps ahead)
+    MAX_CACHED_ROW_CELLS = 1 << 20  # keys of cell lists (groups, or groups drawn several steps ahead): 16 MiB
 
     def __init__(self, secret: bytes):
         self._secret = secret
         self._cache: dict[tuple, np.ndarray] = {}
         self._rows_cache: dict[tuple, np.ndarray] = {}
+        self._rows_cached = 0  # cells held by _rows_cache
         self._local = threading.local()  # one reusable numpy Philox per thread (small batches)
 
     def family(self, stream: str, purpose: str, prefix: tuple[int, ...], length: int) -> np.ndarray:
@@ -110,15 +111,19 @@ class CellKeys:
 
     def _row_keys(self, streams: tuple[str, ...], purpose: str, length: int) -> np.ndarray:
         """The family keys of a list of cells' streams (a group's streams, or them repeated for several
-        steps), cached (bounded) as one array: a group drawing at every step stacks them once."""
+        steps), cached as one array (at most ``MAX_CACHED_ROW_CELLS`` cells in all): a group drawing at
+        every step stacks them once."""
         cache_key = (streams, purpose, length)
         keys = self._rows_cache.get(cache_key)
         if keys is None:
             keys = np.stack([self.family(s, purpose, (), length) for s in streams])
             keys.setflags(write=False)
-            if len(self._rows_cache) >= self.MAX_CACHED_ROWS:
+            if self._rows_cached + len(keys) > self.MAX_CACHED_ROW_CELLS:
                 self._rows_cache.clear()
-            self._rows_cache[cache_key] = keys
+                self._rows_cached = 0
+            if len(keys) <= self.MAX_CACHED_ROW_CELLS:
+                self._rows_cache[cache_key] = keys
+                self._rows_cached += len(keys)
         return keys
 
     def cells(self, streams: Sequence[str], purpose: str, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -51,7 +51,7 @@ def iter_release_tables(pattern: str, columns: "list[str] | tuple[str, ...] | No
     outputs of any size without a Python object per release."""
     from apache_beam.io.filesystems import FileSystems
 
-    schema = RELEASE_SCHEMA if columns is None else pa.schema([RELEASE_SCHEMA.field(c) for c in columns])
+    schema = _schema(columns)
     for path in _paths(pattern):
         with FileSystems.open(path) as fh:
             if path.endswith(".parquet"):
@@ -68,9 +68,12 @@ def read_release_table(pattern: str, columns: "list[str] | tuple[str, ...] | Non
     :data:`~beam_dp.io.RELEASE_SCHEMA` (or its ``columns``), in file order (``iter_release_tables``
     concatenated)."""
     tables = list(iter_release_tables(pattern, columns))
-    if tables:
-        return pa.concat_tables(tables)
-    return (RELEASE_SCHEMA if columns is None else pa.schema([RELEASE_SCHEMA.field(c) for c in columns])).empty_table()
+    return pa.concat_tables(tables) if tables else _schema(columns).empty_table()
+
+
+def _schema(columns: "list[str] | tuple[str, ...] | None") -> pa.Schema:
+    """:data:`~beam_dp.io.RELEASE_SCHEMA`, or its ``columns``."""
+    return RELEASE_SCHEMA if columns is None else pa.schema([RELEASE_SCHEMA.field(c) for c in columns])
 
 
 def read_releases(pattern: str) -> list[dict]:

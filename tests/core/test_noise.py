@@ -593,3 +593,20 @@ def test_keyed_cells_laplace_and_discrete_laws_and_half_scale_fails():
     assert not _dlap_ok(_cells("discrete_laplace", 1.0, 1, "dl-half")[:, 0], 2.0)
     assert _dgauss_ok(_cells("discrete_gaussian", 3.0, 1, "dg")[:, 0], 3.0)
     assert not _dgauss_ok(_cells("discrete_gaussian", 1.5, 1, "dg-half")[:, 0], 3.0)
+
+
+def test_cached_cell_keys_are_bounded_and_draw_what_fresh_keys_draw():
+    """A group's stacked cell keys are cached up to ``MAX_CACHED_ROW_CELLS`` cells in all (then the
+    cache starts over), and cached keys draw exactly what keys stacked afresh draw."""
+    source = NoiseSource(bytes(range(32)))
+    cells = source._cells
+    cells.MAX_CACHED_ROW_CELLS = 10  # instance override: a tiny bound
+    groups = [[f"s{i}" for i in range(start, start + 4)] for start in (0, 4, 8, 12)]
+    first = [source.draw_cells("gaussian", g, "p", np.array([3]), 1.0, 2) for g in groups]
+    assert 0 < cells._rows_cached <= 10 and len(cells._rows_cache) <= 2
+    again = [source.draw_cells("gaussian", g, "p", np.array([3]), 1.0, 2) for g in groups]  # cached or restacked
+    fresh = NoiseSource(bytes(range(32)))
+    alone = [fresh.draw_cells("gaussian", [s], "p", np.array([3]), 1.0, 2)[0] for g in groups for s in g]
+    np.testing.assert_array_equal(np.concatenate(first), np.concatenate(again))
+    np.testing.assert_array_equal(np.concatenate(first), np.stack(alone))
+    assert cells._rows_cached <= 10
