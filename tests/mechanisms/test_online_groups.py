@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from tests.mechanisms.group_checks import assert_stack_refusals
+from tests.release_checks import assert_release_matches
 
 from beam_dp.core.noise import NoiseSource
 from beam_dp.mechanisms.convex_sets import Box, L1Ball, L2Ball, Polytope, Simplex
@@ -61,10 +62,8 @@ def records(steps: int, n: int, loss: str, seed: int = 0) -> tuple[np.ndarray, n
 
 
 def assert_same_release(row, single):
-    # the same noise cells and formulas; tolerance for the rounding of row-wise array operations
-    np.testing.assert_allclose(row.value["x"], single.value["x"], rtol=1e-12, atol=1e-12)
-    assert (row.stream, row.step, row.mechanism, row.epsilon_spent, row.delta_spent, dict(row.meta)) == (
-        single.stream, single.step, single.mechanism, single.epsilon_spent, single.delta_spent, dict(single.meta))
+    # the same noise cells and formulas; floats within tolerance for the rounding of row-wise array operations
+    assert_release_matches(row, single)
 
 
 def assert_same_states(mech, a: OnlineState, b: OnlineState):
@@ -174,9 +173,8 @@ def test_a_group_of_one_releases_what_the_per_stream_code_released(name):
     expected = case["releases"]
 
     def check(release, exp):
-        np.testing.assert_allclose(release.value["x"], exp["x"], rtol=1e-12, atol=1e-12)
-        assert (release.epsilon_spent, release.delta_spent, dict(release.meta)) == (
-            exp["epsilon_spent"], exp["delta_spent"], exp["meta"])
+        assert_release_matches(release, {"value": {"x": exp["x"]}, "epsilon_spent": exp["epsilon_spent"],
+                                         "delta_spent": exp["delta_spent"], "meta": exp["meta"]})
 
     for release, exp in zip(mech.run("fixture", list(zip(A, b)), NoiseSource(KEY)), expected, strict=True):
         check(release, exp)

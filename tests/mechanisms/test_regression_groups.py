@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from tests.mechanisms.group_checks import assert_stack_refusals
+from tests.release_checks import assert_release_matches
 
 from beam_dp.core.noise import NoiseSource
 from beam_dp.mechanisms.regression import (
@@ -68,10 +69,8 @@ def block_of(X: np.ndarray, y: np.ndarray, rows: np.ndarray, i: int) -> Regressi
 
 
 def assert_same_release(row, single):
-    # the same noise cells and formulas; tolerance for the rounding of batched array operations
-    np.testing.assert_allclose(row.value["theta"], single.value["theta"], rtol=1e-12, atol=1e-12)
-    assert (row.stream, row.step, row.mechanism, row.epsilon_spent, row.delta_spent, dict(row.meta)) == (
-        single.stream, single.step, single.mechanism, single.epsilon_spent, single.delta_spent, dict(single.meta))
+    # the same noise cells and formulas; floats within tolerance for the rounding of batched array operations
+    assert_release_matches(row, single)
 
 
 def assert_same_states(mech: PrivIncReg1, a: RegState, b: RegState):
@@ -154,6 +153,12 @@ def test_states_move_between_per_stream_and_group_form():
 FIXTURE = json.loads((Path(__file__).parent / "data" / "regression_releases_d820e02.json").read_text())
 
 
+def recorded(exp: dict) -> dict:
+    """A fixture's release as the fields :func:`assert_release_matches` compares."""
+    return {"step": exp["step"], "value": {"theta": exp["theta"]}, "epsilon_spent": exp["epsilon_spent"],
+            "delta_spent": exp["delta_spent"], "meta": exp["meta"]}
+
+
 def fixture_case(name: str):
     case = FIXTURE["cases"][name]
     kwargs = dict(case["config"])
@@ -175,9 +180,7 @@ def test_a_group_of_one_releases_what_the_per_stream_code_released(name):
     by_step = {exp["step"]: exp for exp in expected}
 
     def check(release, exp):
-        np.testing.assert_allclose(release.value["theta"], exp["theta"], rtol=1e-12, atol=1e-12)
-        assert (release.step, release.epsilon_spent, release.delta_spent, dict(release.meta)) == (
-            exp["step"], exp["epsilon_spent"], exp["delta_spent"], exp["meta"])
+        assert_release_matches(release, recorded(exp))
 
     for release, exp in zip(mech.run("fixture", [RegressionBlock(X, y) for X, y in blocks], NoiseSource(KEY)),
                             expected, strict=True):
@@ -214,8 +217,8 @@ def test_privincreg2_steps_one_stream_at_a_time_through_the_same_code():
     for (X, y), exp in zip(blocks, expected, strict=True):
         group, batch = mech.step_group(group, X, y, np.zeros(len(y), dtype=int), NoiseSource(KEY))
         (row,) = batch.rows()
-        np.testing.assert_allclose(row.value["theta"], exp["theta"], rtol=1e-12, atol=1e-12)
-        assert dict(row.meta) == exp["meta"] and "lift_fallback" in row.meta
+        assert_release_matches(row, recorded(exp))
+        assert "lift_fallback" in row.meta
     with pytest.raises(ValueError, match="one stream at a time"):
         mech.step_group(mech.init_group(["a", "b"]), blocks[0][0], blocks[0][1], np.zeros(len(blocks[0][1]), dtype=int),
                         NoiseSource(KEY))
