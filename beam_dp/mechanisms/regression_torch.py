@@ -114,8 +114,12 @@ class DeviceTree:
         if len(steps) != 1:
             raise ValueError(f"the streams of a group must be at the same step, got steps {sorted(steps)}")
         dev = resolve_device(self.device)
-        prefix = torch.stack([torch.as_tensor(s.prefix, dtype=torch.float64, device=dev) for s in states])
         shared = set.intersection(*(set(s.noises or {}) for s in states))
+        if len(states) == 1:  # the per-stream path: views, no copies
+            (one,) = states
+            return DeviceTreeGroup((one.stream,), one.t, _on(one.prefix, dev)[None],
+                                   {node: one.noises[node][None] for node in shared})
+        prefix = torch.stack([_on(s.prefix, dev) for s in states])
         noises = {node: torch.stack([s.noises[node] for s in states]) for node in shared}
         return DeviceTreeGroup(tuple(s.stream for s in states), steps.pop(), prefix, noises)
 
@@ -143,11 +147,19 @@ class DeviceTree:
         for node in used:
             v = group.noises.get(node)
             noises[node] = v if v is not None else torch.as_tensor(self.tree._draw(node, noise, group.streams), device=dev)
-        values = prefix
+        values = prefix.clone()
         for v in noises.values():
-            values = values + v
+            values.add_(v)
         eps, delta = self.tree.spend(self.tree._worst_loss(t))
         return DeviceTreeGroup(group.streams, t, prefix, noises), DeviceRelease(values.cpu().numpy(), values, eps, delta)
+
+
+def _on(x: Any, dev: torch.device) -> torch.Tensor:
+    """A float64 tensor on ``dev``: tensors move (no copy if already there), host arrays are copied
+    (they may be read-only views of a decoded state)."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device=dev, dtype=torch.float64)
+    return torch.tensor(np.asarray(x), dtype=torch.float64, device=dev)
 
 
 def device_gradient(rq: DeviceRelease, rQ: DeviceRelease, m: int, symmetrize: bool) -> Callable[[np.ndarray], np.ndarray]:
