@@ -138,7 +138,7 @@ def run(args) -> list[str]:
     gpu = torch.cuda.get_device_name(0) if "cuda" in devices else "none"
     lines = [START, "", machine_comment() + f"; torch {torch.__version__}; GPU: {gpu}; "
              f"torch threads {torch.get_num_threads()}", "",
-             f"Command: `python benchmarks/bench_device.py{' --quick' if args.quick else ''}`", "",
+             f"Command: `python {' '.join(sys.argv)}`", "",
              "| workload | device | size | seconds | per second | CPU–CUDA agreement |", "|---|---|---|---|---|---|"]
     for (name, dev), r in rows.items():
         unit = "steps" if name.startswith("PRIVINCREG") else ("example-gradients" if name.startswith("ERM") else "examples")
