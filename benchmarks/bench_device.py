@@ -137,7 +137,7 @@ def run(args) -> list[str]:
     rows[("PRIVINCREG1 numpy (reference)", "cpu")] = regression(d, T, "numpy", "cpu")
     checks = {"ERM certified solver (torch float64)": erm_check, "PRIVINCREG1 torch": reg_check}
     gpu = torch.cuda.get_device_name(0) if "cuda" in devices else "none"
-    lines = [START, "", machine_comment() + f"; torch {torch.__version__}; GPU: {gpu}; "
+    lines = [START, "", "Machine: " + machine_comment().lstrip("# ") + f"; torch {torch.__version__}; GPU: {gpu}; "
              f"torch threads {torch.get_num_threads()}", "",
              f"Command: `python {' '.join(sys.argv)}`", "",
              "| workload | device | size | seconds | per second | CPU–CUDA agreement |", "|---|---|---|---|---|---|"]
