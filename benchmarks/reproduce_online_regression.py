@@ -265,8 +265,8 @@ def part_regime(args, res):
             (rel,) = mech.run("s", list(zip(X, y)), noise)[-1:]
             th = rel.value["theta"]
             excess = (float(np.sum((y - X @ th) ** 2)) - best) / T
-            rows.append({"d": d, "T": T, "epsilon": args.regime_eps, "algo": algo, "backend": args.backend,
-                         "device": args.device if algo != "privincerm" else "cpu", "m": getattr(mech, "m", None), "excess_per_sample": excess,
+            rows.append({"d": d, "T": T, "epsilon": args.regime_eps, "algo": algo,
+                         "backend": getattr(mech, "backend", "numpy"), "device": getattr(mech, "device", "cpu"), "m": getattr(mech, "m", None), "excess_per_sample": excess,
                          "theta0_excess_per_sample": zero, "seconds": time.perf_counter() - t0})
             print(f"[regime] d={d} T={T} {algo} m={getattr(mech, 'm', None)}: excess/T {excess:.4g} "
                   f"(θ=0: {zero:.4g}) {time.perf_counter() - t0:.1f}s", flush=True)
