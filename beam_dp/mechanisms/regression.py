@@ -67,6 +67,7 @@ from beam_dp.mechanisms.convex_sets import (
     gaussian_width_unit_l2,
     make_convex_set,
 )
+from beam_dp.mechanisms.torch_device import check_device
 from beam_dp.mechanisms.tree import make_tree_sum
 
 __all__ = [
@@ -304,9 +305,9 @@ class PrivIncReg1(FreshGroups, _RegressionBase):
     ) -> None:
         self._setup_common(dim, constraint, release_every)
         eps = _check_positive("epsilon", epsilon)
-        if backend not in ("numpy", "torch") or device not in ("cpu", "cuda", "auto"):
-            raise ValueError(f"backend must be 'numpy' or 'torch' and device 'cpu', 'cuda' or 'auto'; got {backend!r}, {device!r}")
-        self.backend, self.device = backend, device
+        if backend not in ("numpy", "torch"):
+            raise ValueError(f"backend must be 'numpy' or 'torch', got {backend!r}")
+        self.backend, self.device = backend, check_device(device)
         if not (isinstance(delta, (int, float)) and 0 < delta < 1):
             raise ValueError(f"PRIVINCREG needs 0 < delta < 1 (Gaussian trees), got {delta!r}")
         if not (isinstance(beta, (int, float)) and 0 < beta < 1):

@@ -31,7 +31,7 @@ import torch
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.state import decode_state, encode_state
 from beam_dp.mechanisms.base import GroupSteppedSum
-from beam_dp.mechanisms.erm.solver_torch import resolve_device
+from beam_dp.mechanisms.torch_device import resolve_device
 
 __all__ = ["DeviceTree", "DeviceTreeGroup", "DeviceTreeState", "device_gradient"]
 

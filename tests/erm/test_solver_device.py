@@ -14,7 +14,8 @@ torch = pytest.importorskip("torch")
 
 from beam_dp.core import NoiseSource  # noqa: E402
 from beam_dp.mechanisms.erm import HuberRegression, MultiResolutionMechanism, SoftmaxRegression  # noqa: E402
-from beam_dp.mechanisms.erm.solver_torch import device_tolerance, resolve_device, torch_certified_solve  # noqa: E402
+from beam_dp.mechanisms.erm.solver_torch import device_tolerance, torch_certified_solve  # noqa: E402
+from beam_dp.mechanisms.torch_device import resolve_device  # noqa: E402
 from tests.erm.util import blocks, run  # noqa: E402
 
 MODELS = [SoftmaxRegression(n_features=6, clip_bound=2.0, n_classes=3), HuberRegression(n_features=6, clip_bound=2.0, huber=0.5)]

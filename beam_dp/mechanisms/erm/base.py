@@ -48,6 +48,7 @@ from beam_dp.core.release import Release
 from beam_dp.core.state import decode_state, encode_state
 from beam_dp.mechanisms.erm.models import LinearModel
 from beam_dp.mechanisms.erm.solver import Backend, SGDConfig, SolveResult, certified_solve, resolve_backend, sgd_solve
+from beam_dp.mechanisms.torch_device import check_device
 
 __all__ = ["ERMMechanism", "LabelledRows", "NEIGHBOURING", "NotPrivateWarning", "TrainedModel", "is_power_of_two",
            "sampling_probability"]
@@ -138,9 +139,7 @@ class ERMMechanism:
         self.delta = float(delta)
         self.noise_law: NoiseLaw = noise
         self.backend = resolve_backend(backend)
-        if device not in ("cpu", "cuda", "auto"):
-            raise ValueError(f"device must be 'cpu', 'cuda' or 'auto', got {device!r}")
-        self.device = device  # resolved on the worker at solve time (solver_torch.resolve_device)
+        self.device = check_device(device)  # resolved on the worker at solve time (torch_device.resolve_device)
         self.uncertified = bool(uncertified)
         self.sgd = sgd
         if not (isinstance(tolerance, float) and 0 < tolerance <= 1):
