@@ -168,7 +168,7 @@ def main(argv=None) -> None:
     ap.add_argument("--quick", action="store_true", help="small sizes, no paper-setting row (CI smoke test)")
     ap.add_argument("--devices", nargs="+", default=["cpu", "cuda"], choices=["cpu", "cuda"])
     ap.add_argument("--no-paper", action="store_true", help="skip the paper's lifelong setting")
-    ap.add_argument("--paper-budget", type=float, default=60.0,
+    ap.add_argument("--paper-budget", type=float, default=45.0,
                     help="seconds (per device) after which the paper-setting row stops at the end of a task")
     ap.add_argument("--small-tasks", type=int, default=10)
     ap.add_argument("--small-n", type=int, default=1_000)
