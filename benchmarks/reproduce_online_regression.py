@@ -6,6 +6,12 @@ Default run (a few minutes on 2 cores; run with ``nice -n 10``)::
 
 Full sizes (the acceptance checks at their full sizes; d up to 1,000): add ``--full`` (long: ~1 h).
 
+Large d on a GPU (issue 27.5): ``--dim 1000 --device cuda`` runs the m ≪ d regime (part 4) at d = 1000
+with PRIVINCREG₁/₂'s trees and gradient on torch (``--backend torch`` is implied by ``--device cuda``;
+numpy stays the default and the reference). Small on CPU::
+
+    nice -n 10 .venv/bin/python benchmarks/reproduce_online_regression.py --dim 64 --regime-T 256 --backend torch
+
 Parts
 1. Regret vs T: WDP-COCOP (unit ball, d = 5, f_t = ½‖x − z_t‖², W = 16, ε = 4, Gamma noise) against
    non-private FTAL (the same mechanism with the test-only ZeroNoise) and full-horizon privacy
@@ -130,9 +136,15 @@ def ls_min(X, y, C, iters=3000):
     return float(np.sum((y - X @ u) ** 2))
 
 
-def regression_run(algo, X, y, C, T, noise, every, **kw):
+def backend_kw(args, algo: str) -> dict:
+    """PRIVINCREG₁/₂'s ``backend``/``device`` from the flags (PRIVINCERM has numpy only)."""
+    return {"backend": args.backend, "device": args.device} if algo != "privincerm" else {}
+
+
+def regression_run(algo, X, y, C, T, noise, every, backend=None, **kw):
     d = X.shape[1]
-    mech = make_incremental_regression(algo, dim=d, constraint=C, epsilon=1.0, delta=1e-6, release_every=every, **kw)
+    mech = make_incremental_regression(algo, dim=d, constraint=C, epsilon=1.0, delta=1e-6, release_every=every,
+                                       **(backend or {}), **kw)
     t0 = time.perf_counter()
     rels = mech.run("s", list(zip(X[:T], y[:T])), noise)
     per_step = (time.perf_counter() - t0) / T
@@ -158,7 +170,7 @@ def part_regression(args, res):
                          ("privincerm", {"horizon": Tmax, "iterations": 50})):
             if algo == "privincreg1" and d > 200 and not (args.full or args.dims):
                 continue  # d² = 10⁶-entry tree: run only when asked for (--full or --dims)
-            exc, lat, m = regression_run(algo, X, y, C, Tmax, noise, every, **kw)
+            exc, lat, m = regression_run(algo, X, y, C, Tmax, noise, every, backend_kw(args, algo), **kw)
             latency[f"{algo} d={d}"] = lat
             for T in Ts:
                 near = min(exc, key=lambda t: abs(t - T))
@@ -249,11 +261,12 @@ def part_regime(args, res):
                          ("privincerm", {"horizon": T, "iterations": 50})):
             t0 = time.perf_counter()
             mech = make_incremental_regression(algo, dim=d, constraint=C, epsilon=args.regime_eps, delta=1e-6,
-                                               release_every=T, **kw)
+                                               release_every=T, **backend_kw(args, algo), **kw)
             (rel,) = mech.run("s", list(zip(X, y)), noise)[-1:]
             th = rel.value["theta"]
             excess = (float(np.sum((y - X @ th) ** 2)) - best) / T
-            rows.append({"d": d, "T": T, "epsilon": args.regime_eps, "algo": algo, "m": getattr(mech, "m", None), "excess_per_sample": excess,
+            rows.append({"d": d, "T": T, "epsilon": args.regime_eps, "algo": algo,
+                         "backend": getattr(mech, "backend", "numpy"), "device": getattr(mech, "device", "cpu"), "m": getattr(mech, "m", None), "excess_per_sample": excess,
                          "theta0_excess_per_sample": zero, "seconds": time.perf_counter() - t0})
             print(f"[regime] d={d} T={T} {algo} m={getattr(mech, 'm', None)}: excess/T {excess:.4g} "
                   f"(θ=0: {zero:.4g}) {time.perf_counter() - t0:.1f}s", flush=True)
@@ -336,11 +349,20 @@ def main() -> None:
     parser.add_argument("--regime-m", type=int, default=8)
     parser.add_argument("--regime-T", type=int, default=2048)
     parser.add_argument("--regime-eps", type=float, default=1.0)
+    parser.add_argument("--backend", choices=("numpy", "torch"), default="numpy",
+                        help="PRIVINCREG1/2 backend (torch: trees and gradient on --device)")
+    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                        help="torch device of PRIVINCREG1/2 (cuda or auto imply --backend torch)")
+    parser.add_argument("--dim", type=int, default=None, help="run only the regime part at this d (e.g. 1000 on a GPU)")
     parser.add_argument("--regret-sweep", action="store_true", help="only WDP-COCOP regret vs d and ε (issue 17)")
     parser.add_argument("--sweep-dims", type=int, nargs="+", default=[2, 5, 20, 50])
     parser.add_argument("--sweep-eps", type=float, nargs="+", default=[1.0, 4.0, 16.0, 64.0])
     parser.add_argument("--sweep-T", type=int, default=2**12)
     args = parser.parse_args()
+    if args.device != "cpu":
+        args.backend = "torch"
+    if args.dim is not None:
+        args.regime, args.regime_dims = True, [args.dim]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     res: dict = {"full": args.full}

@@ -67,6 +67,7 @@ from beam_dp.mechanisms.convex_sets import (
     gaussian_width_unit_l2,
     make_convex_set,
 )
+from beam_dp.mechanisms.torch_device import check_device
 from beam_dp.mechanisms.tree import make_tree_sum
 
 __all__ = [
@@ -277,6 +278,10 @@ class PrivIncReg1(FreshGroups, _RegressionBase):
     ``L_t = 2t(R_C + 1)``, ``r_t = min(r_max, ⌈(1 + L_t/α_t)²⌉)``, ``η_t = R_C/(√r_t(α_t + L_t))``,
     ``θ_t = NOISYPROJGRAD(C, g_t, r_t, η_t, θ_{t−1})`` (first start ``Π_C(0)``). Meta carries
     ``alpha_t, r_t, r_capped, m, m_capped``.
+
+    ``backend="torch"`` runs both trees and the gradient ``Q̂θ`` on ``device`` ("cpu" default, "cuda",
+    "auto"; :mod:`beam_dp.mechanisms.regression_torch`): the same noise cells and guarantee, releases
+    equal to numpy's up to float64 rounding; for ``d`` in the thousands on a GPU. Pin one backend per job.
     """
 
     name = "privincreg1"
@@ -295,9 +300,14 @@ class PrivIncReg1(FreshGroups, _RegressionBase):
         r_max: int = 1000,
         symmetrize: bool = False,
         release_every: int = 1,
+        backend: Literal["numpy", "torch"] = "numpy",
+        device: str = "cpu",
     ) -> None:
         self._setup_common(dim, constraint, release_every)
         eps = _check_positive("epsilon", epsilon)
+        if backend not in ("numpy", "torch"):
+            raise ValueError(f"backend must be 'numpy' or 'torch', got {backend!r}")
+        self.backend, self.device = backend, check_device(device)
         if not (isinstance(delta, (int, float)) and 0 < delta < 1):
             raise ValueError(f"PRIVINCREG needs 0 < delta < 1 (Gaussian trees), got {delta!r}")
         if not (isinstance(beta, (int, float)) and 0 < beta < 1):
@@ -312,6 +322,10 @@ class PrivIncReg1(FreshGroups, _RegressionBase):
                       sensitivity=2.0, noise="gaussian", calibration=calibration)
         self.tree_q = make_tree_sum(dim=self.m, purpose="tree-q", **common)
         self.tree_Q = make_tree_sum(dim=self.m * self.m, purpose="tree-Q", **common)
+        if backend == "torch":
+            from beam_dp.mechanisms.regression_torch import DeviceTree
+
+            self.tree_q, self.tree_Q = DeviceTree(self.tree_q, device), DeviceTree(self.tree_Q, device)
         self._u = math.sqrt(2.0 * math.log(2.0 / self.beta))
 
     # -- the solve space (PRIVINCREG₁: C itself) --------------------------------------------
@@ -354,6 +368,17 @@ class PrivIncReg1(FreshGroups, _RegressionBase):
         w = decode_state(RegState, data)
         return RegState(w.stream, w.t, w.theta, w.aux, w.q_hat, w.Q_hat,
                         self.tree_q.decode_state(w.tree_q.tobytes()), self.tree_Q.decode_state(w.tree_Q.tobytes()))
+
+    def _gradient(self, rq: Any, rQ: Any) -> Callable[[np.ndarray], np.ndarray]:
+        """The private gradient ``θ ↦ 2(Q̂θ − q̂)`` of every stream's row (post-processing of the trees)."""
+        if self.backend == "torch":
+            from beam_dp.mechanisms.regression_torch import device_gradient
+
+            return device_gradient(rq, rQ, self.m, self.symmetrize)
+        Q, q_hat = rQ.values.reshape(-1, self.m, self.m), rq.values
+        if self.symmetrize:
+            Q = 0.5 * (Q + Q.transpose(0, 2, 1))
+        return lambda th: 2.0 * (np.matmul(Q, th[:, :, None])[:, :, 0] - q_hat)
 
     # -- accuracy schedule (public: depends on t and the trees' noise variances only) --------------
     def schedule(self, t: int) -> dict:
@@ -438,14 +463,9 @@ class PrivIncReg1(FreshGroups, _RegressionBase):
         q_hat, Q_hat = rq.values, rQ.values
         if t % self.release_every:
             return RegGroup(group.streams, t, group.theta, group.aux, q_hat, Q_hat, tree_q, tree_Q), None
-        Q = Q_hat.reshape(S, m, m)
-        if self.symmetrize:
-            Q = 0.5 * (Q + Q.transpose(0, 2, 1))
         sched = self.schedule(t)
-        points, aux = noisy_proj_grad(
-            lambda th: 2.0 * (np.matmul(Q, th[:, :, None])[:, :, 0] - q_hat), self._project_rows,
-            sched["r_t"], sched["eta_t"], group.theta, group.aux,
-        )
+        points, aux = noisy_proj_grad(self._gradient(rq, rQ), self._project_rows, sched["r_t"], sched["eta_t"],
+                                      group.theta, group.aux)
         theta, extra = self._finish_rows(points, aux)
         meta = {
             "alpha_t": sched["alpha_t"], "L_t": sched["L_t"], "r_t": sched["r_t"], "r_capped": sched["r_capped"],

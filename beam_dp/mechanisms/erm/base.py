@@ -48,6 +48,7 @@ from beam_dp.core.release import Release
 from beam_dp.core.state import decode_state, encode_state
 from beam_dp.mechanisms.erm.models import LinearModel
 from beam_dp.mechanisms.erm.solver import Backend, SGDConfig, SolveResult, certified_solve, resolve_backend, sgd_solve
+from beam_dp.mechanisms.torch_device import check_device
 
 __all__ = ["ERMMechanism", "LabelledRows", "NEIGHBOURING", "NotPrivateWarning", "TrainedModel", "is_power_of_two",
            "sampling_probability"]
@@ -97,7 +98,8 @@ class ERMMechanism:
     Parameters common to all: ``model`` (a :class:`LinearModel`), ``lam`` (λ > 0), ``epsilon``,
     ``delta`` (0 for ``noise="gamma"``), ``noise`` ("gamma" or "gaussian"), ``backend`` of the
     certified solver and its ``tolerance`` (stop at ‖∇F‖ ≤ tolerance·L/n_norm, a fraction ≤ 1 of the
-    certified bound), ``uncertified`` (replication SGD, releases marked ``certified=False``),
+    certified bound), ``device`` of the torch solver (``"cpu"`` default, ``"cuda"``, ``"auto"``: CUDA when
+    present; ignored by numpy), ``uncertified`` (replication SGD, releases marked ``certified=False``),
     ``as_published_not_private`` (the paper's calibration, NOT PRIVATE: see the module docstring;
     softmax model and ``noise="gamma"`` only).
     """
@@ -107,7 +109,7 @@ class ERMMechanism:
     state_type: type
 
     def __init__(self, *, model: LinearModel, lam: float, epsilon: float, delta: float = 0.0,
-                 noise: NoiseLaw = "gamma", backend: Backend = "numpy", uncertified: bool = False,
+                 noise: NoiseLaw = "gamma", backend: Backend = "numpy", device: str = "cpu", uncertified: bool = False,
                  sgd: SGDConfig = SGDConfig(), tolerance: float = 1e-3, granularity: float | None = None,
                  as_published_not_private: bool = False) -> None:
         if not isinstance(model, LinearModel):
@@ -137,6 +139,7 @@ class ERMMechanism:
         self.delta = float(delta)
         self.noise_law: NoiseLaw = noise
         self.backend = resolve_backend(backend)
+        self.device = check_device(device)  # resolved on the worker at solve time (torch_device.resolve_device)
         self.uncertified = bool(uncertified)
         self.sgd = sgd
         if not (isinstance(tolerance, float) and 0 < tolerance <= 1):
@@ -223,7 +226,7 @@ class ERMMechanism:
             rng = noise.generator(stream, self._purpose("sgd"), model_id)
             result: SolveResult = sgd_solve(self.model, Xf, y, n_norm, self.lam, ref, rng, self.sgd)
         else:
-            result = certified_solve(self.model, Xf, y, n_norm, self.lam, ref, self.backend, self.tolerance)
+            result = self._certified(Xf, y, n_norm, ref)
         delta_n = self.sens(n_norm)
         scale, delta_n = scale * l_ratio, delta_n * l_ratio
         nu = self.perturbation(noise, stream, model_id, scale)
@@ -241,6 +244,15 @@ class ERMMechanism:
         if self.not_private:
             event.update(law=NOT_PRIVATE_LAW, not_private=True)
         return TrainedModel(self._add_noise(result.w, nu), event)
+
+    def _certified(self, X: np.ndarray, y: np.ndarray, n_norm: int, ref: np.ndarray) -> SolveResult:
+        """The certified solve on this mechanism's backend and (torch) device."""
+        if self.backend != "torch":
+            return certified_solve(self.model, X, y, n_norm, self.lam, ref, self.backend, self.tolerance)
+        from beam_dp.mechanisms.erm.solver_torch import torch_certified_solve
+
+        target = self.tolerance * self.model.lipschitz / n_norm  # as certified_solve
+        return torch_certified_solve(self.model, X, y, n_norm, self.lam, ref, target, device=self.device)
 
     def published_lipschitz(self, X: np.ndarray) -> float:
         """The paper's data-dependent constant ``(C − 1)/(2 m C)·‖X‖_F`` over the m rows of one call
