@@ -4,6 +4,7 @@ re-arms, and a timer left by a version before the ladder (no tag: a Dataflow upd
 from __future__ import annotations
 
 import numpy as np
+from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_dp.beam import ContinualSumParams
@@ -54,6 +55,15 @@ def _shell():
     return dofn, key_state, buffer, close
 
 
+def _fire(dofn, at_s, rung, key_state, buffer, close):
+    """Fires the close timer ``rung`` at ``at_s`` seconds; the release rows, each checked to carry its
+    step's public time (end of the step: no grace here), exact integers of µs."""
+    out = list(dofn.on_close(Timestamp(micros=at_s * S), rung, "a", key_state, buffer, close))
+    assert all(isinstance(o, TimestampedValue) for o in out)
+    assert [o.timestamp.micros for o in out] == [CLOCK.step_end_micros(o.value.step) for o in out]
+    return [o.value for o in out]
+
+
 def test_a_new_key_arms_every_rung_at_the_close_of_its_multiple():
     _, _, _, close = _shell()
     assert close.set_at == {"1": 10 * S, "4": 40 * S, "16": 160 * S}  # steps 1, 4, 16 end at 10, 40, 160 s
@@ -62,17 +72,17 @@ def test_a_new_key_arms_every_rung_at_the_close_of_its_multiple():
 def test_a_firing_closes_up_to_its_time_and_re_arms_only_its_own_rung():
     dofn, key_state, buffer, close = _shell()
     close.set_at.clear()
-    rows = list(dofn.on_close(Timestamp(micros=160 * S), "16", key_state, buffer, close))
+    rows = _fire(dofn, 160, "16", key_state, buffer, close)
     assert [r.step for r in rows] == list(range(1, 17))
     assert close.set_at == {"16": 320 * S}  # the next multiple of 16 after the closed steps
-    rows = list(dofn.on_close(Timestamp(micros=40 * S), "4", key_state, buffer, close))  # fired late: no-op
+    rows = _fire(dofn, 40, "4", key_state, buffer, close)  # fired late: no-op
     assert rows == [] and close.set_at["4"] == 200 * S  # step 20, the first multiple of 4 after step 16
 
 
 def test_an_untagged_timer_from_before_the_ladder_re_arms_every_rung():
     dofn, key_state, buffer, close = _shell()
     close.set_at.clear()
-    rows = list(dofn.on_close(Timestamp(micros=10 * S), "", key_state, buffer, close))
+    rows = _fire(dofn, 10, "", key_state, buffer, close)
     assert [r.step for r in rows] == [1]
     assert close.set_at == {"1": 20 * S, "4": 40 * S, "16": 160 * S}
     assert np.isfinite(rows[0].value).all() and set(LADDER) == {1, 4, 16}
