@@ -11,46 +11,17 @@ from beam_dp.beam import ContinualSumParams
 from beam_dp.beam.dofn import LADDER, ContinualReleaseDoFn
 from beam_dp.core import StepClock
 from beam_dp.steps.params import NoiseKey
+from tests.beam.fake_state import Bag, Cell, Timer
 
 CLOCK = StepClock(start=0.0, period=10.0)  # open: no public end
 S = 1_000_000  # µs per second
-
-
-class _Cell:
-    def __init__(self):
-        self.data = None
-
-    def read(self):
-        return self.data
-
-    def write(self, data):
-        self.data = data
-
-
-class _Bag(list):
-    def add(self, entry):
-        self.append(entry)
-
-    def read(self):
-        return list(self)
-
-    def clear(self):
-        del self[:]
-
-
-class _Timer:
-    def __init__(self):
-        self.set_at: dict[str, int] = {}
-
-    def set(self, ts, dynamic_timer_tag=""):
-        self.set_at[dynamic_timer_tag] = ts.micros
 
 
 def _shell():
     params = ContinualSumParams(dim=1, epsilon=1.0, clip_bound=1.0, clock=CLOCK, noise_key=NoiseKey(domain="ladder"))
     dofn = ContinualReleaseDoFn(params, per_step_timers=True)
     dofn.setup()
-    key_state, buffer, close, end = _Cell(), _Bag(), _Timer(), _Timer()
+    key_state, buffer, close, end = Cell(), Bag(), Timer(), Timer()
     list(dofn.process(("a", (1, None, None)), key_state, buffer, close, end))  # declares the stream
     return dofn, key_state, buffer, close
 
