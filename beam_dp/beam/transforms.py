@@ -83,7 +83,10 @@ class _ContinualRelease(beam.PTransform):
             declared = events.pipeline | "DeclareStreams" >> beam.Create(
                 _declarations(declared_streams, groups, params.dim)).with_output_types(Tuple[str, Any])
             blocks = (blocks, declared) | "WithDeclared" >> beam.Flatten()
-        released = blocks | "Release" >> beam.ParDo(
+        # the group count is in the stateful step's label: Dataflow refuses an --update that drops a
+        # step (a changed count) unless mapped; a mapped one meets the count recorded in each key's state
+        release = "Release" if groups is None else f"Release {groups} stream groups"
+        released = blocks | release >> beam.ParDo(
             ContinualReleaseDoFn(params, per_step_timers=not bounded)
         ).with_outputs(DEAD_LETTER, main="rows")
         labels = release_labels(params)
