@@ -93,7 +93,8 @@ class BufferCoder(Coder):
 
 class EncodedBuffer:
     """The driver's :class:`~beam_dp.steps.driver.Buffer` over a Beam bag of entry bytes; ``held``
-    (a counter, optional) counts entries added less entries read then cleared."""
+    (a counter, optional) counts entries added less entries cleared (those of the last read pass:
+    the driver reads the whole bag before it clears it)."""
 
     def __init__(self, bag, held=None):
         self._bag, self._held, self._read = bag, held, 0
@@ -104,6 +105,7 @@ class EncodedBuffer:
             self._held.inc()
 
     def read(self) -> Iterator[tuple[int, Any]]:
+        self._read = 0  # each pass reads the whole bag: the last pass counts what a clear removes
         for data in self._bag.read():
             self._read += 1
             yield decode_entry(data)

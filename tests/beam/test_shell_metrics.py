@@ -1,0 +1,39 @@
+"""The Beam shell's metrics, called directly: buffered items rise with items and fall when their step
+closes (also at the end of input), every firing counts, dead letters count per reason. Counts are
+exact integers."""
+
+from __future__ import annotations
+
+import numpy as np
+from apache_beam.utils.timestamp import Timestamp
+
+from beam_dp.beam import ContinualSumParams
+from beam_dp.beam.dofn import ContinualReleaseDoFn
+from beam_dp.core import StepClock
+from beam_dp.steps.events import Reason
+from beam_dp.steps.params import NoiseKey
+from tests.beam.fake_state import Bag, Cell, Timer, metrics
+
+S = 1_000_000
+PARAMS = ContinualSumParams(dim=1, epsilon=1.0, clip_bound=1.0, clock=StepClock(start=0.0, period=10.0),
+                            noise_key=NoiseKey(domain="metrics"))
+NAMESPACE = "beam_dp/" + PARAMS.build_mechanism().name
+
+
+def test_buffered_items_firings_and_dead_letters_per_reason():
+    dofn = ContinualReleaseDoFn(PARAMS, per_step_timers=True)
+    dofn.setup()
+    cell, bag, close, end = Cell(), Bag(), Timer(), Timer()
+    block = dofn._driver.policy.mechanism.clip_and_sum(np.array([0.5]))
+    with metrics() as counter:
+        for step in (3, 3, 4, 9):
+            list(dofn.process(("a", (step, block, "e")), cell, bag, close, end))
+        assert counter(NAMESPACE, "buffered_items") == 4 and close.set_at["1"] == 30 * S  # opened at step 3
+        list(dofn.on_close(Timestamp(micros=40 * S), "4", "a", cell, bag, close))  # closes steps 3, 4
+        assert counter(NAMESPACE, "buffered_items") == 1 and counter(NAMESPACE, "releases") == 2
+        list(dofn.process(("a", (2, block, "late")), cell, bag, close, end))
+        assert counter(NAMESPACE, f"dead_letters/{Reason.LATE}") == 1 and counter(NAMESPACE, "dead_letters") == 1
+        out = list(dofn.on_end("a", cell, bag))  # end of input: step 9 never closed -> unclosed
+        assert counter(NAMESPACE, f"dead_letters/{Reason.UNCLOSED}") == 1
+        assert counter(NAMESPACE, "buffered_items") == 0 and counter(NAMESPACE, "timer_firings") == 2
+        assert len(out) == 1 + counter(NAMESPACE, "releases") - 2  # the end's releases, then one letter
