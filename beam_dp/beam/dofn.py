@@ -59,16 +59,17 @@ from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateS
 from apache_beam.transforms.window import GlobalWindow, TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 
-from beam_dp.steps.coder import (KeyState, UnreadableState, decode_entry, decode_key_state, encode_entry,
-                                 encode_key_state)
-from beam_dp.mechanisms.stream_groups import GroupedSum
+from beam_dp.steps.coder import (KeyState, UnreadableState, decode_entries, decode_entry, decode_key_state,
+                                 encode_entries, encode_entry, encode_key_state)
+from beam_dp.mechanisms.base import ClippedSum
+from beam_dp.mechanisms.stream_groups import GroupBlock, GroupedSum
 from beam_dp.steps.driver import CARRIED, RELEASE, ListBuffer, Output, StepDriver, release_step
 from beam_dp.steps.events import DEAD_LETTER
 from beam_dp.steps.policies import BlockPolicy, GroupPolicy
 from beam_dp.steps.schema import ReleaseColumns
 from beam_dp.io.keys import load_noise_source
 
-__all__ = ["BufferCoder", "ContinualReleaseDoFn", "DriverDoFn", "EncodedBuffer"]
+__all__ = ["BufferCoder", "ContinualReleaseDoFn", "DriverDoFn", "EncodedBuffer", "SummingBuffer"]
 
 _END_OF_INPUT = GlobalWindow().max_timestamp()
 LADDER = (1, 4, 16)  # rungs of close timers: every k-th step (dynamic timer tags); the top bounds the end rule
@@ -117,11 +118,53 @@ class EncodedBuffer:
         self._read = 0
 
 
+class SummingBuffer(EncodedBuffer):
+    """A buffer that pre-aggregates: the items of one open step that are sums (``ClippedSum``,
+    ``GroupBlock``: fixed size, whatever the number of events) are merged as they arrive
+    (``merge``: the mechanism's ``merge_blocks``, the same left-to-right order as merging them at the
+    close) into one entry per open step, kept in a ``ReadModifyWriteState`` (``sums``); state per open
+    step is O(d), not O(events). Other items (records a family needs, carried items) go to the bag."""
+
+    SUMMED = (ClippedSum, GroupBlock)
+
+    def __init__(self, bag, sums, merge, held=None):
+        super().__init__(bag, held)
+        self._sums, self._merge = sums, merge
+
+    def _merged(self) -> dict[int, Any]:
+        data = self._sums.read()
+        return dict(decode_entries(data)) if data else {}
+
+    def add(self, entry: tuple[int, Any]) -> None:
+        step, item = entry
+        if step == CARRIED or not isinstance(item, self.SUMMED):
+            return super().add(entry)
+        merged = self._merged()
+        if step in merged:
+            merged[step] = self._merge([merged[step], item])
+        else:
+            merged[step] = item
+            if self._held is not None:
+                self._held.inc()
+        self._sums.write(encode_entries(sorted(merged.items(), key=lambda e: e[0])))
+
+    def read(self) -> Iterator[tuple[int, Any]]:
+        yield from super().read()  # resets the pass count, then counts the bag's entries
+        for entry in self._merged().items():
+            self._read += 1
+            yield entry
+
+    def clear(self) -> None:
+        self._sums.clear()
+        super().clear()
+
+
 class DriverDoFn(beam.DoFn):
     """The shared shell: state and timer plumbing; subclasses build the driver and read elements."""
 
     KEY_STATE = ReadModifyWriteStateSpec("key_state", BytesCoder())
     BUFFER = BagStateSpec("buffer", BufferCoder())
+    SUMS = ReadModifyWriteStateSpec("sums", BytesCoder())  # SummingBuffer: one merged sum per open step
     CLOSE = TimerSpec("close", TimeDomain.WATERMARK)
     END = TimerSpec("end", TimeDomain.WATERMARK)
 
@@ -144,10 +187,13 @@ class DriverDoFn(beam.DoFn):
         self._last_step = Metrics.gauge(namespace, "last_closed_step")
         self._lag = Metrics.gauge(namespace, "last_closed_step_lag_ms")
 
-    def buffer(self, bag) -> EncodedBuffer:
-        return EncodedBuffer(bag, self._buffered)
+    def buffer(self, bag, sums=None) -> EncodedBuffer:
+        """The driver's buffer over the key's bag (and, given, its pre-aggregated ``sums``)."""
+        if sums is None:
+            return EncodedBuffer(bag, self._buffered)
+        return SummingBuffer(bag, sums, self._driver.policy.mechanism.merge_blocks, self._buffered)
 
-    def read_state(self, key: str, key_state, buffer) -> tuple[KeyState, list[Output]]:
+    def read_state(self, key: str, key_state, buffer, sums=None) -> tuple[KeyState, list[Output]]:
         """The key's stored state, or (state this version cannot read, or written under another group
         count) the ended state and ``unreadable_state`` dead letter of :meth:`StepDriver.unreadable`."""
         try:
@@ -157,25 +203,26 @@ class DriverDoFn(beam.DoFn):
                                       f"stream_groups={self._groups or None}: stream groups are fixed at launch")
             return state, []
         except UnreadableState as exc:
-            return self.unreadable(key, key_state, buffer, exc)
+            return self.unreadable(key, key_state, buffer, exc, sums)
 
-    def unreadable(self, key: str, key_state, bag, exc: UnreadableState) -> tuple[KeyState, list[Output]]:
+    def unreadable(self, key: str, key_state, bag, exc: UnreadableState, sums=None) -> tuple[KeyState, list[Output]]:
         """End a key whose state cannot be read (``bag`` None: its buffer is left, never read again)."""
         self._unreadable.inc()
-        state, outputs = self._driver.unreadable(key, ListBuffer() if bag is None else self.buffer(bag), str(exc))
+        buffer = ListBuffer() if bag is None else self.buffer(bag, sums)
+        state, outputs = self._driver.unreadable(key, buffer, str(exc))
         state.stream_groups = self._groups
         key_state.write(encode_key_state(state))
         return state, outputs
 
     # -- moving state and timers ----------------------------------------------------------------
-    def key_state(self, key: str, key_state, close, end, buffer=None) -> KeyState:
+    def key_state(self, key: str, key_state, close, end, buffer=None, sums=None) -> KeyState:
         """The key's driver state; a new key is opened (and its timers set). In streaming with a clock
         a new key is provisional: its close timers are armed once an item gives it a step.
         (``buffer``: the key's bag, to end a key whose state cannot be read; its letter goes out with
         the next :meth:`emit`.)"""
         self._close = close  # the element's close timer, for a provisional key's ladder (see add)
         if key_state.read() is not None:
-            state, letters = self.read_state(key, key_state, buffer)
+            state, letters = self.read_state(key, key_state, buffer, sums)
             self._pending = list(getattr(self, "_pending", ())) + letters
             return state
         streaming = self._per_step_timers and self._driver.clock is not None
@@ -222,10 +269,10 @@ class DriverDoFn(beam.DoFn):
                 yield beam.pvalue.TaggedOutput(tag, value)
 
     def add(self, state: KeyState, key_state, buffer, step: int | None, item: Any, original: Any,
-            stream: str | None = None) -> Iterator:
+            stream: str | None = None, sums=None) -> Iterator:
         """Hand one item to the driver (``step`` ``CARRIED``: an item that waits across steps); the key's
         state is written back only when it can have changed (count steps, or a new lowest buffered step)."""
-        lowest, first, bag, buffer = state.lowest, state.next_step, buffer, self.buffer(buffer)
+        lowest, first, bag, buffer = state.lowest, state.next_step, buffer, self.buffer(buffer, sums)
         try:
             if step == CARRIED:
                 self._driver.carry(state, buffer, item)
@@ -233,7 +280,7 @@ class DriverDoFn(beam.DoFn):
             else:
                 outputs = self._driver.add(state, buffer, step, item, original, stream)
         except UnreadableState as exc:
-            state, outputs = self.unreadable(state.key, key_state, bag, exc)
+            state, outputs = self.unreadable(state.key, key_state, bag, exc, sums)
             yield from self.emit(outputs)
             return
         if self._driver.block_size is not None or state.lowest != lowest or state.next_step != first:
@@ -245,15 +292,15 @@ class DriverDoFn(beam.DoFn):
     @on_timer(CLOSE)
     def on_close(self, fired=beam.DoFn.TimestampParam, rung=beam.DoFn.DynamicTimerTagParam, key=beam.DoFn.KeyParam,
                  key_state=beam.DoFn.StateParam(KEY_STATE), buffer=beam.DoFn.StateParam(BUFFER),
-                 close=beam.DoFn.TimerParam(CLOSE)) -> Iterator:
+                 close=beam.DoFn.TimerParam(CLOSE), sums=beam.DoFn.StateParam(SUMS)) -> Iterator:
         self._firings.inc()
-        state, outputs = self.read_state(key, key_state, buffer)
+        state, outputs = self.read_state(key, key_state, buffer, sums)
         if not outputs:
             before = state.next_step
             try:
-                outputs = self._driver.advance(state, self.buffer(buffer), fired.micros)  # nothing if another rung did
+                outputs = self._driver.advance(state, self.buffer(buffer, sums), fired.micros)  # no-op if another rung did
             except UnreadableState as exc:
-                state, outputs = self.unreadable(key, key_state, buffer, exc)
+                state, outputs = self.unreadable(key, key_state, buffer, exc, sums)
             else:
                 key_state.write(encode_key_state(state))
                 if state.next_step > before:
@@ -271,14 +318,14 @@ class DriverDoFn(beam.DoFn):
 
     @on_timer(END)
     def on_end(self, key=beam.DoFn.KeyParam, key_state=beam.DoFn.StateParam(KEY_STATE),
-               buffer=beam.DoFn.StateParam(BUFFER)) -> Iterator:
+               buffer=beam.DoFn.StateParam(BUFFER), sums=beam.DoFn.StateParam(SUMS)) -> Iterator:
         self._firings.inc()
-        state, outputs = self.read_state(key, key_state, buffer)
+        state, outputs = self.read_state(key, key_state, buffer, sums)
         if not outputs:
             try:
-                outputs = self._driver.finish(state, self.buffer(buffer))
+                outputs = self._driver.finish(state, self.buffer(buffer, sums))
             except UnreadableState as exc:
-                state, outputs = self.unreadable(key, key_state, buffer, exc)
+                state, outputs = self.unreadable(key, key_state, buffer, exc, sums)
             else:
                 key_state.write(encode_key_state(state))
         yield from self.emit(outputs)
@@ -299,9 +346,9 @@ class ContinualReleaseDoFn(DriverDoFn):
 
     def process(self, element, key_state=beam.DoFn.StateParam(DriverDoFn.KEY_STATE),
                 buffer=beam.DoFn.StateParam(DriverDoFn.BUFFER), close=beam.DoFn.TimerParam(DriverDoFn.CLOSE),
-                end=beam.DoFn.TimerParam(DriverDoFn.END)) -> Iterator:
+                end=beam.DoFn.TimerParam(DriverDoFn.END), sums=beam.DoFn.StateParam(DriverDoFn.SUMS)) -> Iterator:
         stream, (step, block, original) = element
-        state = self.key_state(stream, key_state, close, end, buffer)
+        state = self.key_state(stream, key_state, close, end, buffer, sums)
         if block is None or step == CARRIED:  # a declaration (by stream, or a group's declaring block)
             self.declare(state, key_state, close)
         if block is None:
@@ -309,4 +356,4 @@ class ContinualReleaseDoFn(DriverDoFn):
             return
         streams = getattr(block, "streams", None)  # a group's block: late letters carry the stream if one
         yield from self.add(state, key_state, buffer, step, block, original,
-                            streams[0] if streams is not None and len(streams) == 1 else None)
+                            streams[0] if streams is not None and len(streams) == 1 else None, sums)

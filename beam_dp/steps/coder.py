@@ -24,8 +24,9 @@ import numpy as np
 
 from beam_dp.core.state import decode_fields, encode_state
 
-__all__ = ["KINDS", "MIGRATIONS", "UNREADABLE_STATE", "KeyState", "UnreadableState", "decode_entry",
-           "decode_key_state", "decode_versioned", "encode_entry", "encode_key_state"]
+__all__ = ["KINDS", "MIGRATIONS", "UNREADABLE_STATE", "KeyState", "UnreadableState", "decode_entries",
+           "decode_entry", "decode_key_state", "decode_versioned", "encode_entries", "encode_entry",
+           "encode_key_state"]
 
 #: the dead-letter reason of a key whose state this version cannot read (the key's stream ends)
 UNREADABLE_STATE = "unreadable_state"
@@ -111,6 +112,23 @@ def decode_entry(data: bytes) -> tuple[int, Any]:
     if entry.kind == _TUPLE:
         return entry.step, tuple(entry.fields)
     return entry.step, _class_of(entry.kind)(**entry.fields)
+
+
+def encode_entries(entries: list[tuple[int, Any]]) -> bytes:
+    """Several buffered entries in one value: each :func:`encode_entry` prefixed by its length (u32)."""
+    parts = [encode_entry(step, item) for step, item in entries]
+    return b"".join(len(part).to_bytes(4, "little") + part for part in parts)
+
+
+def decode_entries(data: bytes) -> list[tuple[int, Any]]:
+    out, offset = [], 0
+    while offset < len(data):
+        size = int.from_bytes(data[offset:offset + 4], "little")
+        if size == 0 or offset + 4 + size > len(data):
+            raise UnreadableState(f"entries truncated at byte {offset} of {len(data)}")
+        out.append(decode_entry(data[offset + 4:offset + 4 + size]))
+        offset += 4 + size
+    return out
 
 
 @dataclass

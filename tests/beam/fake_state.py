@@ -20,8 +20,17 @@ class Cell:
     def write(self, data):
         self.data = data
 
+    def clear(self):
+        self.data = None
+
 
 class Bag(list):
+    """A bag; ``sums``: the cell of the key's pre-aggregated sums (``DriverDoFn.SUMS``) that goes with it."""
+
+    def __init__(self):
+        super().__init__()
+        self.sums = Cell()
+
     def add(self, entry):
         self.append(entry)
 

@@ -22,14 +22,14 @@ def _shell():
     dofn = ContinualReleaseDoFn(params, per_step_timers=True)
     dofn.setup()
     key_state, buffer, close, end = Cell(), Bag(), Timer(), Timer()
-    list(dofn.process(("a", (1, None, None)), key_state, buffer, close, end))  # declares the stream
+    list(dofn.process(("a", (1, None, None)), key_state, buffer, close, end, buffer.sums))  # declares the stream
     return dofn, key_state, buffer, close
 
 
 def _fire(dofn, at_s, rung, key_state, buffer, close):
     """Fires the close timer ``rung`` at ``at_s`` seconds; the release rows, each checked to carry its
     step's public time (end of the step: no grace here), exact integers of µs."""
-    out = list(dofn.on_close(Timestamp(micros=at_s * S), rung, "a", key_state, buffer, close))
+    out = list(dofn.on_close(Timestamp(micros=at_s * S), rung, "a", key_state, buffer, close, buffer.sums))
     assert all(isinstance(o, TimestampedValue) for o in out)
     assert [o.timestamp.micros for o in out] == [CLOCK.step_end_micros(o.value.step) for o in out]
     return [o.value for o in out]

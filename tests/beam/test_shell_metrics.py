@@ -1,4 +1,4 @@
-"""The Beam shell's metrics, called directly: buffered items rise with items and fall when their step
+"""The Beam shell's pre-aggregation and metrics, called directly: buffered items rise with items and fall when their step
 closes (also at the end of input), every firing counts, dead letters count per reason. Counts are
 exact integers."""
 
@@ -27,13 +27,34 @@ def test_buffered_items_firings_and_dead_letters_per_reason():
     block = dofn._driver.policy.mechanism.clip_and_sum(np.array([0.5]))
     with metrics() as counter:
         for step in (3, 3, 4, 9):
-            list(dofn.process(("a", (step, block, "e")), cell, bag, close, end))
-        assert counter(NAMESPACE, "buffered_items") == 4 and close.set_at["1"] == 30 * S  # opened at step 3
-        list(dofn.on_close(Timestamp(micros=40 * S), "4", "a", cell, bag, close))  # closes steps 3, 4
+            list(dofn.process(("a", (step, block, "e")), cell, bag, close, end, bag.sums))
+        # one pre-aggregated entry per open step (3, 4, 9); the key opened at its lowest step, 3
+        assert counter(NAMESPACE, "buffered_items") == 3 and close.set_at["1"] == 30 * S
+        list(dofn.on_close(Timestamp(micros=40 * S), "4", "a", cell, bag, close, bag.sums))  # closes steps 3, 4
         assert counter(NAMESPACE, "buffered_items") == 1 and counter(NAMESPACE, "releases") == 2
-        list(dofn.process(("a", (2, block, "late")), cell, bag, close, end))
+        list(dofn.process(("a", (2, block, "late")), cell, bag, close, end, bag.sums))
         assert counter(NAMESPACE, f"dead_letters/{Reason.LATE}") == 1 and counter(NAMESPACE, "dead_letters") == 1
-        out = list(dofn.on_end("a", cell, bag))  # end of input: step 9 never closed -> unclosed
+        out = list(dofn.on_end("a", cell, bag, bag.sums))  # end of input: step 9 never closed -> unclosed
         assert counter(NAMESPACE, f"dead_letters/{Reason.UNCLOSED}") == 1
         assert counter(NAMESPACE, "buffered_items") == 0 and counter(NAMESPACE, "timer_firings") == 2
         assert len(out) == 1 + counter(NAMESPACE, "releases") - 2  # the end's releases, then one letter
+
+
+def test_state_per_open_step_does_not_grow_with_its_events():
+    """Streaming pre-aggregation: the events of one open step are merged into one sum as they arrive
+    (the bag stays empty), so the key's state has the same size for 1 event or 200 (but for digits)."""
+    sizes = []
+    for n in (1, 200):
+        dofn = ContinualReleaseDoFn(PARAMS, per_step_timers=True)
+        dofn.setup()
+        cell, bag, close, end = Cell(), Bag(), Timer(), Timer()
+        for i in range(n):
+            block = dofn._driver.policy.mechanism.clip_and_sum(np.array([(i % 7) / 7]))
+            list(dofn.process(("a", (3, block, "e")), cell, bag, close, end, bag.sums))
+        assert bag == []
+        sizes.append(len(bag.sums.read()))
+        (row,) = [o.value for o in dofn.on_close(Timestamp(micros=30 * S), "1", "a", cell, bag, close, bag.sums)]
+        assert row.step == 3 and bag.sums.read() is None
+    # the same size but for the digits of the event count in the entry's header (1 vs 200); a bag
+    # holding every event would be ~200 times larger
+    assert abs(sizes[1] - sizes[0]) <= 8
