@@ -123,9 +123,12 @@ class SummingBuffer(EncodedBuffer):
     ``GroupBlock``: fixed size, whatever the number of events) are merged as they arrive
     (``merge``: the mechanism's ``merge_blocks``, the same left-to-right order as merging them at the
     close) into one entry per open step, kept in a ``ReadModifyWriteState`` (``sums``); state per open
-    step is O(d), not O(events). Other items (records a family needs, carried items) go to the bag."""
+    step is O(d), not O(events). Other items (records a family needs, carried items) go to the bag, and
+    so do sums of steps beyond the first :data:`MAX_MERGED` open ones (each item rewrites the merged
+    entries: a backlog of many open steps would make that quadratic)."""
 
     SUMMED = (ClippedSum, GroupBlock)
+    MAX_MERGED = 32
 
     def __init__(self, bag, sums, merge, held=None):
         super().__init__(bag, held)
@@ -140,6 +143,8 @@ class SummingBuffer(EncodedBuffer):
         if step == CARRIED or not isinstance(item, self.SUMMED):
             return super().add(entry)
         merged = self._merged()
+        if step not in merged and len(merged) >= self.MAX_MERGED:
+            return super().add(entry)
         if step in merged:
             merged[step] = self._merge([merged[step], item])
         else:
@@ -189,7 +194,7 @@ class DriverDoFn(beam.DoFn):
 
     def buffer(self, bag, sums=None) -> EncodedBuffer:
         """The driver's buffer over the key's bag (and, given, its pre-aggregated ``sums``)."""
-        if sums is None:
+        if sums is None or not self._per_step_timers:  # a batch replay's items are already one per step
             return EncodedBuffer(bag, self._buffered)
         return SummingBuffer(bag, sums, self._driver.policy.mechanism.merge_blocks, self._buffered)
 

@@ -58,3 +58,27 @@ def test_state_per_open_step_does_not_grow_with_its_events():
     # the same size but for the digits of the event count in the entry's header (1 vs 200); a bag
     # holding every event would be ~200 times larger
     assert abs(sizes[1] - sizes[0]) <= 8
+
+
+def test_a_backlog_of_open_steps_beyond_the_merged_ones_goes_to_the_bag_and_releases_the_same():
+    """Past ``MAX_MERGED`` open steps, sums go to the bag; the releases equal the pure driver's over an
+    in-memory buffer (same blocks, same keyed noise: 1e-12 relative absorbs summation order only)."""
+    from beam_dp.beam.dofn import SummingBuffer
+    from beam_dp.steps.driver import ListBuffer
+
+    dofn = ContinualReleaseDoFn(PARAMS, per_step_timers=True)
+    dofn.setup()
+    cell, bag, close, end = Cell(), Bag(), Timer(), Timer()
+    mechanism = dofn._driver.policy.mechanism
+    steps = list(range(1, SummingBuffer.MAX_MERGED + 9))  # 40 open steps, two events each
+    pure, pure_buffer = dofn._driver.open("a"), ListBuffer()
+    for step in steps + steps:
+        block = mechanism.clip_and_sum(np.array([step / 50]))
+        list(dofn.process(("a", (step, block, "e")), cell, bag, close, end, bag.sums))
+        dofn._driver.add(pure, pure_buffer, step, block, "e")
+    assert len(bag) == 2 * 8  # the 8 steps past the merged 32, both events each
+    rows = [o.value for o in dofn.on_close(Timestamp(micros=400 * S), "16", "a", cell, bag, close, bag.sums)]
+    want = [o.value for o in dofn._driver.advance(pure, pure_buffer, 400 * S)]
+    assert [r.step for r in rows] == [r.step for r in want] == steps
+    assert np.allclose([r.value for r in rows], [r.value for r in want], rtol=1e-12, atol=1e-12)
+    assert bag == [] and bag.sums.read() is None
