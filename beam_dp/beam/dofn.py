@@ -59,8 +59,8 @@ from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateS
 from apache_beam.transforms.window import GlobalWindow, TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 
-from beam_dp.steps.coder import (KeyState, UnreadableState, decode_entries, decode_entry, decode_key_state,
-                                 encode_entries, encode_entry, encode_key_state)
+from beam_dp.steps.coder import (KeyState, UnreadableState, decode_entry, decode_key_state, encode_entry,
+                                 encode_key_state, join_entries, split_entries)
 from beam_dp.mechanisms.base import ClippedSum
 from beam_dp.mechanisms.stream_groups import GroupBlock, GroupedSum
 from beam_dp.steps.driver import CARRIED, RELEASE, ListBuffer, Output, StepDriver, release_step
@@ -134,30 +134,29 @@ class SummingBuffer(EncodedBuffer):
         super().__init__(bag, held)
         self._sums, self._merge = sums, merge
 
-    def _merged(self) -> dict[int, Any]:
+    def _merged(self) -> dict[int, bytes]:
         data = self._sums.read()
-        return dict(decode_entries(data)) if data else {}
+        return split_entries(data) if data else {}
 
     def add(self, entry: tuple[int, Any]) -> None:
         step, item = entry
         if step == CARRIED or not isinstance(item, self.SUMMED):
             return super().add(entry)
-        merged = self._merged()
+        merged = self._merged()  # encoded entries by step: only this step's is decoded and rewritten
         if step not in merged and len(merged) >= self.MAX_MERGED:
             return super().add(entry)
         if step in merged:
-            merged[step] = self._merge([merged[step], item])
-        else:
-            merged[step] = item
-            if self._held is not None:
-                self._held.inc()
-        self._sums.write(encode_entries(sorted(merged.items(), key=lambda e: e[0])))
+            item = self._merge([decode_entry(merged[step])[1], item])
+        elif self._held is not None:
+            self._held.inc()
+        merged[step] = encode_entry(step, item)
+        self._sums.write(join_entries(merged))
 
     def read(self) -> Iterator[tuple[int, Any]]:
         yield from super().read()  # resets the pass count, then counts the bag's entries
-        for entry in self._merged().items():
+        for data in self._merged().values():
             self._read += 1
-            yield entry
+            yield decode_entry(data)
 
     def clear(self) -> None:
         self._sums.clear()

@@ -24,9 +24,9 @@ import numpy as np
 
 from beam_dp.core.state import decode_fields, encode_state
 
-__all__ = ["KINDS", "MIGRATIONS", "UNREADABLE_STATE", "KeyState", "UnreadableState", "decode_entries",
-           "decode_entry", "decode_key_state", "decode_versioned", "encode_entries", "encode_entry",
-           "encode_key_state"]
+__all__ = ["KINDS", "MIGRATIONS", "UNREADABLE_STATE", "KeyState", "UnreadableState", "decode_entry",
+           "decode_key_state", "decode_versioned", "encode_entry", "encode_key_state", "join_entries",
+           "split_entries"]
 
 #: the dead-letter reason of a key whose state this version cannot read (the key's stream ends)
 UNREADABLE_STATE = "unreadable_state"
@@ -114,20 +114,25 @@ def decode_entry(data: bytes) -> tuple[int, Any]:
     return entry.step, _class_of(entry.kind)(**entry.fields)
 
 
-def encode_entries(entries: list[tuple[int, Any]]) -> bytes:
-    """Several buffered entries in one value: each :func:`encode_entry` prefixed by its length (u32)."""
-    parts = [encode_entry(step, item) for step, item in entries]
-    return b"".join(len(part).to_bytes(4, "little") + part for part in parts)
+def join_entries(entries: dict[int, bytes]) -> bytes:
+    """Encoded entries (step -> :func:`encode_entry` bytes) in one value, by step: each prefixed by its
+    step (i64) and length (u32), so one entry is found and replaced without decoding the others."""
+    return b"".join(step.to_bytes(8, "little", signed=True) + len(data).to_bytes(4, "little") + data
+                    for step, data in sorted(entries.items()))
 
 
-def decode_entries(data: bytes) -> list[tuple[int, Any]]:
-    out, offset = [], 0
+def split_entries(data: bytes) -> dict[int, bytes]:
+    """The inverse of :func:`join_entries` (``UnreadableState`` when the framing is broken)."""
+    out, offset = {}, 0
     while offset < len(data):
-        size = int.from_bytes(data[offset:offset + 4], "little")
-        if size == 0 or offset + 4 + size > len(data):
+        if offset + 12 > len(data):
             raise UnreadableState(f"entries truncated at byte {offset} of {len(data)}")
-        out.append(decode_entry(data[offset + 4:offset + 4 + size]))
-        offset += 4 + size
+        step = int.from_bytes(data[offset:offset + 8], "little", signed=True)
+        size = int.from_bytes(data[offset + 8:offset + 12], "little")
+        if offset + 12 + size > len(data):
+            raise UnreadableState(f"entries truncated at byte {offset} of {len(data)}")
+        out[step] = data[offset + 12:offset + 12 + size]
+        offset += 12 + size
     return out
 
 
