@@ -193,7 +193,8 @@ class DriverDoFn(beam.DoFn):
 
     def buffer(self, bag, sums=None) -> EncodedBuffer:
         """The driver's buffer over the key's bag (and, given, its pre-aggregated ``sums``)."""
-        if sums is None or not self._per_step_timers:  # a batch replay's items are already one per step
+        # a batch replay's items are already one per step; a subclass's process may not pass ``sums``
+        if not self._per_step_timers or not hasattr(sums, "read"):
             return EncodedBuffer(bag, self._buffered)
         return SummingBuffer(bag, sums, self._driver.policy.mechanism.merge_blocks, self._buffered)
 
