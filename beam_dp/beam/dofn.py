@@ -238,6 +238,8 @@ class DriverDoFn(beam.DoFn):
             if self._driver.block_size is None:  # marker steps: the end of the input closes the rest
                 end.set(_END_OF_INPUT)
         elif streaming:
+            if not state.provisional:  # a restored stream continues after its snapshot's step
+                self.arm_ladder(close, state)
             end.set(_END_OF_INPUT)
         else:
             close.set(Timestamp(micros=self._driver.final_timer()))

@@ -57,3 +57,28 @@ def test_an_untagged_timer_from_before_the_ladder_re_arms_every_rung():
     assert [r.step for r in rows] == [1]
     assert close.set_at == {"1": 20 * S, "4": 40 * S, "16": 160 * S}
     assert np.isfinite(rows[0].value).all() and set(LADDER) == {1, 4, 16}
+
+
+def test_a_restored_stream_arms_its_ladder_after_its_snapshot_step():
+    """A stream restored from a snapshot is not provisional: its rungs are armed at once, after the
+    snapshot's step (here the snapshot closed steps 1..5: rungs at steps 6, 8 and 16)."""
+    import dataclasses
+
+    params = ContinualSumParams(dim=1, epsilon=1.0, clip_bound=1.0, clock=CLOCK, noise_key=NoiseKey(domain="ladder"))
+    mechanism = params.build_mechanism()
+    snapshot = mechanism.init_state("r")
+    for _ in range(5):
+        snapshot, _ = mechanism.step(snapshot, None, _noise())
+    restored = dataclasses.replace(params, restore_states=(("r", mechanism.encode_state(snapshot)),))
+    dofn = ContinualReleaseDoFn(restored, per_step_timers=True)
+    dofn.setup()
+    key_state, buffer, close, end = Cell(), Bag(), Timer(), Timer()
+    list(dofn.process(("r", (0, None, None)), key_state, buffer, close, end, buffer.sums))
+    assert close.set_at == {"1": 60 * S, "4": 80 * S, "16": 160 * S}
+
+
+def _noise():
+    from beam_dp.core import NoiseSource
+    from tests.conftest import TEST_KEY
+
+    return NoiseSource(TEST_KEY)
