@@ -194,10 +194,11 @@ JOBS: dict[str, tuple[Param, ...]] = {
           default=False, yaml=False),
         P("stream_groups", "Key the release stage by this many groups of streams (a public hash of the stream "
           "name): one state and timer per group, each group stepped in one numpy operation, releases written as "
-          "whole Arrow tables; the releases are the same for any value. It bounds the stage's parallelism: raise "
-          "it on a large cluster. 0 keys by stream. Applies where the mechanism steps groups (every counter and "
+          "whole Arrow tables; the releases are the same for any value. It bounds the stage's parallelism. "
+          "Default: 256 for a streaming job (fixed at launch: an --update that changes it is refused), 4 for a "
+          "batch replay. 0 keys by stream. Applies where the mechanism steps groups (every counter and "
           "the windowed sum, without --granularity; counts are snapped to integers, so they key by stream).", kind="int",
-          regex=_NON_NEGATIVE_INT, default=4, fields=("stream_groups",), yaml=False),
+          regex=_NON_NEGATIVE_INT, fields=("stream_groups",)),
         P("block_size", "Count steps of this many contributions instead of start/period.", kind="int",
           regex=_POSITIVE_INT, fields=("block_size",), cli=False),
         STREAMS) + KEY + RUN,

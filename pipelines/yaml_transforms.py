@@ -35,6 +35,7 @@ MyTransformYaml(c) -> PTransform`` that builds the family's params and wraps its
 """
 
 
+import dataclasses
 import functools
 import inspect
 import json
@@ -62,6 +63,8 @@ from beam_dp.beam import (
 from beam_dp.core import StepClock
 from beam_dp.core.noise import KEY_ENV_VAR
 from beam_dp.io.schema import ReleaseRow
+from beam_dp.mechanisms.stream_groups import groups_for
+from beam_dp.steps.schema import ReleaseColumns
 from beam_dp.mechanisms.universe import Universe
 from pipelines import spec
 from pipelines.growing_db_queries import parse_universe, to_element, to_query
@@ -111,8 +114,14 @@ def _dead_letter_row(letter) -> DeadLetterRow:
     return DeadLetterRow(letter.reason, letter.detail, letter.stream, repr(letter.element)[:2000])
 
 
+def _records(release: Any) -> list:
+    """A release row, or a group's ``ReleaseColumns`` (``stream_groups``), as YAML records."""
+    rows = release.rows() if isinstance(release, ReleaseColumns) else [release]
+    return [ReleaseRecord(*r) for r in rows]
+
+
 def _release_rows(releases: beam.PCollection, label: str) -> beam.PCollection:
-    return releases | label >> beam.Map(lambda r: ReleaseRecord(*r)).with_output_types(ReleaseRecord)
+    return releases | label >> beam.FlatMap(_records).with_output_types(ReleaseRecord)
 
 
 class YamlRelease(beam.PTransform):
@@ -209,8 +218,8 @@ _SUM = ("epsilon", "clip_bound", "dim", "delta", "noise", "calibration", "granul
     "allowed_lateness", "streams") + KEYS
 
 
-@_from_spec("continual_stats", _SUM + ("horizon", "unbounded", "counter"), required=("epsilon", "clip_bound"),
-            defaults={"dim": 1})
+@_from_spec("continual_stats", _SUM + ("horizon", "unbounded", "counter", "stream_groups"),
+            required=("epsilon", "clip_bound"), defaults={"dim": 1})
 def ContinualSumYaml(c: dict) -> beam.PTransform:
     """Private running sum of vectors per stream, released at every step (tree and matrix mechanisms).
 
@@ -220,7 +229,8 @@ def ContinualSumYaml(c: dict) -> beam.PTransform:
     params = ContinualSumParams(
         dim=int(c["dim"]), clip_bound=float(c["clip_bound"]), horizon=c["horizon"], unbounded=c["unbounded"],
         counter=c["counter"], granularity=c["granularity"], **_sum_common(c, ContinualSumParams))
-    return YamlRelease(ContinualSum(params))
+    groups = groups_for(params.build_mechanism(), c["stream_groups"])  # None where the mechanism keys by stream
+    return YamlRelease(ContinualSum(dataclasses.replace(params, stream_groups=groups) if groups else params))
 
 
 @_from_spec("continual_stats", ("epsilon", "delta", "noise", "calibration", "horizon", "unbounded", "counter")

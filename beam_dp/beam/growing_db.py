@@ -304,13 +304,16 @@ class GrowingDatabaseDoFn(DriverDoFn):
                 buffer=beam.DoFn.StateParam(DriverDoFn.BUFFER), close=beam.DoFn.TimerParam(DriverDoFn.CLOSE),
                 end=beam.DoFn.TimerParam(DriverDoFn.END)) -> Iterator:
         stream, item = element
-        state = self.key_state(stream, key_state, close, end)
+        state = self.key_state(stream, key_state, close, end, buffer)
         if item[0] == "e":
             _, step, micros, index, original = item
             yield from self.add(state, key_state, buffer, step, (micros, index), original)
         elif item[0] == "q":
             _, t, qid, weights, _ = item
             yield from self.add(state, key_state, buffer, CARRIED, (t, qid, weights), None)
+        else:  # a declared stream starts at step 1 (an undeclared one at its first element's step)
+            self.declare(state, key_state, close)
+            yield from self.emit([])
 
 
 class GrowingDatabaseQueries(beam.PTransform):

@@ -11,7 +11,9 @@ Shape of the pipeline::
 
 On a bounded input (batch replay) contributions are pre-aggregated per (stream, step) by a
 lifted combiner, so state sees one block per step. On an unbounded input each contribution
-reaches the stateful DoFn on its own, so a late one can be dead-lettered whole.
+reaches the stateful DoFn on its own, so a late one can be dead-lettered whole; an on-time one is
+merged into its step's sum in state as it arrives (``beam_dp.beam.dofn.SummingBuffer``: one sum per
+open step, O(d), whatever the number of events).
 
 With ``params.stream_groups`` the stateful DoFn is keyed by group of streams
 (``beam_dp.mechanisms.stream_groups``): blocks are per (group, step), each group steps in one numpy
@@ -83,7 +85,10 @@ class _ContinualRelease(beam.PTransform):
             declared = events.pipeline | "DeclareStreams" >> beam.Create(
                 _declarations(declared_streams, groups, params.dim)).with_output_types(Tuple[str, Any])
             blocks = (blocks, declared) | "WithDeclared" >> beam.Flatten()
-        released = blocks | "Release" >> beam.ParDo(
+        # the group count is in the stateful step's label: Dataflow refuses an --update that drops a
+        # step (a changed count) unless mapped; a mapped one meets the count recorded in each key's state
+        release = "Release" if groups is None else f"Release {groups} stream groups"
+        released = blocks | release >> beam.ParDo(
             ContinualReleaseDoFn(params, per_step_timers=not bounded)
         ).with_outputs(DEAD_LETTER, main="rows")
         labels = release_labels(params)

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-__all__ = ["decode_state", "encode_state"]
+__all__ = ["decode_fields", "decode_state", "encode_state"]
 
 _MAGIC = b"BDPS"
 _FORMAT = 1
@@ -90,13 +90,29 @@ def decode_state(cls: type[S], data: bytes) -> S:
 
     Raises ``ValueError`` for anything that is not a complete, well-formed encoding of ``cls``.
     """
+    class_name, version, fields = decode_fields(data)
+    if class_name != _class_name(cls):
+        raise ValueError(f"state is a {class_name}, not a {_class_name(cls)}")
+    expected = int(getattr(cls, "STATE_VERSION", 1))
+    if version != expected:
+        raise ValueError(f"state version {version} cannot be read by version {expected}")
     try:
-        return _decode_state(cls, data)
-    except (struct.error, KeyError, IndexError, TypeError, AttributeError) as exc:
+        return cls(**fields)
+    except TypeError as exc:
+        raise ValueError(f"corrupt beam_dp state encoding: {exc}") from exc
+
+
+def decode_fields(data: bytes) -> tuple[str, int, dict[str, Any]]:
+    """The class name, ``STATE_VERSION`` and decoded fields of an encoding, whatever class or version
+    wrote it (for migrations). Raises ``ValueError`` for anything that is not a complete, well-formed
+    encoding."""
+    try:
+        return _decode_fields(data)
+    except (struct.error, KeyError, IndexError, TypeError, AttributeError, UnicodeDecodeError) as exc:
         raise ValueError(f"corrupt beam_dp state encoding: {type(exc).__name__}: {exc}") from exc
 
 
-def _decode_state(cls: type[S], data: bytes) -> S:
+def _decode_fields(data: bytes) -> tuple[str, int, dict[str, Any]]:
     if data[:4] != _MAGIC:
         raise ValueError("not a beam_dp state encoding")
     fmt, head_len = struct.unpack_from("<HI", data, 4)
@@ -105,15 +121,11 @@ def _decode_state(cls: type[S], data: bytes) -> S:
     offset = 10
     header = json.loads(data[offset : offset + head_len])
     offset += head_len
-    if header["class"] != _class_name(cls):
-        raise ValueError(f"state is a {header['class']}, not a {_class_name(cls)}")
-    version = int(getattr(cls, "STATE_VERSION", 1))
-    if header["version"] != version:
-        raise ValueError(f"state version {header['version']} cannot be read by version {version}")
     buffers = []
     for size in header["sizes"]:
         buffers.append(data[offset : offset + size])
         offset += size
     if offset != len(data):
         raise ValueError(f"state encoding is truncated or has trailing bytes ({len(data)} bytes, expected {offset})")
-    return cls(**{name: _unpack(node, buffers) for name, node in header["fields"].items()})
+    fields = {name: _unpack(node, buffers) for name, node in header["fields"].items()}
+    return str(header["class"]), int(header["version"]), fields

@@ -3,7 +3,8 @@
 from beam_dp.io.models import LinearPredictor, load_model
 from beam_dp.io.readers import iter_release_tables, read_release_table, read_releases, row_to_release
 from beam_dp.steps.schema import RELEASE_SCHEMA, ReleaseColumns, ReleaseRow, release_table, release_to_row
-from beam_dp.io.sinks import GatherReleaseTables, WriteReleasesToJsonLines, WriteReleasesToParquet, release_dicts
+from beam_dp.io.sinks import (GatherReleaseTables, WriteReleasesToJsonLines, WriteReleasesToParquet,
+                             WriteReleasesToPubSub, release_dicts)
 
 __all__ = [
     "GatherReleaseTables",
@@ -13,6 +14,7 @@ __all__ = [
     "ReleaseRow",
     "WriteReleasesToJsonLines",
     "WriteReleasesToParquet",
+    "WriteReleasesToPubSub",
     "load_model",
     "iter_release_tables",
     "read_release_table",

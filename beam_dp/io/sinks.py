@@ -17,14 +17,28 @@ from apache_beam.transforms.window import GlobalWindows
 
 from beam_dp.steps.schema import RELEASE_SCHEMA, ReleaseColumns, ReleaseRow, release_table
 
-__all__ = ["ROWS_PER_TABLE", "GatherReleaseTables", "WriteReleasesToJsonLines", "WriteReleasesToParquet",
-           "release_dicts"]
+__all__ = ["RELEASE_ID", "ROWS_PER_TABLE", "GatherReleaseTables", "WriteReleasesToJsonLines",
+           "WriteReleasesToParquet", "WriteReleasesToPubSub", "release_dicts", "release_id", "release_message"]
 
 ROWS_PER_TABLE = 65_536  # releases per table (a Parquet row group) when gathering release columns
+RELEASE_ID = "release_id"  # the Pub/Sub attribute naming a release: its (stream, step)
 
 
 def _as_dict(row: ReleaseRow) -> dict:
     return row._asdict()
+
+
+def release_id(row: ReleaseRow) -> str:
+    """A release's id, ``<stream>/<step>``: public, the same on every retry, replay or restore."""
+    return f"{row.stream}/{row.step}"
+
+
+def release_message(row: ReleaseRow, id_attribute: str = RELEASE_ID):
+    """One Pub/Sub message per release: the row as JSON, its id (:func:`release_id`) as an attribute."""
+    from apache_beam.io.gcp.pubsub import PubsubMessage
+
+    data = json.dumps(_as_dict(row), sort_keys=True).encode()
+    return PubsubMessage(data, {id_attribute: release_id(row)})
 
 
 def release_dicts(table: pa.Table) -> list[dict]:
@@ -100,4 +114,24 @@ class WriteReleasesToJsonLines(_ReleaseSink):
             rows
             | "ToJson" >> beam.Map(lambda row: json.dumps(_as_dict(row), sort_keys=True))
             | "Write" >> beam.io.WriteToText(self.file_path_prefix, file_name_suffix=".jsonl", num_shards=self.num_shards)
+        )
+
+
+class WriteReleasesToPubSub(beam.PTransform):
+    """Publish releases to a Pub/Sub ``topic``, one JSON message per release with the attribute
+    ``id_attribute`` = ``<stream>/<step>`` (:func:`release_message`). A release retried by Beam or
+    replayed after a restore carries the same id and the same value (keyed noise), so a reader
+    deduplicates with ``ReadFromPubSub(..., id_label=id_attribute)``. ``columnar``: the input holds
+    ``ReleaseColumns`` (``stream_groups``)."""
+
+    def __init__(self, topic: str, id_attribute: str = RELEASE_ID, columnar: bool = False):
+        super().__init__()
+        self.topic, self.id_attribute, self.columnar = topic, id_attribute, columnar
+
+    def expand(self, releases):
+        rows = releases | "Rows" >> beam.FlatMap(ReleaseColumns.rows) if self.columnar else releases
+        return (
+            rows
+            | "ToMessage" >> beam.Map(release_message, self.id_attribute)
+            | "Publish" >> beam.io.WriteToPubSub(self.topic, with_attributes=True)
         )

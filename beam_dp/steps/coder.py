@@ -4,6 +4,13 @@ Engines keep in-flight data in their own state stores (Beam bags, Flink list sta
 never as pickled classes: a buffered item is a registered *kind* (a stable name, not a class path)
 plus its fields (numpy arrays and plain values, encoded by :mod:`beam_dp.core.state`). Renaming a
 block class only needs its entry in :data:`KINDS` updated; in-flight data stays readable.
+
+**Versions.** Every earlier version of :class:`KeyState` and of a buffered entry stays readable: a
+version ``v`` encoding is lifted by the migrations ``v -> v + 1 -> ...`` (:data:`MIGRATIONS`), and a
+field a later version added takes its default. Bytes this version cannot read (corrupt, another
+class, a newer version, an unknown field) raise :class:`UnreadableState`; an engine then ends the key
+with one ``unreadable_state`` dead letter (:meth:`~beam_dp.steps.driver.StepDriver.unreadable`),
+never an endless retry.
 """
 
 from __future__ import annotations
@@ -11,13 +18,23 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar, TypeVar
 
 import numpy as np
 
-from beam_dp.core.state import decode_state, encode_state
+from beam_dp.core.state import decode_fields, encode_state
 
-__all__ = ["KINDS", "KeyState", "decode_entry", "decode_key_state", "encode_entry", "encode_key_state"]
+__all__ = ["KINDS", "MIGRATIONS", "UNREADABLE_STATE", "KeyState", "UnreadableState", "decode_entry",
+           "decode_key_state", "decode_versioned", "encode_entry", "encode_key_state", "join_entries",
+           "split_entries"]
+
+#: the dead-letter reason of a key whose state this version cannot read (the key's stream ends)
+UNREADABLE_STATE = "unreadable_state"
+T = TypeVar("T")
+
+
+class UnreadableState(ValueError):
+    """State bytes this version cannot read: corrupt, another class, a newer version, an unknown field."""
 
 #: Stable kind name -> "module:Class" of every block a policy buffers (frozen dataclasses of arrays).
 KINDS = {
@@ -56,6 +73,33 @@ class _Entry:
     fields: Any
 
 
+def _class_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def decode_versioned(cls: type[T], data: bytes) -> T:
+    """``cls`` from an encoding of this or any earlier ``STATE_VERSION`` (lifted by ``MIGRATIONS[cls]``;
+    added fields take their defaults). Raises :class:`UnreadableState` otherwise."""
+    try:
+        name, version, fields = decode_fields(data)
+    except ValueError as exc:
+        raise UnreadableState(str(exc)) from exc
+    current = int(getattr(cls, "STATE_VERSION", 1))
+    if name != _class_name(cls):
+        raise UnreadableState(f"state is a {name}, not a {_class_name(cls)}")
+    if not 1 <= version <= current:
+        raise UnreadableState(f"state version {version} cannot be read by version {current}")
+    for step in range(version, current):
+        fields = MIGRATIONS.get(cls, {}).get(step, dict)(fields)
+    unknown = set(fields) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+        raise UnreadableState(f"version {version} state has fields this version does not know: {sorted(unknown)}")
+    try:
+        return cls(**fields)
+    except (TypeError, ValueError) as exc:  # a field without a default missing, or a bad value
+        raise UnreadableState(f"state fields do not fit {cls.__name__}: {exc}") from exc
+
+
 def encode_entry(step: int, item: Any) -> bytes:
     if isinstance(item, tuple):
         return encode_state(_Entry(step, _TUPLE, list(item)))
@@ -64,10 +108,32 @@ def encode_entry(step: int, item: Any) -> bytes:
 
 
 def decode_entry(data: bytes) -> tuple[int, Any]:
-    entry = decode_state(_Entry, data)
+    entry = decode_versioned(_Entry, data)
     if entry.kind == _TUPLE:
         return entry.step, tuple(entry.fields)
     return entry.step, _class_of(entry.kind)(**entry.fields)
+
+
+def join_entries(entries: dict[int, bytes]) -> bytes:
+    """Encoded entries (step -> :func:`encode_entry` bytes) in one value, by step: each prefixed by its
+    step (i64) and length (u32), so one entry is found and replaced without decoding the others."""
+    return b"".join(step.to_bytes(8, "little", signed=True) + len(data).to_bytes(4, "little") + data
+                    for step, data in sorted(entries.items()))
+
+
+def split_entries(data: bytes) -> dict[int, bytes]:
+    """The inverse of :func:`join_entries` (``UnreadableState`` when the framing is broken)."""
+    out, offset = {}, 0
+    while offset < len(data):
+        if offset + 12 > len(data):
+            raise UnreadableState(f"entries truncated at byte {offset} of {len(data)}")
+        step = int.from_bytes(data[offset:offset + 8], "little", signed=True)
+        size = int.from_bytes(data[offset + 8:offset + 12], "little")
+        if offset + 12 + size > len(data):
+            raise UnreadableState(f"entries truncated at byte {offset} of {len(data)}")
+        out[step] = data[offset + 12:offset + 12 + size]
+        offset += 12 + size
+    return out
 
 
 @dataclass
@@ -79,13 +145,16 @@ class KeyState:
     latest finite watermark reported for this key (µs, or None); ``ended``: the input has ended (or
     the public end was reached) and nothing more is released; ``offset``: the step before the key's
     first step (a stream first seen late: its mechanism's step ``t`` is the schedule's ``t + offset``);
-    ``stream_ended``: the mechanism refused a step at its public end (horizon or budget); the stream
+    ``provisional``: no close timer has fired for the key yet, so its first step is not fixed (an
+    engine that cannot read the watermark opens a key at the lowest step of the items it receives
+    before its first firing; version 2); ``stream_groups``: the group count the key was opened under
+    (0 keyed by stream; None when not recorded, i.e. written by version 1); ``stream_ended``: the mechanism refused a step at its public end (horizon or budget); the stream
     is over and its mechanism state freed; ``lowest``: the lowest step with buffered items (0 when
     items are carried across steps, None when nothing is buffered), so closing empty steps never
     reads the buffer.
     """
 
-    STATE_VERSION: ClassVar[int] = 1
+    STATE_VERSION: ClassVar[int] = 2
     key: str
     mechanism: np.ndarray
     next_step: int
@@ -95,6 +164,15 @@ class KeyState:
     offset: int = 0
     stream_ended: bool = False
     lowest: int | None = None
+    provisional: bool = False
+    stream_groups: int | None = None
+
+
+#: per class, ``{v: fields of version v -> fields of version v + 1}`` (absent: the identity, i.e. the
+#: next version only added fields with defaults)
+MIGRATIONS: dict[type, dict[int, Callable[[dict], dict]]] = {
+    KeyState: {1: dict},  # v2 added ``provisional`` (False) and ``stream_groups`` (None: not recorded)
+}
 
 
 def encode_key_state(state: KeyState) -> bytes:
@@ -102,4 +180,4 @@ def encode_key_state(state: KeyState) -> bytes:
 
 
 def decode_key_state(data: bytes) -> KeyState:
-    return decode_state(KeyState, data)
+    return decode_versioned(KeyState, data)

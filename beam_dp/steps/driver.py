@@ -11,10 +11,14 @@ Public rules (the same on every engine):
 * **Event-time steps.** Step ``s`` closes when the watermark reaches ``end(s) + allowed_lateness``;
   one call closes *every* step the watermark has passed, in order, each releasing whether or not it
   has data. An item for a closed step is late: dead-lettered whole (``late``), never in state.
-* **First step of a key.** The first step not yet closed by the watermark the engine knows when the
-  key is first seen (step 1 when no watermark is known, e.g. a batch replay or declared streams at
-  the start). So a stream first seen late never releases behind the watermark; its late items are
-  dead-lettered. A key restored from a snapshot continues after the snapshot's step.
+* **First step of a key.** An engine that knows the watermark (Flink) opens a new key at the first
+  step the watermark has not closed. One that cannot read it (Beam) opens a new key *provisionally*
+  (:meth:`StepDriver.open` ``provisional=True``): its first step is the lowest step of the items it
+  receives before its first close timer fires, fixed by that firing; nothing about it lives in
+  process memory, so every worker (fresh, restarted, updated) decides the same. Declared streams
+  and batch replays start at step 1. A key restored from a snapshot continues after the snapshot's step.
+* **Release times.** A step's release rows carry the public time :meth:`StepDriver.release_time`:
+  ``end(s) + allowed_lateness``, whichever timer, rung, restore or end of input closed the step.
 * **End of input** (watermark at +infinity: drain, end of a bounded input, Flink ``stop --drain``):
   the open steps that began before ``W − allowed_lateness`` (``W`` the last finite watermark) are
   released, in order; no later step is. With no finite watermark ever seen (a batch replay) the
@@ -39,11 +43,11 @@ import numpy as np
 
 from beam_dp.core.clock import StepClock
 from beam_dp.core.release_batch import ReleaseBatch
-from beam_dp.steps.coder import KeyState
+from beam_dp.steps.coder import UNREADABLE_STATE, KeyState, UnreadableState
 from beam_dp.steps.events import DEAD_LETTER, DeadLetter, Reason
 from beam_dp.steps.schema import ReleaseColumns, ReleaseRow, release_to_row
 
-__all__ = ["CARRIED", "RELEASE", "SNAPSHOTS", "Buffer", "ListBuffer", "Output", "StepDriver"]
+__all__ = ["CARRIED", "RELEASE", "SNAPSHOTS", "Buffer", "ListBuffer", "Output", "StepDriver", "release_step"]
 
 RELEASE, SNAPSHOTS = "release", "snapshots"
 CARRIED = 0  # the step of buffered items that wait across steps (a growing database's queries)
@@ -73,6 +77,11 @@ class ListBuffer(list):
 
     def read(self) -> list[tuple[int, Any]]:
         return list(self)
+
+
+def release_step(value: ReleaseRow | ReleaseColumns) -> int:
+    """The schedule step of a release output's value."""
+    return value.batch.step if isinstance(value, ReleaseColumns) else value.step
 
 
 def _dead(reason: str, detail: str, key: str | None, element: Any = None) -> Output:
@@ -106,17 +115,49 @@ class StepDriver:
                    allowed_lateness=params.allowed_lateness, restored=params.restore_states)
 
     # -- keys and timers ------------------------------------------------------------------------
-    def open(self, key: str, watermark: int | None = None) -> KeyState:
-        """The state of a key seen for the first time (see the module rules for its first step)."""
+    def open(self, key: str, watermark: int | None = None, provisional: bool = False) -> KeyState:
+        """The state of a key seen for the first time (see the module rules for its first step).
+
+        ``provisional`` (an engine that cannot read the watermark, event-time steps): the key has no
+        step yet; :meth:`add` places it at the lowest step of its items until :meth:`advance` (its
+        first close timer) or :meth:`declare` fixes it. Arm no close timer before it has a step
+        (:meth:`timer` returns None)."""
         restored = self._restored.get(key)
         if restored is not None:
-            state = self.policy.mechanism.decode_state(restored)
+            state = self._decode(restored)
             return KeyState(key, _as_array(restored), int(state.t) + 1, watermark=watermark)
+        if provisional and self.clock is not None:
+            encoded = self.policy.mechanism.encode_state(self.policy.mechanism.init_state(key))
+            return KeyState(key, _as_array(encoded), 0, provisional=True)
         first = 1
         if self.clock is not None and watermark is not None:
             first = max(1, int(self.clock.step_of_micros(watermark - self.grace)))
         encoded = self.policy.mechanism.encode_state(self.policy.mechanism.init_state(key))
         return KeyState(key, _as_array(encoded), first, watermark=watermark, offset=first - 1)
+
+    def declare(self, state: KeyState) -> None:
+        """A declared stream (or a group with one) releases from step 1: fixes a provisional key there."""
+        if state.provisional:
+            state.next_step, state.offset, state.provisional = 1, 0, False
+
+    def unreadable(self, key: str, buffer: Buffer, detail: str) -> tuple[KeyState, list[Output]]:
+        """A key whose state (or buffer) this version cannot read ends: its buffer is cleared and it gets
+        an ended state (later items are dead-lettered ``stream_ended``) and one ``unreadable_state``
+        dead letter; nothing is released for it again."""
+        buffer.clear()
+        state = KeyState(key, np.zeros(0, dtype=np.uint8), 0, ended=True, stream_ended=True)
+        return state, [_dead(UNREADABLE_STATE, f"the key's state cannot be read ({detail[:200]}); its stream ends", key)]
+
+    def release_time(self, step: int) -> int | None:
+        """The public time (µs) of step ``step``'s releases: its end plus the grace (None without a clock)."""
+        return None if self.clock is None else self.clock.step_end_micros(step) + self.grace
+
+    def _decode(self, encoded: bytes) -> Any:
+        """A mechanism state; :class:`UnreadableState` when this version cannot read it."""
+        try:
+            return self.policy.mechanism.decode_state(encoded)
+        except ValueError as exc:
+            raise UnreadableState(f"mechanism state: {exc}") from exc
 
     def timer(self, state: KeyState, every: int = 1) -> int | None:
         """When (µs) the engine should next report the watermark: the close of the first open step whose
@@ -125,7 +166,7 @@ class StepDriver:
 
         An engine that cannot read the watermark (Beam) arms one timer per ``every`` (its ladder, e.g.
         1, 4, 16): after a watermark jump of N steps the firings prove it in about N/16 rounds, not N."""
-        if self.clock is None or state.ended:
+        if self.clock is None or state.ended or state.next_step < 1:
             return None
         step = -(-state.next_step // every) * every
         if self.last_step is not None:
@@ -150,6 +191,8 @@ class StepDriver:
             return [_dead(Reason.STREAM_ENDED, "the stream has ended at its public horizon", key, original)]
         if self.block_size is not None:
             return self._add_count(state, buffer, item)
+        if state.provisional and step >= 1 and (state.next_step < 1 or step < state.next_step):
+            state.next_step, state.offset = step, step - 1  # nothing closed yet: open at the lowest item
         if state.ended or step < state.next_step:
             reason, detail = self.policy.late(step)
             return [_dead(reason, detail, key, original)]
@@ -172,7 +215,7 @@ class StepDriver:
         state.buffered = 0
         mechanism = self.policy.mechanism
         out: list[Output] = []
-        new = self._close_one(state, buffer, mechanism.decode_state(_as_bytes(state.mechanism)), state.next_step,
+        new = self._close_one(state, buffer, self._decode(_as_bytes(state.mechanism)), state.next_step,
                               items, None, out)
         if new is not None:
             state.mechanism = _as_array(mechanism.encode_state(new))
@@ -183,6 +226,7 @@ class StepDriver:
     def advance(self, state: KeyState, buffer: Buffer, watermark: int) -> list[Output]:
         """The watermark (µs) reached ``watermark``: close every step whose end + grace it passed."""
         state.watermark = watermark if state.watermark is None else max(state.watermark, watermark)
+        state.provisional = False
         return self.close_through(state, buffer, int(self.clock.step_of_micros(watermark - self.grace)) - 1)
 
     def close_marked(self, state: KeyState, buffer: Buffer, step: int, original: Any = None) -> list[Output]:
@@ -211,7 +255,7 @@ class StepDriver:
             else:
                 keep.append((step, item))
         mechanism = self.policy.mechanism
-        mech_state = mechanism.decode_state(_as_bytes(state.mechanism))
+        mech_state = self._decode(_as_bytes(state.mechanism))
         context = self.policy.begin(carried, upto - state.next_step + 1)
         if admits and consumed:
             mech_state = self.policy.admit(mech_state, [item for _, item in keep] + carried +
@@ -267,7 +311,10 @@ class StepDriver:
         """The watermark reached +infinity: release what the end rule allows, dead-letter the rest."""
         if state.ended:
             return []
-        if self.clock is None:
+        state.provisional = False
+        if self.clock is not None and state.next_step < 1:  # a provisional key that never got a step
+            upto = -1
+        elif self.clock is None:
             upto = self.last_step if self.block_size is None and self.last_step is not None else state.next_step - 1
         elif state.watermark is None:
             upto = self.last_step if self.last_step is not None else state.next_step - 1

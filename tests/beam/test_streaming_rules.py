@@ -115,19 +115,22 @@ def test_watermark_at_infinity_ends_an_open_clock_cleanly(groups):
 
 
 def test_a_stream_first_seen_late_never_releases_behind_the_watermark(groups):
+    """A new stream opens at the lowest step of the items it gets before its first close timer fires
+    (keyed state and timers only: no worker memory); an item for a step before that is late."""
     params = ContinualSumParams(dim=1, epsilon=1.0, clip_bound=1.0, clock=OPEN)
     a = [("a", 5.0, [0.5]), ("a", 15.0, [0.5])]
-    late = [("late", 55.0, [0.5])]
+    late = [("late", 61.0, [0.5]), ("late", 55.0, [0.25])]
     stream = (TestStream().add_elements(_at(*a))
               .advance_watermark_to(52)                          # closes steps 1..5
-              .add_elements(_at(("late", 12.0, [1.0]), *late))  # step 2: late; step 6: its first release
+              .add_elements(_at(*late))                          # steps 7 then 6: "late" opens at step 6
+              .advance_watermark_to(62)                          # its first firing closes step 6
+              .add_elements(_at(("late", 12.0, [1.0]), ("late", 58.0, [1.0])))  # steps 2 and 6: late
               .advance_watermark_to(72)
               .advance_watermark_to_infinity())
-    # "late" is first seen when steps 1..5 are closed: its releases are steps 6.. (its own steps 1..),
-    # up to the furthest rung at the end (step 16)
+    # "late"'s releases are steps 6.. (its own steps 1..), up to the furthest rung at the end (step 16)
     expected = _expected(params, a, 16) + _expected(params, late, 16, first_step=6)
     assert sorted(r.step for r in expected if r.stream == "late") == list(range(6, 17))
-    _run(stream, params, expected, {Reason.LATE: 1}, groups)
+    _run(stream, params, expected, {Reason.LATE: 2}, groups)
 
 
 def test_a_watermark_jump_closes_every_passed_step_in_few_firing_rounds(groups):

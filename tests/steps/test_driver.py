@@ -161,3 +161,27 @@ def test_closing_steps_without_buffered_items_never_reads_the_buffer():
     assert _steps(driver.advance(state, buf, 60 * S)) == [1, 2, 3, 4, 5, 6]  # step 7 is not yet closed
     with pytest.raises(AssertionError, match="buffer was read"):
         driver.advance(state, buf, 70 * S)
+
+
+def test_a_provisional_key_opens_at_its_lowest_item_until_its_first_firing():
+    """An engine without the watermark (Beam): the key's first step is the lowest step of the items it
+    gets before its first close timer fires; that firing fixes it, and a lower item is then late."""
+    driver = _driver()
+    state, buf = driver.open("a", provisional=True), ListBuffer()
+    assert state.provisional and driver.timer(state) is None  # no step yet: no close timer
+    driver.add(state, buf, 9, _block(driver), "e9")
+    assert (state.next_step, state.offset) == (9, 8) and driver.timer(state) == 90 * S
+    driver.add(state, buf, 7, _block(driver), "e7")  # a lower item before any firing moves it
+    driver.add(state, buf, 8, _block(driver), "e8")
+    assert (state.next_step, state.offset) == (7, 6) and driver.timer(state) == 70 * S
+    out = driver.advance(state, buf, 70 * S)  # the first firing: step 7 closes, the first step is fixed
+    assert _steps(out) == [7] and not state.provisional
+    late = driver.add(state, buf, 6, _block(driver), "e6")
+    assert [(d.reason, d.element) for d in _steps(late, DEAD_LETTER)] == [(Reason.LATE, "e6")]
+    assert _steps(driver.advance(state, buf, 90 * S)) == [8, 9]
+    declared = driver.open("b", provisional=True)
+    driver.add(declared, ListBuffer(), 9, _block(driver), "e")
+    driver.declare(declared)  # a declaration: step 1, fixed
+    assert (declared.next_step, declared.offset, declared.provisional) == (1, 0, False)
+    never = driver.open("c", provisional=True)  # no item ever: nothing to release at the end
+    assert driver.finish(never, ListBuffer()) == [] and never.ended

@@ -130,6 +130,9 @@ def test_streaming_template_translates_to_pubsub_in_and_out(monkeypatch):
     for sink in ("WriteReleases", "WriteDeadLetters"):  # Beam's Pub/Sub sink (Dataflow swaps in its native one)
         assert f"{sink}/WriteToPubSub/ParDo(_PubSubWriteDoFn)" in leaves
     assert any(name.startswith("ContinualSum/") and "Release" in name for name in leaves)
+    assert any(name.startswith("WithReleaseId/") for name in leaves)  # the (stream, step) id attribute
+    # the template exposes the grace and the stream groups (256 by default: a group-keyed release stage)
+    assert any(name.startswith("ContinualSum/") and "256 stream groups" in name for name in leaves)
 
 
 @pytest.mark.slow
