@@ -64,7 +64,7 @@ def plan(options) -> Plan:
     from apache_beam.options.pipeline_options import StandardOptions
 
     from beam_dp.beam import ContinualCountParams, ContinualSumParams, WindowedSumParams
-    from beam_dp.core import StepClock
+    from pipelines.spec import step_clock
     from pipelines.common import check_source, match_files
 
     opts = options.view_as(options_class(NAME))
@@ -101,7 +101,7 @@ def plan(options) -> Plan:
             raise UsageError(f"--dim is required with --source {opts.source}")
         else:
             dim = opts.dim
-    clock = params_or_usage_error(lambda: StepClock(start=start, period=period, end=end), "step schedule")
+    clock = params_or_usage_error(lambda: step_clock(opts, start, period, end), "step schedule")
     names = ["sum"] + ["count"] * bool(opts.count) + ["windowed"] * bool(window)
     budget = budget_shares(opts, names)  # --epsilon/--delta are the job's total
     common = dict(noise=opts.noise, calibration=opts.calibration, clock=clock,

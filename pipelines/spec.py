@@ -17,8 +17,11 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
 
-__all__ = ["JOBS", "NOT_EXPOSED", "Param", "add_flags", "boolean", "flex_metadata", "job_params", "yaml_args_doc",
-           "yaml_signature"]
+from beam_dp.core.clock import StepClock
+from beam_dp.core.limits import MAX_STEPS, MAX_STREAM_STEPS
+
+__all__ = ["JOBS", "NOT_EXPOSED", "Param", "add_flags", "boolean", "flex_metadata", "job_params", "step_clock",
+           "yaml_args_doc", "yaml_signature"]
 
 _NUMBER = r"^[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?$"
 _POSITIVE_INT = r"^[1-9][0-9]*$"
@@ -144,7 +147,19 @@ SCHEDULE = (
     P("period", "Step length in seconds.", kind="float", fields=("clock",)),
     P("end", "Public end (exclusive), epoch seconds (required for a batch replay; streaming: optional).",
       kind="float", fields=("clock",)),
+    P("max_steps", "Refuse a schedule of more steps per stream than this (a typo such as --period 1e-6 --end 1e12 "
+      "would otherwise run for ever).", kind="int", default=MAX_STEPS, regex=_POSITIVE_INT, fields=("clock",),
+      yaml=False),
+    P("max_stream_steps", "Refuse a schedule whose steps times declared streams exceed this.", kind="int",
+      default=MAX_STREAM_STEPS, regex=_POSITIVE_INT, fields=("clock",), yaml=False),
 )
+
+
+def step_clock(opts: Any, start: float, period: float, end: float | None) -> StepClock:
+    """The job's public schedule with its size caps (``--max-steps``, ``--max-stream-steps``);
+    ``ValueError`` naming the numbers when it is too large."""
+    return StepClock(start=start, period=period, end=end, max_steps=opts.max_steps,
+                     max_stream_steps=opts.max_stream_steps)
 LATENESS = (P("allowed_lateness", "Seconds after a step's end during which late events still count (the step "
               "then releases later); later events are dead-lettered.", kind="float", fields=("allowed_lateness",)),)
 EPSILON = P("epsilon", "Total privacy budget epsilon of the job per contribution (split between its transforms).",

@@ -114,7 +114,7 @@ class GrowingDatabaseParams:
         if self.mechanism not in ("pmwg", "bbscheduler", "bbimprover"):
             raise ValueError(f"mechanism must be 'pmwg', 'bbscheduler' or 'bbimprover', got {self.mechanism!r}")
         check_streams(self)
-        check_clock(self.clock)
+        check_clock(self.clock, self.streams)
         check_count("n", self.n)
         check_number("epsilon", self.epsilon, *EPSILON_RANGE)
         check_delta(self.delta)

@@ -149,7 +149,7 @@ class IncrementalRegressionParams:
     def __post_init__(self) -> None:
         check_schedule(self.clock, self.block_size, self.allowed_lateness)
         check_streams(self)
-        check_clock(self.clock)
+        check_clock(self.clock, self.streams)
         check_count("dim", self.dim, 1, MAX_DIM)
         check_number("epsilon", self.epsilon, *EPSILON_RANGE)
         check_delta(self.delta)
