@@ -20,8 +20,8 @@ from typing import Any, Callable, List, Optional
 from beam_dp.core.clock import StepClock
 from beam_dp.core.limits import MAX_STEPS, MAX_STREAM_STEPS
 
-__all__ = ["JOBS", "NOT_EXPOSED", "Param", "add_flags", "boolean", "flex_metadata", "job_params", "step_clock",
-           "yaml_args_doc", "yaml_signature"]
+__all__ = ["JOBS", "NOT_EXPOSED", "RULES", "Param", "Rule", "add_flags", "boolean", "flex_metadata", "job_params", "step_clock",
+           "validate", "yaml_args_doc", "yaml_signature"]
 
 _NUMBER = r"^[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?$"
 _POSITIVE_INT = r"^[1-9][0-9]*$"
@@ -361,6 +361,40 @@ JOBS: dict[str, tuple[Param, ...]] = {
           fields=("torch_threads",)),
         STREAMS) + KEY + RUN,
 }
+
+@dataclass(frozen=True)
+class Rule:
+    """A rule between a job's flags that its params API enforces: ``refuses(opts)`` is true for the
+    parsed options the API would refuse, ``message`` says why and which flag to change."""
+
+    refuses: Callable[[Any], bool]
+    message: str
+
+
+def _pure_with_delta(opts: Any) -> bool:
+    return (getattr(opts, "noise", None) or "gamma") == "gamma" and bool(opts.delta)
+
+
+_PURE_DELTA = Rule(_pure_with_delta, "--delta must be 0 with --noise gamma (K-norm noise is pure epsilon-DP, so the "
+                                     "API refuses a delta): leave --delta out or use --noise gaussian")
+
+#: the cross-flag rules of each job (the API's refusals that a job's own arithmetic, e.g. the job budget
+#: split, would otherwise hide); checked by :func:`validate` before anything runs
+RULES: dict[str, tuple[Rule, ...]] = {
+    "continual_stats": (_PURE_DELTA,),
+    "model_release": (_PURE_DELTA,),
+    "online_learning": (Rule(lambda o: o.learner == "online" and _pure_with_delta(o), _PURE_DELTA.message),),
+    "growing_db_queries": (),
+    "lifelong": (),
+}
+
+
+def validate(job: str, opts: Any) -> None:
+    """Refuse (``ValueError``) parsed options that break one of the job's :data:`RULES`."""
+    for rule in RULES[job]:
+        if rule.refuses(opts):
+            raise ValueError(rule.message)
+
 
 #: params fields a job does not expose, and why (a test checks every other field has a parameter).
 NOT_EXPOSED: dict[str, str] = {
