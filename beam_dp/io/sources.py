@@ -21,7 +21,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_dp.io.tables import iter_parquet_batches, read_csv_batches
 from beam_dp.steps.events import DEAD_LETTER, DETAIL, DeadLetter, EventBatch, Reason, to_micros
 
-__all__ = ["STRUCTURAL", "ReadEventFiles", "StructuralInputError", "value_columns"]
+__all__ = ["STRUCTURAL", "ReadEventFiles", "StructuralInputError", "nested_value_column", "value_columns"]
 
 #: Marks an error that rejects a whole file for one structural cause (a missing column, a column of
 #: the wrong type); a job's runner turns it into a one-line usage error instead of a traceback.
@@ -96,6 +96,19 @@ def _stream_ids(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return ids, ok
 
 
+def nested_value_column(schema: pa.Schema, columns: list[str]) -> str | None:
+    """What is wrong with the first value column of ``schema`` that holds lists, structs or maps
+    (a value column holds one number per row), naming its Arrow type; None if none does."""
+    for name in columns:
+        kind = schema.field(name).type
+        if pa.types.is_nested(kind):
+            what = ("structs" if pa.types.is_struct(kind) else "maps" if pa.types.is_map(kind)
+                    else "lists" if pa.types.is_list(kind) or pa.types.is_large_list(kind)
+                    or pa.types.is_fixed_size_list(kind) else "nested values")
+            return f"value column {name!r} holds {what} ({kind}): give one number per column, value_0..value_{{d-1}}"
+    return None
+
+
 class _BadRows:
     """pyarrow's invalid-row handler: remember the row text, skip the row."""
 
@@ -150,9 +163,9 @@ class _ReadEventFile(beam.DoFn):
             cols = value_columns(names)
         except ValueError as exc:
             raise StructuralInputError(path, str(exc)) from None
-        nested = [n for n in cols if pa.types.is_nested(batch.schema.field(n).type)]
-        if nested:
-            raise StructuralInputError(path, f"value column {nested[0]!r} holds lists: use value_0..value_{{d-1}}")
+        problem = nested_value_column(batch.schema, cols)
+        if problem:
+            raise StructuralInputError(path, problem)
         streams, utf8 = _stream_ids(batch.column("stream_id"))
         for i in np.flatnonzero(~utf8):
             row = {name: batch.column(name)[i].as_py() for name in names}
