@@ -50,6 +50,13 @@ def _erm(seed: int, replace: bool = False) -> list[LabelledRows]:
     return blocks
 
 
+def _erm_family(mechanism, seed: int, **schedule) -> tuple:
+    """An ERM family entry: blocks of 2 rows, the neighbour replaces one value at the same position."""
+    model = SoftmaxRegression(n_features=1, n_classes=2)
+    return (lambda: mechanism(model=model, lam=1.0, epsilon=1.0, **schedule), _erm(seed), [_erm(seed, replace=True)],
+            set())
+
+
 def _growing(elements: list[int]) -> list[GrowingBlock]:
     queries = (Query(4, "a", np.array([1.0, 0, 0, 0])), Query(6, "b", np.array([0, 1.0, 1.0, 0])))
     return [GrowingBlock(np.array(elements[:4]), queries[:1]), GrowingBlock(np.array(elements[4:]), queries[1:])]
@@ -85,20 +92,8 @@ FAMILIES = {
         [_growing([0, 3, 0, 0, 1, 2])],
         set(),
     ),
-    "ERM continual (replace-one, positions public)": (
-        lambda: ContinualReleaseMechanism(update=2, base=4, model=SoftmaxRegression(n_features=1, n_classes=2),
-                                          lam=1.0, epsilon=1.0),
-        _erm(0),
-        [_erm(0, replace=True)],
-        set(),
-    ),
-    "ERM sliding window (replace-one, positions public)": (
-        lambda: SlidingWindowMechanism(block=2, levels=2, model=SoftmaxRegression(n_features=1, n_classes=2),
-                                       lam=1.0, epsilon=1.0),
-        _erm(1),
-        [_erm(1, replace=True)],
-        set(),
-    ),
+    "ERM continual (replace-one, positions public)": _erm_family(ContinualReleaseMechanism, 0, update=2, base=4),
+    "ERM sliding window (replace-one, positions public)": _erm_family(SlidingWindowMechanism, 1, block=2, levels=2),
     "online learning (replace-one record per step)": (
         lambda: WDPCOCOP(dim=2, constraint=L2Ball(2), loss="logistic", mu=0.5, epsilon=1.0, window=4),
         _online(0.0),
