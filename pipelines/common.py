@@ -212,9 +212,9 @@ class ReadMessages(beam.PTransform):
 
 # -- dead letters and summaries ------------------------------------------------------------------
 def dead_letter_json(letter: DeadLetter, stage: str) -> str:
-    """One dead letter as a JSON line: stage, reason, value-free detail, stream, the element (repr, cut)."""
-    return json.dumps({"stage": stage, "reason": letter.reason, "detail": letter.detail, "stream": letter.stream,
-                       "element": repr(letter.element)[:2000]})
+    """One dead letter as a JSON line (``DeadLetter.to_json``: stage, reason, value-free detail, stream,
+    source, the element as JSON values as read)."""
+    return json.dumps(letter.to_json(stage), allow_nan=False)
 
 
 class _WriteBundleFiles(beam.DoFn):

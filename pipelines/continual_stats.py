@@ -64,7 +64,7 @@ def plan(options) -> Plan:
     from apache_beam.options.pipeline_options import StandardOptions
 
     from beam_dp.beam import ContinualCountParams, ContinualSumParams, WindowedSumParams
-    from beam_dp.core import StepClock
+    from pipelines.spec import step_clock
     from pipelines.common import check_source, match_files
 
     opts = options.view_as(options_class(NAME))
@@ -101,7 +101,7 @@ def plan(options) -> Plan:
             raise UsageError(f"--dim is required with --source {opts.source}")
         else:
             dim = opts.dim
-    clock = params_or_usage_error(lambda: StepClock(start=start, period=period, end=end), "step schedule")
+    clock = params_or_usage_error(lambda: step_clock(opts, start, period, end), "step schedule")
     names = ["sum"] + ["count"] * bool(opts.count) + ["windowed"] * bool(window)
     budget = budget_shares(opts, names)  # --epsilon/--delta are the job's total
     common = dict(noise=opts.noise, calibration=opts.calibration, clock=clock,
@@ -162,19 +162,18 @@ def build(pipeline, job: Plan, opts, messages=None) -> dict:
 
 def _dim_of(path: str) -> int:
     """The value dimension from the first file's header; a usage error for a header the job cannot use."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
     from apache_beam.io.filesystems import FileSystems
 
-    from beam_dp.io.sources import value_columns
+    from beam_dp.io.sources import nested_value_column, value_columns
 
     try:
         with FileSystems.open(path) as fh:
             if path.endswith(".parquet"):
                 schema = pq.ParquetFile(fh).schema_arrow
-                names, nested = schema.names, [f.name for f in schema if pa.types.is_nested(f.type)]
+                names = schema.names
             else:
-                names, nested = [n.strip() for n in fh.readline().decode("utf-8").split(",")], []
+                names, schema = [n.strip() for n in fh.readline().decode("utf-8").split(",")], None
     except Exception as exc:  # unreadable header or file
         raise UsageError(f"cannot read the header of {path}: {type(exc).__name__}") from None
     require_columns(names, ("stream_id", "timestamp"), "--input")
@@ -182,8 +181,9 @@ def _dim_of(path: str) -> int:
         columns = value_columns(names)
     except ValueError as exc:
         raise UsageError(f"--input {path}: {exc}") from None
-    if set(columns) & set(nested):
-        raise UsageError(f"--input {path}: a value column holds lists: use value_0..value_{{d-1}}")
+    problem = None if schema is None else nested_value_column(schema, columns)
+    if problem:
+        raise UsageError(f"--input {path}: {problem}")
     return len(columns)
 
 

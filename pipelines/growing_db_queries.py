@@ -76,7 +76,7 @@ def plan(options) -> Plan:
     from apache_beam.options.pipeline_options import StandardOptions
 
     from beam_dp.beam import GrowingDatabaseParams
-    from beam_dp.core import StepClock
+    from pipelines.spec import step_clock
     from pipelines.common import check_source
 
     opts = options.view_as(options_class(NAME))
@@ -112,7 +112,7 @@ def plan(options) -> Plan:
             fields = () if "record" in header else tuple(f.name for f in universe.fields)  # JSON: {"record": {..}}
             require_columns(header, ("stream_id", "timestamp") + fields, "--input")
             require_columns(column_names(queries, "--queries"), ("stream_id", "query_id", "t"), "--queries")
-    clock = params_or_usage_error(lambda: StepClock(start=start, period=period, end=end), "step schedule")
+    clock = params_or_usage_error(lambda: step_clock(opts, start, period, end), "step schedule")
     params = params_or_usage_error(lambda: GrowingDatabaseParams(
         universe=universe, n=opts.n, epsilon=opts.epsilon, delta=opts.delta, clock=clock, mechanism=opts.mechanism,
         alpha=opts.alpha, a=opts.a, xi_n=opts.xi_n, beta=opts.beta, gamma=opts.gamma, snapshots=opts.snapshots,

@@ -66,7 +66,7 @@ def plan(options) -> Plan:
     from apache_beam.options.pipeline_options import StandardOptions
 
     from beam_dp.beam import IncrementalRegressionParams, OnlineLearnerParams
-    from beam_dp.core import StepClock
+    from pipelines.spec import step_clock
     from pipelines.common import check_source
 
     opts = options.view_as(options_class(NAME))
@@ -99,7 +99,7 @@ def plan(options) -> Plan:
             raise UsageError("event-time steps need --start, --period and (for a batch replay) --end")
         if block_size is not None:
             raise UsageError("give --block-size or --start/--period, not both")
-        clock = params_or_usage_error(lambda: StepClock(start=opts.start, period=opts.period, end=opts.end),
+        clock = params_or_usage_error(lambda: step_clock(opts, opts.start, opts.period, opts.end),
                                       "step schedule")
     elif block_size is None:
         block_size = 16

@@ -42,5 +42,8 @@ def require_columns(names: list[str], required: tuple[str, ...], flag: str) -> N
     row dead-lettered for the same reason."""
     missing = [c for c in required if c not in names]
     if missing:
-        shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
-        raise UsageError(f"{flag} has no column {missing[0]!r} (needs {', '.join(required)}; has {shown})"[:400])
+        # a name with invisible characters (a byte-order mark, a zero-width space) is shown escaped
+        shown = ", ".join(n if n.isprintable() else repr(n) for n in names[:8]) + (", ..." if len(names) > 8 else "")
+        hint = "; the file starts with a UTF-8 byte-order mark (\\ufeff): save it without one" if (
+            names and names[0].startswith("\ufeff")) else ""
+        raise UsageError(f"{flag} has no column {missing[0]!r} (needs {', '.join(required)}; has {shown}{hint})"[:400])

@@ -262,6 +262,7 @@ def run_cli(argv: list[str] | None, job: Job) -> int:
         from apache_beam.options.pipeline_options import StandardOptions
 
         streaming = bool(options.view_as(StandardOptions).streaming)
+        params_or_usage_error(lambda: spec.validate(job.name, options.view_as(options_class(job.name))), "flags")
         check_noise_key(options.view_as(options_class(job.name)), runner_name(options), streaming)
         summary = run(options, job, job.plan(options))
     except UsageError as exc:

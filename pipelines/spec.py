@@ -17,8 +17,11 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
 
-__all__ = ["JOBS", "NOT_EXPOSED", "Param", "add_flags", "boolean", "flex_metadata", "job_params", "yaml_args_doc",
-           "yaml_signature"]
+from beam_dp.core.clock import StepClock
+from beam_dp.core.limits import MAX_STEPS, MAX_STREAM_STEPS
+
+__all__ = ["JOBS", "NOT_EXPOSED", "RULES", "Param", "Rule", "add_flags", "boolean", "flex_metadata", "job_params", "step_clock",
+           "validate", "yaml_args_doc", "yaml_signature"]
 
 _NUMBER = r"^[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?$"
 _POSITIVE_INT = r"^[1-9][0-9]*$"
@@ -144,7 +147,19 @@ SCHEDULE = (
     P("period", "Step length in seconds.", kind="float", fields=("clock",)),
     P("end", "Public end (exclusive), epoch seconds (required for a batch replay; streaming: optional).",
       kind="float", fields=("clock",)),
+    P("max_steps", "Refuse a schedule of more steps per stream than this (a typo such as --period 1e-6 --end 1e12 "
+      "would otherwise run for ever).", kind="int", default=MAX_STEPS, regex=_POSITIVE_INT, fields=("clock",),
+      yaml=False),
+    P("max_stream_steps", "Refuse a schedule whose steps times declared streams exceed this.", kind="int",
+      default=MAX_STREAM_STEPS, regex=_POSITIVE_INT, fields=("clock",), yaml=False),
 )
+
+
+def step_clock(opts: Any, start: float, period: float, end: float | None) -> StepClock:
+    """The job's public schedule with its size caps (``--max-steps``, ``--max-stream-steps``);
+    ``ValueError`` naming the numbers when it is too large."""
+    return StepClock(start=start, period=period, end=end, max_steps=opts.max_steps,
+                     max_stream_steps=opts.max_stream_steps)
 LATENESS = (P("allowed_lateness", "Seconds after a step's end during which late events still count (the step "
               "then releases later); later events are dead-lettered.", kind="float", fields=("allowed_lateness",)),)
 EPSILON = P("epsilon", "Total privacy budget epsilon of the job per contribution (split between its transforms).",
@@ -347,6 +362,40 @@ JOBS: dict[str, tuple[Param, ...]] = {
           fields=("torch_threads",)),
         STREAMS) + KEY + RUN,
 }
+
+@dataclass(frozen=True)
+class Rule:
+    """A rule between a job's flags that its params API enforces: ``refuses(opts)`` is true for the
+    parsed options the API would refuse, ``message`` says why and which flag to change."""
+
+    refuses: Callable[[Any], bool]
+    message: str
+
+
+def _pure_with_delta(opts: Any) -> bool:
+    return (getattr(opts, "noise", None) or "gamma") == "gamma" and bool(opts.delta)
+
+
+_PURE_DELTA = Rule(_pure_with_delta, "--delta must be 0 with --noise gamma (K-norm noise is pure epsilon-DP, so the "
+                                     "API refuses a delta): leave --delta out or use --noise gaussian")
+
+#: the cross-flag rules of each job (the API's refusals that a job's own arithmetic, e.g. the job budget
+#: split, would otherwise hide); checked by :func:`validate` before anything runs
+RULES: dict[str, tuple[Rule, ...]] = {
+    "continual_stats": (_PURE_DELTA,),
+    "model_release": (_PURE_DELTA,),
+    "online_learning": (Rule(lambda o: o.learner == "online" and _pure_with_delta(o), _PURE_DELTA.message),),
+    "growing_db_queries": (),
+    "lifelong": (),
+}
+
+
+def validate(job: str, opts: Any) -> None:
+    """Refuse (``ValueError``) parsed options that break one of the job's :data:`RULES`."""
+    for rule in RULES[job]:
+        if rule.refuses(opts):
+            raise ValueError(rule.message)
+
 
 #: params fields a job does not expose, and why (a test checks every other field has a parameter).
 NOT_EXPOSED: dict[str, str] = {

@@ -66,6 +66,7 @@ from beam_dp.io.schema import ReleaseRow
 from beam_dp.mechanisms.stream_groups import groups_for
 from beam_dp.steps.schema import ReleaseColumns
 from beam_dp.mechanisms.universe import Universe
+from beam_dp.steps.events import json_value
 from pipelines import spec
 from pipelines.growing_db_queries import parse_universe, to_element, to_query
 from pipelines.model_release import to_example
@@ -89,7 +90,7 @@ ReleaseRecord = NamedTuple("ReleaseRecord", [
     ("job_epsilon_spent", float), ("job_delta_spent", float), ("job_epsilon_budget", float),
     ("job_delta_budget", float)])
 DeadLetterRow = NamedTuple("DeadLetterRow", [
-    ("reason", str), ("detail", str), ("stream", Optional[str]), ("element", str)])
+    ("reason", str), ("detail", str), ("stream", Optional[str]), ("source", Optional[str]), ("element", str)])
 assert ReleaseRecord._fields == ReleaseRow._fields, "keep ReleaseRecord in step with beam_dp.io.ReleaseRow"
 for _row_type in (ReleaseRecord, DeadLetterRow):
     beam.coders.registry.register_coder(_row_type, beam.coders.RowCoder)
@@ -111,7 +112,9 @@ def _as_event(row: Any) -> Any:
 
 
 def _dead_letter_row(letter) -> DeadLetterRow:
-    return DeadLetterRow(letter.reason, letter.detail, letter.stream, repr(letter.element)[:2000])
+    """A dead letter as a YAML row; ``element`` is the rejected input as JSON text (``DeadLetter.to_json``)."""
+    return DeadLetterRow(letter.reason, letter.detail, letter.stream, letter.source,
+                         json.dumps(json_value(letter.element), allow_nan=False))
 
 
 def _records(release: Any) -> list:

@@ -200,9 +200,9 @@ class ParseLabelledExamples(beam.DoFn):
         self._elements = Metrics.counter(namespace, "elements")
         self._dead = Metrics.counter(namespace, "dead_letters")
 
-    def _dead_letter(self, reason: str, detail: str, stream: str | None, element: Any):
+    def _dead_letter(self, reason: str, detail: str, stream: str | None, element: Any, source: str | None = None):
         self._dead.inc()
-        return beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(reason, detail, stream, element))
+        return beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(reason, detail, stream, element, source))
 
     def _label(self, label: Any) -> int | float:
         if self._classes is not None:
@@ -228,10 +228,10 @@ class ParseLabelledExamples(beam.DoFn):
             yield self._dead_letter(*stream)
             return
         try:
-            x = coerce_value(features, self._n_features)
+            x = coerce_value(features, self._n_features, "features")
         except ValueError as exc:
             reason, _, detail = str(exc).partition(": ")
-            yield self._dead_letter(reason, f"features: {detail}", stream, element)
+            yield self._dead_letter(reason, detail, stream, element)
             return
         try:
             y = self._label(label)

@@ -50,7 +50,7 @@ from beam_dp.core.clock import StepClock
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
 from beam_dp.steps.driver import CARRIED, SNAPSHOTS, StepDriver
-from beam_dp.steps.events import DEAD_LETTER, DeadLetter, Reason, checked_stream, timestamp_letter, to_micros
+from beam_dp.steps.events import DEAD_LETTER, DeadLetter, Reason, checked_stream, named_fields, split_event, to_micros
 from beam_dp.steps.params import NoiseKey, check_schedule, check_streams
 from beam_dp.steps.policies import GrowingPolicy, plan_block
 from beam_dp.steps.schema import ReleaseRow
@@ -114,7 +114,7 @@ class GrowingDatabaseParams:
         if self.mechanism not in ("pmwg", "bbscheduler", "bbimprover"):
             raise ValueError(f"mechanism must be 'pmwg', 'bbscheduler' or 'bbimprover', got {self.mechanism!r}")
         check_streams(self)
-        check_clock(self.clock)
+        check_clock(self.clock, self.streams)
         check_count("n", self.n)
         check_number("epsilon", self.epsilon, *EPSILON_RANGE)
         check_delta(self.delta)
@@ -167,14 +167,6 @@ def replay_growing_database(params: GrowingDatabaseParams, stream: str, elements
 
 
 # -- parsing -------------------------------------------------------------------------------------
-def _get(element: Any, names: tuple[str, ...]) -> tuple:
-    if isinstance(element, Mapping):
-        return tuple(element.get(n) for n in names)
-    if hasattr(element, "stream_id"):
-        return tuple(getattr(element, n, None) for n in names)
-    raise ValueError(f"unsupported element type {type(element).__name__}")
-
-
 class _ParseGrowing(beam.DoFn):
     """Validate elements (``kind="element"``) or queries (``"query"``); dead-letter the bad ones."""
 
@@ -188,13 +180,16 @@ class _ParseGrowing(beam.DoFn):
         self._count = Metrics.counter("beam_dp/growing_db", f"{self._kind}s")
 
     def _letter(self, reason: str, detail: str, stream: Any, element: Any):
+        return self._dead_letter(DeadLetter(reason, detail, stream, element))
+
+    def _dead_letter(self, letter: DeadLetter):
         self._dead.inc()
-        return beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(reason, detail, stream, element))
+        return beam.pvalue.TaggedOutput(DEAD_LETTER, letter)
 
     def _stream(self, stream: Any, element: Any):
         checked = checked_stream(stream, self._streams, element)
         if isinstance(checked, DeadLetter):
-            return None, self._letter(*checked)
+            return None, self._dead_letter(checked)
         return checked, None
 
     def process(self, element: Any) -> Iterator:
@@ -204,30 +199,11 @@ class _ParseGrowing(beam.DoFn):
             yield from self._query(element)
 
     def _element(self, element: Any) -> Iterator:
-        try:
-            if isinstance(element, tuple) and not hasattr(element, "_fields"):
-                if len(element) != 3:
-                    raise ValueError("expected (stream_id, timestamp, record)")
-                stream, ts, record = element
-            else:
-                stream, ts, record = _get(element, ("stream_id", "timestamp", "value"))
-        except ValueError as exc:
-            yield self._letter(Reason.MALFORMED, str(exc), None, element)
+        head = split_event(element, ("value",), self._params.clock, self._streams)
+        if isinstance(head, DeadLetter):
+            yield self._dead_letter(head)
             return
-        stream, bad = self._stream(stream, element)
-        if bad is not None:
-            yield bad
-            return
-        try:
-            micros = to_micros(ts)
-        except (ValueError, TypeError, OverflowError) as exc:
-            yield self._letter(*timestamp_letter(exc, stream, element))
-            return
-        where = int(self._params.clock.classify_micros(np.array([micros]))[0])
-        if where:
-            reason = Reason.BEFORE_START if where < 0 else Reason.AFTER_END
-            yield self._letter(reason, "timestamp outside the public schedule", stream, element)
-            return
+        stream, micros, step, (record,) = head
         try:
             index = self._universe.encode_one(record)
         except (ValueError, TypeError) as exc:
@@ -236,7 +212,6 @@ class _ParseGrowing(beam.DoFn):
             yield self._letter(reason, detail or "record not in the universe", stream, element)
             return
         self._count.inc()
-        step = int(self._params.clock.step_of_micros(micros))
         yield stream, ("e", step, micros, index, element)
 
     def _query(self, element: Any) -> Iterator:
@@ -247,7 +222,7 @@ class _ParseGrowing(beam.DoFn):
                 stream, qid, t, weights = element
                 predicate = indices = None
             else:
-                stream, qid, t, weights, predicate, indices = _get(
+                stream, qid, t, weights, predicate, indices = named_fields(
                     element, ("stream_id", "query_id", "t", "weights", "predicate", "indices"))
         except ValueError as exc:
             yield self._letter(Reason.MALFORMED, str(exc), None, element)

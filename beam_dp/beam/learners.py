@@ -36,7 +36,7 @@ from apache_beam.metrics import Metrics
 
 from beam_dp.beam.dofn import ContinualReleaseDoFn
 from beam_dp.beam.domains import bind_noise_domain, release_labels
-from beam_dp.steps.events import DeadLetter, Reason, checked_stream, named_fields, timestamp_letter, to_micros
+from beam_dp.steps.events import DeadLetter, Reason, numeric_array, split_event
 from beam_dp.steps.params import NoiseKey, check_schedule, check_streams
 from beam_dp.core.limits import (EPSILON_RANGE, MAX_DIM, MAX_SCALE, check_clock, check_count, check_delta,
                                  check_number, check_window)
@@ -149,7 +149,7 @@ class IncrementalRegressionParams:
     def __post_init__(self) -> None:
         check_schedule(self.clock, self.block_size, self.allowed_lateness)
         check_streams(self)
-        check_clock(self.clock)
+        check_clock(self.clock, self.streams)
         check_count("dim", self.dim, 1, MAX_DIM)
         check_number("epsilon", self.epsilon, *EPSILON_RANGE)
         check_delta(self.delta)
@@ -178,16 +178,6 @@ class IncrementalRegressionParams:
         return make_incremental_regression(self.algorithm, **kwargs)
 
 
-def _record_fields(element: Any, need_timestamp: bool) -> tuple[Any, Any, Any, Any]:
-    if isinstance(element, tuple) and not hasattr(element, "_fields"):
-        if need_timestamp and len(element) == 4:
-            return element
-        if not need_timestamp and len(element) == 3:
-            return element[0], None, element[1], element[2]
-        raise ValueError(f"expected (stream_id, {'timestamp, ' if need_timestamp else ''}features, label)")
-    return named_fields(element, ("stream_id", "timestamp", "features", "label"))
-
-
 class ParseRecords(beam.DoFn):
     """Validate ``(stream, [timestamp,] features, label)`` records; emit
     ``(stream, (step | None, record, original))`` for ``ContinualReleaseDoFn`` or a dead letter."""
@@ -205,43 +195,18 @@ class ParseRecords(beam.DoFn):
         self._clipped_labels = Metrics.counter(namespace, "clipped_labels")
         self._clipped_features = Metrics.counter(namespace, "clipped_features")
 
-    def _dead_letter(self, reason: str, detail: str, stream: str | None, element: Any):
+    def _dead_letter(self, reason: str, detail: str, stream: str | None, element: Any, source: str | None = None):
         self._dead.inc()
-        return beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(reason, detail, stream, element))
+        return beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(reason, detail, stream, element, source))
 
     def process(self, element: Any) -> Iterator:
+        head = split_event(element, ("features", "label"), self._clock, self._streams)
+        if isinstance(head, DeadLetter):
+            yield self._dead_letter(*head)
+            return
+        stream, _, step, (features, label) = head
         try:
-            stream, ts, features, label = _record_fields(element, self._clock is not None)
-        except ValueError as exc:
-            yield self._dead_letter(Reason.MALFORMED, str(exc), None, element)
-            return
-        stream = checked_stream(stream, self._streams, element)
-        if isinstance(stream, DeadLetter):
-            yield self._dead_letter(*stream)
-            return
-        step = None
-        if self._clock is not None:
-            try:
-                micros = to_micros(ts)
-            except (ValueError, TypeError, OverflowError) as exc:
-                yield self._dead_letter(*timestamp_letter(exc, stream, element))
-                return
-            where = int(self._clock.classify_micros(micros))
-            if where:
-                reason = Reason.BEFORE_START if where < 0 else Reason.AFTER_END
-                yield self._dead_letter(reason, "timestamp outside the public schedule", stream, element)
-                return
-            step = int(self._clock.step_of_micros(micros))
-        if features is None or isinstance(features, (str, bytes)):
-            yield self._dead_letter(Reason.BAD_VALUE, "features missing or text", stream, element)
-            return
-        try:
-            arr = np.asarray(features)
-            if arr.dtype == object:
-                raise ValueError(f"{Reason.BAD_VALUE}: features are not a numeric array")
-            if arr.dtype.kind not in "iuf":  # bool, complex, text: never cast into state (as coerce_value)
-                raise ValueError(f"{Reason.BAD_DTYPE}: features are not real numbers")
-            record = self._mechanism.record(arr.astype(np.float64), label)
+            record = self._mechanism.record(numeric_array(features, "features"), label)
         except (ValueError, TypeError) as exc:
             reason, _, detail = str(exc).partition(": ")
             if reason not in (Reason.WRONG_SHAPE, Reason.NON_FINITE, Reason.BAD_VALUE, Reason.BAD_DTYPE):

@@ -97,8 +97,8 @@ class LifelongParams:
         return config.build()
 
 
-def _dead(reason: str, detail: str, stream, element) -> beam.pvalue.TaggedOutput:
-    return beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(reason, detail, stream, element))
+def _dead(reason: str, detail: str, stream, element, source=None) -> beam.pvalue.TaggedOutput:
+    return beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(reason, detail, stream, element, source))
 
 
 class _ParseTaskRows(beam.DoFn):
@@ -115,9 +115,9 @@ class _ParseTaskRows(beam.DoFn):
         self._dead = Metrics.counter("beam_dp/lifelong", "dead_letters")
         self._rows = Metrics.counter("beam_dp/lifelong", "elements")  # accepted rows: the jobs sum "elements"
 
-    def _reject(self, reason, detail, stream, element):
+    def _reject(self, reason, detail, stream, element, source=None):
         self._dead.inc()
-        return _dead(reason, detail, stream, element)
+        return _dead(reason, detail, stream, element, source)
 
     def process(self, element: Any) -> Iterator:
         if not isinstance(element, tuple) or len(element) not in (3, 4):

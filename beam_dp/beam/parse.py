@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from apache_beam.metrics import Metrics
 
 from beam_dp.core.limits import MAX_ABS_SECONDS, is_utf8
-from beam_dp.steps.events import DEAD_LETTER, DeadLetter, EventBatch, Reason, parse_contribution
+from beam_dp.steps.events import DEAD_LETTER, DETAIL, DeadLetter, EventBatch, Reason, parse_contribution
 from beam_dp.mechanisms.base import ClippedSum
 from beam_dp.mechanisms.stream_groups import GroupBlock, group_key, group_of
 
@@ -120,7 +120,11 @@ class ParseEvents(beam.DoFn):
             return
         if self._clock is None:  # count steps keep arrival order per element
             for i in range(n):
-                yield from self.process(batch.row(i))
+                for out in self.process(batch.row(i)):
+                    source = batch.source_of(i)
+                    if source is not None and isinstance(out, beam.pvalue.TaggedOutput):
+                        out = beam.pvalue.TaggedOutput(DEAD_LETTER, out.value._replace(source=source))
+                    yield out
             return
         reasons = np.full(n, "", dtype=object)
         good_id, arrow_ids = _good_stream_ids(streams)
@@ -142,7 +146,8 @@ class ParseEvents(beam.DoFn):
         bad = np.flatnonzero(reasons != "")
         for i in bad:  # loop over rejected rows only
             stream = streams[i] if good_id[i] else None
-            yield self._dead_letter(DeadLetter(reasons[i], "rejected row of an EventBatch", stream, batch.row(i)))
+            yield self._dead_letter(DeadLetter(reasons[i], DETAIL[reasons[i]], stream, batch.row(i),
+                                               batch.source_of(i)))
         ok = reasons == ""
         if not ok.any():
             return

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from beam_dp.core.limits import MAX_STEPS, MAX_STREAM_STEPS, check_count, check_step_count
+
 __all__ = ["StepClock"]
 
 _MICROS = 1_000_000
@@ -19,11 +21,17 @@ class StepClock:
     ``end`` (exclusive, optional) is the public end of a batch replay: the last step is the one
     that contains ``end - 1µs``. Times are handled in integer microseconds, as Beam does, so step
     boundaries are exact. The schedule (start, period, end) is public; it never depends on data.
+
+    Size caps (public, see :mod:`beam_dp.core.limits`): a bounded schedule has at most ``max_steps``
+    steps per stream (refused here, in O(1)), and at most ``max_stream_steps`` steps times declared
+    streams (checked by the params, which know the streams).
     """
 
     start: float
     period: float
     end: float | None = None
+    max_steps: int = MAX_STEPS
+    max_stream_steps: int = MAX_STREAM_STEPS
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.start):
@@ -34,6 +42,11 @@ class StepClock:
             raise ValueError("period must be at least one microsecond")
         if self.end is not None and not (math.isfinite(self.end) and self.end > self.start):
             raise ValueError(f"end must be finite and after start, got {self.end!r}")
+        check_count("max_steps", self.max_steps)
+        check_count("max_stream_steps", self.max_stream_steps)
+        if self.end is not None:
+            check_step_count(self.last_step, self.max_steps,
+                             f"start {self.start:g} s, period {self.period:g} s, end {self.end:g} s")
 
     @property
     def start_micros(self) -> int:

@@ -18,6 +18,13 @@ Why these numbers:
   regularised solve stay finite and well conditioned.
 * ``MAX_NOISE_STD = 1e150``: a release whose noise std is larger carries no information and its
   variance or its sums overflow float64.
+* ``MAX_STEPS = 10**7`` steps per stream and ``MAX_STREAM_STEPS = 10**10`` steps in total over the
+  declared streams, for a bounded event-time schedule: every step releases (empty ones included), so
+  the work grows with steps × streams whatever the data; at the measured ~10–100 µs per stream-step
+  these are hours of CPU. A larger schedule is usually a typo (``--period 1e-6 --end 1e12`` is 10¹⁸
+  steps) and is refused at once with the numbers; raise a cap on purpose with
+  ``StepClock(max_steps=..., max_stream_steps=...)`` or the jobs' ``--max-steps`` /
+  ``--max-stream-steps``.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from typing import Any, Iterable
 import numpy as np
 
 __all__ = ["EPSILON_RANGE", "LAMBDA_RANGE", "MAX_ABS_SECONDS", "MAX_COUNT", "MAX_DIM", "MAX_WINDOW_CELLS", "MAX_NOISE_STD", "MAX_SCALE", "MIN_SCALE",
-           "check_clock", "check_count", "check_delta", "check_window", "check_noise_std", "check_number", "check_streams", "is_utf8"]
+           "MAX_STEPS", "MAX_STREAM_STEPS", "check_clock", "check_step_count", "check_count", "check_delta", "check_window", "check_noise_std", "check_number", "check_streams", "is_utf8"]
 
 MAX_ABS_SECONDS = 1e12
 MAX_COUNT = 2**62
@@ -39,6 +46,8 @@ LAMBDA_RANGE = (1e-12, 1e12)
 MAX_SCALE = 1e100
 MIN_SCALE = 1e-100
 MAX_NOISE_STD = 1e150
+MAX_STEPS = 10**7
+MAX_STREAM_STEPS = 10**10
 
 
 def is_utf8(text: str) -> bool:
@@ -97,14 +106,30 @@ def check_streams(streams: Any) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(streams))
 
 
-def check_clock(clock: Any) -> None:
-    """The clock's start, end and period must lie within ±``MAX_ABS_SECONDS`` (int64 microseconds)."""
+def check_clock(clock: Any, streams: tuple[str, ...] | None = None) -> None:
+    """The clock's start, end and period must lie within ±``MAX_ABS_SECONDS`` (int64 microseconds),
+    and a bounded schedule times the declared ``streams`` within the clock's ``max_stream_steps``."""
     if clock is None:
         return
     for name in ("start", "end", "period"):
         value = getattr(clock, name)
         if value is not None:
             check_number(f"clock.{name}", value, -MAX_ABS_SECONDS, MAX_ABS_SECONDS)
+    last = clock.last_step
+    if last is not None and isinstance(streams, (tuple, list)) and streams:
+        total = last * len(streams)
+        if total > clock.max_stream_steps:
+            raise ValueError(f"the schedule has {last:,} steps x {len(streams):,} declared streams = {total:,} "
+                             f"stream-steps, above the limit of {clock.max_stream_steps:,}; raise it with "
+                             "max_stream_steps= on the StepClock (jobs: --max-stream-steps) if this is intended")
+
+
+def check_step_count(steps: int, max_steps: int, schedule: str) -> None:
+    """Refuse a bounded schedule of more than ``max_steps`` steps per stream, naming the numbers."""
+    if steps > max_steps:
+        raise ValueError(f"the schedule has {steps:,} steps per stream ({schedule}), above the limit of "
+                         f"{max_steps:,}; raise it with max_steps= on the StepClock (jobs: --max-steps) "
+                         "if this is intended")
 
 
 def check_noise_std(std: float, fields: str) -> None:

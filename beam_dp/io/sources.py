@@ -19,9 +19,9 @@ import pyarrow.csv as pacsv
 from apache_beam.io.filesystems import FileSystems
 
 from beam_dp.io.tables import iter_parquet_batches, read_csv_batches
-from beam_dp.steps.events import DEAD_LETTER, DeadLetter, EventBatch, Reason, to_micros
+from beam_dp.steps.events import DEAD_LETTER, DETAIL, DeadLetter, EventBatch, Reason, to_micros
 
-__all__ = ["STRUCTURAL", "ReadEventFiles", "StructuralInputError", "value_columns"]
+__all__ = ["STRUCTURAL", "ReadEventFiles", "StructuralInputError", "nested_value_column", "value_columns"]
 
 #: Marks an error that rejects a whole file for one structural cause (a missing column, a column of
 #: the wrong type); a job's runner turns it into a one-line usage error instead of a traceback.
@@ -96,14 +96,29 @@ def _stream_ids(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return ids, ok
 
 
+def nested_value_column(schema: pa.Schema, columns: list[str]) -> str | None:
+    """What is wrong with the first value column of ``schema`` that holds lists, structs or maps
+    (a value column holds one number per row), naming its Arrow type; None if none does."""
+    for name in columns:
+        kind = schema.field(name).type
+        if pa.types.is_nested(kind):
+            what = ("structs" if pa.types.is_struct(kind) else "maps" if pa.types.is_map(kind)
+                    else "lists" if pa.types.is_list(kind) or pa.types.is_large_list(kind)
+                    or pa.types.is_fixed_size_list(kind) else "nested values")
+            return f"value column {name!r} holds {what} ({kind}): give one number per column, value_0..value_{{d-1}}"
+    return None
+
+
 class _BadRows:
     """pyarrow's invalid-row handler: remember the row text, skip the row."""
 
     def __init__(self) -> None:
         self.texts: list[str] = []
+        self.lines: list[int | None] = []
 
     def __call__(self, row) -> str:
         self.texts.append(row.text or "")
+        self.lines.append(row.number if row.number is not None and row.number >= 0 else None)
         return "skip"
 
 
@@ -114,10 +129,12 @@ class _ReadEventFile(beam.DoFn):
 
     def process(self, path: str) -> Iterator:
         bad_rows = _BadRows()
+        offset = 0  # records (rows) of the file before the batch
         if path.endswith(".parquet"):
             with FileSystems.open(path) as fh:
                 for batch in iter_parquet_batches(fh, self._batch_rows):
-                    yield from self._convert(batch, path)
+                    yield from self._convert(batch, path, offset)
+                    offset += batch.num_rows
             return
         with FileSystems.open(path) as fh:
             batches = read_csv_batches(
@@ -128,12 +145,17 @@ class _ReadEventFile(beam.DoFn):
                                                      column_types={"stream_id": pa.binary()}),
                 batch_size=self._batch_rows,
             )
-        for text in bad_rows.texts:
-            yield beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(Reason.MALFORMED, "wrong column count", None, text))
+        for text, line in zip(bad_rows.texts, bad_rows.lines):
+            source = path if line is None else f"{path}#line={line}"
+            yield beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(Reason.MALFORMED, "wrong column count", None, text,
+                                                                   source))
         for batch in batches:
-            yield from self._convert(batch, path)
+            yield from self._convert(batch, path, offset)
+            offset += batch.num_rows
 
-    def _convert(self, batch: pa.RecordBatch, path: str) -> Iterator:
+    def _convert(self, batch: pa.RecordBatch, path: str, offset: int) -> Iterator:
+        """Rows of one batch (records ``offset + 1 ..`` of ``path``) -> an ``EventBatch`` of the good
+        rows (with their record numbers) and a dead letter per bad row (with ``path#record=n``)."""
         names = batch.schema.names
         if "stream_id" not in names or (self._timestamps and "timestamp" not in names):
             raise StructuralInputError(path, f"event files need columns stream_id, timestamp, value...; got {names}")
@@ -141,14 +163,14 @@ class _ReadEventFile(beam.DoFn):
             cols = value_columns(names)
         except ValueError as exc:
             raise StructuralInputError(path, str(exc)) from None
-        nested = [n for n in cols if pa.types.is_nested(batch.schema.field(n).type)]
-        if nested:
-            raise StructuralInputError(path, f"value column {nested[0]!r} holds lists: use value_0..value_{{d-1}}")
+        problem = nested_value_column(batch.schema, cols)
+        if problem:
+            raise StructuralInputError(path, problem)
         streams, utf8 = _stream_ids(batch.column("stream_id"))
         for i in np.flatnonzero(~utf8):
             row = {name: batch.column(name)[i].as_py() for name in names}
-            yield beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(Reason.BAD_STREAM_ID, "stream_id is not UTF-8",
-                                                                   None, row))
+            yield beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(
+                Reason.BAD_STREAM_ID, DETAIL[Reason.BAD_STREAM_ID], None, row, f"{path}#record={offset + i + 1}"))
         ok = utf8.copy()
         values = np.empty((batch.num_rows, len(cols)))
         for j, name in enumerate(cols):
@@ -160,9 +182,12 @@ class _ReadEventFile(beam.DoFn):
             ok &= ts_ok
         for i in np.flatnonzero(~ok & utf8):
             row = {name: batch.column(name)[i].as_py() for name in names}
-            yield beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(Reason.MALFORMED, "unparsable number", None, row))
+            row["stream_id"] = streams[i]  # the id as read (UTF-8 text), not the reader's bytes
+            yield beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(
+                Reason.MALFORMED, "unparsable number", streams[i] or None, row, f"{path}#record={offset + i + 1}"))
         if ok.any():
-            yield EventBatch(streams[ok], None if seconds is None else seconds[ok], values[ok])
+            yield EventBatch(streams[ok], None if seconds is None else seconds[ok], values[ok], path,
+                             np.flatnonzero(ok) + offset + 1)
 
 
 class ReadEventFiles(beam.PTransform):

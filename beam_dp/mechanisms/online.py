@@ -344,8 +344,10 @@ class _PrivateFTAL(FreshGroups):
             raise ValueError(f"learner state does not match: x {group.x.shape}, S {group.S.shape} for "
                              f"{len(group.streams)} streams of dim {self.dim}")
         grads = self.loss.grad_rows(group.x, A, b)
-        if not np.isfinite(grads).all():
-            raise ValueError("non-finite gradient")
+        # A custom loss may overflow on a finite record: that row contributes the public zero vector
+        # (norm 0 <= L, so the 2L replace-one bound is unchanged) instead of refusing the step, which
+        # would make whether the group releases depend on the data (issue 23.6).
+        grads = np.where(np.isfinite(grads).all(axis=1)[:, None], grads, 0.0)
         # one contribution per stream of norm <= L <= Δ₂/2 (the tree's R): a clipped sum of count 1
         v, _ = clip_l2(grads, self.lipschitz)
         tree, tree_batch = self.tree.step_group(group.tree, v, np.ones(len(group.streams)), noise)

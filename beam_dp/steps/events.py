@@ -10,7 +10,15 @@ An event is one contribution ``(stream_id, timestamp, value)``. Accepted forms:
 ``timestamp`` is event time in seconds since the epoch (int/float), a ``datetime`` or a Beam
 ``Timestamp``. ``value`` is a number (dim 1) or a sequence/array of ``dim`` finite numbers.
 Every rejected event becomes a :class:`DeadLetter` with a machine-readable ``reason``; the
-``detail`` text never contains the raw value.
+``detail`` text never contains the raw value. :func:`split_event` is the one validation of an
+event's head (fields, stream id, timestamp, place in the public schedule) that every family uses,
+so every family dead-letters with the same reasons and messages; :func:`numeric_array` the one
+check that a value is an array of real numbers.
+
+A dead letter leaves a job as one JSON object (:meth:`DeadLetter.to_json`): ``reason``, ``detail``,
+``stream`` (the stream id whenever it is a valid one), ``source`` (``file:row`` where the reader
+knows it, else null) and ``element``, the rejected input as JSON values as read
+(:func:`json_value`: text, numbers, null, lists, objects; bytes as UTF-8 text) — never a Python repr.
 """
 
 from __future__ import annotations
@@ -25,8 +33,9 @@ import numpy as np
 from beam_dp.core.limits import MAX_ABS_SECONDS, is_utf8
 
 __all__ = [
-    "DEAD_LETTER", "DeadLetter", "EventBatch", "OutOfRange", "Reason", "checked_stream", "coerce_value",
-    "encodable", "named_fields", "parse_contribution", "parse_event", "timestamp_letter", "to_micros",
+    "DEAD_LETTER", "DETAIL", "DeadLetter", "EventBatch", "OutOfRange", "Reason", "checked_stream", "coerce_value",
+    "encodable", "json_value", "named_fields", "numeric_array", "parse_contribution", "parse_event", "split_event",
+    "timestamp_letter", "to_micros", "value_letter",
 ]
 
 DEAD_LETTER = "dead_letter"  # the tag of every engine's dead-letter output
@@ -53,23 +62,77 @@ class Reason:
     UNCLOSED = "unclosed"  # buffered for a step the input ended before (see beam_dp.steps.driver)
 
 
+#: the one message of each check of an event's head (every family; per element and per EventBatch row)
+DETAIL = {
+    Reason.BAD_STREAM_ID: "stream_id must be a non-empty UTF-8 string",
+    Reason.UNDECLARED_STREAM: "stream_id is not among the declared streams",
+    Reason.BAD_TIMESTAMP: "timestamp must be finite epoch seconds, a datetime, a Beam Timestamp or ISO-8601 text",
+    Reason.OUT_OF_RANGE: f"timestamp beyond ±{MAX_ABS_SECONDS:g} s from the epoch",
+    Reason.BEFORE_START: "timestamp outside the public schedule",
+    Reason.AFTER_END: "timestamp outside the public schedule",
+    Reason.NON_FINITE: "non-finite coordinate",
+}
+
+
 class _DeadLetterFields(NamedTuple):
     reason: str
     detail: str
     stream: str | None
     element: Any
+    source: str | None = None
 
 
 class DeadLetter(_DeadLetterFields):
-    """A rejected input: why (``reason``), a value-free explanation, and the original element.
+    """A rejected input: why (``reason``), a value-free explanation, the stream (when its id is valid),
+    the original element and where it was read (``source``: ``file:row`` when the reader knows it).
 
     Text that Beam's coders cannot encode (lone surrogates) and integers beyond int64 in ``stream`` or
     ``element`` are kept as escaped text (``encodable``), so any rejected input can be written out."""
 
     __slots__ = ()
 
-    def __new__(cls, reason: str, detail: str, stream: str | None, element: Any):
-        return super().__new__(cls, reason, detail, encodable(stream), encodable(element))
+    def __new__(cls, reason: str, detail: str, stream: str | None, element: Any, source: str | None = None):
+        return super().__new__(cls, reason, detail, encodable(stream), encodable(element), source)
+
+    def to_json(self, stage: str) -> dict:
+        """The dead letter as one JSON object (see the module docstring); ``json.dumps`` of it round-trips."""
+        return {"stage": stage, "reason": self.reason, "detail": self.detail, "stream": self.stream,
+                "source": self.source, "element": json_value(self.element)}
+
+
+def json_value(value: Any) -> Any:
+    """``value`` as JSON values as read: None, bools, ints and finite floats unchanged; text (bytes
+    decoded as UTF-8, undecodable bytes backslash-escaped); a non-finite float as its text ("nan",
+    "inf", "-inf": JSON has no such number); numpy scalars and arrays, tuples, lists, mappings, Beam
+    rows and :class:`EventBatch` es as numbers, lists and objects; a datetime as ISO-8601 text, a Beam
+    Timestamp as epoch seconds; anything else as its text."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else str(float(value))
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "backslashreplace")
+    if isinstance(value, np.ndarray):
+        return [json_value(v) for v in value.tolist()]
+    if isinstance(value, EventBatch):
+        return {"stream_id": json_value(value.stream_ids),
+                "timestamp": None if value.timestamps is None else json_value(value.timestamps),
+                "value": json_value(value.values)}
+    if isinstance(value, Mapping):
+        return {str(json_value(k)): json_value(v) for k, v in value.items()}
+    if hasattr(value, "as_dict"):  # beam.Row
+        return json_value(value.as_dict())
+    if hasattr(value, "_asdict"):  # a NamedTuple
+        return json_value(value._asdict())
+    if isinstance(value, (list, tuple)):
+        return [json_value(v) for v in value]
+    if isinstance(value, _dt.datetime):
+        return value.isoformat()
+    if hasattr(value, "micros"):  # apache_beam.utils.timestamp.Timestamp
+        return int(value.micros) / 1_000_000
+    return str(value)
 
 
 _INT64 = 2**63
@@ -96,15 +159,25 @@ class OutOfRange(ValueError):
 @dataclass(frozen=True, eq=False)
 class EventBatch:
     """A block of events in columns: ``stream_ids`` (n,) str, ``timestamps`` (n,) float seconds or
-    None (count steps), ``values`` (n, dim) float. Sources that emit these are 5–10× faster than
+    None (count steps), ``values`` (n, dim) float; optionally the ``source`` file and the ``records``
+    (n,) numbers of the rows in it (dead letters then say where a rejected row was read). Sources that emit these are 5–10× faster than
     per-event elements on Beam."""
 
     stream_ids: np.ndarray
     timestamps: np.ndarray | None
     values: np.ndarray
+    # where the rows were read (optional): the file, and each row's record number in it (1-based)
+    source: str | None = None
+    records: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.stream_ids)
+
+    def source_of(self, i: int) -> str | None:
+        """``<file>#record=<n>`` of row ``i`` when the reader said where it came from, else None."""
+        if self.source is None or self.records is None:
+            return None
+        return f"{self.source}#record={int(self.records[i])}"
 
     def row(self, i: int) -> tuple:
         ts = None if self.timestamps is None else float(self.timestamps[i])
@@ -116,7 +189,7 @@ _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
 
 def _in_range(micros: int) -> int:
     if abs(micros) > MAX_ABS_SECONDS * 1_000_000:
-        raise OutOfRange(f"timestamp beyond ±{MAX_ABS_SECONDS:g} s from the epoch")
+        raise OutOfRange(DETAIL[Reason.OUT_OF_RANGE])
     return micros
 
 
@@ -158,92 +231,122 @@ def named_fields(element: Any, names: tuple[str, ...]) -> tuple:
 
 def checked_stream(stream: Any, streams: frozenset[str] | None, element: Any) -> str | DeadLetter:
     """The stream id as a plain ``str``, or the ``DeadLetter`` for a bad or undeclared one."""
-    if not isinstance(stream, str) or not stream:
-        return DeadLetter(Reason.BAD_STREAM_ID, "stream_id must be a non-empty string", None, element)
-    if not is_utf8(stream):
-        return DeadLetter(Reason.BAD_STREAM_ID, "stream_id must be encodable as UTF-8", None, element)
+    if not isinstance(stream, str) or not stream or not is_utf8(stream):
+        return DeadLetter(Reason.BAD_STREAM_ID, DETAIL[Reason.BAD_STREAM_ID], None, element)
     stream = str(stream)  # numpy.str_ would pickle differently and split the key's state
     if streams is not None and stream not in streams:
-        return DeadLetter(Reason.UNDECLARED_STREAM, "stream_id is not among the declared streams", stream, element)
+        return DeadLetter(Reason.UNDECLARED_STREAM, DETAIL[Reason.UNDECLARED_STREAM], stream, element)
     return stream
 
 
-def _fields(element: Any, need_timestamp: bool) -> tuple[Any, Any, Any]:
+def split_event(element: Any, payload: tuple[str, ...], clock: Any, streams: frozenset[str] | None,
+                timestamp: bool | None = None) -> tuple[str, int | None, int | None, tuple] | DeadLetter:
+    """The one validation of an event's head, shared by every family: ``(stream, micros, step,
+    payload values)`` or the :class:`DeadLetter` saying why not.
+
+    The element is a tuple ``(stream_id, timestamp, *payload)`` (``(stream_id, *payload)`` for count
+    steps, ``clock=None``) or a mapping / row with those fields. Checks, in order: the fields
+    (``malformed``), the stream id (``bad_stream_id``, ``undeclared_stream``), the timestamp
+    (``bad_timestamp``, ``out_of_range``) and its place in the clock's public schedule
+    (``before_start``, ``after_end``). ``micros`` and ``step`` are None for count steps.
+    ``timestamp=True`` without a clock checks the timestamp but places it in no schedule (step None)."""
+    timestamp = clock is not None if timestamp is None else timestamp
+    names = ("stream_id",) + ("timestamp",) * timestamp + payload
     if isinstance(element, tuple) and not hasattr(element, "_fields"):
-        if len(element) == 3:
-            return element
-        if len(element) == 2 and not need_timestamp:
-            return element[0], None, element[1]
-        raise ValueError(f"expected (stream_id, timestamp, value), got a {len(element)}-tuple")
-    return named_fields(element, ("stream_id", "timestamp", "value"))
+        if len(element) != len(names):
+            return DeadLetter(Reason.MALFORMED, f"expected ({', '.join(names)}), got a {len(element)}-tuple",
+                              None, element)
+        fields = element
+    else:
+        try:
+            fields = named_fields(element, names)
+        except ValueError as exc:
+            return DeadLetter(Reason.MALFORMED, str(exc), None, element)
+    stream = checked_stream(fields[0], streams, element)
+    if isinstance(stream, DeadLetter):
+        return stream
+    if not timestamp:
+        return stream, None, None, tuple(fields[1:])
+    try:
+        micros = to_micros(fields[1])
+    except (ValueError, TypeError, OverflowError) as exc:
+        return timestamp_letter(exc, stream, element)
+    if clock is None:
+        return stream, micros, None, tuple(fields[2:])
+    where = int(clock.classify_micros(np.array([micros]))[0])
+    if where:
+        reason = Reason.BEFORE_START if where < 0 else Reason.AFTER_END
+        return DeadLetter(reason, DETAIL[reason], stream, element)
+    return stream, micros, int(clock.step_of_micros(micros)), tuple(fields[2:])
 
 
-def coerce_value(value: Any, dim: int) -> np.ndarray:
-    """Value -> float64 vector of shape (dim,), or raise ``ValueError`` whose first word is a reason."""
+def numeric_array(value: Any, what: str = "value") -> np.ndarray:
+    """``value`` as a float64 array of real numbers, or ``ValueError("<reason>: <detail>")``
+    (``bad_value``: missing, text or not an array; ``bad_dtype``: bool, complex, ...): the one check
+    every family applies before a value can reach a mechanism."""
     if isinstance(value, (str, bytes)) or value is None:
-        raise ValueError(f"{Reason.BAD_VALUE}: value is missing or text")
+        raise ValueError(f"{Reason.BAD_VALUE}: {what} is missing or text")
     try:
         arr = np.asarray(value)
     except Exception as exc:  # ragged sequences and the like
-        raise ValueError(f"{Reason.BAD_VALUE}: not an array ({type(exc).__name__})") from None
+        raise ValueError(f"{Reason.BAD_VALUE}: {what} is not an array ({type(exc).__name__})") from None
     if arr.dtype == object:
-        raise ValueError(f"{Reason.BAD_VALUE}: not a numeric array")
+        raise ValueError(f"{Reason.BAD_VALUE}: {what} is not a numeric array")
     if arr.dtype.kind not in "iuf":
-        raise ValueError(f"{Reason.BAD_DTYPE}: dtype kind {arr.dtype.kind!r} is not numeric")
-    arr = arr.astype(np.float64).reshape(-1) if arr.ndim == 0 else arr.astype(np.float64)
+        raise ValueError(f"{Reason.BAD_DTYPE}: {what} has dtype kind {arr.dtype.kind!r}, not real numbers")
+    return arr.astype(np.float64)
+
+
+def coerce_value(value: Any, dim: int, what: str = "value") -> np.ndarray:
+    """Value -> float64 vector of shape (dim,), or raise ``ValueError`` whose first word is a reason
+    (``what`` names the field in the message)."""
+    arr = numeric_array(value, what)
+    arr = arr.reshape(-1) if arr.ndim == 0 else arr
     if arr.shape != (dim,):
-        raise ValueError(f"{Reason.WRONG_SHAPE}: expected shape ({dim},), got {arr.shape}")
+        raise ValueError(f"{Reason.WRONG_SHAPE}: expected {what} of shape ({dim},), got {arr.shape}")
     if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{Reason.NON_FINITE}: non-finite coordinate")
+        raise ValueError(f"{Reason.NON_FINITE}: {DETAIL[Reason.NON_FINITE]}")
     return arr
+
+
+def value_letter(exc: Exception, stream: str, element: Any) -> DeadLetter:
+    """The dead letter of a value check's ``ValueError("<reason>: <detail>")``."""
+    reason, _, detail = str(exc).partition(": ")
+    return DeadLetter(reason, detail, stream, element)
 
 
 def timestamp_letter(exc: Exception, stream: str | None, element: Any) -> DeadLetter:
     """The dead letter of an event time that ``to_micros`` refused with ``exc``."""
-    if isinstance(exc, OutOfRange):
-        return DeadLetter(Reason.OUT_OF_RANGE, str(exc), stream, element)
-    detail = "timestamp must be finite epoch seconds, a datetime, a Beam Timestamp or ISO-8601 text"
-    return DeadLetter(Reason.BAD_TIMESTAMP, detail, stream, element)
+    reason = Reason.OUT_OF_RANGE if isinstance(exc, OutOfRange) else Reason.BAD_TIMESTAMP
+    return DeadLetter(reason, DETAIL[reason], stream, element)
 
 
 def parse_event(
     element: Any, dim: int, need_timestamp: bool, streams: frozenset[str] | None
 ) -> tuple[str, int | None, np.ndarray] | DeadLetter:
-    """Validate one event; return ``(stream, micros or None, value)`` or a ``DeadLetter``."""
-    try:
-        stream, ts, value = _fields(element, need_timestamp)
-    except ValueError as exc:
-        return DeadLetter(Reason.MALFORMED, str(exc), None, element)
-    stream = checked_stream(stream, streams, element)
-    if isinstance(stream, DeadLetter):
-        return stream
-    micros = None
-    if need_timestamp:
-        try:
-            micros = to_micros(ts)
-        except (ValueError, TypeError, OverflowError) as exc:
-            return timestamp_letter(exc, stream, element)
-    try:
-        vec = coerce_value(value, dim)
-    except ValueError as exc:
-        reason, _, detail = str(exc).partition(": ")
-        return DeadLetter(reason, detail, stream, element)
-    return stream, micros, vec
+    """Validate one event without a schedule; return ``(stream, micros or None, value)`` or a ``DeadLetter``."""
+    return _parse(element, dim, None, streams, need_timestamp)
 
 
 def parse_contribution(element: Any, mechanism: Any, clock: Any, streams: frozenset[str] | None
                        ) -> tuple[str, int | None, Any] | DeadLetter:
     """One event -> ``(stream, step | None, clipped block)`` for ``mechanism`` (``clip_and_sum``) on
     ``clock`` (a ``StepClock``, or None for count steps), or the ``DeadLetter`` saying why not."""
-    parsed = parse_event(element, mechanism.dim, clock is not None, streams)
+    parsed = _parse(element, mechanism.dim, clock, streams, clock is not None)
     if isinstance(parsed, DeadLetter):
         return parsed
-    stream, micros, vec = parsed
-    step = None
-    if clock is not None:
-        where = int(clock.classify_micros(micros))
-        if where:
-            reason = Reason.BEFORE_START if where < 0 else Reason.AFTER_END
-            return DeadLetter(reason, "timestamp outside the public schedule", stream, element)
-        step = int(clock.step_of_micros(micros))
+    stream, step, vec = parsed
     return stream, step, mechanism.clip_and_sum(vec)
+
+
+def _parse(element: Any, dim: int, clock: Any, streams: frozenset[str] | None, timestamp: bool
+           ) -> tuple[str, int | None, np.ndarray] | DeadLetter:
+    """``(stream, step with a clock else micros, value)`` or the dead letter."""
+    head = split_event(element, ("value",), clock, streams, timestamp)
+    if isinstance(head, DeadLetter):
+        return head
+    stream, micros, step, (value,) = head
+    try:
+        return stream, micros if clock is None else step, coerce_value(value, dim)
+    except ValueError as exc:
+        return value_letter(exc, stream, element)

@@ -125,7 +125,7 @@ class StepParams:
 
     def _validate_steps(self) -> None:
         check_schedule(self.clock, self.block_size, self.allowed_lateness)
-        limits.check_clock(self.clock)
+        limits.check_clock(self.clock, self.streams)
         if self.granularity is not None:
             limits.check_number("granularity", self.granularity, 0.0, limits.MAX_SCALE, low_open=True)
         if self.restore_states is not None:

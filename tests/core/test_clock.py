@@ -109,3 +109,39 @@ def test_clock_is_frozen_and_hashable():
     assert c == StepClock(0.0, 1.0) and hash(c) == hash(StepClock(0.0, 1.0))
     with pytest.raises(Exception):
         c.period = 2.0
+
+
+def test_a_schedule_above_the_public_step_cap_is_refused_at_once():
+    """Issue 25.4: 10^18 steps (--period 1e-6 --end 1e12) is refused in O(1), naming the numbers and
+    the knob; at the cap it is accepted, and max_steps raises it. (Mutant checked: dropping the check
+    in StepClock.__post_init__ fails the first assertion.)"""
+    import time
+
+    from beam_dp.core.limits import MAX_STEPS
+
+    began = time.perf_counter()
+    with pytest.raises(ValueError) as exc:
+        StepClock(0.0, 1e-6, end=1e12)
+    assert time.perf_counter() - began < 1.0
+    assert "1,000,000,000,000,000,000 steps per stream" in str(exc.value)
+    assert f"{MAX_STEPS:,}" in str(exc.value) and "max_steps" in str(exc.value) and "--max-steps" in str(exc.value)
+    assert StepClock(0.0, 1.0, end=float(MAX_STEPS)).last_step == MAX_STEPS
+    with pytest.raises(ValueError, match="steps per stream"):
+        StepClock(0.0, 1.0, end=float(MAX_STEPS) + 1.0)
+    assert StepClock(0.0, 1e-6, end=1e12, max_steps=10**18).last_step == 10**18
+    assert StepClock(0.0, 1e-6).last_step is None  # open-ended (streaming): no schedule size to check
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="max_steps"):
+            StepClock(0.0, 1.0, end=10.0, max_steps=bad)
+
+
+def test_steps_times_declared_streams_above_the_cap_are_refused():
+    """Issue 25.4: the total over the declared streams, checked where the streams are known (params)."""
+    from beam_dp.beam import ContinualSumParams
+
+    clock = StepClock(0.0, 1.0, end=1000.0, max_stream_steps=2500)
+    ContinualSumParams(dim=1, clip_bound=1.0, epsilon=1.0, clock=clock, streams=("a", "b"))  # 2,000 stream-steps
+    with pytest.raises(ValueError) as exc:
+        ContinualSumParams(dim=1, clip_bound=1.0, epsilon=1.0, clock=clock, streams=("a", "b", "c"))
+    assert "1,000 steps x 3 declared streams = 3,000 stream-steps" in str(exc.value)
+    assert "2,500" in str(exc.value) and "--max-stream-steps" in str(exc.value)

@@ -78,3 +78,44 @@ def test_invalid_training_parameters():
     for block in bad:
         with pytest.raises(ValueError):
             mech.step(state, block, None)
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.kind)
+def test_public_iteration_cap_reaches_the_certificate(model):
+    """Issue 23.6: the cap is a public function of (β, λ, tolerance, rows) and, on clipped rows, the
+    certificate is reached within it for every dataset (here: random, one repeated extreme row, and
+    far-away warm starts; small λ = ill-conditioned). A cap below the proven rate (mutant: drop the
+    log factor) returns uncertified points on the ill-conditioned cases and fails here."""
+    from beam_dp.core.clipping import clip_l2
+    from beam_dp.mechanisms.erm.solver import iteration_cap
+
+    rng = np.random.default_rng(3)
+    for lam in (1e-4, 1e-2, 1.0):
+        for case in range(4):
+            n = int(rng.integers(1, 300))
+            X, y = data(model, n, rng)
+            if case == 1:  # one extreme row repeated: the largest possible initial gradient
+                X, y = np.repeat(X[:1] * 100, n, axis=0), np.repeat(y[:1] * (1 if model.kind == "softmax" else 100), n)
+            X = clip_l2(X, model.radius)[0]
+            w_ref = rng.normal(size=model.dim) * (10.0 if case >= 2 else 0.0)
+            cap = iteration_cap(model, lam, n, 1e-3)
+            assert cap == iteration_cap(model, lam, n, 1e-3) and cap >= 1
+            res = certified_solve(model, X, y, n, lam, w_ref, tolerance=1e-3)
+            grad = objective_gradient(model, res.w, X, y, n, lam, w_ref)
+            assert res.iterations <= cap
+            assert np.linalg.norm(grad) <= 1e-3 * model.lipschitz / n
+
+
+def test_certified_solver_never_refuses(monkeypatch):
+    """Issue 23.6: at the cap the solver returns its point (no RuntimeError branch whose firing
+    would depend on the data)."""
+    import beam_dp.mechanisms.erm.solver as solver
+
+    model = MODELS[1]
+    rng = np.random.default_rng(4)
+    X, y = data(model, 50, rng)
+    monkeypatch.setattr(solver, "iteration_cap", lambda *a, **k: 2)
+    res = certified_solve(model, X, y, 50, 1e-4, np.zeros(model.dim), tolerance=1e-3)
+    assert res.iterations == 2 and res.w.shape == (model.dim,)
+    monkeypatch.undo()
+    assert solver.iteration_cap(model, 1e-4, 0) == 0  # no rows: ∇F(w_ref) = 0, nothing to iterate

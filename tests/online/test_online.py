@@ -288,3 +288,16 @@ def test_bad_records_and_parameters_raise():
             WDPCOCOP(**kwargs)
     with pytest.raises(ValueError):
         OnlineLoss(kind="custom", mu=1.0, lipschitz=None, gradient=lambda x, a, b: a)
+
+
+def test_non_finite_gradient_contributes_zero_not_a_refusal():
+    """Issue 23.6: a custom loss overflowing on one finite record must not refuse the step (whether
+    the group releases would depend on the data): that row's contribution is the zero vector, so the
+    release equals the one of a zero-gradient record (exact: the same arithmetic on the same zeros).
+    Mutant checked: restoring the `raise ValueError("non-finite gradient")` fails this test."""
+    loss = OnlineLoss(kind="custom", mu=1.0, lipschitz=1.0,
+                      gradient=lambda x, a, b: np.full(2, np.inf) if a[0] > 1e300 else np.zeros(2))
+    mech = WDPCOCOP(dim=2, constraint=L2Ball(2, 10.0), loss=loss, epsilon=1.0, window=4)
+    _, (rel,) = mech.step(mech.init_state("s"), (np.array([1e308, 0.0]), 0.0), ZeroNoise())
+    _, (ref,) = mech.step(mech.init_state("s"), (np.array([0.0, 0.0]), 0.0), ZeroNoise())
+    assert np.array_equal(rel.value["x"], ref.value["x"])

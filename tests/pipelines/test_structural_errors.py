@@ -67,3 +67,24 @@ def test_examples_without_a_needed_column(tmp_path, capsys, module, flags, missi
     assert_usage_error(module.main, f"python -m pipelines.{module.NAME}",
                        [f"--input={tmp_path / 'r.csv'}", f"--output={tmp_path / 'out'}", *flags],
                        f"--input has no column '{missing}'", capsys)
+
+
+def test_parquet_value_column_of_structs_is_reported_as_structs(tmp_path, capsys):
+    """Issue 25.8: a struct column is named as such (it used to be reported as "holds lists")."""
+    table = pa.table({"stream_id": ["a"], "timestamp": [1.0], "value": [{"x": 0.1, "y": 0.2}]})
+    pq.write_table(table, tmp_path / "e.parquet")
+    assert_usage_error(continual_stats.main, "python -m pipelines.continual_stats",
+                       [f"--input={tmp_path / 'e.parquet'}", f"--output={tmp_path / 'out'}", *SCHEDULE],
+                       "value column 'value' holds structs (struct<x: double, y: double>)", capsys)
+
+
+def test_a_header_with_a_byte_order_mark_is_shown_escaped(tmp_path, capsys):
+    """Issue 25.8: the message shows the BOM as \\ufeff, not as an invisible character (where the
+    reader keeps it)."""
+    from pipelines.rows import require_columns
+    from pipelines.runner import UsageError
+
+    with pytest.raises(UsageError) as exc:
+        require_columns(["\ufeffstream_id", "timestamp"], ("stream_id", "timestamp"), "--input")
+    assert "'\\ufeffstream_id'" in str(exc.value) and "byte-order mark" in str(exc.value)
+    assert "\ufeff" not in str(exc.value)

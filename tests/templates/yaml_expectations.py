@@ -35,6 +35,7 @@ from beam_dp.core.budget import composition_of
 from beam_dp.io import ReleaseRow, release_to_row
 from beam_dp.io.schema import ReleaseLabels
 from beam_dp.mechanisms.erm import LabelledRows
+from beam_dp.steps.events import json_value
 from pipelines.growing_db_queries import parse_universe, to_element, to_query
 from pipelines.model_release import to_example
 from pipelines.online_learning import to_record
@@ -155,11 +156,13 @@ def _params(template: str):
 def _dead(reason: str, detail: str, event: dict, counting: bool = False) -> dict:
     value = 1.0 if counting else [event["value_0"]]  # ContinualCount replaces each value by 1
     element = {"stream_id": event["stream_id"], "timestamp": event["timestamp"], "value": value}
-    return {"reason": reason, "detail": detail, "stream": event["stream_id"], "element": repr(element)}
+    return _letter(reason, detail, event["stream_id"], element)
 
 
 def _letter(reason: str, detail: str, stream, element) -> dict:
-    return {"reason": reason, "detail": detail, "stream": stream, "element": repr(element)}
+    """A YAML dead-letter row: the element as JSON text of its values (issue 25.7)."""
+    return {"reason": reason, "detail": detail, "stream": stream, "source": None,
+            "element": json.dumps(json_value(element))}
 
 
 def _sum_expectations(template: str, domain: str) -> tuple[list, list]:
@@ -172,7 +175,7 @@ def _sum_expectations(template: str, domain: str) -> tuple[list, list]:
     releases = [r._asdict() for r in expected_rows(params, ids, ts, values, domain=domain)]
     dead = [_dead("after_end", "timestamp outside the public schedule", EVENTS[5], counting)]
     if not counting:
-        dead.append(_dead("bad_value", "not a numeric array", EVENTS[4]))
+        dead.append(_dead("bad_value", "value is not a numeric array", EVENTS[4]))
     return releases, dead
 
 
@@ -182,8 +185,8 @@ def _model_release_expectations(domain: str) -> tuple[list, list]:
     mech, unit = params.build_mechanism(), params.block_size
     examples = [to_example(row, params.n_features, True) for row in EXAMPLES]
     dead = [_letter("bad_label", "label is not one of the declared classes", "s1", examples[6]),
-            _letter("bad_value", "features: not a numeric array", "s1", examples[10]),
-            _letter("bad_stream_id", "stream_id must be a non-empty string", None, examples[14])]
+            _letter("bad_value", "features is not a numeric array", "s1", examples[10]),
+            _letter("bad_stream_id", "stream_id must be a non-empty UTF-8 string", None, examples[14])]
     bad = {6, 10, 14}
     releases = []
     for stream in ("s1", "s2"):
@@ -202,7 +205,7 @@ def _online_learner_expectations(domain: str) -> tuple[list, list]:
     mech = params.build_mechanism()
     records = [to_record(row, params.dim, False) for row in ONLINE_ROWS]
     dead = [_letter("bad_value", "logistic labels must be -1 or +1", "a", records[3]),
-            _letter("bad_value", "features are not a numeric array", "a", records[6])]
+            _letter("bad_value", "features is not a numeric array", "a", records[6])]
     releases = []
     for stream in ("a", "b"):
         recs = [mech.record(np.asarray(f, np.float64), y) for i, (s, f, y) in enumerate(records)

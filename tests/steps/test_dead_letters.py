@@ -1,0 +1,98 @@
+"""Issue 25.7: dead letters a user can act on — the element as JSON values as read, the stream when
+known, the source row, one validation of an event's head (one set of reasons and messages) for every
+family."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import apache_beam as beam
+import numpy as np
+import pytest
+
+from beam_dp.beam import ContinualSumParams, GrowingDatabaseParams, IncrementalRegressionParams
+from beam_dp.beam.growing_db import _ParseGrowing
+from beam_dp.beam.learners import ParseRecords
+from beam_dp.beam.parse import ParseEvents
+from beam_dp.core import StepClock
+from beam_dp.mechanisms.convex_sets import L2Ball
+from beam_dp.mechanisms.universe import Categorical, Universe
+from beam_dp.steps.events import DETAIL, DeadLetter, EventBatch, Reason, json_value
+
+
+def test_a_dead_letter_round_trips_as_json_with_values_as_read():
+    """bytes become their text, numpy values numbers/lists, NaN its text (JSON has no NaN), a datetime
+    ISO text, a Beam row and an EventBatch objects; json.loads(json.dumps(x)) == x exactly (these are
+    exact JSON values, no float arithmetic). Mutant checked: the old ``repr(element)`` fails."""
+    element = {"stream_id": b"a", "timestamp": np.float64(12.5), "value": np.array([1.0, np.nan]),
+               "when": dt.datetime(2026, 1, 2, 3, 4, 5), "row": beam.Row(x=np.int64(3), y=(1, "b")),
+               "bad": b"\xff\xfe", "inf": float("-inf"), "n": None, "ok": True}
+    letter = DeadLetter(Reason.NON_FINITE, DETAIL[Reason.NON_FINITE], "a", element, "/data/e.csv#record=7")
+    out = letter.to_json("parse")
+    text = json.dumps(out, allow_nan=False)
+    assert json.loads(text) == out
+    assert out["element"] == {"stream_id": "a", "timestamp": 12.5, "value": [1.0, "nan"],
+                              "when": "2026-01-02T03:04:05", "row": {"x": 3, "y": [1, "b"]},
+                              "bad": "\\xff\\xfe", "inf": "-inf", "n": None, "ok": True}
+    assert out["stream"] == "a" and out["source"] == "/data/e.csv#record=7" and out["stage"] == "parse"
+    batch = EventBatch(np.array(["s", "t"], dtype=object), np.array([1.0, 2.0]), np.ones((2, 1)))
+    assert json_value(batch) == {"stream_id": ["s", "t"], "timestamp": [1.0, 2.0], "value": [[1.0], [1.0]]}
+
+
+CLOCK = StepClock(100.0, 10.0, end=200.0)
+STREAMS = ("a", "b")
+
+
+def _sum_parser():
+    return ParseEvents(ContinualSumParams(dim=1, clip_bound=1.0, epsilon=1.0, clock=CLOCK, streams=STREAMS), False)
+
+
+def _growing_parser():
+    params = GrowingDatabaseParams(universe=Universe([Categorical("c", ("x", "y"))]), n=1, epsilon=1.0, clock=CLOCK,
+                                   streams=STREAMS)
+    return _ParseGrowing(params, "element")
+
+
+def _regression_parser():
+    return ParseRecords(IncrementalRegressionParams(dim=1, constraint=L2Ball(1), epsilon=1.0, delta=1e-6, clock=CLOCK,
+                                                    streams=STREAMS))
+
+
+# (family parser, a valid payload after (stream_id, timestamp))
+FAMILIES = {"sum": (_sum_parser, (0.5,)), "growing": (_growing_parser, ("x",)),
+            "regression": (_regression_parser, ([0.5], 0.2))}
+BAD_HEADS = [  # (stream_id, timestamp) -> reason
+    ((b"a", 110.0), Reason.BAD_STREAM_ID), (("", 110.0), Reason.BAD_STREAM_ID), (("z", 110.0), Reason.UNDECLARED_STREAM),
+    (("a", "soon"), Reason.BAD_TIMESTAMP), (("a", float("nan")), Reason.BAD_TIMESTAMP),
+    (("a", 2e12), Reason.OUT_OF_RANGE), (("a", 50.0), Reason.BEFORE_START), (("a", 250.0), Reason.AFTER_END),
+]
+
+
+def _letters(parser, element) -> list[DeadLetter]:
+    parser.setup()
+    return [out.value for out in parser.process(element) if isinstance(out, beam.pvalue.TaggedOutput)]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_family_dead_letters_a_bad_head_with_the_same_reason_and_message(family):
+    """One validation path (beam_dp.steps.events.split_event): the same bad (stream_id, timestamp)
+    gives the same reason and detail in every family, the stream filled in when it is a valid id."""
+    make, payload = FAMILIES[family]
+    for (stream, ts), reason in BAD_HEADS:
+        element = (stream, ts, *payload)
+        (letter,) = _letters(make(), element)
+        assert (letter.reason, letter.detail) == (reason, DETAIL[reason]), (family, stream, ts)
+        known = reason not in (Reason.BAD_STREAM_ID,)
+        assert letter.stream == (stream if known else None)
+        assert letter.element == element
+    assert _letters(make(), ("a", 110.0, *payload)) == []  # the valid element passes
+    (letter,) = _letters(make(), ("a", 110.0))
+    assert letter.reason == Reason.MALFORMED and letter.detail.startswith("expected (stream_id, timestamp, ")
+
+
+def test_a_rejected_event_batch_row_names_its_file_and_record():
+    batch = EventBatch(np.array(["a", "a", "b"], dtype=object), np.array([110.0, 250.0, 120.0]), np.ones((3, 1)),
+                       "/in/e.csv", np.array([1, 3, 4]))
+    letters = _letters(_sum_parser(), batch)
+    assert [(x.reason, x.stream, x.source) for x in letters] == [(Reason.AFTER_END, "a", "/in/e.csv#record=3")]
