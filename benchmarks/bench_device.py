@@ -40,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from beam_dp.core import NoiseSource  # noqa: E402
 from beam_dp.mechanisms.erm import SoftmaxRegression  # noqa: E402
-from beam_dp.mechanisms.erm.solver_torch import device_tolerance, torch_certified_solve  # noqa: E402
+from beam_dp.mechanisms.erm.solver import certified_solve  # noqa: E402
+from beam_dp.mechanisms.erm.solver_torch import device_tolerance  # noqa: E402
 from beam_dp.mechanisms.lifelong import BoundedAGEMConfig, L2DPConfig, TaskData  # noqa: E402
 from beam_dp.mechanisms.regression import PrivIncReg1  # noqa: E402
 from report import machine_comment  # noqa: E402
@@ -85,7 +86,7 @@ def erm(n: int, f: int, device: str) -> dict:
     y = rng.integers(0, 10, n)
     lam, target = 1e-3, 1e-3 * model.lipschitz / n
     t0 = time.perf_counter()
-    res = torch_certified_solve(model, X, y, n, lam, np.zeros(model.dim), target, device=device)
+    res = certified_solve(model, X, y, n, lam, np.zeros(model.dim), "torch", tolerance=1e-3, device=device)
     seconds = time.perf_counter() - t0
     return {"rate": n * max(res.iterations, 1) / seconds, "seconds": seconds, "done": f"n={n}, f={f}, {res.iterations} it",
             "w": res.w, "it": res.iterations, "tol_same": device_tolerance(res.iterations, *X.shape), "tol_any": target / lam}

@@ -14,7 +14,8 @@ torch = pytest.importorskip("torch")
 
 from beam_dp.core import NoiseSource  # noqa: E402
 from beam_dp.mechanisms.erm import HuberRegression, MultiResolutionMechanism, SoftmaxRegression  # noqa: E402
-from beam_dp.mechanisms.erm.solver_torch import device_tolerance, torch_certified_solve  # noqa: E402
+from beam_dp.mechanisms.erm.solver import certified_solve  # noqa: E402
+from beam_dp.mechanisms.erm.solver_torch import device_tolerance  # noqa: E402
 from beam_dp.mechanisms.torch_device import resolve_device  # noqa: E402
 from tests.erm.util import blocks, run  # noqa: E402
 
@@ -31,7 +32,7 @@ def problem(model, n=200, seed=3):
 
 def solve(model, device, lam=0.2):
     X, y, ref = problem(model)
-    return torch_certified_solve(model, X, y, len(y), lam, ref, 1e-3 * model.lipschitz / len(y), device=device)
+    return certified_solve(model, X, y, len(y), lam, ref, "torch", tolerance=1e-3, device=device)
 
 
 def test_device_choice():

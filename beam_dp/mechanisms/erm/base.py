@@ -247,12 +247,7 @@ class ERMMechanism:
 
     def _certified(self, X: np.ndarray, y: np.ndarray, n_norm: int, ref: np.ndarray) -> SolveResult:
         """The certified solve on this mechanism's backend and (torch) device."""
-        if self.backend != "torch":
-            return certified_solve(self.model, X, y, n_norm, self.lam, ref, self.backend, self.tolerance)
-        from beam_dp.mechanisms.erm.solver_torch import torch_certified_solve
-
-        target = self.tolerance * self.model.lipschitz / n_norm  # as certified_solve
-        return torch_certified_solve(self.model, X, y, n_norm, self.lam, ref, target, device=self.device)
+        return certified_solve(self.model, X, y, n_norm, self.lam, ref, self.backend, self.tolerance, self.device)
 
     def published_lipschitz(self, X: np.ndarray) -> float:
         """The paper's data-dependent constant ``(C − 1)/(2 m C)·‖X‖_F`` over the m rows of one call

@@ -58,7 +58,6 @@ __all__ = ["Backend", "SGDConfig", "SolveResult", "certified_solve", "iteration_
 log = logging.getLogger(__name__)
 
 Backend = Literal["numpy", "torch", "auto"]
-MAX_ITERATIONS = 200_000  # the torch loop's own limit; the torch path is used only where iteration_cap() <= it
 
 
 @dataclass(frozen=True)
@@ -124,9 +123,11 @@ def iteration_cap(model: LinearModel, lam: float, rows: int, tolerance: float = 
 
 
 def certified_solve(model: LinearModel, X: np.ndarray, y: np.ndarray, n_norm: int, lam: float,
-                    w_ref: np.ndarray, backend: Backend = "numpy", tolerance: float = 1.0) -> SolveResult:
+                    w_ref: np.ndarray, backend: Backend = "numpy", tolerance: float = 1.0,
+                    device: str = "cpu") -> SolveResult:
     """Minimise F from ``w_ref`` until ``‖∇F‖ ≤ tolerance·L/n_norm``, at most :func:`iteration_cap`
-    iterations (see the module docstring); always returns, never refuses.
+    iterations (see the module docstring); always returns, never refuses. ``device``: the torch
+    backend's device (``beam_dp.mechanisms.torch_device``); the same iteration, test and cap there.
 
     ``tolerance ≤ 1`` keeps the certificate; smaller values cost a few more (linearly convergent)
     iterations and bring ŵ closer to the exact minimiser (better utility, same privacy)."""
@@ -134,10 +135,10 @@ def certified_solve(model: LinearModel, X: np.ndarray, y: np.ndarray, n_norm: in
         raise ValueError(f"tolerance must lie in (0, 1] (a fraction of L/n), got {tolerance!r}")
     target = tolerance * model.lipschitz / n_norm
     cap = iteration_cap(model, lam, len(X), tolerance)
-    if resolve_backend(backend) == "torch" and cap < MAX_ITERATIONS:
+    if resolve_backend(backend) == "torch":
         from beam_dp.mechanisms.erm.solver_torch import torch_certified_solve
 
-        return torch_certified_solve(model, X, y, n_norm, lam, w_ref, target)
+        return torch_certified_solve(model, X, y, n_norm, lam, w_ref, target, cap, device)
     step, theta = _momentum(model, lam)
     x_prev = w_ref.astype(np.float64).copy()
     point = x_prev.copy()
