@@ -22,7 +22,7 @@ partitioned FFT convolution (``_SpanJob``) cut into small units of work (one noi
 FFT, one chunk × target product, one inverse), and the next span's units are spread over the steps
 of the current one, so no step pays for a whole span (issue 26.4; a fresh worker mid-span computes
 its span at once, with the same floats). Uncapped, a step costs O(d·log t) amortised and the cache
-holds about ``t·d`` floats per stream; capped (large groups, large ``d``), O(d + t·d·span/B) with
+holds about ``t·d`` floats per stream; capped (large groups, large ``d``), O(d·(t/B + log B)) with
 ``B`` the partition. Spans of different lengths (a stream stepped alone or in a large group) round
 the FFT differently: releases agree to float tolerance, not bit for bit. Measured in
 ``docs/benchmarks.md``.
