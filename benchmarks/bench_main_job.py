@@ -10,8 +10,8 @@ FnApiRunner with ``--noise gaussian --delta 1e-6`` (the BLT counter) and ``--str
 (0 = keyed by stream), and reports the CPU seconds of that process (user + system: reading, parsing,
 the release stage, the Parquet sink, the verifier and the summary) per release, with and without the
 CPU of a process that only starts the interpreter and imports the job's modules. The floor is
-``fair_floor`` (issue 26.5) on the same file, in its own process: Arrow reads the file and
-dictionary-encodes the stream ids, ``np.bincount`` sums every (step, stream) cell, ``np.cumsum`` makes
+``fair_floor`` (issue 26.5) on the same file, in its own process: Arrow hashes the stream ids to
+dense indices, ``np.bincount`` sums every (step, stream) cell (batches of 2^20 rows), ``np.cumsum`` makes
 the prefix sums, the same 4-buffer BLT recurrence adds unkeyed Gaussian noise, and the releases are
 written columnar (one record batch per step) to one Parquet file; its CPU is that of the floor only (no
 interpreter start-up, best of ``--floor-repeats`` runs), its peak RSS the process's ``VmHWM``.
@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,17 +55,16 @@ def fair_floor(events: str, out: str, steps: int, dim: int) -> int:
     """The main job in vectorised numpy over Arrow (module docstring); returns the number of releases."""
     mech = build("blt", steps, dim)
     m, omega, sigma = mech.blt.state_matrix_inverse(), mech.blt.arrays[1], mech.sigma
-    table = pq.read_table(events)
-    ids = table.column("stream_id").combine_chunks().dictionary_encode()
-    rows, names = ids.indices.to_numpy(), ids.dictionary
-    step = np.floor(table.column("timestamp").to_numpy()).astype(np.int64)  # 0-based: start 0, period 1
-    columns = [table.column(f"value_{j}").to_numpy() for j in range(dim)]  # coordinate-major: no transpose
-    scale = np.minimum(1.0, CLIP / np.maximum(np.sqrt(sum(c * c for c in columns)), 1e-300))  # L2 clip
+    names = pq.read_table(events, columns=["stream_id"]).column("stream_id").unique()  # Arrow's hash, no sort
     n = len(names)
-    cell = step * n + rows
-    prefix = np.empty((steps, n, dim))
-    for j, column in enumerate(columns):
-        prefix[:, :, j] = np.bincount(cell, weights=column * scale, minlength=steps * n).reshape(steps, n)
+    prefix = np.zeros((steps, n, dim))
+    for batch in pq.ParquetFile(events).iter_batches(batch_size=1 << 20):  # memory: one batch of rows at a time
+        rows = pc.index_in(batch.column("stream_id"), value_set=names).to_numpy()
+        cell = np.floor(batch.column("timestamp").to_numpy()).astype(np.int64) * n + rows  # step 0-based: start 0, period 1
+        columns = [batch.column(f"value_{j}").to_numpy() for j in range(dim)]  # coordinate-major: no transpose
+        scale = np.minimum(1.0, CLIP / np.maximum(np.sqrt(sum(c * c for c in columns)), 1e-300))  # L2 clip
+        for j, column in enumerate(columns):
+            prefix[:, :, j] += np.bincount(cell, weights=column * scale, minlength=steps * n).reshape(steps, n)
     np.cumsum(prefix, axis=0, out=prefix)
     g, noise = np.zeros((n, mech.blt.buffers, dim)), np.zeros((n, dim))
     rng = np.random.default_rng(1)
