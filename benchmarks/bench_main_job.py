@@ -42,6 +42,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_throughput import CLIP, DELTA, EPSILON, ColumnarSink, build, make_events  # noqa: E402
 from report import emit_report  # noqa: E402
 
+from beam_dp.io.tables import iter_parquet_batches  # noqa: E402
+
 KEY = bytes(range(32)).hex()
 
 
@@ -55,16 +57,17 @@ def fair_floor(events: str, out: str, steps: int, dim: int) -> int:
     """The main job in vectorised numpy over Arrow (module docstring); returns the number of releases."""
     mech = build("blt", steps, dim)
     m, omega, sigma = mech.blt.state_matrix_inverse(), mech.blt.arrays[1], mech.sigma
-    names = pq.read_table(events, columns=["stream_id"]).column("stream_id").unique()  # Arrow's hash, no sort
-    n = len(names)
-    prefix = np.zeros((steps, n, dim))
-    for batch in pq.ParquetFile(events).iter_batches(batch_size=1 << 20):  # memory: one batch of rows at a time
-        rows = pc.index_in(batch.column("stream_id"), value_set=names).to_numpy()
-        cell = np.floor(batch.column("timestamp").to_numpy()).astype(np.int64) * n + rows  # step 0-based: start 0, period 1
-        columns = [batch.column(f"value_{j}").to_numpy() for j in range(dim)]  # coordinate-major: no transpose
-        scale = np.minimum(1.0, CLIP / np.maximum(np.sqrt(sum(c * c for c in columns)), 1e-300))  # L2 clip
-        for j, column in enumerate(columns):
-            prefix[:, :, j] += np.bincount(cell, weights=column * scale, minlength=steps * n).reshape(steps, n)
+    with open(events, "rb") as fh:  # Arrow hashes the ids (no sort); then one batch of 2^20 rows at a time
+        names = pa.chunked_array([b.column(0) for b in iter_parquet_batches(fh, columns=["stream_id"])]).unique()
+        n = len(names)
+        prefix = np.zeros((steps, n, dim))
+        for batch in iter_parquet_batches(fh, 1 << 20):
+            rows = pc.index_in(batch.column("stream_id"), value_set=names).to_numpy()
+            cell = np.floor(batch.column("timestamp").to_numpy()).astype(np.int64) * n + rows  # 0-based step: start 0, period 1
+            columns = [batch.column(f"value_{j}").to_numpy() for j in range(dim)]  # coordinate-major: no transpose
+            scale = np.minimum(1.0, CLIP / np.maximum(np.sqrt(sum(c * c for c in columns)), 1e-300))  # L2 clip
+            for j, column in enumerate(columns):
+                prefix[:, :, j] += np.bincount(cell, weights=column * scale, minlength=steps * n).reshape(steps, n)
     np.cumsum(prefix, axis=0, out=prefix)
     g, noise = np.zeros((n, mech.blt.buffers, dim)), np.zeros((n, dim))
     rng = np.random.default_rng(1)

@@ -30,15 +30,26 @@ class _RowMap:
         self.row: dict[str, int] = {}
         self.names: list[str] = []
         self.owners = owners
+        self._rank = np.zeros(0, np.int64)
+
+    def rank(self) -> np.ndarray:
+        """Each row's position in name order (recomputed when names were added)."""
+        if len(self._rank) != len(self.names):
+            self._rank = np.empty(len(self.names), np.int64)
+            self._rank[np.argsort(np.array(self.names, dtype=str), kind="stable")] = np.arange(len(self.names))
+        return self._rank
 
     def rows_of(self, streams: tuple[str, ...]) -> np.ndarray:
-        row = self.row
+        try:  # the usual case once a group's streams are known: one C-level pass
+            return np.fromiter(map(self.row.__getitem__, streams), np.int64, len(streams))
+        except KeyError:
+            pass
         for name in streams:
-            if name not in row:
-                row[name] = len(self.names)
+            if name not in self.row:
+                self.row[name] = len(self.names)
                 self.names.append(name)
                 self.owners.setdefault(name, self)
-        return np.fromiter((row[name] for name in streams), np.int64, len(streams))
+        return np.fromiter(map(self.row.__getitem__, streams), np.int64, len(streams))
 
 
 class _GroupSums:
@@ -73,10 +84,9 @@ class _GroupSums:
     def block(self) -> GroupBlock:
         """The rows seen, sorted by stream name (a ``GroupBlock``)."""
         rows = np.flatnonzero(self.seen)
-        names = np.array(self.rows.names, dtype=object)[rows]
-        order = np.argsort(names.astype(str), kind="stable")
-        rows = rows[order]
-        return GroupBlock(tuple(names[order].tolist()), self.sums[rows], self.counts[rows], self.clipped[rows])
+        rows = rows[np.argsort(self.rows.rank()[rows])]
+        names = self.rows.names
+        return GroupBlock(tuple(names[r] for r in rows.tolist()), self.sums[rows], self.counts[rows], self.clipped[rows])
 
 
 class MergeClippedSums(beam.CombineFn):
@@ -125,7 +135,7 @@ class MergeClippedSums(beam.CombineFn):
 
     def _live(self, acc: GroupBlock | None, block: GroupBlock) -> _GroupSums:
         """A live accumulator on the row map of ``block``'s group (holding ``acc``'s sums, if any)."""
-        rows = self._maps.get(block.streams[0]) if block.streams else None
+        rows = next((self._maps[name] for name in block.streams if name in self._maps), None)
         live = _GroupSums(_RowMap(self._maps) if rows is None else rows, block.sums.shape[1])
         if acc is not None:
             live.add(acc)

@@ -22,7 +22,8 @@ def _loaded_after(code: str, modules: tuple[str, ...]) -> list[str]:
     return [m for m in done.stdout.strip().split(",") if m]
 
 
-@pytest.mark.parametrize("package", ["beam_dp.beam", "beam_dp.mechanisms", "beam_dp.mechanisms.counters", "beam_dp.core"])
+@pytest.mark.parametrize("package", ["beam_dp.beam", "beam_dp.mechanisms", "beam_dp.mechanisms.counters", "beam_dp.core",
+                                     "beam_dp.io"])
 def test_importing_a_package_loads_no_heavy_dependency(package):
     assert _loaded_after(f"import {package}", HEAVY) == []
 
@@ -40,10 +41,11 @@ def test_a_job_loads_only_what_it_uses():
 def test_lazy_exports_resolve_every_name():
     import beam_dp.beam
     import beam_dp.core
+    import beam_dp.io
     import beam_dp.mechanisms
     import beam_dp.mechanisms.counters
 
-    for package in (beam_dp.beam, beam_dp.core, beam_dp.mechanisms, beam_dp.mechanisms.counters):
+    for package in (beam_dp.beam, beam_dp.core, beam_dp.io, beam_dp.mechanisms, beam_dp.mechanisms.counters):
         assert set(package.__all__) <= set(dir(package))
         for name in package.__all__:
             assert getattr(package, name) is not None, (package.__name__, name)
