@@ -25,7 +25,8 @@ Modes, each timed in CPU seconds of this process (``time.process_time``):
 
 ``--check`` replays a small job with 1, 7 and all streams per group and reports whether releases are
 identical (same key) whatever the group count. ``--toeplitz`` times steps at ``t = 2^17`` of the
-square-root Toeplitz counter and of BLT, for one stream (amortised over ``--toeplitz-steps`` steps).
+square-root Toeplitz counter and of BLT, for one stream (amortised over ``--toeplitz-steps`` steps);
+``--toeplitz-stalls`` times each Toeplitz step around the span boundary at ``t = 2^17`` (median, max).
 """
 
 from __future__ import annotations
@@ -201,6 +202,27 @@ def toeplitz_steps(dim: int, t0: int = 2**17, steps: int = 65536) -> dict:
     return out
 
 
+def toeplitz_stalls(dim: int, t0: int = 2**17, window: int = 4096) -> dict:
+    """CPU of each step of one square-root Toeplitz stream (empty data) from ``t0 / 2 + 1`` (the first step of the
+    span before ``t0``: that span's noise is computed there, at once) to ``t0 + window``; the median and the max
+    over the steps ``t0 − window .. t0 + window`` (the span boundary at ``t0`` in the middle) and the max over all
+    steps after the first."""
+    from beam_dp.mechanisms.counters.toeplitz import ToeplitzSqrtState
+
+    mech = make_counter("toeplitz", noise="gaussian", horizon=2 * t0, dim=dim, epsilon=EPSILON, delta=DELTA, clip_bound=CLIP)
+    state, noise = ToeplitzSqrtState("s", t0 // 2, np.zeros(dim)), NoiseSource(KEY)
+    times = np.empty(t0 // 2 + window, np.int64)
+    for i in range(len(times)):
+        cpu = time.process_time_ns()
+        state, _ = mech.step(state, None, noise)
+        times[i] = time.process_time_ns() - cpu
+    steps = np.arange(t0 // 2 + 1, t0 + window + 1)
+    near = times[(steps >= t0 - window) & (steps <= t0 + window)] / 1e3
+    return {"dim": dim, "median_us": round(float(np.median(near)), 1), "max_us": round(float(near.max()), 1),
+            "max_over_median": round(float(near.max() / np.median(near)), 1),
+            "slowest_step": int(steps[1 + np.argmax(times[1:])]), "max_after_first_us": round(float(times[1:].max()) / 1e3, 1)}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--streams", type=int, default=1000)
@@ -213,6 +235,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--toeplitz", action="store_true")
     parser.add_argument("--toeplitz-steps", type=int, default=65536, help="steps timed from t = 2^17 (amortise a span)")
+    parser.add_argument("--toeplitz-stalls", action="store_true", help="per-step CPU around the span boundary t = 2^17")
     args = parser.parse_args(argv)
     print(f"# {platform.platform()}; {platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, numpy {np.__version__}, "
           f"pyarrow {pa.__version__}; load {os.getloadavg()[0]:.1f}", flush=True)
@@ -243,6 +266,8 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps({"group_invariance": check_group_invariance(args.dim)}), flush=True)
     if args.toeplitz:
         print(json.dumps({"toeplitz_vs_blt_us_per_step_at_2^17": toeplitz_steps(args.dim, steps=args.toeplitz_steps), "dim": args.dim}), flush=True)
+    if args.toeplitz_stalls:
+        print(json.dumps({"toeplitz_steps_around_2^17": toeplitz_stalls(args.dim)}), flush=True)
 
 
 if __name__ == "__main__":

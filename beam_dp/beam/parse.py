@@ -10,7 +10,6 @@ and the block a ``GroupBlock`` of every stream of that group and step in the inp
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Iterator
 
 import apache_beam as beam
@@ -19,42 +18,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from apache_beam.metrics import Metrics
 
+from beam_dp.beam.combine import MergeClippedSums  # the lifted combiner of this stage's output
 from beam_dp.core.limits import MAX_ABS_SECONDS, is_utf8
 from beam_dp.steps.events import DEAD_LETTER, DETAIL, DeadLetter, EventBatch, Reason, parse_contribution
 from beam_dp.mechanisms.base import ClippedSum
 from beam_dp.mechanisms.stream_groups import GroupBlock, group_key, group_of
 
 __all__ = ["DEAD_LETTER", "MergeClippedSums", "ParseEvents"]
-
-
-class MergeClippedSums(beam.CombineFn):
-    """Sums the blocks (``ClippedSum`` or ``GroupBlock``) of one key and step; lifted before the shuffle
-    by Beam. Blocks are gathered and summed ``_BATCH`` at a time (one sort per batch of group blocks)."""
-
-    _BATCH = 64
-
-    def create_accumulator(self):
-        return []
-
-    def add_input(self, acc, block):
-        acc.append(block)
-        return [_combine(acc)] if len(acc) >= self._BATCH else acc
-
-    def merge_accumulators(self, accs):
-        merged = [block for acc in accs for block in acc]
-        return [_combine(merged)] if len(merged) >= self._BATCH else merged
-
-    def compact(self, acc):
-        return [_combine(acc)] if len(acc) > 1 else acc
-
-    def extract_output(self, acc):
-        return _combine(acc) if acc else None
-
-
-def _combine(blocks: list) -> Any:
-    if isinstance(blocks[0], GroupBlock):
-        return GroupBlock.combine(blocks)
-    return functools.reduce(lambda a, b: a.merge(b), blocks)
 
 
 class ParseEvents(beam.DoFn):

@@ -1,38 +1,30 @@
-"""Engine-independent core of beam_dp. Imports numpy and scipy only, never Apache Beam."""
+"""Engine-independent core of beam_dp. Imports numpy and scipy only, never Apache Beam.
 
-from beam_dp.core.calibration import (
-    analytic_gaussian_delta,
-    analytic_gaussian_epsilon,
-    analytic_gaussian_sigma,
-    certify_gaussian,
-    sigma_tree_004,
-    sigma_window_002,
-)
-from beam_dp.core.clipping import clip_box, clip_l1, clip_l2
-from beam_dp.core.clock import StepClock
-from beam_dp.core.guarantee import Charge, ElementLoss, Guarantee, PrivacyLedger, require_within_budget
-from beam_dp.core.noise import NoiseSource
-from beam_dp.core.release import Release
-from beam_dp.core.state import decode_state, encode_state
+Exports are loaded on first use (``beam_dp.lazy``): importing the package imports none of its modules.
+"""
 
-__all__ = [
-    "Charge",
-    "ElementLoss",
-    "Guarantee",
-    "NoiseSource",
-    "PrivacyLedger",
-    "Release",
-    "StepClock",
-    "analytic_gaussian_delta",
-    "analytic_gaussian_epsilon",
-    "analytic_gaussian_sigma",
-    "certify_gaussian",
-    "clip_box",
-    "clip_l1",
-    "clip_l2",
-    "decode_state",
-    "encode_state",
-    "require_within_budget",
-    "sigma_tree_004",
-    "sigma_window_002",
-]
+from beam_dp.lazy import lazy_exports
+
+_EXPORTS = {
+    "Charge": "beam_dp.core.guarantee",
+    "ElementLoss": "beam_dp.core.guarantee",
+    "Guarantee": "beam_dp.core.guarantee",
+    "PrivacyLedger": "beam_dp.core.guarantee",
+    "require_within_budget": "beam_dp.core.guarantee",
+    "NoiseSource": "beam_dp.core.noise",
+    "Release": "beam_dp.core.release",
+    "StepClock": "beam_dp.core.clock",
+    "analytic_gaussian_delta": "beam_dp.core.calibration",
+    "analytic_gaussian_epsilon": "beam_dp.core.calibration",
+    "analytic_gaussian_sigma": "beam_dp.core.calibration",
+    "certify_gaussian": "beam_dp.core.calibration",
+    "sigma_tree_004": "beam_dp.core.calibration",
+    "sigma_window_002": "beam_dp.core.calibration",
+    "clip_box": "beam_dp.core.clipping",
+    "clip_l1": "beam_dp.core.clipping",
+    "clip_l2": "beam_dp.core.clipping",
+    "decode_state": "beam_dp.core.state",
+    "encode_state": "beam_dp.core.state",
+}
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

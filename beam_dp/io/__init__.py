@@ -1,26 +1,28 @@
-"""Release schema, sinks and a reader."""
+"""Release schema, sinks and a reader.
 
-from beam_dp.io.models import LinearPredictor, load_model
-from beam_dp.io.readers import iter_release_tables, read_release_table, read_releases, row_to_release
-from beam_dp.steps.schema import RELEASE_SCHEMA, ReleaseColumns, ReleaseRow, release_table, release_to_row
-from beam_dp.io.sinks import (GatherReleaseTables, WriteReleasesToJsonLines, WriteReleasesToParquet,
-                             WriteReleasesToPubSub, release_dicts)
+Exports are loaded on first use (``beam_dp.lazy``): importing the package imports none of its modules
+(``beam_dp.io.tables`` alone does not import Beam).
+"""
 
-__all__ = [
-    "GatherReleaseTables",
-    "LinearPredictor",
-    "RELEASE_SCHEMA",
-    "ReleaseColumns",
-    "ReleaseRow",
-    "WriteReleasesToJsonLines",
-    "WriteReleasesToParquet",
-    "WriteReleasesToPubSub",
-    "load_model",
-    "iter_release_tables",
-    "read_release_table",
-    "read_releases",
-    "release_dicts",
-    "release_table",
-    "release_to_row",
-    "row_to_release",
-]
+from beam_dp.lazy import lazy_exports
+
+_EXPORTS = {
+    "GatherReleaseTables": "beam_dp.io.sinks",
+    "LinearPredictor": "beam_dp.io.models",
+    "RELEASE_SCHEMA": "beam_dp.steps.schema",
+    "ReleaseColumns": "beam_dp.steps.schema",
+    "ReleaseRow": "beam_dp.steps.schema",
+    "WriteReleasesToJsonLines": "beam_dp.io.sinks",
+    "WriteReleasesToParquet": "beam_dp.io.sinks",
+    "WriteReleasesToPubSub": "beam_dp.io.sinks",
+    "load_model": "beam_dp.io.models",
+    "iter_release_tables": "beam_dp.io.readers",
+    "read_release_table": "beam_dp.io.readers",
+    "read_releases": "beam_dp.io.readers",
+    "release_dicts": "beam_dp.io.sinks",
+    "release_table": "beam_dp.steps.schema",
+    "release_to_row": "beam_dp.steps.schema",
+    "row_to_release": "beam_dp.io.readers",
+}
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

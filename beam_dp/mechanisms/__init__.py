@@ -1,25 +1,26 @@
-"""Pure mechanisms: the papers' algorithms as state machines over numpy. No Beam imports."""
+"""Pure mechanisms: the papers' algorithms as state machines over numpy. No Beam imports.
 
-from beam_dp.mechanisms.base import ClippedSum, ContinualSumMechanism, Mechanism, NodeNoise
-from beam_dp.mechanisms.online import WDPCOCOL, WDPCOCOP, OnlineLoss
-from beam_dp.mechanisms.regression import PrivIncERM, PrivIncReg1, PrivIncReg2
-from beam_dp.mechanisms.tree import BinaryTreeSum, DoublingTreeSum, HybridTreeSum, make_tree_sum
-from beam_dp.mechanisms.window_tree import WindowTreeSum
+Exports are loaded on first use (``beam_dp.lazy``): importing the package imports none of its modules.
+"""
 
-__all__ = [
-    "BinaryTreeSum",
-    "ClippedSum",
-    "ContinualSumMechanism",
-    "DoublingTreeSum",
-    "HybridTreeSum",
-    "Mechanism",
-    "NodeNoise",
-    "OnlineLoss",
-    "PrivIncERM",
-    "PrivIncReg1",
-    "PrivIncReg2",
-    "WDPCOCOL",
-    "WDPCOCOP",
-    "WindowTreeSum",
-    "make_tree_sum",
-]
+from beam_dp.lazy import lazy_exports
+
+_EXPORTS = {
+    "BinaryTreeSum": "beam_dp.mechanisms.tree",
+    "DoublingTreeSum": "beam_dp.mechanisms.tree",
+    "HybridTreeSum": "beam_dp.mechanisms.tree",
+    "make_tree_sum": "beam_dp.mechanisms.tree",
+    "ClippedSum": "beam_dp.mechanisms.base",
+    "ContinualSumMechanism": "beam_dp.mechanisms.base",
+    "Mechanism": "beam_dp.mechanisms.base",
+    "NodeNoise": "beam_dp.mechanisms.base",
+    "OnlineLoss": "beam_dp.mechanisms.online",
+    "WDPCOCOL": "beam_dp.mechanisms.online",
+    "WDPCOCOP": "beam_dp.mechanisms.online",
+    "PrivIncERM": "beam_dp.mechanisms.regression",
+    "PrivIncReg1": "beam_dp.mechanisms.regression",
+    "PrivIncReg2": "beam_dp.mechanisms.regression",
+    "WindowTreeSum": "beam_dp.mechanisms.window_tree",
+}
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

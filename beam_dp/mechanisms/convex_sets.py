@@ -39,8 +39,6 @@ import math
 from typing import Any, Mapping
 
 import numpy as np
-from scipy.optimize import linprog, nnls
-from scipy.special import gammaln
 
 __all__ = [
     "Box",
@@ -345,6 +343,8 @@ class Polytope(ConvexSet):
     kind = "polytope"
 
     def __init__(self, vertices: Any = None, *, A: Any = None, b: Any = None) -> None:
+        from scipy.optimize import linprog  # on first use: scipy.optimize costs ~0.3 s of start-up
+
         self.vertices = None
         if vertices is None and A is None:
             raise ValueError("empty polytope: give vertices or halfspaces")
@@ -407,6 +407,8 @@ class Polytope(ConvexSet):
     def project(self, x):
         if self.vertices is None:
             raise NotImplementedError("projection onto a halfspace polytope is not provided; use its LLO")
+        from scipy.optimize import nnls
+
         x = self._vector(x)
         V = self.vertices
         n = V.shape[0]
@@ -432,6 +434,8 @@ class Polytope(ConvexSet):
         if self.vertices is None:
             return bool(np.all(self.A @ x <= self.b + tol * (1 + np.abs(self.b))))
         # min Σs s.t. |Vᵀλ − x| <= s, λ in the simplex: the L1 distance from x to P
+        from scipy.optimize import linprog
+
         V, d = self.vertices, self.dim
         n = V.shape[0]
         eye = np.eye(d)
@@ -442,6 +446,8 @@ class Polytope(ConvexSet):
         return bool(res.success and res.fun <= max(tol, 1e-9) * (1 + np.abs(x).sum()))
 
     def llo(self, x, r, c):
+        from scipy.optimize import linprog
+
         x, c = self._vector(x), self._vector(c)
         d = self.dim
         budget = math.sqrt(d) * r
@@ -483,7 +489,7 @@ class Polytope(ConvexSet):
 
 def gaussian_width_unit_l2(d: int) -> float:
     """``w(B₂^d) = √2·Γ((d+1)/2)/Γ(d/2)`` (= E‖g‖, ≈ √d)."""
-    return float(math.sqrt(2.0) * math.exp(gammaln((d + 1) / 2.0) - gammaln(d / 2.0)))
+    return float(math.sqrt(2.0) * math.exp(math.lgamma((d + 1) / 2.0) - math.lgamma(d / 2.0)))
 
 
 def gaussian_width_sparse(d: int, k: int) -> float:

@@ -49,7 +49,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Literal, Sequence
 
 import numpy as np
-from scipy.optimize import linprog
 
 from beam_dp.core.calibration import certify_gaussian
 from beam_dp.core.clipping import clip_l2
@@ -623,6 +622,8 @@ class PrivIncReg2(PrivIncReg1):
         """``argmin ‖θ‖_C s.t. Φθ = ϑ`` (LP for L1, pseudo-inverse for L2); ``None`` if the LP fails."""
         if isinstance(self.constraint, L2Ball):
             return self._Vt.T @ ((self._U.T @ vartheta) / self._S)
+        from scipy.optimize import linprog  # on first use: scipy.optimize costs ~0.3 s of start-up
+
         d = self.dim
         res = linprog(np.ones(2 * d), A_eq=np.hstack([self.phi, -self.phi]), b_eq=vartheta,
                       bounds=[(0, None)] * (2 * d), method="highs")

@@ -5,28 +5,27 @@
 * :class:`ToeplitzSqrtSum` (``toeplitz.py``): square-root Toeplitz factorization, Gaussian;
 * :class:`BLTSum` (``blt.py``): 4-buffer BLT factorization, Gaussian (default for (ε, δ));
 * :func:`make_counter` (``factory.py``): one of them (or the trees) by name.
+
+Exports are loaded on first use (``beam_dp.lazy``): importing the package imports none of its modules.
 """
 
-from beam_dp.mechanisms.counters.blt import BLTState, BLTSum
-from beam_dp.mechanisms.counters.blt_math import BLT, fit_blt
-from beam_dp.mechanisms.counters.factory import COUNTERS, make_counter, resolve_counter
-from beam_dp.mechanisms.counters.honaker import HonakerTreeState, HonakerTreeSum
-from beam_dp.mechanisms.counters.pure import KaryFit, KaryTreeSum, fit_kary
-from beam_dp.mechanisms.counters.toeplitz import ToeplitzSqrtState, ToeplitzSqrtSum
+from beam_dp.lazy import lazy_exports
 
-__all__ = [
-    "BLT",
-    "BLTState",
-    "BLTSum",
-    "COUNTERS",
-    "HonakerTreeState",
-    "HonakerTreeSum",
-    "KaryFit",
-    "KaryTreeSum",
-    "ToeplitzSqrtState",
-    "ToeplitzSqrtSum",
-    "fit_blt",
-    "fit_kary",
-    "make_counter",
-    "resolve_counter",
-]
+_EXPORTS = {
+    "BLT": "beam_dp.mechanisms.counters.blt_math",
+    "fit_blt": "beam_dp.mechanisms.counters.blt_math",
+    "BLTState": "beam_dp.mechanisms.counters.blt",
+    "BLTSum": "beam_dp.mechanisms.counters.blt",
+    "COUNTERS": "beam_dp.mechanisms.counters.factory",
+    "make_counter": "beam_dp.mechanisms.counters.factory",
+    "resolve_counter": "beam_dp.mechanisms.counters.factory",
+    "HonakerTreeState": "beam_dp.mechanisms.counters.honaker",
+    "HonakerTreeSum": "beam_dp.mechanisms.counters.honaker",
+    "KaryFit": "beam_dp.mechanisms.counters.pure",
+    "KaryTreeSum": "beam_dp.mechanisms.counters.pure",
+    "fit_kary": "beam_dp.mechanisms.counters.pure",
+    "ToeplitzSqrtState": "beam_dp.mechanisms.counters.toeplitz",
+    "ToeplitzSqrtSum": "beam_dp.mechanisms.counters.toeplitz",
+}
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

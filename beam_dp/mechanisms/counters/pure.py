@@ -23,7 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import minimize
 
 from beam_dp.mechanisms.counters.honaker import HonakerTreeSum, honaker_variances
 
@@ -76,6 +75,8 @@ def fit_kary(horizon: int, max_arity: int = 16) -> tuple[KaryFit, float]:
     if horizon < 1:
         raise ValueError("horizon must be >= 1")
     best: tuple[float, KaryFit] | None = None
+    from scipy.optimize import minimize  # on first use (a fit not in the table): ~0.3 s of start-up
+
     for arity in range(2, max_arity + 1):
         full = 1
         while arity ** (full - 1) < horizon:

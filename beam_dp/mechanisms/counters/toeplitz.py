@@ -14,14 +14,18 @@ Memory and time, honestly: ``C`` has no finite recursion, so the noise at ``t`` 
 ``z_1..z_t``. They are not stored in the state (the running clean sum, ``d`` floats, and ``t``): the
 ``z``'s are regenerated from the key in blocks of ``BLOCK`` steps (key ``(stream, purpose, (b,))``, each
 block always the same draw). The correlated noise ``Σ_{j<t} c_j z_{t−j}`` is computed for a whole
-*span* of upcoming steps at once, by one FFT convolution of ``z_1..z_end`` with ``c`` (O(t·d·log t) per
-span), and kept in a worker-local cache (a pure function of the key, never state; bounded by
-``CACHE_BYTES``, recomputed identically after eviction). Spans: the first ``SPAN_STEPS`` steps, then
-spans of ``2^m`` steps inside ``[2^m, 2^(m+1))``, capped so that one span of the group stays under
-``CACHE_BYTES / 4`` (a power of two, at least ``BLOCK``). Uncapped, a step costs O(d·log t) amortised
-and the cache holds about ``t·d`` floats per stream; capped (large groups, large ``d``), O(d +
-t·d·log t / span). Spans of different lengths (a stream stepped alone or in a large group) round the
-FFT differently: releases agree to float tolerance, not bit for bit. Measured in ``docs/benchmarks.md``.
+*span* of upcoming steps at once and kept in a worker-local cache (a pure function of the key, never
+state; bounded by ``CACHE_BYTES``, recomputed identically after eviction). Spans: the first
+``SPAN_STEPS`` steps, then spans of ``2^m`` steps inside ``[2^m, 2^(m+1))``, capped so that one span of
+the group stays under ``CACHE_BYTES / 4`` (a power of two, at least ``BLOCK``). A span is a uniformly
+partitioned FFT convolution (``_SpanJob``) cut into small units of work (one noise block, one chunk
+FFT, one chunk × target product, one inverse), and the next span's units are spread over the steps
+of the current one, so no step pays for a whole span (issue 26.4; a fresh worker mid-span computes
+its span at once, with the same floats). Uncapped, a step costs O(d·log t) amortised and the cache
+holds about ``t·d`` floats per stream; capped (large groups, large ``d``), O(d·(t/B + log B)) with
+``B`` the partition. Spans of different lengths (a stream stepped alone or in a large group) round
+the FFT differently: releases agree to float tolerance, not bit for bit. Measured in
+``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -101,34 +105,41 @@ class ToeplitzSqrtSum(ToeplitzFactorizationSum):
 
     def noise_history(self, noise: NoiseSource, streams: tuple[str, ...], t: int) -> np.ndarray:
         """``z_1..z_t`` of every stream as a ``(streams, t, d)`` array (regenerated from the key, block by block)."""
-        blocks = [
-            noise.draw_cells("gaussian", streams, self.purpose, (b,), self.sigma, BLOCK * self.dim).reshape(-1, BLOCK, self.dim)
-            for b in range((t - 1) // BLOCK + 1)
-        ]
-        return np.concatenate(blocks, axis=1)[:, :t]
+        return np.concatenate([self.noise_block(noise, streams, b) for b in range((t - 1) // BLOCK + 1)], axis=1)[:, :t]
+
+    def noise_block(self, noise: NoiseSource, streams: tuple[str, ...], b: int) -> np.ndarray:
+        """``z`` of the 0-based steps ``[b·BLOCK, (b+1)·BLOCK)``, ``(streams, BLOCK, d)``: the cell ``(stream, purpose, (b,))``."""
+        return noise.draw_cells("gaussian", streams, self.purpose, (b,), self.sigma, BLOCK * self.dim).reshape(
+            -1, BLOCK, self.dim)
+
+    def _span_of(self, u: int, groups: int) -> tuple[int, int]:
+        """``(span, k)``: the span ``[k·span, (k+1)·span)`` holding the 0-based step ``u`` for a group of ``groups``."""
+        cap = max(BLOCK, 1 << max((CACHE_BYTES // (4 * 8 * self.dim * groups)).bit_length() - 1, 0))
+        span = SPAN_STEPS if u < SPAN_STEPS else min(1 << (u.bit_length() - 1), cap)
+        return span, u // span
 
     def _span_noise(self, noise: NoiseSource, streams: tuple[str, ...], t: int) -> np.ndarray:
-        """``Σ_{j<t} c_j z_{t−j}`` of every stream ``(len(streams), d)``, from the cached span holding ``t``."""
+        """``Σ_{j<t} c_j z_{t−j}`` of every stream ``(len(streams), d)``, from the cached span holding ``t``; then a
+        share of the work of the next span (so that no step pays for a whole span)."""
         u = t - 1  # spans partition the 0-based steps: [0, SPAN_STEPS), then within each [2^m, 2^(m+1))
-        cap = max(BLOCK, 1 << max((CACHE_BYTES // (4 * 8 * self.dim * len(streams))).bit_length() - 1, 0))
-        span = SPAN_STEPS if u < SPAN_STEPS else min(1 << (u.bit_length() - 1), cap)
-        k = u // span
+        span, k = self._span_of(u, len(streams))
         per_source = self._cache.setdefault(noise, OrderedDict())
-        key = (streams, span, k)
-        block = per_source.get(key)
-        if block is None:
-            lo, hi = k * span, min((k + 1) * span, self.horizon)
-            z = self.noise_history(noise, streams, hi)
-            n_fft = 1 << (2 * hi - 1).bit_length()
-            conv = np.fft.irfft(np.fft.rfft(z, n_fft, axis=1) * np.fft.rfft(self.c_coeffs(hi), n_fft)[None, :, None],
-                                n_fft, axis=1)
-            block = np.ascontiguousarray(conv[:, lo:hi])
-            per_source[key] = block
-            while sum(b.nbytes for b in per_source.values()) > CACHE_BYTES and len(per_source) > 1:
-                per_source.popitem(last=False)
-        else:
-            per_source.move_to_end(key)
+        block = self._entry(per_source, streams, span, k, noise).finish()
+        nxt = (k + 1) * span
+        if nxt < self.horizon:  # the next span, paced to be done by its first step
+            job = self._entry(per_source, streams, *self._span_of(nxt, len(streams)), noise)
+            job.advance(-(-job.remaining // (nxt - u)))
+        while sum(e.nbytes for e in per_source.values()) > CACHE_BYTES and len(per_source) > 2:
+            per_source.popitem(last=False)
         return block[:, u - k * span]
+
+    def _entry(self, per_source: OrderedDict, streams: tuple[str, ...], span: int, k: int, noise: NoiseSource) -> "_SpanJob":
+        key = (streams, span, k)
+        job = per_source.get(key)
+        if job is None:
+            job = per_source[key] = _SpanJob(self, noise, streams, k * span, min((k + 1) * span, self.horizon), span)
+        per_source.move_to_end(key)
+        return job
 
     def _advance_group(self, group: GroupState, vectors: np.ndarray, noise: NoiseSource):
         t = self._next_t(group)
@@ -147,3 +158,70 @@ class ToeplitzSqrtSum(ToeplitzFactorizationSum):
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._cache = weakref.WeakKeyDictionary()
+
+
+class _SpanJob:
+    """The correlated noise ``Σ_{j<=u} c_j z_{u−j}`` of the 0-based steps ``u`` in ``[lo, hi)``, ``(streams, hi − lo, d)``,
+    computed in small units of work so that it can be spread over the steps before ``lo``.
+
+    A uniformly partitioned FFT convolution: sources ``z`` in chunks of ``B`` steps (``B = max(BLOCK, span / 64)``),
+    targets in blocks of ``B`` steps; the contribution of source chunk ``a`` to target block ``b`` is the middle of
+    a circular convolution of length ``2B`` with the ``2B − 1`` coefficients around ``c_{(b−a)B}``, accumulated in
+    the frequency domain and inverted once per target block. Units: one noise block drawn, one chunk transformed,
+    one (chunk, target) product, one target inverted; each costs O(B·d) per stream, the whole span
+    O(hi·d·(span / B + log B)). The units always run in the same order, so the result does not depend on how
+    they were paced (a fresh worker computing the span at once gets the same floats).
+    """
+
+    def __init__(self, mech: ToeplitzSqrtSum, noise: NoiseSource, streams: tuple[str, ...], lo: int, hi: int, span: int):
+        self.B = max(BLOCK, span // 64)
+        n_lo, n_tgt = lo // self.B, -(-(hi - lo) // self.B)
+        n_src = n_lo + n_tgt
+        self.remaining = (n_src * (self.B // BLOCK + 1) + n_lo * n_tgt + n_tgt * (n_tgt + 1) // 2 + n_tgt)
+        self.nbytes = 0
+        self._result: np.ndarray | None = None
+        self._units = self._run(mech, noise, streams, lo, hi, n_lo, n_tgt)
+
+    def advance(self, units: int) -> None:
+        """Run up to ``units`` more units of work (``remaining`` paces them; ``finish`` does whatever is left)."""
+        for _ in range(min(units, self.remaining)):
+            next(self._units, None)
+            self.remaining -= 1
+
+    def finish(self) -> np.ndarray:
+        """The span's noise, computing what is left of it now."""
+        if self._result is None:
+            for _ in self._units:
+                pass
+            self.remaining = 0
+        return self._result
+
+    def _run(self, mech, noise, streams, lo, hi, n_lo, n_tgt):
+        B, d, n = self.B, mech.dim, len(streams)
+        c = np.zeros((n_lo + n_tgt) * B)
+        c[:hi] = mech.c_coeffs(hi)  # c_j with j >= hi reach only steps >= hi: never read
+        c_hat: dict[int, np.ndarray] = {}
+        acc = np.zeros((n_tgt, n, B + 1, d), np.complex128)
+        out = np.empty((n, hi - lo, d))
+        self.nbytes = acc.nbytes + out.nbytes
+        for a in range(n_lo + n_tgt):
+            z = np.empty((n, B, d))
+            for j in range(B // BLOCK):
+                z[:, j * BLOCK:(j + 1) * BLOCK] = mech.noise_block(noise, streams, a * (B // BLOCK) + j)
+                yield
+            z_hat = np.fft.rfft(z, 2 * B, axis=1)
+            yield
+            for i in range(max(0, a - n_lo), n_tgt):
+                delta = n_lo + i - a
+                if delta not in c_hat:  # w_k = c_{(δ−1)B+1+k}, k < 2B − 1 (zero below index 0)
+                    first = (delta - 1) * B + 1
+                    w = c[max(first, 0):(delta + 1) * B]
+                    c_hat[delta] = np.fft.rfft(np.concatenate([np.zeros(max(-first, 0)), w]), 2 * B)
+                acc[i] += z_hat * c_hat[delta][None, :, None]
+                yield
+            if a >= n_lo:  # target block a − n_lo has all its sources
+                i = a - n_lo
+                width = min(B, hi - lo - i * B)
+                out[:, i * B:i * B + width] = np.fft.irfft(acc[i], 2 * B, axis=1)[:, B - 1:B - 1 + width]
+                yield
+        self._result, self.nbytes = out, out.nbytes

@@ -1,0 +1,142 @@
+"""The lifted combiner of the parse stage: per (key, step), the sum of the clipped blocks, held dense.
+
+Beam lifts ``CombinePerKey(MergeClippedSums())`` before the shuffle and keeps one accumulator per
+(key, step) live for a whole bundle (up to 100,000 keys), so the accumulator's size is the stage's
+memory. A group's accumulator is an ``(n, d)`` array of sums (and ``(n,)`` counts) indexed by a
+stream → row map shared by every step of the group on this worker: memory grows with the cells, not
+with the events or the blocks that carried them (issue 26.1). Nothing private leaves it but the sums
+themselves (the same clipped sums the blocks held); the row maps are a worker-local index of stream
+names, never state, and the output does not depend on them (rows are sorted by name on the way out).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import apache_beam as beam
+import numpy as np
+
+from beam_dp.mechanisms.base import ClippedSum
+from beam_dp.mechanisms.stream_groups import GroupBlock
+
+__all__ = ["MergeClippedSums"]
+
+
+class _RowMap:
+    """Stream name → row, in order of first sight (one per group and worker); ``owners`` (stream → its
+    map, shared by the combiner's maps) learns each new name, so the next step of the group finds this map."""
+
+    def __init__(self, owners: dict[str, "_RowMap"]) -> None:
+        self.row: dict[str, int] = {}
+        self.names: list[str] = []
+        self.owners = owners
+        self._rank = np.zeros(0, np.int64)
+
+    def rank(self) -> np.ndarray:
+        """Each row's position in name order (recomputed when names were added)."""
+        if len(self._rank) != len(self.names):
+            self._rank = np.empty(len(self.names), np.int64)
+            self._rank[np.argsort(np.array(self.names, dtype=str), kind="stable")] = np.arange(len(self.names))
+        return self._rank
+
+    def rows_of(self, streams: tuple[str, ...]) -> np.ndarray:
+        try:  # the usual case once a group's streams are known: one C-level pass
+            return np.fromiter(map(self.row.__getitem__, streams), np.int64, len(streams))
+        except KeyError:
+            pass
+        for name in streams:
+            if name not in self.row:
+                self.row[name] = len(self.names)
+                self.names.append(name)
+                self.owners.setdefault(name, self)
+        return np.fromiter(map(self.row.__getitem__, streams), np.int64, len(streams))
+
+
+class _GroupSums:
+    """The live accumulator of one (group, step): sums, counts and clipped counts by row of a ``_RowMap``;
+    ``seen`` marks the rows of streams this step has (a block of zero counts declares its streams)."""
+
+    __slots__ = ("rows", "sums", "counts", "clipped", "seen")
+
+    def __init__(self, rows: _RowMap, dim: int) -> None:
+        cap = max(len(rows.names), 16)
+        self.rows = rows
+        self.sums, self.counts = np.zeros((cap, dim)), np.zeros(cap, np.int64)
+        self.clipped, self.seen = np.zeros(cap, np.int64), np.zeros(cap, bool)
+
+    def add(self, block: GroupBlock) -> None:
+        idx = self.rows.rows_of(block.streams)  # distinct: a block's streams are distinct
+        if len(self.rows.names) > len(self.seen):
+            self._grow(max(len(self.rows.names), 2 * len(self.seen)))
+        self.sums[idx] += block.sums
+        self.counts[idx] += block.counts
+        self.clipped[idx] += block.clipped
+        self.seen[idx] = True
+
+    def _grow(self, cap: int) -> None:
+        n = len(self.seen)
+        sums = np.zeros((cap, self.sums.shape[1]))
+        sums[:n] = self.sums
+        self.sums = sums
+        self.counts, self.clipped, self.seen = (np.concatenate([a, np.zeros(cap - n, a.dtype)])
+                                                for a in (self.counts, self.clipped, self.seen))
+
+    def block(self) -> GroupBlock:
+        """The rows seen, sorted by stream name (a ``GroupBlock``)."""
+        rows = np.flatnonzero(self.seen)
+        rows = rows[np.argsort(self.rows.rank()[rows])]
+        names = self.rows.names
+        return GroupBlock(tuple(names[r] for r in rows.tolist()), self.sums[rows], self.counts[rows], self.clipped[rows])
+
+
+class MergeClippedSums(beam.CombineFn):
+    """Sums the blocks (``ClippedSum`` or ``GroupBlock``) of one key and step (module docstring).
+
+    Accumulators: ``None`` (empty), a ``ClippedSum`` (a stream's key: merged on arrival), a live
+    ``_GroupSums`` (a group's key), or a ``GroupBlock`` (what ``compact`` emits to the shuffle and
+    ``merge_accumulators`` receives). Sums are added in arrival order, as ``GroupBlock.combine`` does."""
+
+    def __init__(self) -> None:
+        self._maps: dict[str, _RowMap] = {}  # stream -> the row map of its group (worker-local index)
+
+    def __getstate__(self) -> dict:
+        return {}  # the row maps are rebuilt on each worker
+
+    def __setstate__(self, state: dict) -> None:
+        self._maps = {}
+
+    def create_accumulator(self) -> Any:
+        return None
+
+    def add_input(self, acc: Any, block: Any) -> Any:
+        if isinstance(block, ClippedSum):
+            return block if acc is None else acc.merge(block)
+        if not isinstance(acc, _GroupSums):
+            acc = self._live(acc, block)
+        acc.add(block)
+        return acc
+
+    def merge_accumulators(self, accs: Iterable[Any]) -> Any:
+        merged = None
+        for acc in accs:
+            if acc is None:
+                continue
+            if isinstance(acc, ClippedSum):
+                merged = acc if merged is None else merged.merge(acc)
+                continue
+            merged = self.add_input(merged, acc.block() if isinstance(acc, _GroupSums) else acc)
+        return merged
+
+    def compact(self, acc: Any) -> Any:
+        return acc.block() if isinstance(acc, _GroupSums) else acc
+
+    def extract_output(self, acc: Any) -> Any:
+        return self.compact(acc)
+
+    def _live(self, acc: GroupBlock | None, block: GroupBlock) -> _GroupSums:
+        """A live accumulator on the row map of ``block``'s group (holding ``acc``'s sums, if any)."""
+        rows = next((self._maps[name] for name in block.streams if name in self._maps), None)
+        live = _GroupSums(_RowMap(self._maps) if rows is None else rows, block.sums.shape[1])
+        if acc is not None:
+            live.add(acc)
+        return live

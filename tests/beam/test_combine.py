@@ -1,0 +1,77 @@
+"""The lifted combiner ``MergeClippedSums`` (issue 26.1): the sums of the blocks of a key and step, held in a
+dense accumulator whose size follows the cells, not the blocks."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+from beam_dp.beam.combine import MergeClippedSums
+from beam_dp.mechanisms.base import ClippedSum
+from beam_dp.mechanisms.stream_groups import GroupBlock
+
+D = 3
+
+
+def _block(rng, names) -> GroupBlock:
+    names = tuple(sorted(set(names)))
+    n = len(names)
+    return GroupBlock(names, rng.normal(size=(n, D)), rng.integers(1, 5, n), rng.integers(0, 2, n))
+
+
+def _bundles(fn, blocks, per_bundle):
+    """Beam's lifted combine: each bundle adds its blocks to a fresh accumulator and compacts it; the
+    shuffle carries them (pickled) to merge_accumulators and extract_output."""
+    accs = []
+    for i in range(0, len(blocks), per_bundle):
+        acc = fn.create_accumulator()
+        for block in blocks[i:i + per_bundle]:
+            acc = fn.add_input(acc, block)
+        accs.append(pickle.loads(pickle.dumps(fn.compact(acc))))
+    return fn.extract_output(fn.merge_accumulators(accs))
+
+
+@pytest.mark.parametrize("per_bundle", [1, 7, 1000])
+def test_group_blocks_sum_like_combine(per_bundle):
+    rng = np.random.default_rng(3)
+    streams = [f"s{i:03d}" for i in range(40)]
+    blocks = [_block(rng, rng.choice(streams, rng.integers(1, 12))) for _ in range(150)]
+    blocks.append(GroupBlock.declaring(["zz-declared", streams[0]], D))  # a zero-count block declares streams
+    fn = pickle.loads(pickle.dumps(MergeClippedSums()))
+    got, want = _bundles(fn, blocks, per_bundle), GroupBlock.combine(blocks)
+    assert got.streams == want.streams and "zz-declared" in got.streams  # sorted by name, declared kept
+    # counts are integers: exact; sums of <= 150 O(1) floats in another order: within 1e-12 relative
+    np.testing.assert_array_equal(got.counts, want.counts)
+    np.testing.assert_array_equal(got.clipped, want.clipped)
+    np.testing.assert_allclose(got.sums, want.sums, rtol=1e-12, atol=1e-12)
+
+
+def test_the_accumulator_follows_the_cells_not_the_blocks():
+    rng = np.random.default_rng(4)
+    streams = [f"s{i:02d}" for i in range(50)]
+    fn = MergeClippedSums()
+    steps = [fn.create_accumulator() for _ in range(3)]  # three steps of one group: the first, then two interleaved
+    for rounds, live in ((100, [0]), (400, [1, 2])):
+        for _ in range(rounds):
+            for i in live:
+                steps[i] = fn.add_input(steps[i], _block(rng, rng.choice(streams, 8)))
+    for acc in steps:
+        assert len(acc.seen) <= 64 and acc.seen.sum() == 50  # 50 streams: one row each, capacity doubled from 16
+    assert len({id(acc.rows) for acc in steps}) == 1  # the steps of a group share one row map
+
+
+def test_stream_keys_merge_clipped_sums():
+    fn = MergeClippedSums()
+    parts = [ClippedSum(np.full(D, float(i)), 2, i % 2) for i in range(10)]
+    acc = fn.create_accumulator()
+    for part in parts[:6]:
+        acc = fn.add_input(acc, part)
+    other = fn.add_input(fn.create_accumulator(), parts[6])
+    for part in parts[7:]:
+        other = fn.add_input(other, part)
+    out = fn.extract_output(fn.merge_accumulators([acc, None, other]))
+    np.testing.assert_allclose(out.vector, np.full(D, 45.0))  # sums of small integers: exact in floats
+    assert (out.count, out.clipped) == (20, 5)
+    assert fn.extract_output(fn.create_accumulator()) is None
