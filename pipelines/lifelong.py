@@ -86,7 +86,7 @@ def plan(options) -> Plan:
     demo = opts.input is None and opts.source == "files"
     if demo:
         pattern, eval_pattern = join(out_dir, "demo_tasks.csv"), join(out_dir, "demo_eval.csv")
-        write_demo(pattern, eval_pattern)  # needed now: the eval sets are part of the params
+        demo_sizes = write_demo(pattern, eval_pattern)  # needed now: the eval sets are part of the params
         dim, classes, tasks = 64, tuple(str(i) for i in range(10)), tuple(str(i) for i in range(len(DEMO_GROUPS)))
     else:
         missing = [f for f, v in (("--tasks", opts.tasks), ("--classes", opts.classes)) if v is None]
@@ -115,6 +115,12 @@ def plan(options) -> Plan:
         g_layers=_layers(opts.g_layers), **{name: getattr(opts, name) for name in _LEARNER_FLAGS})
     accepted = {f.name for f in dataclasses.fields(learner_class)}  # each learner takes its own subset
     kwargs = {k: v for k, v in given.items() if k in accepted and v is not None}
+    if "task_size" in accepted and "task_size" not in kwargs:
+        if not demo:
+            raise UsageError(f"--task-size required with --learner {opts.learner}: the public, declared number of "
+                             "rows per task (the sampling rate and step count come from it; the true count stays "
+                             "private)")
+        kwargs["task_size"] = demo_sizes  # the demo's data set is public, so are its task sizes
     learner = params_or_usage_error(lambda: learner_class(**kwargs), opts.learner)
     params = params_or_usage_error(lambda: LifelongParams(
         learner, streams=split_list(opts.streams, "--streams"), noise_key=noise_key_of(opts),
@@ -122,7 +128,7 @@ def plan(options) -> Plan:
     return Plan(demo, pattern, out_dir, params, streaming, classes)
 
 
-_LEARNER_FLAGS = ("hidden", "batch_size", "epochs", "steps_per_task", "learning_rate", "optimizer", "dtype",
+_LEARNER_FLAGS = ("task_size", "micro_batch", "hidden", "batch_size", "epochs", "steps_per_task", "learning_rate", "optimizer", "dtype",
                   "eval_batch", "agem_always_project", "epsilon", "delta", "clip_norm", "memory_uses", "memory_share",
                   "noise_multiplier", "rho_s", "b_theta", "ae_mode", "label_path", "encoder_batch_norm")
 
@@ -175,8 +181,9 @@ def build(pipeline, job: Plan, opts, messages=None):
     return out
 
 
-def write_demo(path: str, eval_path: str, seed: int = 0) -> int:
-    """Digits (x / 8 - 1 in [-1, 1]) split 80/20 by a fixed permutation, tasks = class groups."""
+def write_demo(path: str, eval_path: str, seed: int = 0) -> dict[str, int]:
+    """Digits (x / 8 - 1 in [-1, 1]) split 80/20 by a fixed permutation, tasks = class groups; returns the
+    training rows per task (public: the demo data set is public)."""
     import numpy as np
     from sklearn.datasets import load_digits
 
@@ -190,7 +197,8 @@ def write_demo(path: str, eval_path: str, seed: int = 0) -> int:
         idx = sorted(idx, key=lambda i: (task_of[y[i]], i))  # tasks in order
         lines = [header] + [f"digits,{task_of[y[i]]}," + ",".join(f"{v:g}" for v in x[i]) + f",{y[i]}" for i in idx]
         write_text(target, "\n".join(lines) + "\n")
-    return cut
+    train = y[perm[:cut]]
+    return {str(i): int(np.isin(train, group).sum()) for i, group in enumerate(DEMO_GROUPS)}
 
 
 def summary(job: Plan, opts) -> list[str]:

@@ -14,7 +14,7 @@ from tests.lifelong.conftest import small_common
 
 def test_per_example_clipping(digits):
     tasks, _ = digits
-    learner = BoundedAGEMConfig(**small_common(), clip_norm=0.05).build()
+    learner = BoundedAGEMConfig(**small_common(), task_size=480, clip_norm=0.05).build()
     state = learner._initialise(learner.init_state("s"), NoiseSource(TEST_KEY))
     params, _ = learner._torch_state(state)
     x = torch.as_tensor(tasks[0].x[:40])
@@ -30,7 +30,7 @@ def test_per_example_clipping(digits):
 def test_gradient_noise_calibration_with_half_noise_control():
     """On an empty batch the privatised gradient is pure noise N(0, (zC/λ)²): the chi-square variance check
     (two-sided, 0.999) passes for the real noise and fails for a half-noise (σ/2) variant."""
-    learner = BoundedAGEMConfig(**small_common(), clip_norm=0.5).build()
+    learner = BoundedAGEMConfig(**small_common(), task_size=480, clip_norm=0.5).build()
     state = learner._initialise(learner.init_state("s"), NoiseSource(TEST_KEY))
     params, _ = learner._torch_state(state)
     empty_x, empty_y = torch.zeros((0, 64), dtype=torch.float64), torch.zeros(0, dtype=torch.int64)
@@ -47,7 +47,7 @@ def test_gradient_noise_calibration_with_half_noise_control():
 @pytest.fixture(scope="module")
 def naive_run(digits):
     tasks, evals = digits
-    learner = NaiveGaussianConfig(**small_common(evals), epsilon=3.0, delta=1e-5, num_tasks=3).build()
+    learner = NaiveGaussianConfig(**small_common(evals), task_size=480, epsilon=3.0, delta=1e-5, num_tasks=3).build()
     state = learner.init_state("s")
     releases = []
     for task in tasks:
@@ -66,14 +66,14 @@ def test_naive_gaussian_totals(naive_run, digits):
     assert releases[-1].delta_spent == pytest.approx(5 * 1e-5 / 6)
     assert all(r.meta["guarantee_basis"] == "accountant" for r in releases)
     with pytest.raises(BudgetExhausted):  # a 4th task is beyond the declared budget
-        cfg = NaiveGaussianConfig(**small_common(task_ids=None), epsilon=3.0, num_tasks=3)
+        cfg = NaiveGaussianConfig(**small_common(task_ids=None), task_size=480, epsilon=3.0, num_tasks=3)
         cfg.build().step(state, TaskData("extra", digits[0][0].x, digits[0][0].y), NoiseSource(TEST_KEY))
 
 
 def test_bounded_learner_total_fixed_and_memory_cap(digits):
     tasks, _ = digits
     many = [TaskData(f"{i}", t.x, t.y) for i, t in enumerate(tasks + tasks[:1])]  # 4 tasks
-    learner = BoundedAGEMConfig(**small_common(task_ids=None, steps_per_task=8), epsilon=1.0, memory_uses=5).build()
+    learner = BoundedAGEMConfig(**small_common(task_ids=None, steps_per_task=8), task_size=480, epsilon=1.0, memory_uses=5).build()
     state = learner.init_state("s")
     spent, ref_steps = [], 0
     for task in many:

@@ -60,11 +60,11 @@ def test_cli_on_a_csv_equals_the_pure_learner_with_accuracy(tmp_path, capsys):
     _csv(tmp_path / "eval.csv", [(t, xs, label) for t, (x, y) in evals.items() for xs, label in zip(x, y)])
     out = tmp_path / "out"
     argv = [f"--input={tmp_path / 'train.csv'}", f"--eval-input={tmp_path / 'eval.csv'}", f"--output={out}",
-            "--tasks=0,1", "--classes=0,1,2,3,4,5,6,7,8,9", "--steps-per-task=2", "--device=cpu", "--torch-threads=1"]
+            "--tasks=0,1", "--classes=0,1,2,3,4,5,6,7,8,9", "--steps-per-task=2", "--task-size=500", "--device=cpu", "--torch-threads=1"]
     assert job.main(argv) == 0
     assert "s after task 2: accuracy 0=" in capsys.readouterr().out
     config = BoundedAGEMConfig(input_dim=64, n_classes=10, steps_per_task=2, task_ids=("0", "1"), eval_sets=evals,
-                               epsilon=1.0, delta=1e-5, memory_uses=50, device="cpu")
+                               epsilon=1.0, delta=1e-5, memory_uses=50, device="cpu", task_size=500)
     learner, want = config.build(), []
     state = learner.init_state("s")
     noise = NoiseSource(TEST_KEY).for_domain("LifelongLearner")  # the job's label of the transform

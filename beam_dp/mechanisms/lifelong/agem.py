@@ -1,4 +1,8 @@
-"""A-GEM projection (Lai et al., "Lifelong DP: Consistently Bounded Differential Privacy in Lifelong Machine Learning"), per parameter block. Post-processing: no privacy cost."""
+"""A-GEM projection (Lai et al., "Lifelong DP: Consistently Bounded Differential Privacy in Lifelong Machine Learning"), per parameter block. Post-processing: no privacy cost.
+
+Branch-free: the test ``gᵀg_ref < 0`` is a tensor, so a projection never waits for the device (no host
+synchronisation inside a training step).
+"""
 
 from __future__ import annotations
 
@@ -8,15 +12,16 @@ __all__ = ["project", "project_blocks"]
 
 
 def project(g: torch.Tensor, g_ref: torch.Tensor, always: bool = False) -> torch.Tensor:
-    """``g − (gᵀg_ref / g_refᵀg_ref) g_ref`` when ``gᵀg_ref < 0`` (or ``always``); else ``g``.
+    """``g − (gᵀg_ref / g_refᵀg_ref) g_ref`` when ``gᵀg_ref < 0`` (or ``always``); else ``g`` exactly.
 
-    ``g_ref = 0`` leaves ``g`` unchanged. After a projection ``g̃ᵀg_ref = 0`` up to rounding.
+    ``g_ref = 0`` leaves ``g`` unchanged. After a projection ``g̃ᵀg_ref = 0`` up to rounding. One fused
+    expression: the coefficient is 0 where no projection applies.
     """
     ref_sq = torch.dot(g_ref, g_ref)
     dot = torch.dot(g, g_ref)
-    if ref_sq == 0 or (not always and dot >= 0):
-        return g
-    return g - (dot / ref_sq) * g_ref
+    apply = ref_sq > 0 if always else (ref_sq > 0) & (dot < 0)
+    coef = torch.where(apply, dot / torch.where(ref_sq > 0, ref_sq, torch.ones_like(ref_sq)), torch.zeros_like(dot))
+    return g - coef * g_ref
 
 
 def project_blocks(g: dict[str, torch.Tensor], g_ref: dict[str, torch.Tensor], blocks: list[tuple[str, ...]],
