@@ -6,7 +6,9 @@ closes every task at the end of the input, a stream closes a task with a record
 ``{"stream_id": .., "task_id": .., "end_of_task": true}``. The default learner is the sound
 ``BoundedAGEMConfig`` (DP-SGD + A-GEM with bounded memory use: (epsilon, delta)-DP per example from
 dp-accounting); ``--learner naive_gaussian`` is the paper's baseline and ``l2dp`` the paper's L2DP-ML
-(its epsilon is the paper's claim, labelled ``paper_claim``). ``--eval-input`` (public test rows
+(its epsilon is the paper's claim, labelled ``paper_claim``). The DP-SGD learners need ``--task-size``,
+the public declared rows per task (it sets the sampling rate and the step count; the true count stays
+private). ``--eval-input`` (public test rows
 with ``task_id``) adds ``meta["accuracy"]`` to each snapshot. Needs torch. With no ``--input`` the job
 runs a demo on *permuted digits*: scikit-learn's digits in three tasks of all ten classes, each task a
 third of the training rows with its pixels shuffled by a fixed public permutation (task 0: none), 20% held
