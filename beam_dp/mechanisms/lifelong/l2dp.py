@@ -30,7 +30,7 @@ from beam_dp.mechanisms.lifelong.accounting import (
     sensitivity_label,
     sensitivity_reconstruction,
 )
-from beam_dp.mechanisms.lifelong.agem import project_blocks
+from beam_dp.mechanisms.lifelong.agem import project_blocks_flagged
 from beam_dp.mechanisms.lifelong.config import L2DPConfig
 from beam_dp.mechanisms.lifelong.learner import Learner, LifelongState
 from beam_dp.mechanisms.lifelong.network import THETA_1, classifier, encode
@@ -171,9 +171,8 @@ class L2DPML(Learner):
                 e = int(picks[s])
                 g_ref = l2dp_gradients(params, mem_x[e], mem_y[e], chi2, chi3, lam, self.n_layers, cfg.ae_mode,
                                        cfg.label_path, self.encoder_norm)
-                new = project_blocks(g, g_ref, blocks, cfg.agem_always_project)
-                projected += torch.stack([(new[k] != g[k]).any() for k in g]).any()
-                g = new
+                g, moved = project_blocks_flagged(g, g_ref, blocks, cfg.agem_always_project)
+                projected += moved
             t += 1
             self._update(params, g, opt, t)
             with torch.no_grad():
