@@ -169,15 +169,15 @@ def test_accountant_runs_once_per_public_task_shape(digits, monkeypatch):
 
 
 def test_task_size_is_public_and_the_true_size_is_not_released(digits):
-    """q and the step count come from the declared task_size: two tasks of different true sizes release the
-    same public fields; a config without task_size is refused."""
+    """q and the step count come from the declared task_size: tasks of different true sizes (an empty one
+    included) release the same public fields; a config without task_size is refused."""
     tasks, _ = digits
     with pytest.raises(ValueError, match="task_size is required"):
         BoundedAGEMConfig(**small_common(), epsilon=1.0)
     small = TaskData("0", tasks[0].x[:200], tasks[0].y[:200])
     fields = ("steps", "sampling_rate", "task_size", "epochs", "noise_multiplier", "reference_steps", "memory_batches")
     metas = []
-    for task in (tasks[0], small):
+    for task in (tasks[0], small, TaskData("0", tasks[0].x[:0], tasks[0].y[:0])):
         learner = _bounded(steps_per_task=None, epochs=1)
         _, (rel,) = learner.step(learner.init_state("s"), task, NoiseSource(TEST_KEY))
         metas.append(({k: rel.meta[k] for k in fields}, rel.epsilon_spent, rel.delta_spent))

@@ -3,15 +3,23 @@
 The network is the same as L2DP-ML's without χ noise and without batch statistics (they would couple
 the examples of a batch); loss: softmax cross-entropy, trained end to end; A-GEM projects the noisy
 task gradient ``g`` on the noisy memory gradient ``g_ref`` (one block: post-processing). Per-example
-gradients (``torch.func.vmap``) are clipped to L2 norm ``C``; Gaussian noise ``N(0, z²C² I)`` is
-added to their sum, which is divided by the expected batch size λ. Current-task batches are
-Poisson-sampled with rate ``q = λ/|D_τ|`` for ``epochs × round(|D_τ|/λ)`` steps (or the Balanced
-``steps_per_task``). Neighbouring: add/remove one training example; task sizes are public (the usual
-DP-SGD convention for ``q``); every sampling choice and noise draw is keyed.
+gradients (``torch.func.vmap``, in micro-batches of ``micro_batch`` rows) are clipped to L2 norm ``C``;
+Gaussian noise ``N(0, z²C² I)`` is added to their sum, which is divided by the expected batch size λ.
+Current-task batches are Poisson-sampled with rate ``q = λ/N_τ`` for ``epochs(N_τ) × max(1,
+round(N_τ/λ))`` steps (or the Balanced ``steps_per_task``), N_τ the *declared* public task size
+(``task_size``). Neighbouring: add/remove one training example; the true task size is private (no
+released number depends on it); every sampling choice and noise draw is keyed.
+
+A step does no host work: for a chunk of steps the host draws, in one call each, the Poisson masks
+(``(S, n)`` uniforms of the task's keyed sampler: the numbers of S draws of ``n``), the memory picks and
+the keyed Gaussian cells ``(stream, purpose, (τ, s))`` of the steps (``draw_cells``: the cells a
+step-by-step draw gives), and moves them to the device once; noise multipliers come from memoised
+accountant calls (once per task shape). In the step, task and memory rows go through one vmap(grad),
+both clipped sums are small matrix products and the A-GEM projection is branch-free.
 
 * ``NaiveGaussian`` (the paper's baseline): ``num_tasks`` m declared; per task
   ε/(2m) at δ/(2m) for the task stream and the same for the memory stream (Poisson over all memory
-  rows, rate λ/|𝕄|); ``epsilon_spent`` after τ tasks is the sum of the accountant's values (basic
+  rows at the public rate 1/B, B stored batches of nominal size λ); ``epsilon_spent`` after τ tasks is the sum of the accountant's values (basic
   composition), reaching ≤ ε after m tasks; task m+1 is refused.
 * ``BoundedDPAGEM`` (sound for any number of tasks): one batch of λ rows per task is kept in memory and
   each stored batch is used for at most ``memory_uses`` K reference gradients (then retired). Each
@@ -64,11 +72,10 @@ def _loss_one(p: dict, x: torch.Tensor, y: torch.Tensor, n_layers: int) -> torch
 
 @dataclass(frozen=True)
 class _Chunk:
-    """Host draws of steps ``[start, start + len)`` moved to the device once: the Poisson rows of every
+    """Host draws of a chunk of steps moved to the device once: the Poisson rows of every
     step (``rows[offsets[i]:offsets[i+1]]``), the memory rows of every step (``mem_rows``/``mem_offsets``;
     empty where no memory batch is used) and the noise of the steps (rows of ``noise``/``mem_noise``)."""
 
-    start: int
     rows: torch.Tensor
     offsets: np.ndarray
     mem_rows: torch.Tensor
@@ -212,7 +219,7 @@ class _SGDLearner(Learner):
             mem_noise = self._noise_cells(noise, stream, "noise-memory", task_index, step_ids[used], z_mem)
             mem_used = np.full(count, -1, dtype=np.int64)
             mem_used[used] = np.arange(used.size)
-            yield _Chunk(start, torch.as_tensor(rows).to(self.device), offsets,
+            yield _Chunk(torch.as_tensor(rows).to(self.device), offsets,
                          torch.as_tensor(mem_rows).to(self.device), mem_offsets,
                          self._noise_cells(noise, stream, "noise-task", task_index, step_ids, z), mem_noise, mem_used)
 
