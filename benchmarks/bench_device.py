@@ -61,7 +61,8 @@ def lifelong(kind: str, n_tasks: int, n: int, epsilon: float, device: str, budge
     common = dict(input_dim=784, n_classes=10, hidden=64, g_layers=(64, 32), batch_size=32, epochs=1,
                   task_ids=tuple(str(i) for i in range(n_tasks)), device=device, dtype="float32")
     if kind == "bounded":
-        config = BoundedAGEMConfig(**common, epsilon=epsilon, delta=1e-5, clip_norm=0.1, memory_uses=100, memory_share=0.3)
+        config = BoundedAGEMConfig(**common, epsilon=epsilon, delta=1e-5, clip_norm=0.1, memory_uses=100, memory_share=0.3,
+                                   task_size=n)  # the benchmark chose n: public
     else:
         config = L2DPConfig(**common, epsilon=epsilon)
     learner = config.build()

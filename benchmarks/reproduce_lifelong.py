@@ -96,6 +96,10 @@ LEARNERS = ("l2dp", "l2dp-nobn", "naive", "bounded", "agem")
 
 
 def make_config(kind: str, eps: float, common: dict, n_tasks: int):
+    """A learner's config; ``common["task_size"]`` (the public task sizes, here the benchmark's own choice)
+    goes to the DP-SGD learners only."""
+    if kind in ("l2dp", "l2dp-nobn", "agem"):
+        common = {k: v for k, v in common.items() if k != "task_size"}
     if kind in ("l2dp", "l2dp-nobn"):
         return L2DPConfig(**common, epsilon=eps, encoder_batch_norm=kind == "l2dp")
     if kind == "naive":
@@ -122,7 +126,8 @@ def run_dataset(name, tasks, evals, n_classes, args, seed):
     key = bytes([seed]) * 32
     common = dict(input_dim=tasks[0].x.shape[1], n_classes=n_classes, hidden=args.hidden, g_layers=(64, 32),
                   batch_size=args.batch, learning_rate=args.lr, epochs=args.epochs, task_ids=tuple(t.task_id for t in tasks),
-                  eval_sets=evals, device=args.device, dtype=args.dtype)
+                  eval_sets=evals, device=args.device, dtype=args.dtype,
+                  task_size={t.task_id: len(t) for t in tasks})  # sizes the script chose: public
     results = {}
     for kind in args.learners:
         for eps in ([None] if kind == "agem" else args.eps):

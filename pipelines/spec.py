@@ -328,6 +328,11 @@ JOBS: dict[str, tuple[Param, ...]] = {
         P("clip_norm", "DP-SGD per-example gradient clip norm.", kind="float", default=1.0, fields=("clip_norm",)),
         P("memory_uses", "bounded_agem: most times an example is replayed from memory.", kind="int", default=50,
           regex=_POSITIVE_INT, fields=("memory_uses",)),
+        P("task_size", "DP-SGD learners: the public, declared number of rows per task (sets the sampling rate "
+          "batch_size/task_size and the step count; the true count stays private). Required with --input.",
+          kind="int", regex=_POSITIVE_INT, fields=("task_size",)),
+        P("micro_batch", "DP-SGD learners: most rows whose per-example gradients are held at once.", kind="int",
+          default=1024, regex=_POSITIVE_INT, fields=("micro_batch",)),
         P("hidden", "Width of the input layer.", kind="int", default=32, regex=_POSITIVE_INT, fields=("hidden",)),
         P("batch_size", "Batch size lambda.", kind="int", default=32, regex=_POSITIVE_INT, fields=("batch_size",)),
         P("epochs", "Epochs per task.", kind="int", default=1, regex=_POSITIVE_INT, fields=("epochs",)),

@@ -49,6 +49,7 @@ _MULT = np.array([[0xD2E7470EE14C6C93], [0xCA5A826395121157]], dtype=np.uint64) 
 _MULT_LO, _MULT_HI = _MULT & _MASK32, _MULT >> _U32
 _WEYL = np.array([[0x9E3779B97F4A7C15], [0xBB67AE8584CAA73B]], dtype=np.uint64)  # key bumps W64_0, W64_1
 _SMALL_BATCH = 4  # at most this many cells: numpy's C Philox per cell (the same words, less overhead)
+_LONG_CELL = 2048  # words per cell from which the C Philox per cell wins at any cell count (~4x at 10^5 words)
 _TWO_PI = 2.0 * math.pi
 
 
@@ -150,7 +151,7 @@ class CellKeys:
         numpy's ``Philox`` set to counter ``(b, i₋₃, i₋₂, i₋₁)`` returns next, which small batches use.
         """
         n = len(keys)
-        if n <= _SMALL_BATCH:
+        if n <= _SMALL_BATCH or count >= _LONG_CELL:
             philox = getattr(self._local, "philox", None)
             if philox is None:
                 philox = self._local.philox = np.random.Philox(key=0)

@@ -164,7 +164,7 @@ def test_schedulers_with_delta_mutant_is_within_the_claim(name):
 # -- lifelong DP-SGD ---------------------------------------------------------------------------------
 LR, CLIP, BATCH = 1.0, 1e-3, 2
 TINY = dict(input_dim=2, n_classes=2, hidden=1, g_layers=(1,), batch_size=BATCH, steps_per_task=1, optimizer="sgd",
-            learning_rate=LR, clip_norm=CLIP, task_ids=None, device="cpu", dtype="float64")
+            learning_rate=LR, clip_norm=CLIP, task_ids=None, device="cpu", dtype="float64", task_size=BATCH)
 LEARNERS = {
     "BoundedDPAGEM (1 task, q=1, 1 step)": lambda: BoundedAGEMConfig(
         **TINY, epsilon=1.0, delta=0.1, memory_uses=1, memory_share=0.01).build(),

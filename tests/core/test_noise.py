@@ -610,3 +610,18 @@ def test_cached_cell_keys_are_bounded_and_draw_what_fresh_keys_draw():
     np.testing.assert_array_equal(np.concatenate(first), np.concatenate(again))
     np.testing.assert_array_equal(np.concatenate(first), np.stack(alone))
     assert cells._rows_cached <= 10
+
+
+def test_long_cells_take_the_c_path_with_the_same_words():
+    """Cells of many words (a DP-SGD gradient's noise) are drawn per cell by numpy's C Philox: the same
+    words as the vectorised ``philox4x64`` path that short cells of large batches take (exact: integers)."""
+    cells = keyed_noise.CellKeys(b"k" * 32)
+    keys, heads = cells.cells(["s"] * 6, "p", np.arange(12, dtype=np.int64).reshape(6, 2))
+    count = keyed_noise._LONG_CELL + 5
+    long = cells.words(keys, heads, count, 1)
+    blocks = -(-count // 4)
+    counter = np.empty((6, blocks, 4), dtype=np.uint64)
+    counter[:, :, 0] = np.arange(2, blocks + 2, dtype=np.uint64)[None, :]
+    counter[:, :, 1:] = heads[:, None, :]
+    vectorised = keyed_noise.philox4x64(counter, keys[:, None, :]).reshape(6, -1)[:, :count]
+    assert np.array_equal(long, vectorised)

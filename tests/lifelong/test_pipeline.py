@@ -53,7 +53,7 @@ def test_pipeline_matches_pure_learner(digits, kind):
     tasks, evals = digits
     common = small_common(evals, steps_per_task=3)
     config = (L2DPConfig(**common, epsilon=1.0) if kind == "l2dp"
-              else BoundedAGEMConfig(**common, epsilon=1.0, memory_uses=3))
+              else BoundedAGEMConfig(**common, task_size=480, epsilon=1.0, memory_uses=3))
     params = LifelongParams(config, allow_cuda=False, torch_threads=1)
     elements = _elements(tasks) + BAD
     releases = run(lambda p: (p | beam.Create(elements, reshuffle=False) | LifelongLearner(params)).releases)

@@ -97,7 +97,7 @@ def test_lifelong_reads_remote_input_and_eval_rows(memfs, capsys):
     _put("memfs://bucket/in/tasks.csv", ("stream_id,task_id,x_0,x_1,label\n" + rows).encode())
     _put("memfs://bucket/in/eval.csv", ("stream_id,task_id,x_0,x_1,label\n" + rows).encode())
     assert lifelong.main(["--input=memfs://bucket/in/tasks.csv", "--eval-input=memfs://bucket/in/eval.csv",
-                          f"--output={OUT}", "--tasks=0,1", "--classes=0,1", "--steps-per-task=1",
+                          f"--output={OUT}", "--tasks=0,1", "--classes=0,1", "--steps-per-task=1", "--task-size=80",
                           "--device=cpu", "--torch-threads=1"]) == 0
     assert _names(memfs) == {"models-*.parquet", "dead_letter-*.jsonl"}
     assert [r["step"] for r in read_releases(f"{OUT}/models-*")] == [1, 2]

@@ -61,11 +61,11 @@ def test_cli_on_a_csv_equals_the_pure_learner_with_accuracy(tmp_path, capsys):
     _csv(tmp_path / "eval.csv", [(t, xs, label) for t, (x, y) in evals.items() for xs, label in zip(x, y)])
     out = tmp_path / "out"
     argv = [f"--input={tmp_path / 'train.csv'}", f"--eval-input={tmp_path / 'eval.csv'}", f"--output={out}",
-            "--tasks=0,1", "--classes=0,1,2,3,4,5,6,7,8,9", "--steps-per-task=2", "--device=cpu", "--torch-threads=1"]
+            "--tasks=0,1", "--classes=0,1,2,3,4,5,6,7,8,9", "--steps-per-task=2", "--task-size=500", "--device=cpu", "--torch-threads=1"]
     assert job.main(argv) == 0
     assert "s after task 2: accuracy 0=" in capsys.readouterr().out
     config = BoundedAGEMConfig(input_dim=64, n_classes=10, steps_per_task=2, task_ids=("0", "1"), eval_sets=evals,
-                               epsilon=1.0, delta=1e-5, memory_uses=50, device="cpu")
+                               epsilon=1.0, delta=1e-5, memory_uses=50, device="cpu", task_size=500)
     learner, want = config.build(), []
     state = learner.init_state("s")
     noise = NoiseSource(TEST_KEY).for_domain("LifelongLearner")  # the job's label of the transform
@@ -97,3 +97,27 @@ def test_cli_on_a_csv_equals_the_pure_learner_with_accuracy(tmp_path, capsys):
 ])
 def test_usage_errors_are_one_line_with_exit_code_2(argv, fix, capsys, tmp_path):
     assert_usage_error(job.main, PROG, argv + [f"--output={tmp_path}"], fix, capsys)
+
+
+def test_dpsgd_learners_need_the_public_task_size(tmp_path, capsys):
+    """Without --task-size the job refuses in one line: q and the step count must not come from the data."""
+    _csv(tmp_path / "train.csv", [("0", [0.0] * 64, 1)])
+    assert_usage_error(job.main, PROG, [f"--input={tmp_path / 'train.csv'}", "--tasks=0", "--classes=0,1",
+                                        f"--output={tmp_path / 'out'}"], "--task-size required", capsys)
+
+
+def test_demo_is_permuted_digits_with_demo_settings_unless_a_flag_says_otherwise(tmp_path):
+    """The demo's tasks hold all ten classes (so forgetting is not the whole story), task t > 0 is a fixed
+    pixel permutation of the same images, the demo settings apply where a flag keeps its default, the task
+    sizes are the demo's public sizes and the tiny network trains on one thread."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    tasks, evals = job.demo_tasks()
+    assert all(set(np.unique(t.y)) == set(range(10)) for t in tasks)
+    x0, x1 = evals["0"][0], evals["1"][0]
+    assert np.array_equal(np.sort(x0, axis=1), np.sort(x1, axis=1)) and not np.array_equal(x0, x1)
+    learner = job.plan(PipelineOptions([f"--output={tmp_path}"])).params
+    assert (learner.learner.epochs, learner.learner.learning_rate, learner.learner.batch_size) == (10, 1e-2, 64)
+    assert learner.learner.task_size == {t.task_id: len(t) for t in tasks} and learner.torch_threads == 1
+    mine = job.plan(PipelineOptions([f"--output={tmp_path}", "--epochs=2", "--torch-threads=2"])).params
+    assert mine.learner.epochs == 2 and mine.torch_threads == 2

@@ -32,7 +32,7 @@ def _lifelong(**fields):
 
     learner_fields = {k: v for k, v in fields.items() if k != "torch_threads"}
     config = BoundedAGEMConfig(**{**dict(input_dim=4, n_classes=2, hidden=4, g_layers=(4,), batch_size=4,
-                                         task_ids=("t0", "t1"), device="cpu", epsilon=1.0, delta=1e-5),
+                                         task_ids=("t0", "t1"), device="cpu", epsilon=1.0, delta=1e-5, task_size=8),
                                   **learner_fields})
     return LifelongParams(config, torch_threads=fields.get("torch_threads"))
 

@@ -33,7 +33,7 @@ def _lifelong_with_eval_sets():
     rng = np.random.default_rng(0)
     eval_x = rng.integers(-4, 5, (32, 4)) / 8.0
     config = BoundedAGEMConfig(input_dim=4, n_classes=2, hidden=4, g_layers=(4,), batch_size=4, epochs=1,
-                               task_ids=("t0", "t1"), device="cpu", epsilon=1.0, delta=1e-5,
+                               task_ids=("t0", "t1"), device="cpu", epsilon=1.0, delta=1e-5, task_size=8,
                                eval_sets={"t0": (eval_x, (eval_x[:, 0] > 0).astype(int)),
                                           "t1": (eval_x, (eval_x[:, 1] > 0).astype(int))})
     params = LifelongParams(config, streams=("a",), allow_cuda=False, torch_threads=1)

@@ -5,12 +5,16 @@
   ``γ_x = Δ_R/λ`` and ``1/γ ≤ λ B_θ / (2 Δ_R)`` (the entrywise clip of §4.2), and the split of a
   target ε into ``(ε_1, ε_2)`` (§4.3). This total is the *paper's claim* (§4.4), not a standard proof.
 * DP-SGD learners: the Poisson-subsampled Gaussian mechanism accounted with dp-accounting's RDP
-  accountant (add/remove-one neighbours, task sizes public as in every DP-SGD analysis); noise
-  multipliers are calibrated by dp-accounting's bisection and then checked to stay within the target.
+  accountant (add/remove-one neighbours; the sampling rate and the step count are functions of the
+  *declared* public task size, never of the true one); noise multipliers are calibrated by
+  dp-accounting's bisection and then checked to stay within the target. ``dpsgd_noise_multiplier`` and
+  ``dpsgd_epsilon`` are memoised on their public inputs (a pure function of them: the same on every
+  worker), so a learner pays the accountant once per distinct task shape, never inside its step loop.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from contextlib import contextmanager
@@ -23,8 +27,11 @@ from dp_accounting import rdp
 __all__ = [
     "L2DPBudget",
     "calibrate_noise_multiplier",
+    "dpsgd_epsilon",
     "dpsgd_event",
+    "dpsgd_noise_multiplier",
     "epsilon_of",
+    "example_event",
     "l2dp_budget",
     "sensitivity_label",
     "sensitivity_reconstruction",
@@ -126,3 +133,28 @@ def calibrate_noise_multiplier(make_event: Callable[[float], dp_accounting.DpEve
     while epsilon_of(make_event(z), delta) > epsilon:  # land on the private side of the bracket
         z *= 1.0 + 1e-9
     return z
+
+
+def example_event(q: float, z: float, steps: int, memory_z: float | None = None,
+                  memory_uses: int = 0) -> dp_accounting.DpEvent:
+    """One example's whole participation: ``steps`` Poisson(q) Gaussian steps at ``z`` and, when
+    ``memory_z`` is given, ``memory_uses`` unsampled Gaussian uses at ``memory_z`` (its memory batch)."""
+    task = dpsgd_event(q, z, steps)
+    if memory_z is None:
+        return task
+    return dp_accounting.ComposedDpEvent([task, dpsgd_event(1.0, memory_z, memory_uses)])
+
+
+@functools.lru_cache(maxsize=1024)
+def dpsgd_noise_multiplier(q: float, steps: int, epsilon: float, delta: float, memory_z: float | None = None,
+                           memory_uses: int = 0) -> float:
+    """Smallest ``z`` whose :func:`example_event` spends at most ``epsilon`` at ``delta`` (memoised: a pure
+    function of public parameters)."""
+    return calibrate_noise_multiplier(lambda z: example_event(q, z, steps, memory_z, memory_uses), epsilon, delta)
+
+
+@functools.lru_cache(maxsize=1024)
+def dpsgd_epsilon(q: float, z: float, steps: int, delta: float, memory_z: float | None = None,
+                  memory_uses: int = 0) -> float:
+    """ε at ``delta`` of :func:`example_event` (memoised: a pure function of public parameters)."""
+    return epsilon_of(example_event(q, z, steps, memory_z, memory_uses), delta)

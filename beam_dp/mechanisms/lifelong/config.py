@@ -10,7 +10,9 @@ one, n_π, is clipped to [−1, 1] and gets a constant bias unit), ``batch_size`
 ``learning_rate``/``optimizer`` ("adam" per block, or the paper's plain "sgd"), the schedule
 (``epochs``: an int, a mapping task id → epochs, or a function of the public task size |D_τ|;
 or ``steps_per_task`` for the Balanced mode), ``task_ids`` (declared order; None accepts any new
-id), ``eval_sets`` (public test data per task for the accuracy metadata), ``device`` and ``dtype``.
+id), ``eval_sets`` (public test data per task for the accuracy metadata), ``device`` and ``dtype``;
+``micro_batch``: most rows whose per-example gradients are held at once (DP-SGD learners; a logical
+batch of any size is summed over micro-batches, the result does not depend on it beyond rounding).
 """
 
 from __future__ import annotations
@@ -74,9 +76,10 @@ class LifelongConfig:
     agem_always_project: bool = False
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["float64", "float32"] = "float64"
+    micro_batch: int = 1024
 
     def __post_init__(self) -> None:
-        for name in ("input_dim", "n_classes", "hidden", "batch_size"):
+        for name in ("input_dim", "n_classes", "hidden", "batch_size", "micro_batch"):
             _positive_int(name, getattr(self, name))
         if self.n_classes < 2:
             raise ValueError("n_classes must be >= 2")
@@ -162,11 +165,22 @@ class L2DPConfig(LifelongConfig):
         return L2DPML(self)
 
 
+TASK_SIZE_REQUIRED = ("task_size is required: the public, declared size of each task (an int, or a mapping task "
+                      "id -> int). The sampling rate batch_size/task_size and the step count are computed from it, "
+                      "so that the true task size stays private under add/remove-one neighbours")
+
+
 @dataclass(frozen=True, kw_only=True)
 class _DPSGDConfig(LifelongConfig):
+    """DP-SGD settings: ``epsilon``, ``delta``, ``clip_norm`` C and ``task_size``, the *declared public*
+    size N_τ of each task (int or mapping task id → int). Poisson sampling runs at ``q = λ/N_τ`` for
+    ``epochs(N_τ) × max(1, round(N_τ/λ))`` steps (or ``steps_per_task``): the true size n_τ only changes
+    which rows the keyed sampler meets (expected batch ``q·n_τ``), never a released number."""
+
     epsilon: float = 1.0
     delta: float = 1e-5
     clip_norm: float = 1.0
+    task_size: int | Mapping[str, int] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -174,6 +188,25 @@ class _DPSGDConfig(LifelongConfig):
         _positive_float("clip_norm", self.clip_norm)
         if check_number("delta", self.delta, 0.0, 1.0, low_open=True) == 1.0:
             raise ValueError(f"delta must lie in (0, 1), got {self.delta!r}")
+        if self.task_size is None:
+            raise ValueError(TASK_SIZE_REQUIRED)
+        if isinstance(self.task_size, Mapping):
+            sizes = {str(k): v for k, v in self.task_size.items()}
+            for task, v in sizes.items():
+                _positive_int(f"task_size[{task!r}]", v)
+            if self.task_ids is not None and set(self.task_ids) - set(sizes):
+                raise ValueError("task_size must give a size for every declared task id")
+            object.__setattr__(self, "task_size", sizes)
+        else:
+            _positive_int("task_size", self.task_size)
+
+    def public_size(self, task_id: str) -> int:
+        """The declared size N_τ of a task (``ValueError`` for a task the mapping does not name)."""
+        if isinstance(self.task_size, Mapping):
+            if task_id not in self.task_size:
+                raise ValueError(f"task_size declares no size for task {task_id!r}")
+            return int(self.task_size[task_id])
+        return int(self.task_size)
 
 
 @dataclass(frozen=True, kw_only=True)

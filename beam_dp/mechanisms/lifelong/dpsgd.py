@@ -3,15 +3,23 @@
 The network is the same as L2DP-ML's without χ noise and without batch statistics (they would couple
 the examples of a batch); loss: softmax cross-entropy, trained end to end; A-GEM projects the noisy
 task gradient ``g`` on the noisy memory gradient ``g_ref`` (one block: post-processing). Per-example
-gradients (``torch.func.vmap``) are clipped to L2 norm ``C``; Gaussian noise ``N(0, z²C² I)`` is
-added to their sum, which is divided by the expected batch size λ. Current-task batches are
-Poisson-sampled with rate ``q = λ/|D_τ|`` for ``epochs × round(|D_τ|/λ)`` steps (or the Balanced
-``steps_per_task``). Neighbouring: add/remove one training example; task sizes are public (the usual
-DP-SGD convention for ``q``); every sampling choice and noise draw is keyed.
+gradients (``torch.func.vmap``, in micro-batches of ``micro_batch`` rows) are clipped to L2 norm ``C``;
+Gaussian noise ``N(0, z²C² I)`` is added to their sum, which is divided by the expected batch size λ.
+Current-task batches are Poisson-sampled with rate ``q = λ/N_τ`` for ``epochs(N_τ) × max(1,
+round(N_τ/λ))`` steps (or the Balanced ``steps_per_task``), N_τ the *declared* public task size
+(``task_size``). Neighbouring: add/remove one training example; the true task size is private (no
+released number depends on it); every sampling choice and noise draw is keyed.
+
+A step does no host work: for a chunk of steps the host draws, in one call each, the Poisson masks
+(``(S, n)`` uniforms of the task's keyed sampler: the numbers of S draws of ``n``), the memory picks and
+the keyed Gaussian cells ``(stream, purpose, (τ, s))`` of the steps (``draw_cells``: the cells a
+step-by-step draw gives), and moves them to the device once; noise multipliers come from memoised
+accountant calls (once per task shape). In the step, task and memory rows go through one vmap(grad),
+both clipped sums are small matrix products and the A-GEM projection is branch-free.
 
 * ``NaiveGaussian`` (the paper's baseline): ``num_tasks`` m declared; per task
   ε/(2m) at δ/(2m) for the task stream and the same for the memory stream (Poisson over all memory
-  rows, rate λ/|𝕄|); ``epsilon_spent`` after τ tasks is the sum of the accountant's values (basic
+  rows at the public rate 1/B, B stored batches of nominal size λ); ``epsilon_spent`` after τ tasks is the sum of the accountant's values (basic
   composition), reaching ≤ ε after m tasks; task m+1 is refused.
 * ``BoundedDPAGEM`` (sound for any number of tasks): one batch of λ rows per task is kept in memory and
   each stored batch is used for at most ``memory_uses`` K reference gradients (then retired). Each
@@ -25,7 +33,7 @@ DP-SGD convention for ``q``); every sampling choice and noise draw is keyed.
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import dp_accounting
 import numpy as np
@@ -33,15 +41,21 @@ import torch
 
 from beam_dp.core.guarantee import Guarantee
 from beam_dp.core.noise import NoiseSource
-from beam_dp.mechanisms.lifelong.accounting import calibrate_noise_multiplier, dpsgd_event, epsilon_of
-from beam_dp.mechanisms.lifelong.agem import project_blocks
+from beam_dp.mechanisms.lifelong.accounting import (
+    dpsgd_epsilon,
+    dpsgd_noise_multiplier,
+    example_event,
+)
+from beam_dp.mechanisms.lifelong.agem import project
 from beam_dp.mechanisms.lifelong.config import AGEMConfig, BoundedAGEMConfig, NaiveGaussianConfig
 from beam_dp.mechanisms.lifelong.learner import Learner, LifelongState
-from beam_dp.mechanisms.lifelong.network import classifier, encode
+from beam_dp.mechanisms.lifelong.network import classifier, encode, flatten, layout_of, unflatten
 
 __all__ = ["BoundedDPAGEM", "BudgetExhausted", "NaiveGaussian", "NonPrivateAGEM"]
 
-ADD_REMOVE = "add/remove one training example (task sizes public)"
+ADD_REMOVE = "add/remove one training example (task sizes private; declared public sizes set q and the steps)"
+#: most host-drawn numbers (mask cells + noise cells) held for one chunk of steps (~64 MiB of float64)
+CHUNK_CELLS = 1 << 23
 
 
 class BudgetExhausted(ValueError):
@@ -51,107 +65,206 @@ class BudgetExhausted(ValueError):
 
 
 def _loss_one(p: dict, x: torch.Tensor, y: torch.Tensor, n_layers: int) -> torch.Tensor:
+    """Cross-entropy of one example."""
     _, z = classifier(p, encode(p, x.unsqueeze(0)), n_layers, batch_stats=False)
     return torch.nn.functional.cross_entropy(z, y.unsqueeze(0), reduction="sum")
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """Host draws of a chunk of steps moved to the device once: the Poisson rows of every
+    step (``rows[offsets[i]:offsets[i+1]]``), the memory rows of every step (``mem_rows``/``mem_offsets``;
+    empty where no memory batch is used) and the noise of the steps (rows of ``noise``/``mem_noise``)."""
+
+    rows: torch.Tensor
+    offsets: np.ndarray
+    mem_rows: torch.Tensor
+    mem_offsets: np.ndarray
+    noise: torch.Tensor | None
+    mem_noise: torch.Tensor | None
+    mem_used: np.ndarray
+
+
+def _ragged(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row indices of each line of a boolean ``(S, n)`` mask, concatenated, and the ``S + 1`` offsets."""
+    rows = np.nonzero(mask)[1]
+    return rows, np.concatenate([[0], np.cumsum(mask.sum(axis=1))])
 
 
 class _SGDLearner(Learner):
     """Shared training loop; subclasses choose the noise (``_plan``) and the memory batches."""
 
     clip_norm: float | None = None
+    _cap: int | None = None
 
-    def _plan(self, state: LifelongState, q: float, steps: int, memory_rows: int) -> tuple:
+    def __init__(self, config):
+        super().__init__(config)
+        shapes = {"enc.W": (config.input_dim, config.hidden), "enc.b": (config.hidden,)}
+        width = config.hidden
+        for i, out in enumerate(config.g_layers):
+            shapes[f"g{i}.W"], shapes[f"g{i}.b"], width = (width, out), (out,), out
+        shapes["head.W"] = (width + 1, config.n_classes)
+        self.layout = layout_of({k: np.empty(v) for k, v in shapes.items()})
+        self.size = self.layout[-1][3]
+        self._per_example = torch.func.vmap(
+            torch.func.grad(functools.partial(_loss_one, n_layers=self.n_layers)),
+            in_dims=(None, 0, 0))
+
+    def _plan(self, state: LifelongState, q: float, steps: int, memory_batches: int) -> tuple:
         """``(z_task, z_memory, (epsilon_spent, delta_spent), meta)`` for the next task."""
         return None, None, (0.0, 0.0), {}
 
-    def _memory_batch(self, rng: np.random.Generator, sizes: list[int], uses: list[int]) -> np.ndarray | None:
-        """Row indices (into the concatenated memory) of one reference batch; updates ``uses``."""
-        active = [i for i, u in enumerate(uses) if self._cap is None or u < self._cap]
-        if not active:
-            return None
-        pick = active[int(rng.integers(0, len(active)))]
-        uses[pick] += 1
-        start = int(np.sum(sizes[:pick]))
-        return np.arange(start, start + sizes[pick])
+    def _public_size(self, task_id: str, n_rows: int) -> int:
+        return self.config.public_size(task_id)
 
-    _cap: int | None = None
+    def _memory_masks(self, rng: np.random.Generator, sizes: list[int], uses: list[int],
+                      steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(steps, Σ sizes)`` memory rows of each step's reference batch and whether the step has one:
+        one whole stored batch among those used fewer than ``memory_uses`` times (picked by the keyed
+        ``rng``; updates ``uses``). Which steps have a batch depends on public counts only."""
+        starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        mask = np.zeros((steps, int(starts[-1])), dtype=bool)
+        picked = np.zeros(steps, dtype=bool)
+        for s in range(steps):
+            active = [i for i, u in enumerate(uses) if self._cap is None or u < self._cap]
+            if not active:
+                break
+            pick = active[int(rng.integers(0, len(active)))]
+            uses[pick] += 1
+            mask[s, starts[pick]: starts[pick + 1]] = True
+            picked[s] = True
+        return mask, picked
+
+    def _flat(self, arrays: dict, prefix: str = "") -> torch.Tensor:
+        """Named arrays in the layout's order as one flat tensor on the device (one copy, once per task)."""
+        flat = np.concatenate([np.asarray(arrays[prefix + name]).reshape(-1) for name, *_ in self.layout])
+        return torch.as_tensor(flat, dtype=self.dtype).to(self.device)
+
+    # -- per-example gradients ------------------------------------------------------------------
+    def _pieces(self, w: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor) -> list[torch.Tensor]:
+        """Per-example gradients ``(n, size_k)`` of each named parameter, in layout order (``w`` flat)."""
+        per = self._per_example(unflatten(w, self.layout), xb, yb)
+        return [per[name].reshape(xb.shape[0], -1) for name, *_ in self.layout]
 
     def per_example_gradients(self, params: dict, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
         """Flattened per-example gradients ``(n, P)`` in the order of ``params``."""
-        fn = torch.func.vmap(torch.func.grad(functools.partial(_loss_one, n_layers=self.n_layers)),
-                             in_dims=(None, 0, 0))
-        per = fn(params, xb, yb)
-        return torch.cat([per[k].reshape(xb.shape[0], -1) for k in params], dim=1)
+        return torch.cat(self._pieces(flatten(params), xb, yb), dim=1)
 
     def clipped_per_example_gradients(self, params: dict, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
         """Per-example gradients scaled to L2 norm at most ``clip_norm``."""
-        flat = self.per_example_gradients(params, xb, yb)
-        norms = torch.linalg.vector_norm(flat, dim=1, keepdim=True)
-        return flat * torch.clamp(self.clip_norm / norms, max=1.0)
+        pieces = self._pieces(flatten(params), xb, yb)
+        return torch.cat(pieces, dim=1) * self._clip_factors(pieces)[:, None]
+
+    def _clip_factors(self, pieces: list[torch.Tensor]) -> torch.Tensor:
+        """``min(1, C/‖g_i‖)`` per example (1 without clipping); ‖g_i‖ over all pieces."""
+        n, ref = pieces[0].shape[0], pieces[0]
+        if self.clip_norm is None:
+            return torch.ones(n, dtype=ref.dtype, device=ref.device)
+        norms = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p, dim=1) for p in pieces]), dim=0)
+        return torch.clamp(self.clip_norm / norms, max=1.0)
+
+    def _clipped_sums(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, split: int) -> torch.Tensor:
+        """``(2, P)``: the clipped per-example gradients of rows ``[:split]`` summed, and of ``[split:]``.
+
+        One vmap(grad) over both groups, in micro-batches; the two sums are ``(2, b) @ (b, size_k)``
+        products (the ``(b, P)`` matrix is never assembled)."""
+        out = torch.zeros((2, self.size), dtype=w.dtype, device=w.device)
+        micro, m = self.config.micro_batch, x.shape[0]
+        for lo in range(0, m, micro):
+            hi = min(m, lo + micro)
+            pieces = self._pieces(w, x[lo:hi], y[lo:hi])
+            f = self._clip_factors(pieces)
+            first = max(0, min(hi, split) - lo)
+            weights = torch.zeros((2, hi - lo), dtype=w.dtype, device=w.device)
+            weights[0, :first] = f[:first]
+            weights[1, first:] = f[first:]
+            out += torch.cat([weights @ piece for piece in pieces], dim=1)
+        return out
 
     def _gradient(self, params: dict, xb: torch.Tensor, yb: torch.Tensor, z: float | None, noise: NoiseSource,
                   stream: str, purpose: str, index: tuple[int, ...]) -> dict[str, torch.Tensor]:
-        """``(Σ clip(g_i) + N(0, z²C²I)) / λ``; without privacy the plain mean-over-λ gradient."""
-        lam = self.config.batch_size
-        size = sum(v.numel() for v in params.values())
-        if self.clip_norm is None:
-            if xb.shape[0] == 0:
-                flat = torch.zeros(size, dtype=self.dtype, device=self.device)
-            else:
-                leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
-                _, zs = classifier(leaves, encode(leaves, xb), self.n_layers, batch_stats=False)
-                loss = torch.nn.functional.cross_entropy(zs, yb, reduction="sum") / lam
-                return dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values()))))
-        else:
-            flat = (self.clipped_per_example_gradients(params, xb, yb).sum(dim=0) if xb.shape[0]
-                    else torch.zeros(size, dtype=self.dtype, device=self.device))
-            draw = noise.gaussian(stream, f"{self.name}/{purpose}", index, z * self.clip_norm, size)
-            flat = (flat + torch.as_tensor(draw, dtype=self.dtype, device=self.device)) / lam
-        out, offset = {}, 0
-        for k, v in params.items():
-            out[k] = flat[offset: offset + v.numel()].reshape(v.shape)
-            offset += v.numel()
-        return out
+        """``(Σ clip(g_i) + N(0, z²C²I)) / λ`` of one batch with its keyed noise cell, as named tensors
+        (the step loop computes the same thing for a whole chunk; this entry serves checks)."""
+        flat = self._clipped_sums(flatten(params), xb, yb, xb.shape[0])[0]
+        if self.clip_norm is not None:
+            draw = noise.gaussian(stream, f"{self.name}/{purpose}", index, z * self.clip_norm, self.size)
+            flat = flat + torch.as_tensor(draw, dtype=self.dtype, device=self.device)
+        return unflatten(flat / self.config.batch_size, self.layout)
+
+    # -- the training loop ------------------------------------------------------------------------
+    def _noise_cells(self, noise: NoiseSource, stream: str, purpose: str, task_index: int, steps: np.ndarray,
+                     z: float | None) -> torch.Tensor | None:
+        """The keyed Gaussian cells ``(stream, purpose, (τ, s))`` of ``steps``, drawn in one call, on the device."""
+        if self.clip_norm is None or not steps.size:
+            return None
+        index = np.column_stack([np.full(steps.size, task_index, dtype=np.int64), steps])
+        draws = noise.draw_cells("gaussian", [stream] * steps.size, f"{self.name}/{purpose}", index,
+                                 z * self.clip_norm, self.size)
+        return torch.as_tensor(draws, dtype=self.dtype).to(self.device)
+
+    def _chunks(self, noise, stream, task_index, n, q, steps, sizes, uses, z, z_mem):
+        """Yield the :class:`_Chunk` s of a task's steps (host draws in one call per chunk)."""
+        sample_rng = noise.generator(stream, f"{self.name}/sample", task_index)
+        memory_rng = noise.generator(stream, f"{self.name}/memory-sample", task_index)
+        per_step = n + int(sum(sizes)) + 2 * self.size
+        chunk = max(1, CHUNK_CELLS // max(per_step, 1))
+        for start in range(0, steps, chunk):
+            count = min(chunk, steps - start)
+            rows, offsets = _ragged(sample_rng.random((count, n)) < q)
+            mem_mask, picked = (self._memory_masks(memory_rng, sizes, uses, count) if sizes
+                                else (np.zeros((count, 0), bool), np.zeros(count, bool)))
+            mem_rows, mem_offsets = _ragged(mem_mask)
+            used = np.flatnonzero(picked)
+            step_ids = np.arange(start, start + count, dtype=np.int64)
+            mem_noise = self._noise_cells(noise, stream, "noise-memory", task_index, step_ids[used], z_mem)
+            mem_used = np.full(count, -1, dtype=np.int64)
+            mem_used[used] = np.arange(used.size)
+            yield _Chunk(torch.as_tensor(rows).to(self.device), offsets,
+                         torch.as_tensor(mem_rows).to(self.device), mem_offsets,
+                         self._noise_cells(noise, stream, "noise-task", task_index, step_ids, z), mem_noise, mem_used)
 
     def _train_task(self, state, task_id, x, y, noise):
         cfg, lam = self.config, self.config.batch_size
         stream, task_index, n = state.stream, state.tasks_done + 1, x.shape[0]
-        epochs, steps = self._steps_for(task_id, n, max(1, round(n / lam)) if n else 0)
-        q = min(1.0, lam / n) if n else 0.0
+        size = self._public_size(task_id, n)
+        epochs, steps = self._steps_for(task_id, size, max(1, round(size / lam)) if size else 0)
+        q = min(1.0, lam / size) if size else 0.0
         sizes = [len(m) for m in state.memory_y]
-        z, z_mem, spent, meta = self._plan(state, q, steps, int(sum(sizes)))
+        z, z_mem, spent, meta = self._plan(state, q, steps, len(sizes))
         dev, dt = self.device, self.dtype
-        xt = torch.as_tensor(x, dtype=dt, device=dev)
-        yt = torch.as_tensor(y, device=dev)
-        mem_x = torch.as_tensor(np.concatenate(state.memory_x) if sizes else np.zeros((0, cfg.input_dim)), dtype=dt,
-                                device=dev)
-        mem_y = torch.as_tensor(np.concatenate(state.memory_y) if sizes else np.zeros(0, np.int64), device=dev)
-        sample_rng = noise.generator(stream, f"{self.name}/sample", task_index)
-        memory_rng = noise.generator(stream, f"{self.name}/memory-sample", task_index)
-        params, opt = self._torch_state(state)
-        names = (tuple(params),)
+        xt = torch.as_tensor(x, dtype=dt).to(dev)
+        yt = torch.as_tensor(y).to(dev)
+        mem_x = torch.as_tensor(np.concatenate(state.memory_x) if sizes else np.zeros((0, cfg.input_dim)),
+                                dtype=dt).to(dev)
+        mem_y = torch.as_tensor(np.concatenate(state.memory_y) if sizes else np.zeros(0, np.int64)).to(dev)
+        w, m, v = self._flat(state.params), self._flat(state.opt, "m/"), self._flat(state.opt, "v/")
         uses, t, ref_steps = list(state.memory_uses), state.opt_steps, 0
-        for s in range(steps):
-            rows = torch.as_tensor(np.flatnonzero(sample_rng.random(n) < q), device=dev)
-            g = self._gradient(params, xt[rows], yt[rows], z, noise, stream, "noise-task", (task_index, s))
-            mem_rows = self._memory_batch(memory_rng, sizes, uses) if sizes else None
-            if mem_rows is not None:
-                mr = torch.as_tensor(mem_rows, device=dev)
-                g_ref = self._gradient(params, mem_x[mr], mem_y[mr], z_mem, noise, stream, "noise-memory",
-                                       (task_index, s))
-                g = project_blocks(g, g_ref, list(names), cfg.agem_always_project)
-                ref_steps += 1
-            t += 1
-            self._update(params, g, opt, t)
+        for chunk in self._chunks(noise, stream, task_index, n, q, steps, sizes, uses, z, z_mem):
+            for i in range(len(chunk.offsets) - 1):
+                rows = chunk.rows[chunk.offsets[i]: chunk.offsets[i + 1]]
+                mem = chunk.mem_rows[chunk.mem_offsets[i]: chunk.mem_offsets[i + 1]]
+                k = rows.shape[0]
+                sums = self._clipped_sums(w, torch.cat([xt[rows], mem_x[mem]]), torch.cat([yt[rows], mem_y[mem]]), k)
+                g = sums[0] if chunk.noise is None else sums[0] + chunk.noise[i]
+                j = int(chunk.mem_used[i])
+                if j >= 0:
+                    g_ref = sums[1] if chunk.mem_noise is None else sums[1] + chunk.mem_noise[j]
+                    g = project(g, g_ref, cfg.agem_always_project)
+                    ref_steps += 1
+                t += 1
+                self._optimise(w, g / lam, m, v, t)
         memory_x, memory_y = state.memory_x, state.memory_y
-        if n:
-            keep = np.sort(noise.generator(stream, f"{self.name}/memory", task_index).permutation(n)[: min(n, lam)])
-            memory_x, memory_y, uses = memory_x + (x[keep].copy(),), memory_y + (y[keep].copy(),), uses + [0]
-        state = replace(state, params={k: v.detach().cpu().numpy().copy() for k, v in params.items()},
-                        opt={k: v.detach().cpu().numpy().copy() for k, v in opt.items()}, opt_steps=t,
+        keep = np.sort(noise.generator(stream, f"{self.name}/memory", task_index).permutation(n)[: min(n, lam)])
+        memory_x, memory_y, uses = memory_x + (x[keep].copy(),), memory_y + (y[keep].copy(),), uses + [0]
+        named = {"": w, "m/": m, "v/": v}
+        arrays = {pre: {k: a.detach().cpu().numpy().copy() for k, a in unflatten(vec, self.layout).items()}
+                  for pre, vec in named.items()}
+        state = replace(state, params=arrays[""],
+                        opt={f"{pre}{k}": a for pre in ("m/", "v/") for k, a in arrays[pre].items()}, opt_steps=t,
                         memory_x=memory_x, memory_y=memory_y, memory_uses=tuple(uses))
-        meta = {**meta, "epochs": epochs, "steps": steps, "sampling_rate": q, "memory_batches": len(memory_x),
-                "reference_steps": ref_steps, "clip_norm": self.clip_norm}
+        meta = {**meta, "epochs": epochs, "steps": steps, "task_size": size, "sampling_rate": q,
+                "memory_batches": len(memory_x), "reference_steps": ref_steps, "clip_norm": self.clip_norm,
+                "micro_batch": cfg.micro_batch}
         return state, meta, spent
 
 
@@ -173,13 +286,15 @@ class NaiveGaussian(_SGDLearner):
         """z such that ``steps`` Poisson(q) Gaussian steps spend ε/(2m) at δ/(2m) (or the fixed z)."""
         if self.config.noise_multiplier is not None:
             return float(self.config.noise_multiplier)
-        return calibrate_noise_multiplier(lambda z: dpsgd_event(q, z, steps), self.stream_epsilon, self.stream_delta)
+        return dpsgd_noise_multiplier(q, steps, self.stream_epsilon, self.stream_delta)
 
-    def _memory_batch(self, rng, sizes, uses):
-        total = int(sum(sizes))
-        return np.flatnonzero(rng.random(total) < min(1.0, self.config.batch_size / total))
+    def _memory_masks(self, rng, sizes, uses, steps):
+        """Poisson rows over the whole memory at the public rate ``1/B`` (B stored batches of nominal size λ);
+        every step has a (possibly empty) reference batch."""
+        mask = rng.random((steps, int(sum(sizes)))) < 1.0 / len(sizes)
+        return mask, np.ones(steps, dtype=bool)
 
-    def _plan(self, state, q, steps, memory_rows):
+    def _plan(self, state, q, steps, memory_batches):
         cfg = self.config
         if state.tasks_done >= cfg.num_tasks:
             raise BudgetExhausted(f"budget_exhausted: the budget covers {cfg.num_tasks} tasks")
@@ -187,12 +302,12 @@ class NaiveGaussian(_SGDLearner):
         z = z_mem = None
         if steps:
             z = self.noise_multiplier(q, steps)
-            eps += epsilon_of(dpsgd_event(q, z, steps), self.stream_delta)
+            eps += dpsgd_epsilon(q, z, steps, self.stream_delta)
             delta += self.stream_delta
-            if memory_rows:
-                q_mem = min(1.0, cfg.batch_size / memory_rows)
+            if memory_batches:
+                q_mem = 1.0 / memory_batches
                 z_mem = self.noise_multiplier(q_mem, steps)
-                eps += epsilon_of(dpsgd_event(q_mem, z_mem, steps), self.stream_delta)
+                eps += dpsgd_epsilon(q_mem, z_mem, steps, self.stream_delta)
                 delta += self.stream_delta
                 meta["memory_sampling_rate"] = q_mem
         if eps > cfg.epsilon * (1 + 1e-9):
@@ -213,20 +328,19 @@ class BoundedDPAGEM(_SGDLearner):
         self.clip_norm = config.clip_norm
         self._cap = config.memory_uses
         self.guarantee = Guarantee(config.epsilon, config.delta, f"{ADD_REMOVE}; any number of tasks")
-        self.memory_noise_multiplier = calibrate_noise_multiplier(
-            lambda z: dpsgd_event(1.0, z, config.memory_uses), config.memory_share * config.epsilon, config.delta)
+        self.memory_noise_multiplier = dpsgd_noise_multiplier(
+            1.0, config.memory_uses, config.memory_share * config.epsilon, config.delta)
 
     def example_event(self, q: float, z: float, steps: int) -> dp_accounting.DpEvent:
         """Everything one example of a task can take part in: its task's steps and K memory uses."""
-        return dp_accounting.ComposedDpEvent([dpsgd_event(q, z, steps),
-                                              dpsgd_event(1.0, self.memory_noise_multiplier, self._cap)])
+        return example_event(q, z, steps, self.memory_noise_multiplier, self._cap)
 
-    def _plan(self, state, q, steps, memory_rows):
+    def _plan(self, state, q, steps, memory_batches):
         cfg = self.config
         z, eps = None, state.epsilon_spent
         if steps:
-            z = calibrate_noise_multiplier(lambda v: self.example_event(q, v, steps), cfg.epsilon, cfg.delta)
-            eps = max(eps, epsilon_of(self.example_event(q, z, steps), cfg.delta))
+            z = dpsgd_noise_multiplier(q, steps, cfg.epsilon, cfg.delta, self.memory_noise_multiplier, self._cap)
+            eps = max(eps, dpsgd_epsilon(q, z, steps, cfg.delta, self.memory_noise_multiplier, self._cap))
         meta = {"noise_multiplier": z, "noise_multiplier_memory": self.memory_noise_multiplier,
                 "memory_uses_cap": self._cap, "accountant": "dp-accounting RDP"}
         return z, self.memory_noise_multiplier, (eps, cfg.delta), meta
@@ -243,3 +357,6 @@ class NonPrivateAGEM(_SGDLearner):
         if not isinstance(config, AGEMConfig):
             raise TypeError("NonPrivateAGEM takes an AGEMConfig")
         super().__init__(config)
+
+    def _public_size(self, task_id: str, n_rows: int) -> int:
+        return n_rows  # not private: the true size sets the steps

@@ -30,7 +30,7 @@ from beam_dp.mechanisms.lifelong.accounting import (
     sensitivity_label,
     sensitivity_reconstruction,
 )
-from beam_dp.mechanisms.lifelong.agem import project_blocks
+from beam_dp.mechanisms.lifelong.agem import project_blocks_flagged
 from beam_dp.mechanisms.lifelong.config import L2DPConfig
 from beam_dp.mechanisms.lifelong.learner import Learner, LifelongState
 from beam_dp.mechanisms.lifelong.network import THETA_1, classifier, encode
@@ -162,7 +162,7 @@ class L2DPML(Learner):
         blocks = [THETA_1, tuple(k for k in params if k not in THETA_1)]
         batch_idx = torch.as_tensor(batches, device=dev)
         t = state.opt_steps
-        projected = 0
+        projected = torch.zeros((), dtype=torch.int64, device=dev)  # counted on the device: no sync per step
         for s, b in enumerate(order):
             rows = batch_idx[b]
             g = l2dp_gradients(params, xb[rows], yb[rows], chi2, chi3, lam, self.n_layers, cfg.ae_mode,
@@ -171,9 +171,8 @@ class L2DPML(Learner):
                 e = int(picks[s])
                 g_ref = l2dp_gradients(params, mem_x[e], mem_y[e], chi2, chi3, lam, self.n_layers, cfg.ae_mode,
                                        cfg.label_path, self.encoder_norm)
-                new = project_blocks(g, g_ref, blocks, cfg.agem_always_project)
-                projected += int(any(not torch.equal(new[k], g[k]) for k in g))
-                g = new
+                g, moved = project_blocks_flagged(g, g_ref, blocks, cfg.agem_always_project)
+                projected += moved
             t += 1
             self._update(params, g, opt, t)
             with torch.no_grad():
@@ -190,7 +189,7 @@ class L2DPML(Learner):
                             len(memory_x) - len(state.memory_uses)))
         meta = {"epochs": epochs, "steps": int(len(order)), "batches": int(len(batches)),
                 "dropped_rows": int(x_bar.shape[0] - batches.size), "memory_batches": len(memory_x),
-                "projected_steps": projected, "epsilon_1": self.budget.epsilon_1, "epsilon_2": self.budget.epsilon_2,
+                "projected_steps": int(projected), "epsilon_1": self.budget.epsilon_1, "epsilon_2": self.budget.epsilon_2,
                 "delta_r": self.delta_r, "delta_l": self.delta_l, "b_theta": cfg.b_theta, "ae_mode": cfg.ae_mode, "label_path": cfg.label_path,
                 "encoder_batch_norm": cfg.encoder_batch_norm,
                 "noise": "laplace, drawn once per stream", "noise_scale_chi1": self.noise_scales["l2dp-chi1"],

@@ -168,19 +168,22 @@ class Learner(abc.ABC):
         return to_torch(state.params, self.device, self.dtype), to_torch(state.opt, self.device, self.dtype)
 
     def _update(self, params: dict, grads: dict, opt: dict, t: int) -> None:
-        """One optimiser step in place (``t`` is the 1-based step count of this learner)."""
+        """One optimiser step in place on named tensors (``t`` is the 1-based step count of this learner)."""
+        for name, g in grads.items():
+            self._optimise(params[name], g, opt[f"m/{name}"], opt[f"v/{name}"], t)
+
+    @torch.no_grad()
+    def _optimise(self, p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, t: int) -> None:
+        """SGD or Adam on one tensor in place (a named parameter or the flat vector of all of them)."""
         lr = self.config.learning_rate
-        with torch.no_grad():
-            for name, g in grads.items():
-                if self.config.optimizer == "sgd":
-                    params[name] -= lr * g
-                    continue
-                m, v = opt[f"m/{name}"], opt[f"v/{name}"]
-                m.mul_(_ADAM_B1).add_(g, alpha=1 - _ADAM_B1)
-                v.mul_(_ADAM_B2).addcmul_(g, g, value=1 - _ADAM_B2)
-                m_hat = m / (1 - _ADAM_B1 ** t)
-                v_hat = v / (1 - _ADAM_B2 ** t)
-                params[name] -= lr * m_hat / (torch.sqrt(v_hat) + _ADAM_EPS)
+        if self.config.optimizer == "sgd":
+            p.sub_(lr * g)
+            return
+        m.mul_(_ADAM_B1).add_(g, alpha=1 - _ADAM_B1)
+        v.mul_(_ADAM_B2).addcmul_(g, g, value=1 - _ADAM_B2)
+        m_hat = m / (1 - _ADAM_B1 ** t)
+        v_hat = v / (1 - _ADAM_B2 ** t)
+        p.sub_(lr * m_hat / (torch.sqrt(v_hat) + _ADAM_EPS))
 
     def _steps_for(self, task_id: str, n_rows: int, batches_per_epoch: int) -> tuple[int, int]:
         """``(epochs, steps)`` of a task: Balanced ``steps_per_task`` or ``epochs × batches``."""

@@ -18,7 +18,8 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["THETA_1", "classifier", "encode", "init_params", "predict", "to_numpy", "to_torch"]
+__all__ = ["THETA_1", "Layout", "classifier", "encode", "flatten", "init_params", "layout_of", "predict", "to_numpy",
+           "to_torch", "unflatten"]
 
 THETA_1 = ("enc.W", "enc.b")
 _BN_EPS = 1e-5
@@ -50,6 +51,30 @@ def to_torch(arrays: dict[str, np.ndarray], device: torch.device, dtype: torch.d
 
 def to_numpy(tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().numpy().copy() for k, v in tensors.items()}
+
+
+Layout = tuple[tuple[str, tuple[int, ...], int, int], ...]
+
+
+def layout_of(arrays: dict) -> Layout:
+    """``(name, shape, start, stop)`` of each named array in one flat vector, in the dict's order."""
+    out, offset = [], 0
+    for name, value in arrays.items():
+        shape = tuple(int(s) for s in value.shape)
+        size = int(np.prod(shape)) if shape else 1
+        out.append((name, shape, offset, offset + size))
+        offset += size
+    return tuple(out)
+
+
+def flatten(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    """One flat vector of the named tensors, in the dict's order (the layout of :func:`layout_of`)."""
+    return torch.cat([v.reshape(-1) for v in tensors.values()])
+
+
+def unflatten(flat: torch.Tensor, layout: Layout) -> dict[str, torch.Tensor]:
+    """Named views into ``flat`` (no copies: an in-place update of ``flat`` updates them)."""
+    return {name: flat[lo:hi].view(shape) for name, shape, lo, hi in layout}
 
 
 def _batch_norm(h: torch.Tensor) -> torch.Tensor:
