@@ -6,8 +6,10 @@ declared total: for each domain it takes the largest ``epsilon_spent`` any relea
 transform's spend is the worst loss of any contribution so far, and never decreases), then composes
 the domains with the rules of ``beam_dp.core.budget.compose`` at the job's ``delta``. It also fails
 on a release that reports more than its own budget, on a domain whose releases disagree about their
-budget or composition, on a release without a noise domain, and on a (domain, stream, step,
-mechanism, meta) seen twice (what two transforms sharing a domain would write).
+budget, composition or mechanism, on a release without a noise domain, on a ``"pure"`` domain that
+reports a delta > 0, and on a (domain, stream, step, purpose) seen twice: a noise domain writes one
+release per stream, step and purpose (``purpose`` is written by the mechanism, ``""`` for a step's one
+release), so two transforms sharing a domain are flagged whatever their ``mechanism`` or ``meta``.
 
 Command line::
 
@@ -76,13 +78,24 @@ class JobVerdict:
 
 
 VERIFIED_COLUMNS = ("noise_domain", "composition", "stream", "step", "mechanism", "meta", "epsilon_spent", "delta_spent",
-                    "epsilon_budget", "delta_budget", "job_epsilon_budget", "job_delta_budget")
+                    "epsilon_budget", "delta_budget", "job_epsilon_budget", "job_delta_budget", "purpose")
+_NUMBERS = ("epsilon_spent", "delta_spent", "epsilon_budget", "delta_budget", "job_epsilon_budget", "job_delta_budget")
+#: suffixes of the extra releases a mechanism makes under its own name (``pmwg_synthetic``, ``mwem_run``)
+_EXTRA_RELEASES = ("_synthetic", "_run")
+
+
+def mechanism_family(name: str) -> str:
+    """The mechanism a release name belongs to (``pmwg_synthetic`` -> ``pmwg``): one per noise domain."""
+    for suffix in _EXTRA_RELEASES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
 
 
 def _table_of(rows: Iterable[Mapping]) -> pa.Table:
     """Release rows (dicts; ``meta`` a JSON string or a mapping) as the columns the verifier reads."""
     rows = list(rows)
-    text = {"noise_domain", "composition", "mechanism", "meta"}
+    text = {"noise_domain", "composition", "mechanism", "meta", "purpose"}
     columns = {name: [row.get(name) or ("" if name in text else 0.0) for row in rows] for name in VERIFIED_COLUMNS}
     columns["stream"] = [row.get("stream") for row in rows]
     columns["step"] = [row.get("step") for row in rows]
@@ -113,37 +126,40 @@ class _Names:
 @dataclass
 class _Domain:
     composition: int
+    family: str
     epsilon_budget: float
     delta_budget: float
     epsilon_spent: float = 0.0
     delta_spent: float = 0.0
     releases: int = 0
+    pure_delta: bool = False  # a "pure" release reported a delta: composed as "approx" (and flagged)
 
 
 _LOW32 = (1 << 32) - 1
+_PURPOSE_BITS = 40
 
 
-def _packed_keys(domain: np.ndarray, stream: np.ndarray, step: np.ndarray, mechanism: np.ndarray, meta: np.ndarray,
+def _packed_keys(domain: np.ndarray, purpose: np.ndarray, stream: np.ndarray, step: np.ndarray,
                  rows: np.ndarray) -> np.ndarray:
-    """The (domain, stream, step, mechanism, meta) key of each of ``rows`` as two uint64 words (16 bytes
-    a release): domain and mechanism ids below 2^16, meta and stream ids below 2^32, steps in
+    """The (domain, purpose, stream, step) key of each of ``rows`` as two uint64 words (16 bytes a
+    release): domain ids below 2^24, purpose ids below 2^40, stream ids below 2^32, steps in
     [-1, 2^32 − 2] (``ValueError`` beyond: no job comes near)."""
-    domain, stream, step, mechanism, meta = (a[rows] for a in (domain, stream, step, mechanism, meta))
-    if len(domain) and (domain.max() >= 1 << 16 or mechanism.max() >= 1 << 16 or meta.max() > _LOW32
+    domain, purpose, stream, step = (a[rows] for a in (domain, purpose, stream, step))
+    if len(domain) and (domain.max() >= 1 << (64 - _PURPOSE_BITS) or purpose.max() >= 1 << _PURPOSE_BITS
                         or stream.max() > _LOW32 or step.min() < -1 or step.max() >= _LOW32):
-        raise ValueError("too many distinct domains, mechanisms, metas or streams, or a step beyond 2^32, to verify")
-    high = (domain.astype(np.uint64) << np.uint64(48)) | (mechanism.astype(np.uint64) << np.uint64(32)) | meta.astype(np.uint64)
+        raise ValueError("too many distinct domains, purposes or streams, or a step beyond 2^32, to verify")
+    high = (domain.astype(np.uint64) << np.uint64(_PURPOSE_BITS)) | purpose.astype(np.uint64)
     low = (stream.astype(np.uint64) << np.uint64(32)) | (step + 1).astype(np.uint64)
     return np.stack([high, low], axis=1)
 
 
 class JobVerifier:
     """``verify_job`` one table of releases at a time (see the module docstring): per noise domain it
-    keeps the worst spend, budget and composition, and per release 16 bytes of ids to find a release
-    written twice, so a job's output of any size is checked with one batch of it in memory."""
+    keeps the worst spend, budget, composition and mechanism, and per release 16 bytes of ids to find
+    a release written twice, so a job's output of any size is checked with one batch of it in memory."""
 
     def __init__(self) -> None:
-        self._domains, self._compositions, self._streams, self._mechanisms, self._metas = (
+        self._domains, self._compositions, self._streams, self._mechanisms, self._purposes = (
             _Names(), _Names(), _Names(), _Names(), _Names())
         self._spends: dict[int, _Domain] = {}
         self._keys: list[np.ndarray] = []
@@ -152,15 +168,19 @@ class JobVerifier:
         self.rows = 0
 
     def add(self, table: "pa.Table | pa.RecordBatch") -> None:
-        """Check one table of releases (the columns of :data:`VERIFIED_COLUMNS`)."""
+        """Check one table of releases (the columns of :data:`VERIFIED_COLUMNS`; ``purpose`` may be absent
+        in files written before it existed: every release then counts as its step's one release)."""
         for batch in (table.to_batches(65_536) if isinstance(table, pa.Table) else [table]):
             self._add_batch(batch)
 
     def _add_batch(self, batch: pa.RecordBatch) -> None:
         self.rows += batch.num_rows
         domain, composition = self._domains(batch.column("noise_domain")), self._compositions(batch.column("composition"))
+        mechanism = self._mechanisms(batch.column("mechanism"))
+        names = batch.schema.names
+        purpose = self._purposes(batch.column("purpose") if "purpose" in names else pa.nulls(batch.num_rows, pa.string()))
         number = {name: np.asarray(batch.column(name).to_numpy(zero_copy_only=False), dtype=np.float64)
-                  for name in VERIFIED_COLUMNS[6:]}
+                  for name in _NUMBERS}
         step = np.asarray(pc.fill_null(batch.column("step"), -1).to_numpy(zero_copy_only=False), dtype=np.int64)
 
         def where(i: int) -> str:
@@ -173,30 +193,38 @@ class JobVerifier:
                     & np.array([n in COMPOSITIONS for n in self._compositions.names], dtype=bool)[composition])
         self.problems += [f"{where(i)} has no noise domain or composition: not written by a domain-aware beam_dp"
                           for i in np.flatnonzero(~labelled)]
-        self._keys.append(_packed_keys(domain, self._streams(batch.column("stream")), step,
-                                       self._mechanisms(batch.column("mechanism")), self._metas(batch.column("meta")),
-                                       labelled))
+        self._keys.append(_packed_keys(domain, purpose, self._streams(batch.column("stream")), step, labelled))
         eps, dlt, eps_budget, dlt_budget = (number[n] for n in ("epsilon_spent", "delta_spent", "epsilon_budget",
                                                                  "delta_budget"))
+        pure = np.array([n == "pure" for n in self._compositions.names], dtype=bool)[composition]
         with np.errstate(invalid="ignore"):
             valid = labelled & np.isfinite(eps) & (eps >= 0) & (dlt >= 0) & (dlt < 1)
             over = valid & ((eps > eps_budget * (1 + _TOL)) | (dlt > dlt_budget * (1 + _TOL)))
+            pure_delta = valid & pure & ((dlt > 0) | (dlt_budget > 0))
         self.problems += [f"{where(i)} of {name(i)!r} reports an invalid spend ({eps[i]}, {dlt[i]})"
                           for i in np.flatnonzero(labelled & ~valid)]
         self.problems += [f"{where(i)} of {name(i)!r} spends ({eps[i]:.6g}, {dlt[i]:.3g}), more than its own budget "
                           f"({eps_budget[i]:.6g}, {dlt_budget[i]:.3g})" for i in np.flatnonzero(over)]
+        self.problems += [f"{where(i)} of {name(i)!r} is 'pure' but reports delta {dlt[i]:.3g} of a delta budget "
+                          f"{dlt_budget[i]:.3g}: pure epsilon-DP has no delta" for i in np.flatnonzero(pure_delta)]
+        families = [mechanism_family(n) for n in self._mechanisms.names]
         for d in np.unique(domain[labelled]).tolist():
             rows_of = np.flatnonzero(labelled & (domain == d))
             first = rows_of[0]
-            spend = self._spends.setdefault(d, _Domain(int(composition[first]), float(eps_budget[first]),
-                                                       float(dlt_budget[first])))
+            spend = self._spends.setdefault(d, _Domain(int(composition[first]), families[mechanism[first]],
+                                                       float(eps_budget[first]), float(dlt_budget[first])))
             agree = (composition[rows_of] == spend.composition) & (eps_budget[rows_of] == spend.epsilon_budget) & (
                 dlt_budget[rows_of] == spend.delta_budget)
             self.problems += [f"{where(i)} of {name(i)!r} disagrees with the domain's other releases about its budget "
                               "or composition" for i in rows_of[~agree]]
+            other = [i for i in rows_of.tolist() if families[mechanism[i]] != spend.family]
+            self.problems += [f"{where(i)} of {name(i)!r} comes from mechanism {self._mechanisms.names[mechanism[i]]!r}, "
+                              f"the domain's other releases from {spend.family!r}: two transforms share the noise "
+                              "domain" for i in other[:1]]  # one line per batch: every such row says the same
             ok = rows_of[valid[rows_of]]
             spend.epsilon_spent = max(spend.epsilon_spent, float(eps[ok].max(initial=0.0)))
             spend.delta_spent = max(spend.delta_spent, float(dlt[ok].max(initial=0.0)))
+            spend.pure_delta = spend.pure_delta or bool(pure_delta[rows_of].any())
             spend.releases += len(ok)
         self._declared |= set(zip(number["job_epsilon_budget"][valid].tolist(), number["job_delta_budget"][valid].tolist()))
 
@@ -207,8 +235,15 @@ class JobVerifier:
         keys = keys[np.lexsort((keys[:, 1], keys[:, 0]))]
         starts = np.flatnonzero(np.concatenate([[True], np.any(keys[1:] != keys[:-1], axis=1)]))
         runs = np.diff(np.append(starts, len(keys)))
+        purpose_mask = np.uint64((1 << _PURPOSE_BITS) - 1)
+
+        def what(i: int) -> str:
+            purpose = self._purposes.names[int(keys[i, 0] & purpose_mask)]
+            return f", purpose {purpose!r}" if purpose else ""
+
         return [f"release (stream {self._streams.names[int(keys[i, 1] >> np.uint64(32))]!r}, step "
-                f"{int(keys[i, 1] & np.uint64(_LOW32)) - 1}) of {self._domains.names[int(keys[i, 0] >> np.uint64(48))]!r} "
+                f"{int(keys[i, 1] & np.uint64(_LOW32)) - 1}{what(i)}) of "
+                f"{self._domains.names[int(keys[i, 0] >> np.uint64(_PURPOSE_BITS))]!r} "
                 f"appears {n} times: two transforms share the noise domain"
                 for i, n in zip(starts[runs > 1].tolist(), runs[runs > 1].tolist())]
 
@@ -227,7 +262,9 @@ class JobVerifier:
             found = declared[-1] if declared else (0.0, 0.0)
             epsilon = found[0] if epsilon is None else epsilon
             delta = found[1] if delta is None else delta
-        worst = compose(((d.composition, d.epsilon_spent, d.delta_spent) for d in spent), delta) if spent else 0.0
+        flagged = {self._domains.names[d] for d, s in self._spends.items() if s.pure_delta}
+        worst = compose((("approx" if d.domain in flagged else d.composition, d.epsilon_spent, d.delta_spent)
+                         for d in spent), delta) if spent else 0.0
         if worst > epsilon * (1 + 1e-7):
             problems.append(f"the worst contribution spends epsilon {worst:.6g} at delta {delta:g} across the job's "
                             f"transforms, more than the declared total {epsilon:g}")
