@@ -11,19 +11,28 @@ reports a delta > 0, and on a (domain, stream, step, purpose) seen twice: a nois
 release per stream, step and purpose (``purpose`` is written by the mechanism, ``""`` for a step's one
 release), so two transforms sharing a domain are flagged whatever their ``mechanism`` or ``meta``.
 
+With the job's manifest (``beam_dp.io.manifest``, ``_beam_dp_manifest.json`` beside the releases) it
+also fails when a declared transform has no release files or no releases, when a release's domain is
+not declared, when the declared shares compose above the declared total, and when the rows' budget,
+composition, mechanism or job total differ from the manifest; the manifest's total is then the job's
+total, and a declared transform without releases is charged its whole share.
+
 Command line::
 
-    python -m beam_dp.verify 'output/demo/*.parquet' [--epsilon 1 --delta 0]
+    python -m beam_dp.verify output/demo                            # a job's folder: its manifest
+    python -m beam_dp.verify 'output/demo/*.parquet' [--manifest output/demo] [--epsilon 1 --delta 0]
 
 exits 0 when the job is within its total, 1 when it is not (the reasons are printed), 2 on bad usage.
-Without ``--epsilon``/``--delta`` the declared total is read from the releases' ``job_*_budget``
-columns, which must agree.
+Without a manifest or ``--epsilon``/``--delta`` the declared total is read from the releases'
+``job_*_budget`` columns, which must agree.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
@@ -33,6 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from beam_dp.core.budget import COMPOSITIONS, compose
+from beam_dp.io.manifest import JobManifest
 
 __all__ = ["VERIFIED_COLUMNS", "DomainSpend", "JobVerdict", "JobVerifier", "main", "verify_job"]
 
@@ -50,6 +60,7 @@ class DomainSpend:
     epsilon_budget: float = 0.0
     delta_budget: float = 0.0
     releases: int = 0
+    mechanism: str = ""  # the mechanism family (``mechanism_family``) of its releases
 
 
 @dataclass
@@ -247,30 +258,69 @@ class JobVerifier:
                 f"appears {n} times: two transforms share the noise domain"
                 for i, n in zip(starts[runs > 1].tolist(), runs[runs > 1].tolist())]
 
-    def verdict(self, epsilon: float | None = None, delta: float | None = None) -> JobVerdict:
-        """The job's verdict over every table added (the declared total read from the releases when
-        ``epsilon``/``delta`` are not given)."""
+    def verdict(self, epsilon: float | None = None, delta: float | None = None,
+                manifest: JobManifest | None = None) -> JobVerdict:
+        """The job's verdict over every table added. The declared total is ``epsilon``/``delta`` if
+        given, else the ``manifest``'s (whose declarations the rows are then checked against, see
+        :func:`manifest_problems`), else read from the releases' ``job_*_budget`` columns."""
         problems = self.problems + self._duplicates()
         spent = sorted((DomainSpend(self._domains.names[d], self._compositions.names[s.composition], s.epsilon_spent,
-                                    s.delta_spent, s.epsilon_budget, s.delta_budget, s.releases)
+                                    s.delta_spent, s.epsilon_budget, s.delta_budget, s.releases, s.family)
                         for d, s in self._spends.items()), key=lambda d: d.domain)
         declared = sorted(self._declared)
-        if epsilon is None or delta is None:
+        charged = [("approx" if self._spends[self._domains.ids[d.domain]].pure_delta else d.composition,
+                    d.epsilon_spent, d.delta_spent) for d in spent]
+        if manifest is not None:
+            problems += manifest_problems(manifest, spent, declared)
+            found = (manifest.epsilon, manifest.delta)
+            # a declared transform without releases is charged its whole share
+            seen = {d.domain for d in spent}
+            charged += [(t.composition if t.composition in COMPOSITIONS and not (t.composition == "pure" and t.delta)
+                         else "approx", t.epsilon, t.delta) for t in manifest.transforms if t.noise_domain not in seen]
+        elif epsilon is None or delta is None:
             if len(declared) != 1:
                 problems.append(f"the releases declare {len(declared)} different job totals {declared}; "
                                 "pass --epsilon and --delta")
             found = declared[-1] if declared else (0.0, 0.0)
-            epsilon = found[0] if epsilon is None else epsilon
-            delta = found[1] if delta is None else delta
-        flagged = {self._domains.names[d] for d, s in self._spends.items() if s.pure_delta}
-        worst = compose((("approx" if d.domain in flagged else d.composition, d.epsilon_spent, d.delta_spent)
-                         for d in spent), delta) if spent else 0.0
+        epsilon = found[0] if epsilon is None else epsilon
+        delta = found[1] if delta is None else delta
+        worst = compose(charged, delta) if charged else 0.0
         if worst > epsilon * (1 + 1e-7):
             problems.append(f"the worst contribution spends epsilon {worst:.6g} at delta {delta:g} across the job's "
                             f"transforms, more than the declared total {epsilon:g}")
         if not spent and not problems:
             problems.append("no releases")
         return JobVerdict(float(epsilon), float(delta), float(worst), spent, problems)
+
+
+def manifest_problems(manifest: JobManifest, spent: list[DomainSpend], totals: list[tuple[float, float]]) -> list[str]:
+    """Where the releases (their per-domain ``spent`` and the job ``totals`` they declare) and the job's
+    manifest disagree, and what is wrong with the manifest itself (``JobManifest.problems``)."""
+    problems = manifest.problems()
+    declared = {t.noise_domain: t for t in manifest.transforms}
+    seen = {d.domain: d for d in spent}
+    problems += [f"transform {t.noise_domain!r} ({t.mechanism}, files {', '.join(t.files) or 'none'}) is declared in "
+                 "the manifest but none of its releases was read" for t in manifest.transforms
+                 if t.noise_domain not in seen]
+    problems += [f"noise domain {d!r} has releases but is not declared in the manifest" for d in seen if d not in declared]
+    for name, d in seen.items():
+        t = declared.get(name)
+        if t is None:
+            continue
+        if d.composition != t.composition:
+            problems.append(f"the releases of {name!r} compose as {d.composition!r}, the manifest says {t.composition!r}")
+        if d.epsilon_budget > t.epsilon * (1 + _TOL) or d.delta_budget > t.delta * (1 + _TOL):
+            problems.append(f"the releases of {name!r} state a budget ({d.epsilon_budget:.6g}, {d.delta_budget:.3g}) "
+                            f"above the manifest's share ({t.epsilon:.6g}, {t.delta:.3g})")
+        if d.mechanism != mechanism_family(t.mechanism):
+            problems.append(f"the releases of {name!r} come from mechanism {d.mechanism!r}, the manifest says "
+                            f"{t.mechanism!r}")
+    total = (manifest.epsilon, manifest.delta)
+    wrong = [x for x in totals if not (math.isclose(x[0], total[0], rel_tol=_TOL) and
+                                       math.isclose(x[1], total[1], rel_tol=_TOL, abs_tol=1e-300))]
+    if wrong:
+        problems.append(f"the releases state job totals {wrong}, the manifest's total is {total}")
+    return problems
 
 
 def verify_job(rows: "Iterable[Mapping] | pa.Table | Iterable[pa.Table]", epsilon: float | None = None,
@@ -294,26 +344,71 @@ def verify_job(rows: "Iterable[Mapping] | pa.Table | Iterable[pa.Table]", epsilo
     return verifier.verdict(epsilon, delta)
 
 
+def _release_files(folder: str, manifest: JobManifest) -> tuple[list[str], list[str]]:
+    """The file patterns of every transform the manifest declares, and a problem per pattern that
+    matches no file (a transform's releases missing from the folder)."""
+    from apache_beam.io.filesystems import FileSystems
+
+    patterns, missing = [], []
+    for t in manifest.transforms:
+        for prefix in t.files:
+            pattern = FileSystems.join(folder, f"{prefix}-*")
+            if FileSystems.match([pattern])[0].metadata_list:
+                patterns.append(pattern)
+            else:
+                missing.append(f"transform {t.noise_domain!r}'s release files {pattern} are missing")
+        if not t.files:
+            missing.append(f"transform {t.noise_domain!r} declares no release files")
+    return patterns, missing
+
+
+def _is_folder(path: str) -> bool:
+    from apache_beam.io.filesystems import FileSystems
+
+    from beam_dp.io.manifest import manifest_path
+
+    return os.path.isdir(path) or FileSystems.exists(manifest_path(path))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m beam_dp.verify",
         description="Recompute a job's worst per-contribution privacy loss from its release files and check it "
-                    "against the declared total.")
-    parser.add_argument("paths", nargs="+", help="release files (Parquet or JSON lines): globs or file prefixes")
+                    "against the declared total and the job's manifest.")
+    parser.add_argument("paths", nargs="+", help="a job's output folder (its manifest names the release files), or "
+                        "release files (Parquet or JSON lines): globs or file prefixes")
+    parser.add_argument("--manifest", default=None, help="the job's manifest (_beam_dp_manifest.json or its folder) "
+                        "to check release files against")
     parser.add_argument("--epsilon", type=float, default=None, help="the job's declared total epsilon")
     parser.add_argument("--delta", type=float, default=None, help="the job's declared total delta")
     args = parser.parse_args(argv)
+    from beam_dp.io.manifest import MANIFEST_NAME, read_manifest
     from beam_dp.io.readers import iter_release_tables
 
     verifier = JobVerifier()
+    manifest, paths = None, list(args.paths)
     try:
-        for path in args.paths:
+        folder = args.manifest or (paths[0] if len(paths) == 1 and _is_folder(paths[0]) else None)
+        if folder is not None:
+            manifest = read_manifest(folder)
+            folder = folder[: -len(MANIFEST_NAME)] if folder.endswith(MANIFEST_NAME) else folder
+            patterns, missing = _release_files(folder, manifest)
+            verifier.problems += missing
+            if args.manifest is None:
+                paths = patterns
+        for path in paths:
             for table in iter_release_tables(path, VERIFIED_COLUMNS):
                 verifier.add(table)
+    except FileNotFoundError as exc:
+        if folder is None or manifest is not None:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"{exc}: cannot tell which transforms the job ran\nNOT verified")
+        return 1
     except (OSError, ValueError, pa.ArrowInvalid) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    verdict = verifier.verdict(args.epsilon, args.delta)
+    verdict = verifier.verdict(args.epsilon, args.delta, manifest)
     print(verdict.describe())
     return 0 if verdict.ok else 1
 
