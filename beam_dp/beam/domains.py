@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from beam_dp.core.budget import composition_of
 from beam_dp.io.schema import ReleaseLabels
 
-__all__ = ["bind_noise_domain", "bound_domains", "release_labels"]
+__all__ = ["bind_noise_domain", "bound_domains", "pipeline_of", "release_labels"]
 
 P = TypeVar("P")
 
@@ -30,7 +30,7 @@ def bind_noise_domain(params: P, pvalue: Any) -> P:
     Call from ``PTransform.expand`` with any input PValue (or a tuple/dict of them). Raises
     ``ValueError`` if the domain is already claimed in this pipeline.
     """
-    pipeline = _pipeline_of(pvalue)
+    pipeline = pipeline_of(pvalue)
     applied = pipeline._current_transform()  # the AppliedPTransform whose expand is running
     key = params.noise_key
     domain = key.domain or applied.full_label
@@ -55,7 +55,8 @@ def bound_domains(pipeline: Any) -> dict[str, tuple[str, Any]]:
     return dict(pipeline.__dict__.get(_BOUND_ATTR, {}))
 
 
-def _pipeline_of(pvalue: Any):
+def pipeline_of(pvalue: Any):
+    """The pipeline of a PValue (or of the first of a tuple/dict of them)."""
     if isinstance(pvalue, dict):
         pvalue = next(iter(pvalue.values()))
     elif isinstance(pvalue, (tuple, list)):
