@@ -42,11 +42,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from beam_dp.core.budget import COMPOSITIONS, compose
+from beam_dp.core.noise_declaration import loss_of_declaration, recomputed_epsilon
 from beam_dp.io.manifest import JobManifest
 
 __all__ = ["VERIFIED_COLUMNS", "DomainSpend", "JobVerdict", "JobVerifier", "main", "verify_job"]
 
 _TOL = 1e-9
+# a stated spend may sit this far (relative) below the one recomputed from its noise declaration: float
+# rounding of the two arithmetics (~1e-15) and the analytic-Gaussian bisections (rel. 1e-12); a
+# doctored spend is off by far more
+_RECOMPUTE_TOL = 1e-7
+#: mechanisms whose every release declares its noise: a release of theirs without one was stripped
+DECLARING_MECHANISMS = frozenset({"kary_tree", "honaker_tree", "binary_tree", "hybrid_tree", "doubling_tree",
+                                  "window_tree", "blt", "toeplitz_sqrt"})
 
 
 @dataclass
@@ -72,6 +80,7 @@ class JobVerdict:
     worst_epsilon: float
     domains: list[DomainSpend]
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # facts that do not fail verification
 
     @property
     def ok(self) -> bool:
@@ -83,13 +92,14 @@ class JobVerdict:
         for d in self.domains:
             lines.append(f"  {d.domain}: {d.composition}, spent ({d.epsilon_spent:.6g}, {d.delta_spent:.3g}) of "
                          f"({d.epsilon_budget:.6g}, {d.delta_budget:.3g}) over {d.releases} releases")
+        lines += [f"  note: {n}" for n in self.notes]
         lines += [f"  PROBLEM: {p}" for p in self.problems]
         lines.append("verified: within the job's total" if self.ok else "NOT verified")
         return "\n".join(lines)
 
 
 VERIFIED_COLUMNS = ("noise_domain", "composition", "stream", "step", "mechanism", "meta", "epsilon_spent", "delta_spent",
-                    "epsilon_budget", "delta_budget", "job_epsilon_budget", "job_delta_budget", "purpose")
+                    "epsilon_budget", "delta_budget", "job_epsilon_budget", "job_delta_budget", "purpose", "noise")
 _NUMBERS = ("epsilon_spent", "delta_spent", "epsilon_budget", "delta_budget", "job_epsilon_budget", "job_delta_budget")
 #: suffixes of the extra releases a mechanism makes under its own name (``pmwg_synthetic``, ``mwem_run``)
 _EXTRA_RELEASES = ("_synthetic", "_run")
@@ -106,7 +116,7 @@ def mechanism_family(name: str) -> str:
 def _table_of(rows: Iterable[Mapping]) -> pa.Table:
     """Release rows (dicts; ``meta`` a JSON string or a mapping) as the columns the verifier reads."""
     rows = list(rows)
-    text = {"noise_domain", "composition", "mechanism", "meta", "purpose"}
+    text = {"noise_domain", "composition", "mechanism", "meta", "purpose", "noise"}
     columns = {name: [row.get(name) or ("" if name in text else 0.0) for row in rows] for name in VERIFIED_COLUMNS}
     columns["stream"] = [row.get("stream") for row in rows]
     columns["step"] = [row.get("step") for row in rows]
@@ -169,9 +179,14 @@ class JobVerifier:
     keeps the worst spend, budget, composition and mechanism, and per release 16 bytes of ids to find
     a release written twice, so a job's output of any size is checked with one batch of it in memory."""
 
-    def __init__(self) -> None:
-        self._domains, self._compositions, self._streams, self._mechanisms, self._purposes = (
-            _Names(), _Names(), _Names(), _Names(), _Names())
+    def __init__(self, strict: bool = False) -> None:
+        """``strict``: a release whose mechanism declares no noise (its spend cannot be recomputed) is a
+        problem; by default it is counted in the verdict's notes and its stated spend is used."""
+        self.strict = strict
+        self._domains, self._compositions, self._streams, self._mechanisms, self._purposes, self._noises = (
+            _Names(), _Names(), _Names(), _Names(), _Names(), _Names())
+        self._losses: list[tuple[float, float] | None] = []  # per distinct noise declaration (None: none)
+        self._unrecomputable: dict[str, int] = {}
         self._spends: dict[int, _Domain] = {}
         self._keys: list[np.ndarray] = []
         self._declared: set[tuple[float, float]] = set()
@@ -189,7 +204,9 @@ class JobVerifier:
         domain, composition = self._domains(batch.column("noise_domain")), self._compositions(batch.column("composition"))
         mechanism = self._mechanisms(batch.column("mechanism"))
         names = batch.schema.names
-        purpose = self._purposes(batch.column("purpose") if "purpose" in names else pa.nulls(batch.num_rows, pa.string()))
+        absent = pa.nulls(batch.num_rows, pa.string())
+        purpose = self._purposes(batch.column("purpose") if "purpose" in names else absent)
+        noise = self._noises(batch.column("noise") if "noise" in names else absent)
         number = {name: np.asarray(batch.column(name).to_numpy(zero_copy_only=False), dtype=np.float64)
                   for name in _NUMBERS}
         step = np.asarray(pc.fill_null(batch.column("step"), -1).to_numpy(zero_copy_only=False), dtype=np.int64)
@@ -218,6 +235,7 @@ class JobVerifier:
                           f"({eps_budget[i]:.6g}, {dlt_budget[i]:.3g})" for i in np.flatnonzero(over)]
         self.problems += [f"{where(i)} of {name(i)!r} is 'pure' but reports delta {dlt[i]:.3g} of a delta budget "
                           f"{dlt_budget[i]:.3g}: pure epsilon-DP has no delta" for i in np.flatnonzero(pure_delta)]
+        self._recompute(noise, mechanism, valid, eps, dlt, domain, where)
         families = [mechanism_family(n) for n in self._mechanisms.names]
         for d in np.unique(domain[labelled]).tolist():
             rows_of = np.flatnonzero(labelled & (domain == d))
@@ -238,6 +256,44 @@ class JobVerifier:
             spend.pure_delta = spend.pure_delta or bool(pure_delta[rows_of].any())
             spend.releases += len(ok)
         self._declared |= set(zip(number["job_epsilon_budget"][valid].tolist(), number["job_delta_budget"][valid].tolist()))
+
+    def _recompute(self, noise: np.ndarray, mechanism: np.ndarray, valid: np.ndarray, eps: np.ndarray,
+                   dlt: np.ndarray, domain: np.ndarray, where) -> None:
+        """Recompute each valid release's epsilon from its noise declaration at its stated delta and
+        flag those stating less (one line per domain and batch); count or flag those without one."""
+        while len(self._losses) < len(self._noises.names):
+            text = self._noises.names[len(self._losses)]
+            try:
+                self._losses.append(loss_of_declaration(text) if text else None)
+            except ValueError as exc:
+                self._losses.append(None)
+                self.problems.append(f"a release declares its noise as {text[:80]!r}: {exc}")
+        declared = np.array([loss is not None for loss in self._losses], dtype=bool)[noise]
+        checked = valid & declared
+        recomputed = np.full(len(eps), -np.inf)
+        if checked.any():  # one recomputation per distinct (declaration, delta): few per job
+            pairs, inverse = np.unique(np.stack([noise[checked].astype(np.float64), dlt[checked]]), axis=1,
+                                       return_inverse=True)
+            recomputed[checked] = np.array([recomputed_epsilon(*self._losses[int(i)], d) for i, d in pairs.T],
+                                           dtype=np.float64)[inverse.ravel()]
+        with np.errstate(invalid="ignore"):
+            below = checked & (eps < recomputed * (1 - _RECOMPUTE_TOL))
+        for d in np.unique(domain[below]).tolist():
+            rows = np.flatnonzero(below & (domain == d))
+            i = rows[0]
+            self.problems.append(f"{len(rows)} release(s) of {self._domains.names[d]!r} state an epsilon_spent below "
+                                 f"the spend recomputed from its noise declaration, e.g. {where(i)}: {eps[i]:.6g} < "
+                                 f"{recomputed[i]:.6g}")
+        stripped = valid & ~declared & np.array([n in DECLARING_MECHANISMS for n in self._mechanisms.names],
+                                                dtype=bool)[mechanism]
+        for d in np.unique(domain[stripped]).tolist():
+            rows = np.flatnonzero(stripped & (domain == d))
+            self.problems.append(f"{len(rows)} release(s) of {self._domains.names[d]!r} lack the noise declaration "
+                                 f"their mechanism writes, e.g. {where(rows[0])}")
+        for d in np.unique(domain[valid & ~declared & ~stripped]).tolist():
+            name = self._domains.names[d]
+            self._unrecomputable[name] = self._unrecomputable.get(name, 0) + int(np.sum(valid & ~declared & ~stripped
+                                                                                       & (domain == d)))
 
     def _duplicates(self) -> list[str]:
         keys = np.concatenate(self._keys) if self._keys else np.zeros((0, 2), np.uint64)
@@ -264,6 +320,10 @@ class JobVerifier:
         given, else the ``manifest``'s (whose declarations the rows are then checked against, see
         :func:`manifest_problems`), else read from the releases' ``job_*_budget`` columns."""
         problems = self.problems + self._duplicates()
+        notes = [f"{n} release(s) of {name!r} declare no noise: spend not recomputable, taken as stated"
+                 for name, n in sorted(self._unrecomputable.items())]
+        if self.strict:
+            problems, notes = problems + notes, []
         spent = sorted((DomainSpend(self._domains.names[d], self._compositions.names[s.composition], s.epsilon_spent,
                                     s.delta_spent, s.epsilon_budget, s.delta_budget, s.releases, s.family)
                         for d, s in self._spends.items()), key=lambda d: d.domain)
@@ -290,7 +350,7 @@ class JobVerifier:
                             f"transforms, more than the declared total {epsilon:g}")
         if not spent and not problems:
             problems.append("no releases")
-        return JobVerdict(float(epsilon), float(delta), float(worst), spent, problems)
+        return JobVerdict(float(epsilon), float(delta), float(worst), spent, problems, notes)
 
 
 def manifest_problems(manifest: JobManifest, spent: list[DomainSpend], totals: list[tuple[float, float]]) -> list[str]:
@@ -324,12 +384,12 @@ def manifest_problems(manifest: JobManifest, spent: list[DomainSpend], totals: l
 
 
 def verify_job(rows: "Iterable[Mapping] | pa.Table | Iterable[pa.Table]", epsilon: float | None = None,
-               delta: float | None = None) -> JobVerdict:
+               delta: float | None = None, manifest: JobManifest | None = None, strict: bool = False) -> JobVerdict:
     """Recompute a job's worst per-contribution loss from its release rows, a table of them with the
     columns of ``beam_dp.io.RELEASE_SCHEMA``, or an iterable of such tables (e.g.
     ``beam_dp.io.iter_release_tables``; see the module docstring). Columnar: array operations one
     batch at a time, so a job's millions of releases verify in seconds and flat memory."""
-    verifier = JobVerifier()
+    verifier = JobVerifier(strict)
     if isinstance(rows, pa.Table):
         verifier.add(rows)
     else:
@@ -341,7 +401,7 @@ def verify_job(rows: "Iterable[Mapping] | pa.Table | Iterable[pa.Table]", epsilo
                 verifier.add(table)
         elif first is not None:
             verifier.add(_table_of([first, *items]))
-    return verifier.verdict(epsilon, delta)
+    return verifier.verdict(epsilon, delta, manifest)
 
 
 def _release_files(folder: str, manifest: JobManifest) -> tuple[list[str], list[str]]:
@@ -379,13 +439,15 @@ def main(argv: list[str] | None = None) -> int:
                         "release files (Parquet or JSON lines): globs or file prefixes")
     parser.add_argument("--manifest", default=None, help="the job's manifest (_beam_dp_manifest.json or its folder) "
                         "to check release files against")
+    parser.add_argument("--strict", action="store_true", help="fail on releases whose mechanism declares no noise "
+                        "(their spend cannot be recomputed); by default they are listed as notes")
     parser.add_argument("--epsilon", type=float, default=None, help="the job's declared total epsilon")
     parser.add_argument("--delta", type=float, default=None, help="the job's declared total delta")
     args = parser.parse_args(argv)
     from beam_dp.io.manifest import MANIFEST_NAME, read_manifest
     from beam_dp.io.readers import iter_release_tables
 
-    verifier = JobVerifier()
+    verifier = JobVerifier(strict=args.strict)
     manifest, paths = None, list(args.paths)
     try:
         folder = args.manifest or (paths[0] if len(paths) == 1 and _is_folder(paths[0]) else None)

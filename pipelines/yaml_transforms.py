@@ -89,7 +89,7 @@ ReleaseRecord = NamedTuple("ReleaseRecord", [
     ("delta_budget", float), ("window", Optional[int]), ("step_start", Optional[int]),
     ("step_end", Optional[int]), ("meta", str), ("noise_domain", str), ("composition", str),
     ("job_epsilon_spent", float), ("job_delta_spent", float), ("job_epsilon_budget", float),
-    ("job_delta_budget", float), ("purpose", str)])
+    ("job_delta_budget", float), ("purpose", str), ("noise", str)])
 DeadLetterRow = NamedTuple("DeadLetterRow", [
     ("reason", str), ("detail", str), ("stream", Optional[str]), ("element", str)])
 assert ReleaseRecord._fields == ReleaseRow._fields, "keep ReleaseRecord in step with beam_dp.io.ReleaseRow"

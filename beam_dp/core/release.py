@@ -29,7 +29,9 @@ class Release:
     node counts, window, calibration). ``purpose`` tells apart the releases one step of one stream
     makes (``""`` when a step makes one release; e.g. ``"model:3"``, ``"query:7"``, ``"synthetic"``
     for a mechanism that releases several things at a step): a noise domain never writes two releases
-    with the same (stream, step, purpose), which is what the job verifier checks.
+    with the same (stream, step, purpose), which is what the job verifier checks. ``noise`` declares
+    the worst-hit element's noise (JSON, :mod:`beam_dp.core.noise_declaration`) so that a verifier
+    recomputes ``epsilon_spent``; ``""`` for a mechanism that declares none.
     """
 
     stream: str
@@ -40,6 +42,7 @@ class Release:
     delta_spent: float
     meta: Mapping[str, Any] = field(default_factory=dict)
     purpose: str = ""
+    noise: str = ""  # the noise declaration (beam_dp.core.noise_declaration), "" when none
 
     def __post_init__(self) -> None:
         if isinstance(self.value, Mapping):
@@ -57,9 +60,9 @@ class Release:
         mine, theirs = self.arrays(), other.arrays()
         return (
             (self.stream, self.step, self.mechanism, self.epsilon_spent, self.delta_spent, dict(self.meta),
-             self.purpose)
+             self.purpose, self.noise)
             == (other.stream, other.step, other.mechanism, other.epsilon_spent, other.delta_spent, dict(other.meta),
-                other.purpose)
+                other.purpose, other.noise)
             and mine.keys() == theirs.keys()
             and all(mine[k].shape == theirs[k].shape and mine[k].tobytes() == theirs[k].tobytes() for k in mine)
         )
@@ -69,4 +72,4 @@ class Release:
     def __reduce__(self):
         # Rebuild through __init__ so that __post_init__ runs again: unpickled values stay read-only float64.
         return (Release, (self.stream, self.step, self.mechanism, self.value, self.epsilon_spent, self.delta_spent,
-                          self.meta, self.purpose))
+                          self.meta, self.purpose, self.noise))

@@ -120,4 +120,4 @@ def row_to_release(row: dict) -> Release:
         value = flat.reshape(row["shape"])
     meta = row["meta"] if isinstance(row["meta"], dict) else json.loads(row["meta"])
     return Release(row["stream"], row["step"], row["mechanism"], value, row["epsilon_spent"], row["delta_spent"], meta,
-                   row.get("purpose") or "")
+                   row.get("purpose") or "", row.get("noise") or "")

@@ -19,7 +19,10 @@ Columns:
   transform is the whole job and these equal its own columns;
 * ``purpose``: what the release is within its (stream, step) when the mechanism makes several there
   (``"model:<id>"``, ``"query:<seq>"``, ``"run:<i>"``, ``"synthetic"``; ``""`` for a step's one
-  release): a noise domain never writes two releases with one (stream, step, purpose).
+  release): a noise domain never writes two releases with one (stream, step, purpose);
+* ``noise``: the noise declaration of the worst-hit element (JSON ``{"terms": [[law, sensitivity,
+  scale, weight], ...]}``, :mod:`beam_dp.core.noise_declaration`) from which ``epsilon_spent`` is
+  recomputed; ``""`` for a mechanism that declares none.
 """
 
 import functools
@@ -60,6 +63,7 @@ class ReleaseRow(NamedTuple):
     job_epsilon_budget: float = 0.0
     job_delta_budget: float = 0.0
     purpose: str = ""
+    noise: str = ""
 
 
 RELEASE_SCHEMA = pa.schema(
@@ -85,6 +89,7 @@ RELEASE_SCHEMA = pa.schema(
         ("job_epsilon_budget", pa.float64()),
         ("job_delta_budget", pa.float64()),
         ("purpose", pa.string()),
+        ("noise", pa.string()),
     ]
 )
 
@@ -124,6 +129,7 @@ def release_to_row(
         step_end=step_end,
         meta=json.dumps(dict(release.meta), sort_keys=True, default=_json_default),
         purpose=release.purpose,
+        noise=release.noise,
     )
 
 
@@ -206,7 +212,7 @@ def _facts(part: ReleaseColumns) -> tuple:
     parts = "" if batch.value_name is None else json.dumps([[batch.value_name, [batch.values.shape[1]]]])
     return (parts, eps, delta, float(g.epsilon), float(g.delta), g.window, part.step_start, part.step_end, meta,
             "" if labels is None else labels.noise_domain, "" if labels is None else labels.composition, *job,
-            "")  # purpose: a group step makes one release per stream
+            "", batch.noise)  # purpose "": a group step makes one release per stream
 
 
 @functools.lru_cache(maxsize=1 << 16)
