@@ -102,3 +102,23 @@ def test_the_verifier_fails_a_row_below_its_recomputed_spend_or_stripped_of_its_
     verdict = verify_job(other)
     assert verdict.ok and any("not recomputable" in n for n in verdict.notes)
     assert not verify_job(other, strict=True).ok
+
+
+def test_two_parameter_sets_in_one_domain_are_flagged_whatever_their_meta():
+    """Issue 23 (a) on plain rows: a sum and a count (different meta, same mechanism) written under one
+    domain collide on (domain, stream, step, purpose); a mechanism's several releases of one step with
+    distinct purposes (ERM base and update, PMWG queries) do not."""
+    sums = _rows(make_counter("kary", horizon=64, dim=1, epsilon=1.0, clip_bound=1.0))
+    counts = [dict(r, meta={**r["meta"], "granularity": 1.0}) for r in _rows(
+        make_counter("kary", horizon=64, dim=1, epsilon=1.0, clip_bound=0.5))]
+    verdict = verify_job(sums + counts, epsilon=2.0, delta=0.0)
+    assert sum("appears 2 times" in p for p in verdict.problems) == len(sums), verdict.problems
+    parts = [dict(r, purpose=f"query:{i}") for i, r in enumerate(sums + sums)]
+    assert verify_job(parts).ok
+
+
+def test_a_pure_domain_with_a_delta_is_flagged_from_the_rows():
+    rows = _rows(make_counter("kary", horizon=64, dim=1, epsilon=1.0, clip_bound=1.0))
+    doctored = [dict(r, delta_spent=0.5, delta_budget=0.5, job_delta_budget=0.5) for r in rows]
+    verdict = verify_job(doctored)
+    assert any("is 'pure' but reports delta 0.5" in p for p in verdict.problems), verdict.problems

@@ -82,20 +82,16 @@ def test_a_relabelled_transform_of_another_mechanism_fails(job, tmp_path, capsys
     assert code == 1 and "comes from mechanism" in out, out
 
 
-def test_every_epsilon_spent_set_to_zero_fails(job, tmp_path, capsys):
+@pytest.mark.parametrize("column,value,reason", [
+    ("epsilon_spent", 0.0, "below the spend recomputed from its noise declaration"),  # (b)
+    ("job_epsilon_budget", 10.0, "the releases state job totals [(10.0, 0.0)]"),        # (c)
+], ids=["b-every-epsilon-spent-zero", "c-job-budget-raised"])
+def test_a_column_doctored_on_every_row_fails(job, tmp_path, capsys, column, value, reason):
     folder = _copy(job, tmp_path)
     for name in ("sum", "count", "windowed"):
-        _doctor(folder, name, "epsilon_spent", 0.0)
+        _doctor(folder, name, column, value)
     code, out = _verdict([folder], capsys)
-    assert code == 1 and "below the spend recomputed from its noise" in out, out
-
-
-def test_a_raised_job_budget_fails_against_the_manifest(job, tmp_path, capsys):
-    folder = _copy(job, tmp_path)
-    for name in ("sum", "count", "windowed"):
-        _doctor(folder, name, "job_epsilon_budget", 10.0)
-    code, out = _verdict([folder], capsys)
-    assert code == 1 and "the releases state job totals [(10.0, 0.0)]" in out, out
+    assert code == 1 and reason in out, out
 
 
 def test_a_missing_transform_file_fails(job, tmp_path, capsys):
