@@ -122,3 +122,18 @@ def test_a_pure_domain_with_a_delta_is_flagged_from_the_rows():
     doctored = [dict(r, delta_spent=0.5, delta_budget=0.5, job_delta_budget=0.5) for r in rows]
     verdict = verify_job(doctored)
     assert any("is 'pure' but reports delta 0.5" in p for p in verdict.problems), verdict.problems
+
+
+def test_several_releases_of_one_step_carry_distinct_purposes():
+    """PMWG answers two queries at one database size (one step): their purposes differ (the query's
+    sequence number, which keys its noise), so the verifier does not mistake them for two transforms;
+    the public synthetic histogram at that step has its own purpose."""
+    from beam_dp.mechanisms.pmwg import PMWG, GrowingBlock, Query
+
+    mech = PMWG(universe_size=4, n=5, epsilon=1.0, alpha=0.2)
+    noise, state = NoiseSource(KEY), mech.init_state("s")
+    state, _ = mech.step(state, GrowingBlock(np.array([0, 1, 2, 3, 0])), noise)
+    queries = tuple(Query(5, f"q{i}", np.array([1.0, 0.0, 1.0, 0.0])) for i in range(2))
+    state, releases = mech.step(state, GrowingBlock(np.zeros(0, np.int64), queries), noise)
+    releases.append(mech.snapshot(state))
+    assert [(r.step, r.purpose) for r in releases] == [(5, "query:0"), (5, "query:1"), (5, "synthetic")]
