@@ -19,7 +19,7 @@ pytestmark = pytest.mark.pipeline
 PROVIDERS = Path(__file__).resolve().parents[2] / "templates" / "yaml" / "providers.yaml"
 
 
-def _pipeline(tmp_path: Path, total: float | None) -> str:
+def _pipeline(tmp_path: Path, total: float | None, sum_epsilon: float = 1.0, count: bool = True) -> str:
     options = "  runner: FnApiRunner\n" + (f"  job_epsilon: {total}\n" if total is not None else "")
     text = f"""pipeline:
   transforms:
@@ -33,7 +33,7 @@ def _pipeline(tmp_path: Path, total: float | None) -> str:
     - type: ContinualSum
       name: Sum
       input: Events
-      config: {{dim: 1, epsilon: 1.0, clip_bound: 1.0, start: 0, period: 10, end: 40}}
+      config: {{dim: 1, epsilon: {sum_epsilon}, clip_bound: 1.0, start: 0, period: 10, end: 40}}
     - type: ContinualCount
       name: Count
       input: Events
@@ -50,6 +50,9 @@ providers:
   - include: {PROVIDERS}
 options:
 {options}"""
+    if not count:  # the sum alone
+        text = text.replace(text[text.index("    - type: ContinualCount"):text.index("    - type: WriteToJson")], "")
+        text = text[:text.index("    - type: WriteToJson\n      name: WriteCount")] + text[text.index("providers:"):]
     path = tmp_path / "two.yaml"
     path.write_text(text)
     return f"--yaml_pipeline_file={path}"
@@ -90,3 +93,10 @@ def test_plain_beam_yaml_refuses_two_transforms_it_cannot_budget(tmp_path):
 
     with pytest.raises(ValueError, match="run it with python -m pipelines.run_yaml"):
         yaml_main.run([_pipeline(tmp_path, 2.0)])
+
+
+def test_one_transform_above_the_declared_total_is_refused_by_plain_beam_yaml_too(tmp_path):
+    from apache_beam.yaml import main as yaml_main
+
+    with pytest.raises(ValueError, match="more than the job's total epsilon 1"):
+        yaml_main.run([_pipeline(tmp_path, 1.0, sum_epsilon=2.0, count=False)])
