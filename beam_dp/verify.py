@@ -247,7 +247,8 @@ class JobVerifier:
             self.problems += [f"{where(i)} of {name(i)!r} disagrees with the domain's other releases about its budget "
                               "or composition" for i in rows_of[~agree]]
             other = [i for i in rows_of.tolist() if families[mechanism[i]] != spend.family]
-            self.problems += [f"{where(i)} of {name(i)!r} comes from mechanism {self._mechanisms.names[mechanism[i]]!r}, "
+            self.problems += [f"{where(i)} of {name(i)!r} comes from mechanism "
+                              f"{self._mechanisms.names[mechanism[i]]!r}, "
                               f"the domain's other releases from {spend.family!r}: two transforms share the noise "
                               "domain" for i in other[:1]]  # one line per batch: every such row says the same
             ok = rows_of[valid[rows_of]]
@@ -362,13 +363,15 @@ def manifest_problems(manifest: JobManifest, spent: list[DomainSpend], totals: l
     problems += [f"transform {t.noise_domain!r} ({t.mechanism}, files {', '.join(t.files) or 'none'}) is declared in "
                  "the manifest but none of its releases was read" for t in manifest.transforms
                  if t.noise_domain not in seen]
-    problems += [f"noise domain {d!r} has releases but is not declared in the manifest" for d in seen if d not in declared]
+    problems += [f"noise domain {d!r} has releases but is not declared in the manifest"
+                 for d in seen if d not in declared]
     for name, d in seen.items():
         t = declared.get(name)
         if t is None:
             continue
         if d.composition != t.composition:
-            problems.append(f"the releases of {name!r} compose as {d.composition!r}, the manifest says {t.composition!r}")
+            problems.append(f"the releases of {name!r} compose as {d.composition!r}, the manifest says "
+                            f"{t.composition!r}")
         if d.epsilon_budget > t.epsilon * (1 + _TOL) or d.delta_budget > t.delta * (1 + _TOL):
             problems.append(f"the releases of {name!r} state a budget ({d.epsilon_budget:.6g}, {d.delta_budget:.3g}) "
                             f"above the manifest's share ({t.epsilon:.6g}, {t.delta:.3g})")

@@ -37,7 +37,8 @@ def _budget_plan(argv: list[str]) -> list[str]:
 
     from pipelines.yaml_transforms import PLANNING, yaml_budget_plan
 
-    options, constructor, _ = yaml_main.build_pipeline_components_from_argv(argv + [f"--beam_dp_budget_plan={PLANNING}"])
+    planning = argv + [f"--beam_dp_budget_plan={PLANNING}"]
+    options, constructor, _ = yaml_main.build_pipeline_components_from_argv(planning)
     pipeline = beam.Pipeline(options=options)
     constructor(pipeline)
     plan = yaml_budget_plan(pipeline)

@@ -64,7 +64,8 @@ from beam_dp.beam import (
 )
 from beam_dp.beam.domains import pipeline_of as _pipeline_of
 from beam_dp.core import StepClock
-from beam_dp.core.budget import BudgetPlan, JobBudget, composition_of
+from beam_dp.beam.manifest import params_composition
+from beam_dp.core.budget import BudgetPlan, JobBudget
 from beam_dp.core.noise import KEY_ENV_VAR
 from beam_dp.io.schema import ReleaseRow
 from beam_dp.mechanisms.universe import Universe
@@ -140,9 +141,7 @@ _SHARES_ATTR = "_beam_dp_yaml_shares"
 def _share_of(params: Any) -> tuple[str, float, float]:
     """``(composition, epsilon, delta)`` a transform's params spend (its mechanism's guarantee)."""
     mechanism = params.build_mechanism()
-    declared = getattr(params, "composition", None)
-    composition = declared if isinstance(declared, str) else composition_of(mechanism)
-    return composition, float(mechanism.guarantee.epsilon), float(mechanism.guarantee.delta)
+    return params_composition(params, mechanism), float(mechanism.guarantee.epsilon), float(mechanism.guarantee.delta)
 
 
 def yaml_budget_plan(pipeline: beam.Pipeline) -> Optional[str]:

@@ -15,7 +15,7 @@ from beam_dp.beam.domains import bound_domains
 from beam_dp.core.budget import COMPOSITIONS, compose, composition_of
 from beam_dp.io.manifest import JobManifest, ManifestTransform
 
-__all__ = ["job_manifest", "record_release_files"]
+__all__ = ["job_manifest", "params_composition", "record_release_files"]
 
 _FILES_ATTR = "_beam_dp_release_files"
 
@@ -31,7 +31,9 @@ def _top(label: str) -> str:
     return label.split("/", 1)[0]
 
 
-def _composition(params: Any, mechanism: Any) -> str:
+def params_composition(params: Any, mechanism: Any) -> str:
+    """How a transform's releases compose: its params' declared ``composition`` (e.g. lifelong's
+    ``"approx"``) if it has one, else its mechanism's (``composition_of``)."""
     declared = getattr(params, "composition", None)
     return declared if declared in COMPOSITIONS else composition_of(mechanism)
 
@@ -50,7 +52,7 @@ def job_manifest(pipeline: Any, job: str) -> JobManifest:
             epsilon, delta = float(budget.epsilon), float(budget.delta)
         else:
             epsilon, delta = float(mechanism.guarantee.epsilon), float(mechanism.guarantee.delta)
-        composition = _composition(params, mechanism)
+        composition = params_composition(params, mechanism)
         prefixes = tuple(sorted({prefix for producer, prefix in files if _top(producer) == _top(label)}))
         transforms.append(ManifestTransform(domain, mechanism.name, composition, epsilon, delta, prefixes))
         shares.append((composition, epsilon, delta))

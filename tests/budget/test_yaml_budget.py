@@ -4,7 +4,6 @@ job's true spend (2 at the end) and total; two transforms without a declared tot
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
