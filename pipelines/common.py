@@ -23,8 +23,10 @@ import pyarrow.parquet as pq
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
 from beam_dp.beam import DeadLetter, Reason
+from beam_dp.beam.manifest import job_manifest, record_release_files
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.io import RELEASE_SCHEMA, ReleaseColumns, WriteReleasesToJsonLines, WriteReleasesToParquet, release_table
+from beam_dp.io.manifest import write_manifest
 from pipelines.paths import join, match, read_text_lines
 from pipelines.runner import UsageError
 
@@ -272,10 +274,17 @@ def write_releases(releases: beam.PCollection, out_dir: str, name: str, fmt: str
 
     Batch: Beam's Parquet/text sinks. Streaming: one file per bundle (see ``_WriteBundleFiles``).
     """
+    record_release_files(releases, name)
     if not streaming:
         sink = WriteReleasesToParquet if fmt == "parquet" else WriteReleasesToJsonLines
         return releases | f"Write-{name}" >> sink(join(out_dir, name), columnar=columnar)
     return releases | f"Write-{name}" >> beam.ParDo(_WriteBundleFiles(join(out_dir, name), fmt))
+
+
+def write_job_manifest(pipeline: beam.Pipeline, job: str, out_dir: str) -> str:
+    """Write the job's manifest (``beam_dp.io.manifest``: its transforms, noise domains, shares, total
+    and release files) to ``<out_dir>/_beam_dp_manifest.json``; returns its path."""
+    return write_manifest(out_dir, job_manifest(pipeline, job))
 
 
 def write_dead_letters(dead: dict[str, beam.PCollection], out_dir: str, streaming: bool = False):

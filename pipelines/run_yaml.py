@@ -8,6 +8,12 @@ Beam's own entry point logs every stage at INFO and prints its progress; this on
 beam_dp's warnings and errors (``--verbose`` brings Beam's logs back), and an invalid template
 parameter (a ``ValueError`` when the pipeline is built) or a missing Jinja variable is one line
 ``<prog>: error: ...`` with exit code 2.
+
+Job budget: a pipeline with several beam_dp transforms declares its total per contribution in its
+``options:`` block (``job_epsilon``, ``job_delta``). The pipeline is built once without running to
+collect every transform's ``(composition, epsilon, delta)``; shares composing above the total are
+refused (exit 2), and in the real build each transform gets its share of the plan, so that every
+release row carries the job's spend (``job_epsilon_spent``) and total (``job_epsilon_budget``).
 """
 
 from __future__ import annotations
@@ -21,6 +27,24 @@ from pipelines.runner import configure_logging
 PROG = "python -m pipelines.run_yaml"
 
 
+def _budget_plan(argv: list[str]) -> list[str]:
+    """Build the pipeline once without running it, collecting every beam_dp transform's share of the
+    declared job total (``options: job_epsilon, job_delta``; ``ValueError`` when they compose above it
+    or are several with no total), and return the flag that gives each transform its share in the
+    real build (none without a declared total)."""
+    import apache_beam as beam
+    from apache_beam.yaml import main as yaml_main
+
+    from pipelines.yaml_transforms import PLANNING, yaml_budget_plan
+
+    planning = argv + [f"--beam_dp_budget_plan={PLANNING}"]
+    options, constructor, _ = yaml_main.build_pipeline_components_from_argv(planning)
+    pipeline = beam.Pipeline(options=options)
+    constructor(pipeline)
+    plan = yaml_budget_plan(pipeline)
+    return [] if plan is None else [f"--beam_dp_budget_plan={plan}"]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = "--verbose" in argv
@@ -32,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     said = io.StringIO()
     try:
         with contextlib.redirect_stdout(sys.stdout if verbose else said):
-            yaml_main.run(argv)
+            yaml_main.run(argv + _budget_plan(argv))
     except (ValueError, jinja2.UndefinedError) as exc:
         print(f"{PROG}: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"[:500], file=sys.stderr)
         return 2

@@ -209,7 +209,7 @@ def run(options, job: Job, plan: Any, messages=None) -> str:
     """Build and run the job; on a local runner wait and summarise, elsewhere return once submitted."""
     import apache_beam as beam
 
-    from pipelines.common import metrics_summary, output_summary
+    from pipelines.common import metrics_summary, output_summary, write_job_manifest
     from pipelines.paths import display, prepare_output
 
     opts = options.view_as(options_class(job.name))
@@ -223,6 +223,7 @@ def run(options, job: Job, plan: Any, messages=None) -> str:
         result = pipeline.run()
         if is_local_runner(runner):
             result.wait_until_finish()
+    write_job_manifest(pipeline, job.name, plan.out_dir)  # declares the job beside its releases (beam_dp.verify)
     if not is_local_runner(runner):
         job_id = getattr(result, "job_id", lambda: None)
         job_id = job_id() if callable(job_id) else job_id

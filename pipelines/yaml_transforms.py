@@ -35,6 +35,7 @@ MyTransformYaml(c) -> PTransform`` that builds the family's params and wraps its
 """
 
 
+import copy
 import dataclasses
 import functools
 import inspect
@@ -42,6 +43,7 @@ import json
 from typing import Any, Callable, List, Mapping, NamedTuple, Optional, Union
 
 import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_dp.beam import (
     ContinualCount,
@@ -60,7 +62,10 @@ from beam_dp.beam import (
     WindowedSum,
     WindowedSumParams,
 )
+from beam_dp.beam.domains import pipeline_of as _pipeline_of
 from beam_dp.core import StepClock
+from beam_dp.beam.manifest import params_composition
+from beam_dp.core.budget import BudgetPlan, JobBudget
 from beam_dp.core.noise import KEY_ENV_VAR
 from beam_dp.io.schema import ReleaseRow
 from beam_dp.mechanisms.stream_groups import groups_for
@@ -75,8 +80,8 @@ from pipelines.runner import UsageError
 
 __all__ = [
     "REGISTRY", "ContinualCountYaml", "ContinualModelReleaseYaml", "ContinualSumYaml", "DeadLetterRow",
-    "GrowingDatabaseQueriesYaml", "IncrementalRegressionYaml", "OnlineLearnerYaml", "ReleaseRecord", "SINKS",
-    "WindowedSumYaml", "WriteDeadLettersYaml", "YamlRelease",
+    "GrowingDatabaseQueriesYaml", "IncrementalRegressionYaml", "JobBudgetOptions", "OnlineLearnerYaml",
+    "ReleaseRecord", "SINKS", "WindowedSumYaml", "WriteDeadLettersYaml", "YamlRelease", "yaml_budget_plan",
 ]
 
 
@@ -88,7 +93,7 @@ ReleaseRecord = NamedTuple("ReleaseRecord", [
     ("delta_budget", float), ("window", Optional[int]), ("step_start", Optional[int]),
     ("step_end", Optional[int]), ("meta", str), ("noise_domain", str), ("composition", str),
     ("job_epsilon_spent", float), ("job_delta_spent", float), ("job_epsilon_budget", float),
-    ("job_delta_budget", float)])
+    ("job_delta_budget", float), ("purpose", str), ("noise", str)])
 DeadLetterRow = NamedTuple("DeadLetterRow", [
     ("reason", str), ("detail", str), ("stream", Optional[str]), ("source", Optional[str]), ("element", str)])
 assert ReleaseRecord._fields == ReleaseRow._fields, "keep ReleaseRecord in step with beam_dp.io.ReleaseRow"
@@ -127,6 +132,71 @@ def _release_rows(releases: beam.PCollection, label: str) -> beam.PCollection:
     return releases | label >> beam.FlatMap(_records).with_output_types(ReleaseRecord)
 
 
+class JobBudgetOptions(PipelineOptions):
+    """A YAML pipeline's job budget: ``job_epsilon``/``job_delta``, its declared total per contribution
+    (in the YAML ``options:`` block or as flags); ``beam_dp_budget_plan`` is set by ``pipelines.run_yaml``."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser) -> None:
+        parser.add_argument("--job_epsilon", type=float, default=None,
+                            help="the YAML pipeline's total epsilon per contribution, across its beam_dp transforms")
+        parser.add_argument("--job_delta", type=float, default=0.0, help="the YAML pipeline's total delta")
+        parser.add_argument("--beam_dp_budget_plan", default=None,
+                            help="internal (pipelines.run_yaml): the job budget's shares, JSON")
+
+
+PLANNING = "planning"  # ``beam_dp_budget_plan`` of run_yaml's first build: collect the shares, check the total
+_SHARES_ATTR = "_beam_dp_yaml_shares"
+
+
+def _share_of(params: Any) -> tuple[str, float, float]:
+    """``(composition, epsilon, delta)`` a transform's params spend (its mechanism's guarantee)."""
+    mechanism = params.build_mechanism()
+    return params_composition(params, mechanism), float(mechanism.guarantee.epsilon), float(mechanism.guarantee.delta)
+
+
+def yaml_budget_plan(pipeline: beam.Pipeline) -> Optional[str]:
+    """The job budget's plan (JSON) of a YAML pipeline built with ``beam_dp_budget_plan=planning``:
+    every beam_dp transform's share under the declared total; None when no total is declared (then
+    the pipeline has at most one beam_dp transform: building it refused more)."""
+    opts = pipeline.options.view_as(JobBudgetOptions)
+    shares = pipeline.__dict__.get(_SHARES_ATTR, {})
+    if opts.job_epsilon is None or not shares:
+        return None
+    plan = JobBudget(opts.job_epsilon, opts.job_delta).plan(shares)
+    return json.dumps({"epsilon": plan.epsilon, "delta": plan.delta, "shares": [list(s) for s in plan.shares]})
+
+
+def _with_job_share(params: Any, pipeline: beam.Pipeline) -> Any:
+    """``params`` with its share of the YAML pipeline's job budget (see ``pipelines.run_yaml``).
+
+    With a plan (run_yaml's second build): the share named by the transform's label, so that rows
+    carry the job's spend. Otherwise the transform's spend is registered and checked: more than one
+    beam_dp transform without a declared ``job_epsilon``, or shares composing above it, are refused
+    (``ValueError``) at build; outside run_yaml's planning build a second transform is refused too
+    (its rows could not carry the job's spend)."""
+    name = pipeline._current_transform().full_label
+    opts = pipeline.options.view_as(JobBudgetOptions)
+    if opts.beam_dp_budget_plan not in (None, PLANNING):
+        data = json.loads(opts.beam_dp_budget_plan)
+        plan = BudgetPlan(data["epsilon"], data["delta"], tuple(tuple(s) for s in data["shares"]))
+        if name not in plan.names:
+            raise ValueError(f"beam_dp transform {name!r} has no share in the job budget's plan {plan.names}")
+        return dataclasses.replace(params, budget=plan[name])
+    shares = pipeline.__dict__.setdefault(_SHARES_ATTR, {})
+    shares[name] = _share_of(params)
+    if opts.job_epsilon is None and len(shares) > 1:
+        raise ValueError(f"{len(shares)} beam_dp transforms ({', '.join(shares)}) in one YAML pipeline: declare the "
+                         "job's total per contribution (options: job_epsilon, job_delta), which their shares must fit")
+    if opts.job_epsilon is None:
+        return params
+    plan = JobBudget(opts.job_epsilon, opts.job_delta).plan(shares)  # ValueError above the total
+    if opts.beam_dp_budget_plan is None and len(shares) > 1:
+        raise ValueError("several beam_dp transforms in one YAML pipeline: run it with python -m pipelines.run_yaml, "
+                         "which gives each its share of the job's total so that every row carries the job's spend")
+    return dataclasses.replace(params, budget=plan[name]) if opts.beam_dp_budget_plan is None else params
+
+
 class YamlRelease(beam.PTransform):
     """Wrap a beam_dp transform for YAML: rows in, named outputs ``releases`` and ``dead_letter`` out
     (and ``snapshots`` where the transform has them).
@@ -141,7 +211,9 @@ class YamlRelease(beam.PTransform):
         self.to_elements = to_elements if to_elements is not None else beam.Map(_as_event)
 
     def expand(self, rows):
-        out = rows | "AsElements" >> self.to_elements | "Release" >> self.transform
+        transform = copy.copy(self.transform)
+        transform.params = _with_job_share(transform.params, _pipeline_of(rows))
+        out = rows | "AsElements" >> self.to_elements | "Release" >> transform
         outputs = {
             "releases": _release_rows(out.releases, "Rows"),
             "dead_letter": out.dead_letter | "DeadLetterRows" >> beam.Map(_dead_letter_row).with_output_types(

@@ -16,11 +16,12 @@ from typing import Any, TypeVar
 from beam_dp.core.budget import composition_of
 from beam_dp.io.schema import ReleaseLabels
 
-__all__ = ["bind_noise_domain", "release_labels"]
+__all__ = ["bind_noise_domain", "bound_domains", "pipeline_of", "release_labels"]
 
 P = TypeVar("P")
 
 _REGISTRY_ATTR = "_beam_dp_noise_domains"
+_BOUND_ATTR = "_beam_dp_bound_params"
 
 
 def bind_noise_domain(params: P, pvalue: Any) -> P:
@@ -29,7 +30,7 @@ def bind_noise_domain(params: P, pvalue: Any) -> P:
     Call from ``PTransform.expand`` with any input PValue (or a tuple/dict of them). Raises
     ``ValueError`` if the domain is already claimed in this pipeline.
     """
-    pipeline = _pipeline_of(pvalue)
+    pipeline = pipeline_of(pvalue)
     applied = pipeline._current_transform()  # the AppliedPTransform whose expand is running
     key = params.noise_key
     domain = key.domain or applied.full_label
@@ -42,12 +43,20 @@ def bind_noise_domain(params: P, pvalue: Any) -> P:
             "transforms under one noise key must never share noise; give each its own NoiseKey(domain=...)"
         )
     claimed[domain] = applied.full_label
-    if key.domain == domain:
-        return params
-    return dataclasses.replace(params, noise_key=dataclasses.replace(key, domain=domain))
+    if key.domain != domain:
+        params = dataclasses.replace(params, noise_key=dataclasses.replace(key, domain=domain))
+    pipeline.__dict__.setdefault(_BOUND_ATTR, {})[domain] = (applied.full_label, params)
+    return params
 
 
-def _pipeline_of(pvalue: Any):
+def bound_domains(pipeline: Any) -> dict[str, tuple[str, Any]]:
+    """``{noise domain: (label of the transform that claimed it, its bound params)}`` of a pipeline
+    (for its job manifest, ``beam_dp.beam.manifest``)."""
+    return dict(pipeline.__dict__.get(_BOUND_ATTR, {}))
+
+
+def pipeline_of(pvalue: Any):
+    """The pipeline of a PValue (or of the first of a tuple/dict of them)."""
     if isinstance(pvalue, dict):
         pvalue = next(iter(pvalue.values()))
     elif isinstance(pvalue, (tuple, list)):

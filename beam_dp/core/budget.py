@@ -7,7 +7,9 @@ composition of what each transform spends on it. :class:`JobBudget` holds the jo
 
 Composition rules (``compose``), per contribution, at the job's ``delta``:
 
-* ``"pure"`` shares (Laplace, K-norm, discrete Laplace: pure epsilon): epsilons add;
+* ``"pure"`` shares (Laplace, K-norm, discrete Laplace: pure epsilon): epsilons add; a pure share
+  has delta 0 by definition, and one that states a delta > 0 is refused (``ValueError``), never
+  composed as if its delta were 0;
 * ``"gaussian"`` shares (releases that are linear in the data plus Gaussian noise, e.g. every counter
   and tree with ``noise="gaussian"``): each is a Gaussian mechanism with some ``mu``; they compose
   exactly as one Gaussian mechanism with ``mu = sqrt(sum mu_i^2)``. A share's ``mu`` is recovered from
@@ -57,16 +59,25 @@ def _check_spend(epsilon: float, delta: float, what: str) -> None:
         raise ValueError(f"{what}: delta must lie in [0, 1), got {delta!r}")
 
 
+def _check_pure(composition: str, delta: float, what: str) -> None:
+    """Refuse a pure share that states a delta > 0 (pure epsilon-DP has none to compose)."""
+    if composition == "pure" and delta > 0.0:
+        raise ValueError(f"{what}: a 'pure' share must have delta 0, got delta {delta!r}; declare it 'approx' "
+                         "(or 'gaussian') if its mechanism spends a delta")
+
+
 def compose(spends: Iterable[tuple[str, float, float]], delta: float) -> float:
     """Epsilon, at ``delta``, of a contribution charged every ``(composition, epsilon_i, delta_i)``.
 
-    Returns ``math.inf`` when ``delta`` cannot cover the shares' deltas.
+    Returns ``math.inf`` when ``delta`` cannot cover the shares' deltas; ``ValueError`` for an unknown
+    composition or a ``"pure"`` share with a delta > 0 (its delta would otherwise be dropped).
     """
     pure = approx_eps = approx_delta = mu_sq = 0.0
     basic_eps = basic_delta = 0.0
     for composition, eps, dlt in spends:
         if composition not in COMPOSITIONS:
             raise ValueError(f"unknown composition {composition!r}; expected one of {COMPOSITIONS}")
+        _check_pure(composition, dlt, "compose")
         basic_eps, basic_delta = basic_eps + eps, basic_delta + dlt
         if composition == "pure" or dlt == 0.0:
             pure += eps
@@ -126,6 +137,7 @@ class BudgetPlan:
             _check_spend(eps, dlt, f"share {name!r}")
             if composition not in COMPOSITIONS:
                 raise ValueError(f"share {name!r}: composition must be one of {COMPOSITIONS}, got {composition!r}")
+            _check_pure(composition, dlt, f"share {name!r}")
         total = self.total_epsilon()
         if total > self.epsilon * (1.0 + 1e-7):
             raise ValueError(

@@ -20,6 +20,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from beam_dp.core.calibration import analytic_gaussian_epsilon, analytic_gaussian_epsilons
+from beam_dp.core.noise_declaration import GAUSSIAN_LAWS, NoiseTerm, declaration_json, merge_terms
 
 __all__ = ["Charge", "ElementLoss", "Guarantee", "PrivacyLedger", "require_within_budget", "spends"]
 
@@ -76,9 +77,30 @@ class ElementLoss:
 
     pure_epsilon: float = 0.0
     gaussian_mu_sq: float = 0.0
+    # what noise the loss came from (``beam_dp.core.noise_declaration``): written on releases so that
+    # a verifier recomputes the spend; not part of the loss's value
+    noise: tuple[NoiseTerm, ...] = field(default=(), compare=False)
+
+    @classmethod
+    def of_noise(cls, law: str, sensitivity: float, scale: float, weight: float = 1.0,
+                 pure_epsilon: float | None = None) -> "ElementLoss":
+        """The loss of an element lying ``weight`` times in noise of ``law`` and ``scale`` at L2
+        ``sensitivity``: ``weight·Δ/scale`` pure (or ``pure_epsilon``, the mechanism's own exact
+        arithmetic for the same amount) or ``mu² = weight·(Δ/scale)²``; declared for the release."""
+        if weight == 0:
+            return cls()
+        term = ((law, float(sensitivity), float(scale), float(weight)),)
+        if law in GAUSSIAN_LAWS:
+            return cls(0.0, weight * (sensitivity / scale) ** 2, term)
+        return cls(weight * sensitivity / scale if pure_epsilon is None else pure_epsilon, 0.0, term)
+
+    def declaration(self) -> str:
+        """The ``noise`` column text of this loss (``""`` when its mechanism declared no noise)."""
+        return declaration_json(self.noise)
 
     def __add__(self, other: "ElementLoss") -> "ElementLoss":
-        return ElementLoss(self.pure_epsilon + other.pure_epsilon, self.gaussian_mu_sq + other.gaussian_mu_sq)
+        return ElementLoss(self.pure_epsilon + other.pure_epsilon, self.gaussian_mu_sq + other.gaussian_mu_sq,
+                           merge_terms(self.noise, other.noise))
 
     def epsilon_at(self, delta: float) -> float:
         """Epsilon of this loss at ``delta`` (exact for a pure or a purely Gaussian loss)."""

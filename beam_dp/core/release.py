@@ -26,7 +26,12 @@ class Release:
     ``epsilon_spent``/``delta_spent`` are the worst-case cumulative loss of any single element up to
     and including this release, from the mechanism's own composition argument; they never exceed
     the mechanism's guarantee. ``meta`` holds public, JSON-serialisable facts (noise law and scale,
-    node counts, window, calibration).
+    node counts, window, calibration). ``purpose`` tells apart the releases one step of one stream
+    makes (``""`` when a step makes one release; e.g. ``"model:3"``, ``"query:7"``, ``"synthetic"``
+    for a mechanism that releases several things at a step): a noise domain never writes two releases
+    with the same (stream, step, purpose), which is what the job verifier checks. ``noise`` declares
+    the worst-hit element's noise (JSON, :mod:`beam_dp.core.noise_declaration`) so that a verifier
+    recomputes ``epsilon_spent``; ``""`` for a mechanism that declares none.
     """
 
     stream: str
@@ -36,6 +41,8 @@ class Release:
     epsilon_spent: float
     delta_spent: float
     meta: Mapping[str, Any] = field(default_factory=dict)
+    purpose: str = ""
+    noise: str = ""  # the noise declaration (beam_dp.core.noise_declaration), "" when none
 
     def __post_init__(self) -> None:
         if isinstance(self.value, Mapping):
@@ -52,8 +59,10 @@ class Release:
             return NotImplemented
         mine, theirs = self.arrays(), other.arrays()
         return (
-            (self.stream, self.step, self.mechanism, self.epsilon_spent, self.delta_spent, dict(self.meta))
-            == (other.stream, other.step, other.mechanism, other.epsilon_spent, other.delta_spent, dict(other.meta))
+            (self.stream, self.step, self.mechanism, self.epsilon_spent, self.delta_spent, dict(self.meta),
+             self.purpose, self.noise)
+            == (other.stream, other.step, other.mechanism, other.epsilon_spent, other.delta_spent, dict(other.meta),
+                other.purpose, other.noise)
             and mine.keys() == theirs.keys()
             and all(mine[k].shape == theirs[k].shape and mine[k].tobytes() == theirs[k].tobytes() for k in mine)
         )
@@ -62,4 +71,5 @@ class Release:
 
     def __reduce__(self):
         # Rebuild through __init__ so that __post_init__ runs again: unpickled values stay read-only float64.
-        return (Release, (self.stream, self.step, self.mechanism, self.value, self.epsilon_spent, self.delta_spent, self.meta))
+        return (Release, (self.stream, self.step, self.mechanism, self.value, self.epsilon_spent, self.delta_spent,
+                          self.meta, self.purpose, self.noise))

@@ -33,6 +33,7 @@ class ReleaseBatch:
     delta_spent: float
     meta: Mapping[str, Any] = field(default_factory=dict)
     value_name: str | None = None
+    noise: str = ""  # the releases' noise declaration (beam_dp.core.noise_declaration)
 
     def __post_init__(self) -> None:
         values = np.array(self.values, dtype=np.float64)
@@ -49,6 +50,6 @@ class ReleaseBatch:
         name = self.value_name
         return [
             Release(stream, self.step, self.mechanism, value if name is None else {name: value},
-                    self.epsilon_spent, self.delta_spent, self.meta)
+                    self.epsilon_spent, self.delta_spent, self.meta, noise=self.noise)
             for stream, value in zip(self.streams, self.values)
         ]

@@ -55,12 +55,21 @@ def iter_release_tables(pattern: str, columns: "list[str] | tuple[str, ...] | No
     for path in _paths(pattern):
         with FileSystems.open(path) as fh:
             if path.endswith(".parquet"):
-                for batch in iter_parquet_batches(fh, columns=schema.names):
-                    yield pa.Table.from_batches([batch]).select(schema.names)
+                for batch in iter_parquet_batches(fh, columns=schema.names, missing_ok=True):
+                    yield _with_columns(pa.Table.from_batches([batch]), schema)
                 continue
             rows = [json.loads(line) for line in fh.read().decode("utf-8").splitlines() if line.strip()]
         for batch in pa.Table.from_pylist(rows, schema=RELEASE_SCHEMA).select(schema.names).to_batches(65_536):
             yield pa.Table.from_batches([batch])
+
+
+def _with_columns(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with ``schema``'s columns in order, a column a file written by an older version lacks
+    (e.g. ``purpose``) filled with nulls."""
+    for field in schema:
+        if field.name not in table.column_names:
+            table = table.append_column(field, pa.nulls(table.num_rows, field.type))
+    return table.select(schema.names)
 
 
 def read_release_table(pattern: str, columns: "list[str] | tuple[str, ...] | None" = None) -> pa.Table:
@@ -110,4 +119,5 @@ def row_to_release(row: dict) -> Release:
     else:
         value = flat.reshape(row["shape"])
     meta = row["meta"] if isinstance(row["meta"], dict) else json.loads(row["meta"])
-    return Release(row["stream"], row["step"], row["mechanism"], value, row["epsilon_spent"], row["delta_spent"], meta)
+    return Release(row["stream"], row["step"], row["mechanism"], value, row["epsilon_spent"], row["delta_spent"], meta,
+                   row.get("purpose") or "", row.get("noise") or "")

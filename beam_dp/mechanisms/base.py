@@ -320,6 +320,7 @@ class ContinualSumMechanism(abc.ABC, Generic[StateT]):
             epsilon_spent=eps,
             delta_spent=delta,
             meta=meta,
+            noise=loss.declaration(),
         )
         return new_state, [release]
 
@@ -438,7 +439,7 @@ class GroupSteppedSum(FreshGroups, ContinualSumMechanism[StateT]):
             raise ValueError("discrete_laplace noise needs integer step values (counts); got a non-integer sum")
         new, values, meta, loss = self._advance_group(group, sums, noise)
         eps, delta = self.spend(loss)
-        return new, ReleaseBatch(new.streams, new.t, self.name, values, eps, delta, meta)
+        return new, ReleaseBatch(new.streams, new.t, self.name, values, eps, delta, meta, noise=loss.declaration())
 
     def _advance(self, state: StateT, vector: np.ndarray, noise: NoiseSource):
         new, values, meta, loss = self._advance_group(self.stack([state]), vector[None, :], noise)

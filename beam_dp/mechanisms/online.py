@@ -368,7 +368,7 @@ class _PrivateFTAL(FreshGroups):
             **extra,
         }
         batch = ReleaseBatch(group.streams, t, self.name, x_next, tree_batch.epsilon_spent, tree_batch.delta_spent,
-                             meta, value_name="x")
+                             meta, value_name="x", noise=tree_batch.noise)  # post-processing of the tree
         return OnlineGroup(group.streams, t, batch.values, S, tree), batch
 
     def run(self, stream: str, records: Sequence[Any], noise: NoiseSource) -> list[Release]:

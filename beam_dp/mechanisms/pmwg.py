@@ -393,7 +393,7 @@ class PMWG(GrowingQueryMechanism):
                 "segment_index": None, "beta_bound": state.beta_bound, "hard_count": state.hard_count}
         info.update(meta)
         return Release(stream=state.stream, step=state.t, mechanism=self.name, value=np.array([clamp_answer(answer, f)]),
-                       epsilon_spent=eps, delta_spent=delta, meta=info)
+                       epsilon_spent=eps, delta_spent=delta, meta=info, purpose=f"query:{state.seq - 1}")
 
     def _answer(self, state: PMWGState, query: Query, f: np.ndarray, noise: NoiseSource) -> tuple[PMWGState, list[Release]]:
         t, sub, stream = state.t, self.sub, state.stream
@@ -446,7 +446,8 @@ class PMWG(GrowingQueryMechanism):
         eps, delta = self._spend(state)
         return Release(stream=state.stream, step=state.t, mechanism=f"{self.name}_synthetic", value=state.y,
                        epsilon_spent=eps, delta_spent=delta,
-                       meta={"t": state.t, "kind": "synthetic_histogram", "hard_count": state.hard_count})
+                       meta={"t": state.t, "kind": "synthetic_histogram", "hard_count": state.hard_count},
+                       purpose="synthetic")
 
     def element_spend(self, state: PMWGState, t_star: np.ndarray) -> np.ndarray:
         """Per-element ε spend recomputed from the segment log (ledger), vectorised over t*."""

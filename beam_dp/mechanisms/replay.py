@@ -78,7 +78,8 @@ def replay_batches(
         for i in range(len(names)):
             states[i], releases = mechanism.step(states[i], ClippedSum(sums[i], int(counts[i]), int(clipped[i])), noise)
             for r in releases:
-                sink(ReleaseBatch((r.stream,), r.step, r.mechanism, r.value[None, :], r.epsilon_spent, r.delta_spent, r.meta))
+                sink(ReleaseBatch((r.stream,), r.step, r.mechanism, r.value[None, :], r.epsilon_spent, r.delta_spent, r.meta,
+                                  noise=r.noise))
 
 
 def replay_event_time(

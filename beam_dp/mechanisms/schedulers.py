@@ -338,14 +338,16 @@ class _Scheduler(GrowingQueryMechanism):
         spent, delta = self._spend(state)
         meta = {"kind": "black_box_run", "run": run, "t": state.t, "black_box": self.black_box.name,
                 "epsilon_run": eps, "alpha": alpha, "beta": beta}
-        return state, [Release(state.stream, state.t, f"{self.name}_run", value, spent, delta, meta)]
+        return state, [Release(state.stream, state.t, f"{self.name}_run", value, spent, delta, meta,
+                                       purpose=f"run:{run}")]
 
     def _answer(self, state: SchedulerState, query: Query, weights: np.ndarray, noise: NoiseSource):
         state, releases = self._ensure_run(state, noise)
         spent, delta = self._spend(state)
         meta = {"query_id": query.query_id, "t": state.t, "run": state.run, "alpha": self._alpha_of(state.run)}
         value = np.array([clamp_answer(self.black_box.answer(state.synopsis, weights), weights)])
-        return state, releases + [Release(state.stream, state.t, self.name, value, spent, delta, meta)]
+        return state, releases + [Release(state.stream, state.t, self.name, value, spent, delta, meta,
+                                                  purpose=f"query:{query.query_id}")]
 
     def snapshot(self, state: SchedulerState) -> Release | None:
         if state.run < 0:
@@ -355,7 +357,7 @@ class _Scheduler(GrowingQueryMechanism):
             return None
         spent, delta = self._spend(state)
         return Release(state.stream, state.t, f"{self.name}_synthetic", hist, spent, delta,
-                       {"t": state.t, "run": state.run, "kind": "synthetic_histogram"})
+                       {"t": state.t, "run": state.run, "kind": "synthetic_histogram"}, purpose="synthetic")
 
     def _ensure_run(self, state, noise):
         return state, []

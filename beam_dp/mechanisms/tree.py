@@ -169,8 +169,9 @@ class _TreeFamily(GroupSteppedSum):
         if count == 0:
             return ElementLoss()
         if node.law in ("gamma", "discrete_laplace"):
-            return ElementLoss(pure_epsilon=budget * (count / levels))
-        return ElementLoss(gaussian_mu_sq=count * (self.sensitivity / node.scale) ** 2)
+            return ElementLoss.of_noise(node.law, self.sensitivity, node.scale, count,
+                                        pure_epsilon=budget * (count / levels))
+        return ElementLoss.of_noise("gaussian", self.sensitivity, node.scale, count)
 
     def _check_group(self, group: GroupState, rows: int) -> None:
         for name in ("clean", "noisy"):

@@ -355,9 +355,11 @@ class WindowTreeSum(GroupSteppedSum[WindowTreeState]):
     def worst_loss(self, t: int) -> ElementLoss:
         """Loss of the worst step still protected after the release at ``t``: ``m_t`` completed nodes."""
         completed = min(self.levels, int(t).bit_length())  # floor(log2 t) + 1, capped at L_W
-        if self.node_noise.law == "gamma":
-            return ElementLoss(pure_epsilon=self.epsilon * completed / self.levels)
-        return ElementLoss(gaussian_mu_sq=completed * (self.sensitivity / self.node_noise.scale) ** 2)
+        node = self.node_noise
+        if node.law == "gamma":
+            return ElementLoss.of_noise("gamma", self.sensitivity, node.scale, completed,
+                                        pure_epsilon=self.epsilon * completed / self.levels)
+        return ElementLoss.of_noise("gaussian", self.sensitivity, node.scale, completed)
 
     # -- the mechanism -------------------------------------------------------------------------
     def init_state(self, stream: str) -> WindowTreeState:

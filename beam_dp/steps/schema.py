@@ -16,7 +16,13 @@ Columns:
 * ``job_epsilon_spent``, ``job_delta_spent``: the job's worst per-contribution loss so far (this
   transform's spend composed with every other transform's full share of the job's budget);
   ``job_epsilon_budget``, ``job_delta_budget``: the job's declared total. Without a job budget the
-  transform is the whole job and these equal its own columns.
+  transform is the whole job and these equal its own columns;
+* ``purpose``: what the release is within its (stream, step) when the mechanism makes several there
+  (``"model:<id>"``, ``"query:<seq>"``, ``"run:<i>"``, ``"synthetic"``; ``""`` for a step's one
+  release): a noise domain never writes two releases with one (stream, step, purpose);
+* ``noise``: the noise declaration of the worst-hit element (JSON ``{"terms": [[law, sensitivity,
+  scale, weight], ...]}``, :mod:`beam_dp.core.noise_declaration`) from which ``epsilon_spent`` is
+  recomputed; ``""`` for a mechanism that declares none.
 """
 
 import functools
@@ -56,6 +62,8 @@ class ReleaseRow(NamedTuple):
     job_delta_spent: float = 0.0
     job_epsilon_budget: float = 0.0
     job_delta_budget: float = 0.0
+    purpose: str = ""
+    noise: str = ""
 
 
 RELEASE_SCHEMA = pa.schema(
@@ -80,6 +88,8 @@ RELEASE_SCHEMA = pa.schema(
         ("job_delta_spent", pa.float64()),
         ("job_epsilon_budget", pa.float64()),
         ("job_delta_budget", pa.float64()),
+        ("purpose", pa.string()),
+        ("noise", pa.string()),
     ]
 )
 
@@ -118,6 +128,8 @@ def release_to_row(
         step_start=step_start,
         step_end=step_end,
         meta=json.dumps(dict(release.meta), sort_keys=True, default=_json_default),
+        purpose=release.purpose,
+        noise=release.noise,
     )
 
 
@@ -199,7 +211,8 @@ def _facts(part: ReleaseColumns) -> tuple:
     meta = json.dumps(dict(batch.meta), sort_keys=True, default=_json_default)
     parts = "" if batch.value_name is None else json.dumps([[batch.value_name, [batch.values.shape[1]]]])
     return (parts, eps, delta, float(g.epsilon), float(g.delta), g.window, part.step_start, part.step_end, meta,
-            "" if labels is None else labels.noise_domain, "" if labels is None else labels.composition, *job)
+            "" if labels is None else labels.noise_domain, "" if labels is None else labels.composition, *job,
+            "", batch.noise)  # purpose "": a group step makes one release per stream
 
 
 @functools.lru_cache(maxsize=1 << 16)

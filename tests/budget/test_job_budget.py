@@ -83,3 +83,16 @@ def test_noise_domains_are_independent_and_reproducible():
     assert not any(math.isclose(x, y) for x, y in zip(a1, b)) and not any(math.isclose(x, y) for x, y in zip(a1, root))
     with pytest.raises(ValueError):
         NoiseSource(key).for_domain("")
+
+
+def test_a_pure_share_with_a_delta_is_refused_never_dropped():
+    """The issue's case (e): ``JobBudget(1, 0).plan`` accepted a pure share with delta 0.3 and reported
+    delta 0, and ``compose`` dropped it. Both refuse now; the same share as ``approx`` is composed."""
+    with pytest.raises(ValueError, match="'pure' share must have delta 0"):
+        JobBudget(1.0, 0.0).plan({"a": ("pure", 0.5, 0.3)})
+    with pytest.raises(ValueError, match="'pure' share must have delta 0"):
+        JobBudget(1.0, 0.5).plan({"a": ("pure", 0.5, 0.3)})
+    with pytest.raises(ValueError, match="'pure' share must have delta 0"):
+        compose([("pure", 0.5, 0.3)], 0.5)
+    assert compose([("approx", 0.5, 0.3)], 0.5) == pytest.approx(0.5)
+    assert compose([("approx", 0.5, 0.3)], 0.0) == math.inf  # the delta is counted, not dropped

@@ -106,7 +106,7 @@ class ToeplitzFactorizationSum(GroupSteppedSum):
 
     # -- privacy and error -----------------------------------------------------------------------
     def _loss(self, col_sq: float) -> ElementLoss:
-        return ElementLoss(gaussian_mu_sq=(self.sensitivity / self.sigma) ** 2 * col_sq)
+        return ElementLoss.of_noise("gaussian", self.sensitivity, self.sigma, col_sq)
 
     def _check_t(self, t: Any) -> int:
         t = _check_step_number(t)

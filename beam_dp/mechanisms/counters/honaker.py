@@ -157,8 +157,9 @@ class HonakerTreeSum(GroupSteppedSum):
         if node is None:
             return ElementLoss()
         if node.law == "gamma":
-            return ElementLoss(pure_epsilon=self.epsilon * float(self.level_weights[level]))
-        return ElementLoss(gaussian_mu_sq=(self.sensitivity / node.scale) ** 2)
+            return ElementLoss.of_noise("gamma", self.sensitivity, node.scale,
+                                        pure_epsilon=self.epsilon * float(self.level_weights[level]))
+        return ElementLoss.of_noise("gaussian", self.sensitivity, node.scale)
 
     def node_steps(self, level: int, index: int) -> tuple[int, int]:
         span = self.arity**level

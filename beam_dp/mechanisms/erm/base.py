@@ -296,7 +296,8 @@ class ERMMechanism:
             "algorithm": self.algorithm, **model.event, "chain": [[int(i), int(a), int(b)] for i, a, b in chain],
             "covers": covers, "events": events, "lambda": self.lam, **self.model.describe(), **flag,
         }
-        return Release(stream, step, self.name, self.model.to_value(model.w), eps, delta, meta)
+        return Release(stream, step, self.name, self.model.to_value(model.w), eps, delta, meta,
+                       purpose=f"model:{model.event['model_id']}")
 
     def describe(self) -> dict[str, Any]:
         if self.not_private:

@@ -1,0 +1,64 @@
+"""A Beam job's manifest (``beam_dp.io.manifest``), collected from the pipeline it was built in.
+
+Every beam_dp transform claims its noise domain in ``expand`` (``beam_dp.beam.domains``); a job
+records which release files each transform's releases go to with :func:`record_release_files`
+(``pipelines.common.write_releases`` does). :func:`job_manifest` then lists, per claimed domain, the
+mechanism, composition, budget share and file prefixes, and the job's total: the plan of the
+transforms' shared ``JobBudget`` or, without one, the composition of the transforms' guarantees.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from beam_dp.beam.domains import bound_domains
+from beam_dp.core.budget import COMPOSITIONS, compose, composition_of
+from beam_dp.io.manifest import JobManifest, ManifestTransform
+
+__all__ = ["job_manifest", "params_composition", "record_release_files"]
+
+_FILES_ATTR = "_beam_dp_release_files"
+
+
+def record_release_files(releases: Any, prefix: str) -> None:
+    """Note that the releases in PCollection ``releases`` are written to files ``<prefix>-*`` (a name
+    relative to the job's output folder, where the manifest goes)."""
+    pipeline = releases.pipeline
+    pipeline.__dict__.setdefault(_FILES_ATTR, []).append((releases.producer.full_label, prefix))
+
+
+def _top(label: str) -> str:
+    return label.split("/", 1)[0]
+
+
+def params_composition(params: Any, mechanism: Any) -> str:
+    """How a transform's releases compose: its params' declared ``composition`` (e.g. lifelong's
+    ``"approx"``) if it has one, else its mechanism's (``composition_of``)."""
+    declared = getattr(params, "composition", None)
+    return declared if declared in COMPOSITIONS else composition_of(mechanism)
+
+
+def job_manifest(pipeline: Any, job: str) -> JobManifest:
+    """The manifest of the beam_dp transforms applied in ``pipeline`` (see the module docstring). A
+    transform's files are the recorded prefixes whose releases come from under its top-level label."""
+    files = pipeline.__dict__.get(_FILES_ATTR, [])
+    transforms, shares, plans, budgeted = [], [], set(), 0
+    for domain, (label, params) in sorted(bound_domains(pipeline).items()):
+        mechanism = params.build_mechanism()
+        budget = getattr(params, "budget", None)
+        if budget is not None:
+            plans.add((float(budget.plan.epsilon), float(budget.plan.delta)))
+            budgeted += 1
+            epsilon, delta = float(budget.epsilon), float(budget.delta)
+        else:
+            epsilon, delta = float(mechanism.guarantee.epsilon), float(mechanism.guarantee.delta)
+        composition = params_composition(params, mechanism)
+        prefixes = tuple(sorted({prefix for producer, prefix in files if _top(producer) == _top(label)}))
+        transforms.append(ManifestTransform(domain, mechanism.name, composition, epsilon, delta, prefixes))
+        shares.append((composition, epsilon, delta))
+    if len(plans) == 1 and budgeted == len(shares):
+        total_epsilon, total_delta = plans.pop()
+    else:  # no job budget (or several): the job is the composition of its transforms' own guarantees
+        total_delta = sum(d for _, _, d in shares)
+        total_epsilon = compose(shares, total_delta) if shares else 0.0
+    return JobManifest(job, total_epsilon, total_delta, tuple(transforms))
