@@ -49,7 +49,7 @@ JOBS = {
                            ("answers",), ("GrowingDatabaseQueries",)),
     "online_learning": (online_learning, ["--input=memfs://bucket/in/examples.csv"], ["--dim=2"], ("models",),
                         ("OnlineLearner",)),
-    "lifelong": (lifelong, ["--input=memfs://bucket/in/tasks.csv", "--tasks=0", "--classes=0,1"],
+    "lifelong": (lifelong, ["--input=memfs://bucket/in/tasks.csv", "--tasks=0", "--classes=0,1", "--task-size=64"],
                  ["--dim=2", "--tasks=0", "--classes=0,1"], ("models",), ("LifelongLearner",)),
 }
 
