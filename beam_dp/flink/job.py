@@ -2,10 +2,11 @@
 
     from beam_dp.flink.job import EVENT_TYPE, local_environment, release_stream, to_event
     env = local_environment(parallelism=2)
-    releases, dead = release_stream(env, env.from_collection(events, type_info=EVENT_TYPE), params)
+    releases, dead = release_stream(env, env.from_collection(events, type_info=EVENT_TYPE), params, uid="sums")
 
 ``events`` are ``(stream_id, timestamp seconds, value)``; ``params`` a
-:class:`~beam_dp.flink.params.FlinkReleaseParams` (or a Beam params object of the continual sums).
+:class:`~beam_dp.flink.params.FlinkReleaseParams` (or a Beam params object of the continual sums);
+``uid`` names the release function and its noise domain (:mod:`beam_dp.flink.domains`).
 With ``params.stream_groups`` the function is keyed by groups of streams
 (:mod:`beam_dp.mechanisms.stream_groups`: the same public hash, join rule and releases as on Beam).
 ``releases`` is a DataStream of release rows as JSON (the columns of ``beam_dp.io.ReleaseRow``),
@@ -36,6 +37,7 @@ from pyflink.datastream.functions import KeyedProcessFunction, RuntimeContext
 from pyflink.datastream.state import ListStateDescriptor, ValueStateDescriptor
 
 from beam_dp.core.budget import composition_of
+from beam_dp.flink.domains import bind_noise_domain
 from beam_dp.mechanisms.stream_groups import GroupBlock, GroupedSum, group_key, group_of
 from beam_dp.steps.coder import decode_entry, decode_key_state, encode_entry, encode_key_state
 from beam_dp.steps.driver import RELEASE, Output, StepDriver
@@ -160,8 +162,11 @@ class _EventTime(TimestampAssigner):
         return 0
 
 
-def local_environment(parallelism: int = 1, replay: bool = True) -> StreamExecutionEnvironment:
-    """A local MiniCluster (STREAMING mode) whose Python workers use this interpreter and see ``PYTHONPATH``.
+def local_environment(parallelism: int = 1, replay: bool = True,
+                      settings: dict[str, str] | None = None) -> StreamExecutionEnvironment:
+    """A local MiniCluster (STREAMING mode) whose Python workers use this interpreter and see ``PYTHONPATH``
+    (under ``flink run``: the cluster's environment, with the same settings). ``settings``: more Flink
+    configuration (e.g. :func:`beam_dp.flink.run.checkpoint_settings`).
 
     ``replay``: a bounded replay: no periodic watermarks, so the first watermark is +infinity at the
     end of the input and the driver's end rule releases the whole public schedule (as a Beam batch
@@ -172,6 +177,8 @@ def local_environment(parallelism: int = 1, replay: bool = True) -> StreamExecut
     config.set_string("python.client.executable", sys.executable)
     if os.environ.get("PYTHONPATH"):
         config.set_string("python.pythonpath", os.environ["PYTHONPATH"])
+    for name, value in (settings or {}).items():
+        config.set_string(name, value)
     env = StreamExecutionEnvironment.get_execution_environment(config)
     env.set_parallelism(parallelism)
     env.set_runtime_mode(RuntimeExecutionMode.STREAMING)
@@ -189,9 +196,15 @@ def watermarks(max_delay_ms: int = 0, idle_ms: int | None = None) -> WatermarkSt
     return strategy.with_timestamp_assigner(_EventTime())
 
 
-def release_stream(env: StreamExecutionEnvironment, events, params: Any, max_delay_ms: int = 0,
-                   idle_ms: int | None = None):
-    """``events`` (a DataStream of :data:`EVENT_TYPE`) -> ``(releases, dead_letters)``, JSON strings."""
+def release_stream(env: StreamExecutionEnvironment, events, params: Any, *, uid: str | None = None,
+                   max_delay_ms: int = 0, idle_ms: int | None = None):
+    """``events`` (a DataStream of :data:`EVENT_TYPE`) -> ``(releases, dead_letters)``, JSON strings.
+
+    ``uid`` names this release function in the job: its noise domain unless ``params.noise_key.domain``
+    is set (one of them is required), and, as ``beam_dp/<domain>``, its Flink operator uid. A domain
+    already claimed by a release function of this job is refused (``ValueError``;
+    :mod:`beam_dp.flink.domains`)."""
+    params, operator = bind_noise_domain(params, uid, _claimed_uids(env))
     if params.clock is not None:
         events = events.assign_timestamps_and_watermarks(watermarks(max_delay_ms, idle_ms))
     if params.streams:
@@ -208,8 +221,14 @@ def release_stream(env: StreamExecutionEnvironment, events, params: Any, max_del
 
     releases = (events
                 .key_by(key, key_type=Types.STRING())
-                .process(ContinualReleaseFunction(params), output_type=Types.STRING()))
+                .process(ContinualReleaseFunction(params), output_type=Types.STRING())
+                .uid(operator).name(uid or params.noise_key.domain))
     return releases, releases.get_side_output(DEAD_LETTERS)
+
+
+def _claimed_uids(env: StreamExecutionEnvironment) -> list[str]:
+    """The operator uids of the job ``env`` is building (its transformations so far)."""
+    return [t.getUid() for t in env._j_stream_execution_environment.getTransformations() if t.getUid()]
 
 
 def to_event(stream_id: Any, seconds: float, value: Any) -> tuple:

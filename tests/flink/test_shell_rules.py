@@ -18,12 +18,13 @@ pytest.importorskip("pyflink")
 from beam_dp.core import NoiseSource, StepClock  # noqa: E402
 from beam_dp.core.budget import composition_of  # noqa: E402
 from beam_dp.flink.job import DEAD_LETTERS, ContinualReleaseFunction  # noqa: E402
-from beam_dp.flink.params import DOMAIN, FlinkReleaseParams  # noqa: E402
+from beam_dp.flink.params import FlinkReleaseParams  # noqa: E402
 from beam_dp.mechanisms.replay import replay_event_time  # noqa: E402
 from beam_dp.mechanisms.tree import make_tree_sum  # noqa: E402
+from beam_dp.steps.params import NoiseKey  # noqa: E402
 from beam_dp.steps.schema import ReleaseLabels, release_to_row  # noqa: E402
 from tests.conftest import TEST_KEY  # noqa: E402
-from tests.flink.cases import assert_rows_equal  # noqa: E402
+from tests.flink.cases import DOMAIN, assert_rows_equal  # noqa: E402
 
 OPEN = StepClock(start=0.0, period=10.0)  # no public end
 BUILD = functools.partial(make_tree_sum, horizon=None, unbounded="hybrid", dim=1, epsilon=1.0, delta=0.0,
@@ -124,7 +125,7 @@ class _KeyedHandle:
 
 
 def _params(**kwargs):
-    return FlinkReleaseParams(build=BUILD, clock=OPEN, **kwargs)
+    return FlinkReleaseParams(build=BUILD, clock=OPEN, noise_key=NoiseKey(domain=DOMAIN), **kwargs)
 
 
 def _expected(events, last_step, first_step=1):
