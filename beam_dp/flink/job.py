@@ -2,17 +2,20 @@
 
     from beam_dp.flink.job import EVENT_TYPE, local_environment, release_stream, to_event
     env = local_environment(parallelism=2)
-    releases, dead = release_stream(env, env.from_collection(events, type_info=EVENT_TYPE), params)
+    releases, dead = release_stream(env, env.from_collection(events, type_info=EVENT_TYPE), params, uid="sums")
 
 ``events`` are ``(stream_id, timestamp seconds, value)``; ``params`` a
-:class:`~beam_dp.flink.params.FlinkReleaseParams` (or a Beam params object of the continual sums).
+:class:`~beam_dp.flink.params.FlinkReleaseParams` (or a Beam params object of the continual sums);
+``uid`` names the release function and its noise domain (:mod:`beam_dp.flink.domains`).
 With ``params.stream_groups`` the function is keyed by groups of streams
 (:mod:`beam_dp.mechanisms.stream_groups`: the same public hash, join rule and releases as on Beam).
 ``releases`` is a DataStream of release rows as JSON (the columns of ``beam_dp.io.ReleaseRow``),
 ``dead`` the dead-letter side output (JSON ``reason``, ``detail``, ``stream``, ``element``).
 
-Per key the function keeps the driver's state in Flink keyed state (a ``ValueState`` of the driver's
-versioned bytes and a ``ListState`` of buffered entries), so it is checkpointed with the job. The
+Per key the function keeps the driver's state in Flink keyed state, checkpointed with the job: two
+``ValueState`` s of the driver's versioned bytes (the key's step bookkeeping, read for every element,
+and the mechanism's state, read only where steps close) and a ``MapState`` of one merged block per
+open step (pre-aggregated per (stream, step) as it arrives: sums, not events). The
 driver gets Flink's exact watermark: one timer firing closes every step the watermark has passed,
 and the watermark at +infinity (end of a bounded input, ``flink stop --drain``) applies the driver's
 end rule. A Flink watermark ``W`` (ms) means no more records with timestamp ``<= W``; the driver's
@@ -33,11 +36,12 @@ from pyflink.common import Configuration, Duration, Types, WatermarkStrategy
 from pyflink.common.watermark_strategy import TimestampAssigner
 from pyflink.datastream import OutputTag, RuntimeExecutionMode, StreamExecutionEnvironment
 from pyflink.datastream.functions import KeyedProcessFunction, RuntimeContext
-from pyflink.datastream.state import ListStateDescriptor, ValueStateDescriptor
+from pyflink.datastream.state import MapStateDescriptor, ValueStateDescriptor
 
 from beam_dp.core.budget import composition_of
+from beam_dp.flink.domains import bind_noise_domain
 from beam_dp.mechanisms.stream_groups import GroupBlock, GroupedSum, group_key, group_of
-from beam_dp.steps.coder import decode_entry, decode_key_state, encode_entry, encode_key_state
+from beam_dp.steps.coder import KeyState, decode_entry, decode_key_state, encode_entry, encode_key_state
 from beam_dp.steps.driver import RELEASE, Output, StepDriver
 from beam_dp.steps.events import DEAD_LETTER, DeadLetter, parse_contribution
 from beam_dp.steps.policies import BlockPolicy, GroupPolicy
@@ -51,19 +55,27 @@ DEAD_LETTERS = OutputTag(DEAD_LETTER, Types.STRING())
 _BYTES = Types.PRIMITIVE_ARRAY(Types.BYTE())
 _DECLARE = "beam_dp:declare-stream"  # Flink cannot carry a null value: the marker of a declared stream
 _MIN_WATERMARK, _MAX_WATERMARK = -(2 ** 63), 2 ** 63 - 1
+_NO_BYTES = np.zeros(0, dtype=np.uint8)
 
 
-class _ListBuffer:
-    """The driver's :class:`~beam_dp.steps.driver.Buffer` over a Flink ``ListState`` of entry bytes."""
+class _StepSums:
+    """The driver's :class:`~beam_dp.steps.driver.Buffer` over a Flink ``MapState`` of step -> one merged
+    item (entry bytes): each item added to a step is merged into that step's item (``merge``: the
+    mechanism's ``merge_blocks``: clipped sums and counts), so state per open step holds sums, O(d) per
+    stream with data, not one entry per event."""
 
-    def __init__(self, state) -> None:
-        self._state = state
+    def __init__(self, state, merge) -> None:
+        self._state, self._merge = state, merge
 
     def add(self, entry: tuple[int, Any]) -> None:
-        self._state.add(encode_entry(*entry))
+        step, item = entry
+        held = self._state.get(step)
+        if held is not None:
+            item = self._merge([decode_entry(bytes(held))[1], item])
+        self._state.put(step, encode_entry(step, item))
 
     def read(self) -> list[tuple[int, Any]]:
-        return [decode_entry(bytes(data)) for data in (self._state.get() or ())]
+        return [decode_entry(bytes(data)) for data in self._state.values()]
 
     def clear(self) -> None:
         self._state.clear()
@@ -90,7 +102,10 @@ class ContinualReleaseFunction(KeyedProcessFunction):
         self._labels = ReleaseLabels(params.noise_key.domain, composition_of(self._mechanism), params.budget)
         self._streams = frozenset(params.streams) if params.streams is not None else None
         self._key = runtime_context.get_state(ValueStateDescriptor("beam_dp_key_state", _BYTES))
-        self._buffer = _ListBuffer(runtime_context.get_list_state(ListStateDescriptor("beam_dp_buffer", _BYTES)))
+        self._mechanism_state = runtime_context.get_state(ValueStateDescriptor("beam_dp_mechanism", _BYTES))
+        self._buffer = _StepSums(runtime_context.get_map_state(MapStateDescriptor("beam_dp_step_sums", Types.LONG(),
+                                                                                  _BYTES)),
+                                 policy.mechanism.merge_blocks)
 
     def _emit(self, outputs: list[Output]) -> Iterator:
         for tag, value in outputs:
@@ -105,12 +120,33 @@ class ContinualReleaseFunction(KeyedProcessFunction):
         if timer is not None:
             ctx.timer_service().register_event_time_timer(-(-timer // 1000) - 1)
 
-    def _state(self, key: str, ctx):
+    # The key's driver state lives in two values: the small rest (read for every element) and the
+    # mechanism's state (read only where steps close or count steps complete: it grows with a group).
+    def _load(self, mechanism: bool) -> KeyState | None:
         data = self._key.value()
-        if data is not None:
-            return decode_key_state(bytes(data))
+        if data is None:
+            return None
+        state = decode_key_state(bytes(data))
+        if mechanism:
+            state.mechanism = np.frombuffer(bytes(self._mechanism_state.value()), dtype=np.uint8).copy()
+        return state
+
+    def _store(self, state: KeyState, mechanism: bool) -> None:
+        held = state.mechanism
+        state.mechanism = _NO_BYTES
+        self._key.update(encode_key_state(state))
+        state.mechanism = held
+        if mechanism:
+            self._mechanism_state.update(np.asarray(held, dtype=np.uint8).tobytes())
+
+    def _state(self, key: str, ctx, mechanism: bool = False) -> KeyState:
+        """The key's driver state; a key seen for the first time opens at Flink's current watermark."""
+        state = self._load(mechanism)
+        if state is not None:
+            return state
         watermark = ctx.timer_service().current_watermark()
         state = self._driver.open(key, None if watermark == _MIN_WATERMARK else (watermark + 1) * 1000)
+        self._store(state, True)
         self._timer(ctx, state)
         return state
 
@@ -121,10 +157,12 @@ class ContinualReleaseFunction(KeyedProcessFunction):
                 return
             if self._grouped:  # a group learns its declared streams as carried items
                 state = self._state(ctx.get_current_key(), ctx)
+                lowest = state.lowest
                 self._driver.carry(state, self._buffer, GroupBlock.declaring([stream], self._mechanism.dim))
-                self._key.update(encode_key_state(state))
-            elif self._key.value() is None:
-                self._key.update(encode_key_state(self._state(stream, ctx)))
+                if state.lowest != lowest:
+                    self._store(state, False)
+            else:
+                self._state(stream, ctx)
             return
         parsed = parse_contribution((stream, seconds, payload), self._mechanism, self._driver.clock, self._streams)
         if isinstance(parsed, DeadLetter):
@@ -133,20 +171,23 @@ class ContinualReleaseFunction(KeyedProcessFunction):
         stream, step, block = parsed
         if self._grouped:
             block = GroupBlock((stream,), block.vector[None, :], np.array([block.count]), np.array([block.clipped]))
-        state = self._state(ctx.get_current_key() if self._grouped else stream, ctx)
+        counted = self._driver.block_size is not None  # a count step may close here: it needs the mechanism
+        state = self._state(ctx.get_current_key() if self._grouped else stream, ctx, counted)
+        lowest = state.lowest
         outputs = self._driver.add(state, self._buffer, step, block, (stream, seconds, payload), stream)
-        self._key.update(encode_key_state(state))
+        if counted or state.lowest != lowest:  # else nothing but the buffer changed
+            self._store(state, counted)
         yield from self._emit(outputs)
 
     def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext):
-        state = decode_key_state(bytes(self._key.value()))
+        state = self._load(True)
         watermark = ctx.timer_service().current_watermark()
         if watermark >= _MAX_WATERMARK:
             outputs = self._driver.finish(state, self._buffer)
         else:
             outputs = self._driver.advance(state, self._buffer, (max(watermark, timestamp) + 1) * 1000)
             self._timer(ctx, state)
-        self._key.update(encode_key_state(state))
+        self._store(state, True)
         yield from self._emit(outputs)
 
 
@@ -160,8 +201,11 @@ class _EventTime(TimestampAssigner):
         return 0
 
 
-def local_environment(parallelism: int = 1, replay: bool = True) -> StreamExecutionEnvironment:
-    """A local MiniCluster (STREAMING mode) whose Python workers use this interpreter and see ``PYTHONPATH``.
+def local_environment(parallelism: int = 1, replay: bool = True,
+                      settings: dict[str, str] | None = None) -> StreamExecutionEnvironment:
+    """A local MiniCluster (STREAMING mode) whose Python workers use this interpreter and see ``PYTHONPATH``
+    (under ``flink run``: the cluster's environment, with the same settings). ``settings``: more Flink
+    configuration (e.g. :func:`beam_dp.flink.run.checkpoint_settings`).
 
     ``replay``: a bounded replay: no periodic watermarks, so the first watermark is +infinity at the
     end of the input and the driver's end rule releases the whole public schedule (as a Beam batch
@@ -172,6 +216,8 @@ def local_environment(parallelism: int = 1, replay: bool = True) -> StreamExecut
     config.set_string("python.client.executable", sys.executable)
     if os.environ.get("PYTHONPATH"):
         config.set_string("python.pythonpath", os.environ["PYTHONPATH"])
+    for name, value in (settings or {}).items():
+        config.set_string(name, value)
     env = StreamExecutionEnvironment.get_execution_environment(config)
     env.set_parallelism(parallelism)
     env.set_runtime_mode(RuntimeExecutionMode.STREAMING)
@@ -189,9 +235,15 @@ def watermarks(max_delay_ms: int = 0, idle_ms: int | None = None) -> WatermarkSt
     return strategy.with_timestamp_assigner(_EventTime())
 
 
-def release_stream(env: StreamExecutionEnvironment, events, params: Any, max_delay_ms: int = 0,
-                   idle_ms: int | None = None):
-    """``events`` (a DataStream of :data:`EVENT_TYPE`) -> ``(releases, dead_letters)``, JSON strings."""
+def release_stream(env: StreamExecutionEnvironment, events, params: Any, *, uid: str | None = None,
+                   max_delay_ms: int = 0, idle_ms: int | None = None):
+    """``events`` (a DataStream of :data:`EVENT_TYPE`) -> ``(releases, dead_letters)``, JSON strings.
+
+    ``uid`` names this release function in the job: its noise domain unless ``params.noise_key.domain``
+    is set (one of them is required), and, as ``beam_dp/<domain>``, its Flink operator uid. A domain
+    already claimed by a release function of this job is refused (``ValueError``;
+    :mod:`beam_dp.flink.domains`)."""
+    params, operator = bind_noise_domain(params, uid, _claimed_uids(env))
     if params.clock is not None:
         events = events.assign_timestamps_and_watermarks(watermarks(max_delay_ms, idle_ms))
     if params.streams:
@@ -208,8 +260,14 @@ def release_stream(env: StreamExecutionEnvironment, events, params: Any, max_del
 
     releases = (events
                 .key_by(key, key_type=Types.STRING())
-                .process(ContinualReleaseFunction(params), output_type=Types.STRING()))
+                .process(ContinualReleaseFunction(params), output_type=Types.STRING())
+                .uid(operator).name(uid or params.noise_key.domain))
     return releases, releases.get_side_output(DEAD_LETTERS)
+
+
+def _claimed_uids(env: StreamExecutionEnvironment) -> list[str]:
+    """The operator uids of the job ``env`` is building (its transformations so far)."""
+    return [t.getUid() for t in env._j_stream_execution_environment.getTransformations() if t.getUid()]
 
 
 def to_event(stream_id: Any, seconds: float, value: Any) -> tuple:

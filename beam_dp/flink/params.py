@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from beam_dp.steps.params import StepParams, check_stream_groups
 
-__all__ = ["DOMAIN", "FlinkReleaseParams"]
-
-#: The default noise domain of a Flink release function: every draw is keyed by (key, domain, stream,
-#: purpose, index); give each release operator of one job its own ``NoiseKey(domain=...)``.
-DOMAIN = "flink/ContinualRelease"
+__all__ = ["FlinkReleaseParams"]
 
 
 @dataclass(frozen=True)
@@ -20,9 +15,10 @@ class FlinkReleaseParams(StepParams):
     """What :class:`~beam_dp.flink.job.ContinualReleaseFunction` needs: :class:`~beam_dp.steps.params.StepParams`
     (schedule, declared streams, grace, noise key location, restore) and ``build``, a picklable
     zero-argument factory of the mechanism (e.g. ``functools.partial(make_tree_sum, dim=2, epsilon=1.0,
-    clip_bound=1.0)``), called on each worker. ``noise_key.domain`` defaults to :data:`DOMAIN`. Flink
-    timers are in milliseconds, so the step start, the period and the grace must be whole milliseconds.
-    A Beam params object of the continual sums with a bound ``noise_key.domain`` works in its place.
+    clip_bound=1.0)``), called on each worker. ``noise_key.domain`` is bound when the function joins a
+    job (:func:`~beam_dp.flink.job.release_stream`: its ``uid`` unless set here; no default domain, see
+    :mod:`beam_dp.flink.domains`). Flink timers are in milliseconds, so the step start, the period and
+    the grace must be whole milliseconds. A Beam params object of the continual sums works in its place.
     ``stream_groups``: key the function by this many groups of streams (event time, a mechanism that
     steps groups; see ``beam_dp.mechanisms.stream_groups``); None keys by stream.
     """
@@ -33,8 +29,6 @@ class FlinkReleaseParams(StepParams):
     def __post_init__(self) -> None:
         if not callable(self.build):
             raise ValueError("build must be a zero-argument factory of the mechanism")
-        if self.noise_key.domain is None:  # one release function per job by default
-            object.__setattr__(self, "noise_key", dataclasses.replace(self.noise_key, domain=DOMAIN))
         self._validate_steps()
         if self.clock is not None and (self.clock.period_micros % 1000 or self.clock.start_micros % 1000):
             raise ValueError("Flink timers are in milliseconds: the step start and period must be whole ms")

@@ -1,27 +1,39 @@
 """Submittable Flink job: continual private sums of CSV events, from files or Kafka.
 
     flink run --python beam_dp/flink/run.py --pyFiles . \\
-        --input /data/events/ --output /data/releases/ --dead-letter /data/dead/ \\
+        --input /data/events/ --output /data/releases/ --dead-letter-output /secure/dead/ \\
+        --checkpoint-dir s3://bucket/checkpoints/ \\
         --start 1700000000 --period 60 --end 1700086400 --dim 2 --epsilon 1 --clip-bound 1
 
-    python -m beam_dp.flink.run --input events.csv --output out/ --dead-letter dead/ ...   # local MiniCluster
+    python -m beam_dp.flink.run --input events.csv --output out/ ...   # local MiniCluster
 
 Input lines are ``stream_id,timestamp_seconds,v0[,v1,...]`` (a line that does not parse is dead-lettered,
-never fatal). Outputs are JSON lines: release rows (``beam_dp.io.ReleaseRow`` columns) and dead letters.
-Files use PyFlink's built-in ``FileSource``/``FileSink``; ``--kafka-brokers`` with ``--kafka-topic`` and
-``--kafka-output-topic`` read and write Kafka instead (needs the Kafka connector jar: ``--kafka-jar`` or
-``flink run --jarfile``; see docs/running.md). A bounded file input is a replay (no finite watermark:
-every step of the public schedule releases at the end); ``--streaming`` or Kafka follows the event-time
-watermark. Checkpointing is on (every ``--checkpoint-ms``; the driver's state is Flink keyed state, and
-the file sinks commit on checkpoints). The noise key is read on the workers from ``BEAM_DP_NOISE_KEY``
-or ``--key-file``.
+never fatal). Outputs are JSON lines: release rows (``beam_dp.io.ReleaseRow`` columns) under ``--output``,
+which holds the private releases only, and dead letters (**raw data**: rejected lines with their values)
+under ``--dead-letter-output``, default the sibling ``<output>.private``, never inside ``--output``.
+Exact counts (input lines, dead letters per reason) are printed only with ``--print-exact-counts``,
+marked NOT private. Files use PyFlink's built-in ``FileSource``/``FileSink``; ``--kafka-brokers`` with
+``--kafka-topic``, ``--kafka-output-topic`` and ``--kafka-dead-letter-topic`` read and write Kafka
+instead (needs the Kafka connector jar: ``--kafka-jar`` or ``flink run --jarfile``; see docs/running.md).
+A bounded file input is a replay (no finite watermark: every step of the public schedule releases at
+the end); ``--streaming`` or Kafka follows the event-time watermark. Checkpoints (every
+``--checkpoint-ms``) go to ``--checkpoint-dir`` (default the sibling ``<output>.checkpoints``; they hold
+un-noised sums: as private as the input) with the ``--state-backend`` (``rocksdb`` by default: state
+beyond memory, incremental checkpoints); the file sinks commit on checkpoints. The release function's
+noise domain is ``--noise-domain`` (default ``continual-sums``; one noise key per job, or a domain of
+its own for each job under one key). The noise key is read on the workers from ``BEAM_DP_NOISE_KEY`` or
+``--key-file``.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import dataclasses
 import functools
+import json
 import math
+import os
 import sys
 
 from beam_dp.core.clock import StepClock
@@ -29,7 +41,7 @@ from beam_dp.mechanisms.counters import make_counter
 from beam_dp.mechanisms.stream_groups import groups_for
 from beam_dp.steps.params import NoiseKey
 
-__all__ = ["main", "parse_line"]
+__all__ = ["checkpoint_settings", "exact_counts", "main", "parse_line", "private_default"]
 
 
 def parse_line(line: str) -> tuple:
@@ -47,11 +59,37 @@ def parse_line(line: str) -> tuple:
     return stream, seconds, value
 
 
+UID = "continual-sums"  # the release function's uid: its default noise domain
+_STATE_BACKENDS = ("rocksdb", "hashmap")
+
+
+def private_default(output: str) -> str:
+    """The default raw-data location of ``output``: its sibling ``<output>.private`` (as the Beam jobs)."""
+    return output.rstrip("/") + ".private"
+
+
+def _inside(path: str, folder: str) -> bool:
+    """Whether ``path`` is ``folder`` or lies under it (local paths resolved; URIs compared as text)."""
+    if "://" not in path and "://" not in folder:
+        path, folder = os.path.abspath(path), os.path.abspath(folder)
+    path, folder = path.rstrip("/") + "/", folder.rstrip("/") + "/"
+    return path.startswith(folder)
+
+
+def _uri(path: str) -> str:
+    """A Flink filesystem URI: local paths become absolute ``file://`` URIs."""
+    return path if "://" in path else "file://" + os.path.abspath(path)
+
+
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--input", help="a file or directory of CSV event lines")
-    p.add_argument("--output", help="directory for release rows (JSON lines)")
-    p.add_argument("--dead-letter", help="directory for dead letters (JSON lines)")
+    p.add_argument("--output", help="directory for the private release rows (JSON lines) only")
+    p.add_argument("--dead-letter-output", default=None,
+                   help="directory for dead letters: RAW DATA (rejected lines with their values); "
+                        "default the sibling <output>.private; never inside --output")
+    p.add_argument("--print-exact-counts", action="store_true",
+                   help="print input lines and dead letters per reason at the end: NOT private (file input only)")
     p.add_argument("--kafka-brokers")
     p.add_argument("--kafka-topic")
     p.add_argument("--kafka-output-topic")
@@ -71,18 +109,40 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--stream-groups", type=int, default=4,
                    help="key by this many groups of streams where the counter steps groups (0: by stream)")
     p.add_argument("--key-file", default=None)
+    p.add_argument("--noise-domain", default=None,
+                   help=f"the release function's noise domain (default {UID!r}): give each job under one key its own")
     p.add_argument("--parallelism", type=int, default=1)
     p.add_argument("--streaming", action="store_true", help="STREAMING mode for a file input too")
     p.add_argument("--checkpoint-ms", type=int, default=60_000)
+    p.add_argument("--checkpoint-dir", default=None,
+                   help="durable checkpoint storage (a path or URI; shared storage on a cluster); default the "
+                        "sibling <output>.checkpoints. Checkpoints hold un-noised state: keep them private")
+    p.add_argument("--state-backend", default="rocksdb", choices=_STATE_BACKENDS,
+                   help="rocksdb (default: state on local disk, incremental checkpoints) or hashmap (on the heap)")
     p.add_argument("--max-delay-ms", type=int, default=0, help="bounded out-of-orderness of the watermark")
     p.add_argument("--idle-ms", type=int, default=None, help="mark a silent source split idle after this")
     args = p.parse_args(argv)
-    if not args.kafka_brokers and not (args.input and args.output and args.dead_letter):
-        p.error("give --input, --output and --dead-letter, or --kafka-brokers with the Kafka topics")
-    if args.kafka_brokers and not (args.kafka_topic and args.kafka_output_topic and args.kafka_dead_letter_topic):
-        p.error("Kafka needs --kafka-topic, --kafka-output-topic and --kafka-dead-letter-topic")
+    if args.kafka_brokers:
+        if not (args.kafka_topic and args.kafka_output_topic and args.kafka_dead_letter_topic):
+            p.error("Kafka needs --kafka-topic, --kafka-output-topic and --kafka-dead-letter-topic")
+        if args.kafka_dead_letter_topic in (args.kafka_output_topic, args.kafka_topic):
+            p.error("--kafka-dead-letter-topic holds raw data: give it a topic of its own")
+        if not args.checkpoint_dir:
+            p.error("a Kafka job needs --checkpoint-dir (durable checkpoint storage)")
+        if args.print_exact_counts:
+            p.error("--print-exact-counts reads the dead-letter files: file input only")
+    elif not (args.input and args.output):
+        p.error("give --input and --output, or --kafka-brokers with the Kafka topics")
+    else:
+        args.dead_letter_output = args.dead_letter_output or private_default(args.output)
+        args.checkpoint_dir = args.checkpoint_dir or args.output.rstrip("/") + ".checkpoints"
+        for flag, path in (("--dead-letter-output", args.dead_letter_output), ("--checkpoint-dir", args.checkpoint_dir)):
+            if _inside(path, args.output) or _inside(args.output, path):
+                p.error(f"{flag} {path} overlaps --output {args.output}: --output holds the private releases only")
     if args.stream_groups < 0:
         p.error(f"--stream-groups must be >= 0, got {args.stream_groups}")
+    if args.checkpoint_ms < 10:
+        p.error(f"--checkpoint-ms must be >= 10, got {args.checkpoint_ms}")
     return args
 
 
@@ -93,9 +153,39 @@ def _params(args: argparse.Namespace):
     build = functools.partial(make_counter, args.counter, public_end=clock.last_step, dim=args.dim,
                               epsilon=args.epsilon, delta=args.delta, clip_bound=args.clip_bound, noise=args.noise)
     streams = tuple(args.streams.split(",")) if args.streams else None
+    key = NoiseKey(key_file=args.key_file) if args.key_file else NoiseKey()
+    if args.noise_domain is not None:
+        key = dataclasses.replace(key, domain=args.noise_domain)
     return FlinkReleaseParams(build=build, clock=clock, streams=streams, allowed_lateness=args.allowed_lateness,
-                              noise_key=NoiseKey(key_file=args.key_file) if args.key_file else NoiseKey(),
-                              stream_groups=groups_for(build(), args.stream_groups))
+                              noise_key=key, stream_groups=groups_for(build(), args.stream_groups))
+
+
+def checkpoint_settings(checkpoint_ms: int, checkpoint_dir: str, state_backend: str) -> dict[str, str]:
+    """Flink settings of durable checkpoints: every ``checkpoint_ms`` to ``checkpoint_dir`` (files, never
+    the JobManager's memory), kept when the job is cancelled (to resume with ``flink run -s``), with
+    ``state_backend`` (RocksDB checkpoints incrementally)."""
+    return {"execution.checkpointing.interval": f"{checkpoint_ms} ms",
+            "execution.checkpointing.storage": "filesystem",
+            "execution.checkpointing.dir": _uri(checkpoint_dir),
+            "execution.checkpointing.externalized-checkpoint-retention": "RETAIN_ON_CANCELLATION",
+            "state.backend.type": state_backend,
+            "execution.checkpointing.incremental": str(state_backend == "rocksdb").lower()}
+
+
+def exact_counts(input_path: str, dead_letters: str) -> str:
+    """``--print-exact-counts``: input lines read and dead letters per reason (read back from the raw-data
+    folder). NOT private: they count raw data."""
+    def lines(path: str):
+        files = [path] if os.path.isfile(path) else [os.path.join(d, f) for d, _, names in os.walk(path)
+                                                     for f in names if not f.startswith(".")]
+        for name in sorted(files):
+            with open(name, encoding="utf-8", errors="replace") as fh:
+                yield from (line for line in fh if line.strip())
+
+    read = sum(1 for _ in lines(input_path))
+    reasons = collections.Counter(json.loads(line)["reason"] for line in lines(dead_letters))
+    return (f"  exact counts (NOT private, they describe the raw data): {read} input lines read, "
+            f"{sum(reasons.values())} dead letters" + (f" {dict(sorted(reasons.items()))}" if reasons else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,14 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from pyflink.common import Encoder, Types, WatermarkStrategy
+    from pyflink.common import Encoder, WatermarkStrategy
     from pyflink.datastream.connectors.file_system import FileSink, FileSource, StreamFormat
 
     from beam_dp.flink.job import EVENT_TYPE, local_environment, release_stream
 
     streaming = args.streaming or bool(args.kafka_brokers)
-    env = local_environment(args.parallelism, replay=not streaming)
-    env.enable_checkpointing(args.checkpoint_ms)  # also commits the file sinks' last part files at the end
+    env = local_environment(args.parallelism, replay=not streaming,
+                            settings=checkpoint_settings(args.checkpoint_ms, args.checkpoint_dir, args.state_backend))
     if args.kafka_brokers:
         from pyflink.common.serialization import SimpleStringSchema
         from pyflink.datastream.connectors.kafka import (KafkaOffsetsInitializer, KafkaRecordSerializationSchema,
@@ -134,12 +224,18 @@ def main(argv: list[str] | None = None) -> int:
         source = FileSource.for_record_stream_format(StreamFormat.text_line_format(), args.input).build()
         lines = env.from_source(source, WatermarkStrategy.no_watermarks(), "event-files")
         release_sink = FileSink.for_row_format(args.output, Encoder.simple_string_encoder()).build()
-        dead_sink = FileSink.for_row_format(args.dead_letter, Encoder.simple_string_encoder()).build()
+        dead_sink = FileSink.for_row_format(args.dead_letter_output, Encoder.simple_string_encoder()).build()
     events = lines.filter(lambda line: bool(line.strip())).map(parse_line, output_type=EVENT_TYPE)
-    releases, dead = release_stream(env, events, params, args.max_delay_ms, args.idle_ms)
+    releases, dead = release_stream(env, events, params, uid=UID, max_delay_ms=args.max_delay_ms,
+                                    idle_ms=args.idle_ms)
     releases.sink_to(release_sink)
     dead.sink_to(dead_sink)
     env.execute("beam_dp continual sums")
+    if not args.kafka_brokers:
+        print(f"beam_dp flink: private releases under {args.output}; dead letters (RAW DATA, keep private) under "
+              f"{args.dead_letter_output}; checkpoints (un-noised state, keep private) under {args.checkpoint_dir}")
+        if args.print_exact_counts:
+            print(exact_counts(args.input, args.dead_letter_output))
     return 0
 
 

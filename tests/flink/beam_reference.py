@@ -2,7 +2,7 @@
 
 ``python -m tests.flink.beam_reference OUT`` runs ``ContinualSum`` on the FnApiRunner over the events
 of :mod:`tests.flink.cases` (good rows and bad rows) with the noise key in ``BEAM_DP_NOISE_KEY`` and
-the Flink function's noise domain, and writes ``{"releases": [...], "dead": [...]}`` as JSON to OUT.
+the Flink function's noise domain (its uid), and writes ``{"releases": [...], "dead": [...]}`` as JSON to OUT.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_dp.beam import ContinualSum, ContinualSumParams
-from beam_dp.flink.params import DOMAIN
 from beam_dp.steps.params import NoiseKey
-from tests.flink.cases import BAD, CLOCK, STREAMS, good_events
+from tests.flink.cases import BAD, CLOCK, DOMAIN, STREAMS, good_events
 
 #: the Beam params of the mechanism the Flink tests build (cases.BUILD: the hybrid tree, gamma noise)
 PARAMS = ContinualSumParams(dim=2, epsilon=1.0, clip_bound=1.0, noise="gamma", counter="tree", calibration="paper",

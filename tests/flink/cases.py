@@ -9,12 +9,12 @@ import numpy as np
 
 from beam_dp.core import NoiseSource, StepClock
 from beam_dp.core.budget import composition_of
-from beam_dp.flink.params import DOMAIN
 from beam_dp.steps.schema import ReleaseLabels, release_to_row
 from beam_dp.mechanisms.replay import replay_event_time
 from beam_dp.mechanisms.tree import make_tree_sum
 from tests.conftest import TEST_KEY
 
+DOMAIN = "flink-test"  # the release function's uid in these tests: its noise domain
 CLOCK = StepClock(start=1000.0, period=10.0, end=1100.0)  # 10 steps
 STREAMS = ("a", "b", "silent")
 BUILD = functools.partial(make_tree_sum, horizon=None, unbounded="hybrid", dim=2, epsilon=1.0, delta=0.0,
@@ -39,14 +39,14 @@ BAD = [
 ]
 
 
-def expected_rows(events: list[tuple]) -> list[dict]:
+def expected_rows(events: list[tuple], domain: str = DOMAIN) -> list[dict]:
     ids = np.array([e[0] for e in events])
     ts = np.array([e[1] for e in events])
     values = np.array([e[2] for e in events])
     mechanism = BUILD()
-    noise = NoiseSource(TEST_KEY).for_domain(DOMAIN)
+    noise = NoiseSource(TEST_KEY).for_domain(domain)
     by_stream = replay_event_time(mechanism, ids, ts, values, CLOCK, noise, STREAMS)
-    labels = ReleaseLabels(DOMAIN, composition_of(mechanism))
+    labels = ReleaseLabels(domain, composition_of(mechanism))
     rows = [labels(release_to_row(r, mechanism.guarantee, CLOCK.step_start_micros(r.step),
                                   CLOCK.step_end_micros(r.step)))
             for releases in by_stream.values() for r in releases]

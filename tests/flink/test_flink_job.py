@@ -17,7 +17,8 @@ from beam_dp.core import StepClock  # noqa: E402
 from beam_dp.flink.job import EVENT_TYPE, local_environment, release_stream, to_event  # noqa: E402
 from beam_dp.flink.params import FlinkReleaseParams  # noqa: E402
 from beam_dp.mechanisms.tree import make_tree_sum  # noqa: E402
-from tests.flink.cases import BAD, BUILD, CLOCK, STREAMS, assert_rows_equal, expected_rows, good_events  # noqa: E402
+from tests.flink.cases import (BAD, BUILD, CLOCK, DOMAIN, STREAMS, assert_rows_equal, expected_rows,  # noqa: E402
+                               good_events)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,7 +31,7 @@ def _workers_see_beam_dp(monkeypatch):
 def _run(params, events, parallelism=2, replay=True):
     env = local_environment(parallelism, replay=replay)
     source = env.from_collection([to_event(*e) for e in events], type_info=EVENT_TYPE)
-    releases, dead = release_stream(env, source, params)
+    releases, dead = release_stream(env, source, params, uid=DOMAIN)
     tagged = releases.map(lambda j: "release\t" + j).union(dead.map(lambda j: "dead\t" + j))
     with tagged.execute_and_collect() as results:
         outputs = [r.split("\t", 1) for r in results]
@@ -84,26 +85,53 @@ def test_streaming_with_an_open_clock_ends_at_the_end_of_input():
     assert {d["reason"] for d in dead} <= {"unclosed"}
 
 
-def test_the_submittable_entry_point_reads_and_writes_files(tmp_path):
-    """``python -m beam_dp.flink.run`` (what ``flink run --python beam_dp/flink/run.py`` executes) on CSV files."""
+MARKER = 987654.321  # a raw value only a dead-lettered line holds
+
+
+def _entry_args(tmp_path, *extra) -> list[str]:
+    return ["--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--start", str(CLOCK.start),
+            "--period", str(CLOCK.period), "--end", str(CLOCK.end), "--dim", "2", "--streams", ",".join(STREAMS),
+            "--counter", "tree", *extra]
+
+
+def test_the_submittable_entry_point_keeps_raw_data_out_of_the_output(tmp_path, capsys):
+    """``python -m beam_dp.flink.run`` (what ``flink run --python beam_dp/flink/run.py`` executes) on CSV
+    files: releases under --output, dead letters (raw values) only under the default sibling
+    ``<output>.private``, checkpoints under ``<output>.checkpoints`` (RocksDB), exact counts only on request."""
     from beam_dp.flink.run import main
 
     events = good_events(20)
     (tmp_path / "in").mkdir()
-    lines = [f"{s},{t!r},{v[0]!r},{v[1]!r}" for s, t, v in events] + ["a,not-a-time,1,2", "b,1001.0,x,y"]
+    lines = [f"{s},{t!r},{v[0]!r},{v[1]!r}" for s, t, v in events] + [
+        "a,not-a-time,1,2", "b,1001.0,x,y", f"zz,1002.0,{MARKER!r},0.5"]  # the last: an undeclared stream
     (tmp_path / "in" / "events.csv").write_text("\n".join(lines) + "\n")
-    code = main(["--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
-                 "--dead-letter", str(tmp_path / "dead"), "--start", str(CLOCK.start), "--period",
-                 str(CLOCK.period), "--end", str(CLOCK.end), "--dim", "2", "--streams", ",".join(STREAMS),
-                 "--counter", "tree", "--parallelism", "2", "--checkpoint-ms", "500"])
-    assert code == 0
+    assert main(_entry_args(tmp_path, "--parallelism", "2", "--checkpoint-ms", "500", "--print-exact-counts")) == 0
+
+    def files(folder):
+        return [f for f in sorted((tmp_path / folder).rglob("*")) if f.is_file() and not f.name.startswith(".")]
 
     def read(folder):
-        return [json.loads(line) for f in sorted((tmp_path / folder).rglob("*")) if f.is_file()
-                and not f.name.startswith(".") for line in f.read_text().splitlines() if line]
+        return [json.loads(line) for f in files(folder) for line in f.read_text().splitlines() if line]
 
-    assert_rows_equal(read("out"), expected_rows(events))  # counter "tree" without a horizon: BUILD's hybrid tree
-    assert sorted(d["reason"] for d in read("dead")) == ["bad_timestamp", "bad_value"]
+    assert_rows_equal(read("out"), expected_rows(events, "continual-sums"))  # counter "tree": BUILD's hybrid tree
+    assert sorted(d["reason"] for d in read("out.private")) == ["bad_timestamp", "bad_value", "undeclared_stream"]
+    assert any(repr(MARKER) in f.read_text() for f in files("out.private"))
+    assert not any(repr(MARKER) in f.read_text() for f in (tmp_path / "out").rglob("*") if f.is_file())
+    assert list((tmp_path / "out.checkpoints").iterdir())  # checkpoints went to files, not the JobManager heap
+    printed = capsys.readouterr().out
+    assert "NOT private" in printed and "23 input lines read, 3 dead letters" in printed
+
+
+def test_the_entry_point_refuses_raw_data_inside_the_output(tmp_path, capsys):
+    from beam_dp.flink.run import main
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "events.csv").write_text("")  # so that a job that did start would end, not retry
+    for flag, inside in (("--dead-letter-output", "out/dead"), ("--checkpoint-dir", "out"),
+                         ("--dead-letter-output", ".")):
+        with pytest.raises(SystemExit) as exit_:
+            main(_entry_args(tmp_path, flag, str(tmp_path / inside)))
+        assert exit_.value.code == 2 and "overlaps --output" in capsys.readouterr().err
 
 
 def test_keyed_by_stream_groups_releases_what_keyed_by_stream_releases():

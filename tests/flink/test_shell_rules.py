@@ -18,12 +18,13 @@ pytest.importorskip("pyflink")
 from beam_dp.core import NoiseSource, StepClock  # noqa: E402
 from beam_dp.core.budget import composition_of  # noqa: E402
 from beam_dp.flink.job import DEAD_LETTERS, ContinualReleaseFunction  # noqa: E402
-from beam_dp.flink.params import DOMAIN, FlinkReleaseParams  # noqa: E402
+from beam_dp.flink.params import FlinkReleaseParams  # noqa: E402
 from beam_dp.mechanisms.replay import replay_event_time  # noqa: E402
 from beam_dp.mechanisms.tree import make_tree_sum  # noqa: E402
+from beam_dp.steps.params import NoiseKey  # noqa: E402
 from beam_dp.steps.schema import ReleaseLabels, release_to_row  # noqa: E402
 from tests.conftest import TEST_KEY  # noqa: E402
-from tests.flink.cases import assert_rows_equal  # noqa: E402
+from tests.flink.cases import DOMAIN, assert_rows_equal  # noqa: E402
 
 OPEN = StepClock(start=0.0, period=10.0)  # no public end
 BUILD = functools.partial(make_tree_sum, horizon=None, unbounded="hybrid", dim=1, epsilon=1.0, delta=0.0,
@@ -43,18 +44,21 @@ class _Value:
         self.data = data
 
 
-class _List:
+class _Map:
     def __init__(self):
-        self.items = []
+        self.items = {}
 
-    def get(self):
-        return list(self.items)
+    def get(self, key):
+        return self.items.get(key)
 
-    def add(self, item):
-        self.items.append(item)
+    def put(self, key, value):
+        self.items[key] = value
+
+    def values(self):
+        return list(self.items.values())
 
     def clear(self):
-        self.items = []
+        self.items = {}
 
 
 class ScriptedFlink:
@@ -74,10 +78,10 @@ class ScriptedFlink:
 
     # RuntimeContext: handles that follow the current key, as Flink's keyed state does
     def get_state(self, descriptor):
-        return _KeyedHandle(self, "value")
+        return _KeyedHandle(self, descriptor.get_name())
 
-    def get_list_state(self, descriptor):
-        return _KeyedHandle(self, "list")
+    def get_map_state(self, descriptor):
+        return _KeyedHandle(self, descriptor.get_name())
 
     # TimerService
     def timer_service(self):
@@ -117,14 +121,15 @@ class _KeyedHandle:
         self.flink, self.kind = flink, kind
 
     def _of_key(self):
-        return self.flink.states.setdefault(self.flink.key, {"value": _Value(), "list": _List()})[self.kind]
+        kinds = {"beam_dp_key_state": _Value, "beam_dp_mechanism": _Value, "beam_dp_step_sums": _Map}
+        return self.flink.states.setdefault(self.flink.key, {k: make() for k, make in kinds.items()})[self.kind]
 
     def __getattr__(self, name):
         return getattr(self._of_key(), name)
 
 
 def _params(**kwargs):
-    return FlinkReleaseParams(build=BUILD, clock=OPEN, **kwargs)
+    return FlinkReleaseParams(build=BUILD, clock=OPEN, noise_key=NoiseKey(domain=DOMAIN), **kwargs)
 
 
 def _expected(events, last_step, first_step=1):
@@ -201,3 +206,18 @@ def test_one_firing_closes_every_step_a_watermark_jump_passed():
     flink.advance(END)
     assert_rows_equal(flink.releases, _expected(events, 100))
     assert [d["reason"] for d in flink.dead] == ["late"]
+
+
+def test_state_holds_one_merged_block_per_open_step_not_one_entry_per_event():
+    """Pre-aggregation in keyed state: 100 events of step 1 and one of step 2 leave two map entries
+    (each the step's merged clipped sum), and the releases equal the pure replay's (within float
+    summation order: assert_rows_equal's 1e-9)."""
+    flink = ScriptedFlink(_params())
+    events = [("a", 1.0 + 0.05 * i, [0.01 * (i % 7)]) for i in range(100)] + [("a", 15.0, [0.5])]
+    for event in events:
+        flink.element(*event)
+    assert sorted(flink.states["a"]["beam_dp_step_sums"].items) == [1, 2]
+    flink.advance(_ms(30))
+    assert not flink.states["a"]["beam_dp_step_sums"].items  # closed steps leave nothing behind
+    flink.advance(END)
+    assert_rows_equal(flink.releases, _expected(events, 3))
