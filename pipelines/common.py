@@ -36,7 +36,7 @@ __all__ = [
     "check_source",
     "dead_letter_json",
     "match_files",
-    "metrics_summary",
+    "exact_counts",
     "output_summary",
     "write_dead_letters",
     "release_tables",
@@ -280,7 +280,8 @@ def write_releases(releases: beam.PCollection, out_dir: str, name: str, fmt: str
 
 def write_dead_letters(dead: dict[str, beam.PCollection], out_dir: str, streaming: bool = False):
     """Write every stage's dead letters as JSON lines to ``<out_dir>/dead_letter-*.jsonl`` (batch: one
-    file even when there are none, so a reader can tell "none" from "not written")."""
+    file even when there are none, so a reader can tell "none" from "not written"). They hold raw
+    data: ``out_dir`` is the job's private folder (``pipelines.outputs.private_dir``), never ``--output``."""
     tagged = tuple(pc | f"Tag-{stage}" >> beam.Map(dead_letter_json, stage) for stage, pc in dead.items())
     merged = tagged | "AllDeadLetters" >> beam.Flatten()
     prefix = join(out_dir, "dead_letter")
@@ -289,25 +290,27 @@ def write_dead_letters(dead: dict[str, beam.PCollection], out_dir: str, streamin
     return merged | "WriteDeadLetters" >> beam.io.WriteToText(prefix, file_name_suffix=".jsonl", num_shards=1)
 
 
-def metrics_summary(result) -> str:
-    """``events read, steps released, dead letters`` from the ``beam_dp/*`` counters of a finished run."""
+def exact_counts(result, private: str) -> list[str]:
+    """``--print-exact-counts``: accepted events (the ``beam_dp/*`` counters of a finished run) and dead
+    letters by stage and reason (read back from ``private``: one source, so the two never disagree).
+    NOT private: these count raw data."""
     from apache_beam.metrics.metric import MetricsFilter
 
     try:
         counters = result.metrics().query(MetricsFilter())["counters"]
+        accepted = str(sum(int(c.committed if c.committed is not None else c.attempted or 0) for c in counters
+                           if c.key.metric.namespace.startswith("beam_dp/") and c.key.metric.name == "elements"))
     except Exception:  # pragma: no cover - a runner without metrics
-        return "  progress: metrics not available on this runner"
-    totals: dict[str, int] = {}
-    for c in counters:
-        if c.key.metric.namespace.startswith("beam_dp/"):
-            name = c.key.metric.name
-            totals[name] = totals.get(name, 0) + int(c.committed if c.committed is not None else c.attempted or 0)
-    return (f"  progress: {totals.get('elements', 0)} events accepted (all transforms), "
-            f"{totals.get('releases', 0)} releases, {totals.get('dead_letters', 0)} dead letters (beam metrics)")
+        accepted = "unknown (no metrics on this runner)"
+    letters = [json.loads(line) for line in read_text_lines(join(private, "dead_letter-*.jsonl"))]
+    reasons = Counter(f"{d['stage']}:{d['reason']}" for d in letters)
+    return ["  exact counts (NOT private, they describe the raw data): "
+            f"{accepted} events accepted (all transforms), {len(letters)} dead letters"
+            + (f" {dict(sorted(reasons.items()))}" if reasons else "")]
 
 
 def output_summary(out_dir: str, names: list[str]) -> list[str]:
-    """Summary lines of a finished local run: releases per output, epsilon spent, dead letters by reason."""
+    """Summary lines of a finished local run, public values only: releases, streams and epsilon spent per output."""
     lines = []
     for name in names:
         rows, streams, eps, first = 0, set(), float("-inf"), None
@@ -321,7 +324,4 @@ def output_summary(out_dir: str, names: list[str]) -> list[str]:
             continue
         lines.append(f"  {name}: {rows} releases, {len(streams)} streams, mechanism {first['mechanism']}, max "
                      f"epsilon_spent {eps:.4g} of budget {first['epsilon_budget']:g}")
-    letters = [json.loads(line) for line in read_text_lines(join(out_dir, "dead_letter-*.jsonl"))]
-    reasons = Counter(f"{d['stage']}:{d['reason']}" for d in letters)
-    lines.append(f"  dead letters: {len(letters)} {dict(sorted(reasons.items())) if reasons else ''}".rstrip())
     return lines

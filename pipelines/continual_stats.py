@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipelines import demo_data
+from pipelines.outputs import private_dir
 from pipelines.paths import join
 from pipelines.rows import require_columns
 from pipelines.runner import (
@@ -80,7 +81,7 @@ def plan(options) -> Plan:
         raise UsageError(f"--input reads files: drop it with --source {opts.source}")
     if demo:
         start, period, end = demo_data.DEMO_START, demo_data.DEMO_PERIOD, demo_data.DEMO_END
-        pattern = join(out_dir, "demo_events.csv")
+        pattern = join(private_dir(opts), "demo_events.csv")
         streams = split_list(opts.streams, "--streams") or demo_data.DEMO_STREAMS
         window, dim = opts.window or 24, 2
     else:
@@ -149,7 +150,7 @@ def build(pipeline, job: Plan, opts, messages=None) -> dict:
         write_releases(out.releases, job.out_dir, name, opts.format, job.streaming,
                        columnar=job.params[name].stream_groups is not None)
         dead[name] = out.dead_letter
-    write_dead_letters(dead, job.out_dir, job.streaming)
+    write_dead_letters(dead, private_dir(opts), job.streaming)
     return outputs
 
 

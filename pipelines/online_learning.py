@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pipelines.outputs import private_dir
 from pipelines.paths import join, write_text
 from pipelines.rows import features_of, number, require_columns
 from pipelines.runner import (Job, UsageError, lateness, noise_key_of, options_class, params_or_usage_error, run_cli,
@@ -80,7 +81,7 @@ def plan(options) -> Plan:
                          f"{', '.join(ALGORITHMS[opts.learner])}")
     out_dir = opts.output
     demo = opts.input is None and opts.source == "files"
-    pattern = join(out_dir, f"demo_{opts.learner}.csv") if demo else opts.input
+    pattern = join(private_dir(opts), f"demo_{opts.learner}.csv") if demo else opts.input
     dim = (30 if opts.learner == "online" else 10) if demo else _dim(opts, pattern)
     streams = split_list(opts.streams, "--streams")
     constraint = {"kind": opts.constraint, "radius": opts.radius}
@@ -140,7 +141,7 @@ def build(pipeline, job: Plan, opts, messages=None):
            | "ToRecords" >> beam.Map(to_record, job.params.dim, job.event_time)
            | transform.__name__ >> transform(job.params))
     write_releases(out.releases, job.out_dir, "models", opts.format, job.streaming)
-    write_dead_letters({"read": bad_rows, "models": out.dead_letter}, job.out_dir, job.streaming)
+    write_dead_letters({"read": bad_rows, "models": out.dead_letter}, private_dir(opts), job.streaming)
     return out
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from pipelines import spec
+from pipelines.paths import display
 
 __all__ = ["LOCAL_RUNNERS", "Job", "UsageError", "configure_logging", "is_local_runner", "options_class", "run_cli"]
 
@@ -205,15 +206,17 @@ def parse(argv: list[str], job: Job):
     return options
 
 
-def run(options, job: Job, plan: Any, messages=None) -> str:
-    """Build and run the job; on a local runner wait and summarise, elsewhere return once submitted."""
+def run(options, job: Job, plan: Any, messages=None, shown: str | None = None) -> str:
+    """Build and run the job; on a local runner wait and summarise, elsewhere return once submitted.
+    ``shown``: the output folder as the user named it (the run itself may write to a staging folder)."""
     import apache_beam as beam
 
-    from pipelines.common import metrics_summary, output_summary
-    from pipelines.paths import display, prepare_output
+    from pipelines.common import exact_counts, output_summary
+    from pipelines.outputs import private_dir
+    from pipelines.paths import display
 
     opts = options.view_as(options_class(job.name))
-    prepare_output(plan.out_dir)
+    shown = display(shown or plan.out_dir)
     if plan.demo and job.write_demo is not None:
         log.info("%s", job.write_demo(plan))
     pipeline = beam.Pipeline(options=options)
@@ -227,11 +230,14 @@ def run(options, job: Job, plan: Any, messages=None) -> str:
         job_id = getattr(result, "job_id", lambda: None)
         job_id = job_id() if callable(job_id) else job_id
         return (f"beam_dp {job.name}: submitted to {runner}" + (f" as job {job_id}" if job_id else "")
-                + f"; releases and dead letters will be written under {display(plan.out_dir)}")
-    lines = [f"beam_dp {job.name}: releases written under {display(plan.out_dir)}"]
+                + f"; releases will be written under {shown}, dead letters (raw data) under "
+                + display(private_dir(opts)))
+    lines = [f"beam_dp {job.name}: releases written under {shown}"]
     lines += job.summary(plan, opts)
     lines += output_summary(plan.out_dir, plan.outputs)
-    return "\n".join(lines + [metrics_summary(result)])
+    if opts.print_exact_counts:
+        lines += exact_counts(result, private_dir(opts))
+    return "\n".join(lines)
 
 
 @contextlib.contextmanager
@@ -251,24 +257,72 @@ def _structural_errors_as_usage_errors():
 
 
 def run_cli(argv: list[str] | None, job: Job) -> int:
-    """Parse, validate (``plan``), check the noise key, run and print the summary; exit 2 on a usage error."""
+    """Parse, validate (``plan``), check the noise key and the output locations, run into staging
+    folders, publish at success and print the summary. Exit codes: 2 and one line for a usage error,
+    130 and one line for Ctrl-C, 1 and one line for any other failure (``--verbose``: its traceback);
+    in each case the line says what was kept of the previous output."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
         _help(job)
         return 0
-    configure_logging(_verbose(argv))
-    try:
-        options = parse(_normalise(argv), job)
-        from apache_beam.options.pipeline_options import StandardOptions
+    verbose = _verbose(argv)
+    configure_logging(verbose)
+    return guarded(job.prog, verbose, lambda where: _launch(argv, job, where))
 
-        streaming = bool(options.view_as(StandardOptions).streaming)
-        check_noise_key(options.view_as(options_class(job.name)), runner_name(options), streaming)
-        summary = run(options, job, job.plan(options))
-    except UsageError as exc:
-        print(f"{job.prog}: error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+
+def _launch(argv: list[str], job: Job, where: list) -> int:
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    from pipelines.outputs import RunOutputs, private_dir
+
+    options = parse(_normalise(argv), job)
+    streaming = bool(options.view_as(StandardOptions).streaming)
+    opts = options.view_as(options_class(job.name))
+    check_noise_key(opts, runner_name(options), streaming)
+    with RunOutputs(opts.output, private_dir(opts), staged=is_local_runner(runner_name(options)) and not streaming) \
+            as outputs:
+        where.append(outputs)
+        opts.output, opts.dead_letter_output = outputs.output, outputs.private
+        summary = run(options, job, job.plan(options), shown=outputs.final_output)
+        outputs.publish()
+    if is_local_runner(runner_name(options)):
+        summary += (f"\n  dead letters (raw data, not private) and any demo input: under "
+                    f"{display(outputs.final_private)}")
     print(summary)
     return 0
+
+
+def guarded(prog: str, verbose: bool, launch: Callable[[list], int]) -> int:
+    """``launch(where)`` with every failure as one line on stderr (``where``: the ``RunOutputs`` it
+    opened, so the line can say what was kept): a usage error exits 2, Ctrl-C 130, anything else 1
+    (``verbose``: re-raised with its traceback)."""
+    from pipelines.outputs import OutputError
+
+    where: list = []
+
+    def kept() -> str:
+        return f"; {where[0].kept()}" if where else ""
+
+    try:
+        return launch(where)
+    except (UsageError, OutputError) as exc:
+        print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted{kept()}", file=sys.stderr)
+        raise SystemExit(130) from None
+    except Exception as exc:
+        if verbose:
+            raise
+        print(f"{prog}: failed: {type(exc).__name__}: {_one_line(exc)}{kept()} (--verbose shows the traceback)",
+              file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def _one_line(exc: BaseException) -> str:
+    """The first line of an exception's message, cut to 400 characters."""
+    text = f"{exc}".strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:400]
 
 
 def params_or_usage_error(build: Callable[[], Any], what: str) -> Any:
