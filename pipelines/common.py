@@ -35,6 +35,8 @@ __all__ = [
     "check_flags",
     "check_source",
     "dead_letter_json",
+    "file_header",
+    "input_header",
     "match_files",
     "exact_counts",
     "output_summary",
@@ -108,6 +110,48 @@ def match_files(pattern: str, flag: str = "--input") -> list[str]:
     if not matches:
         raise UsageError(f"no files match {flag} {pattern!r}: check the path")
     return matches
+
+
+def file_header(path: str, flag: str = "--input") -> tuple[list[str], dict[str, str]]:
+    """Column names of one input file (CSV: its first line, a UTF-8 byte order mark dropped; Parquet:
+    its schema; JSON lines: the first object's keys) and, for Parquet, each column's type."""
+    from pipelines.paths import FileSystems
+
+    try:
+        with FileSystems().open(path) as fh:
+            if path.endswith(".parquet"):
+                schema = pq.ParquetFile(fh).schema_arrow
+                return list(schema.names), {f.name: str(f.type) for f in schema}
+            first = fh.readline().decode("utf-8-sig")
+            if path.endswith((".jsonl", ".json", ".ndjson")):
+                return list(json.loads(first) if first.strip() else []), {}
+            return [n.strip() for n in first.strip().split(",")], {}
+    except Exception as exc:  # unreadable header or file
+        raise UsageError(f"cannot read the header of {path} ({flag}): {type(exc).__name__}") from None
+
+
+def input_header(pattern: str, flag: str = "--input") -> tuple[str, list[str], dict[str, str]]:
+    """The first file matching ``pattern``, its columns and (Parquet) types, after checking at launch
+    that no header repeats a column and that every file of the glob has the same columns (and the
+    same Parquet types): otherwise a usage error naming the file and the difference (else a file of
+    another shape would be read as one dead letter, or not at all)."""
+    paths = match_files(pattern, flag)
+    first, (names, types) = paths[0], file_header(paths[0], flag)
+    for path in paths:
+        cols, kinds = (names, types) if path == first else file_header(path, flag)
+        repeated = sorted({c for c in cols if cols.count(c) > 1})
+        if repeated:
+            raise UsageError(f"{flag} {path}: column {repeated[0]!r} appears more than once in the header")
+        if cols != names:
+            extra, missing = [c for c in cols if c not in names], [c for c in names if c not in cols]
+            diff = (f"has {extra[0]!r} that {first} lacks" if extra else f"lacks {missing[0]!r} that {first} has"
+                    if missing else "has the same columns in another order")
+            raise UsageError(f"{flag} {path} does not match {first}: it {diff}; every file of a glob needs one header")
+        differ = [c for c in cols if c in kinds and c in types and kinds[c] != types[c]]
+        if differ:
+            raise UsageError(f"{flag} {path}: column {differ[0]!r} is {kinds[differ[0]]} but {types[differ[0]]} "
+                             f"in {first}; every file of a glob needs one schema")
+    return first, names, types
 
 
 def check_source(opts, streaming: bool) -> None:

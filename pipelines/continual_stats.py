@@ -66,7 +66,7 @@ def plan(options) -> Plan:
 
     from beam_dp.beam import ContinualCountParams, ContinualSumParams, WindowedSumParams
     from beam_dp.core import StepClock
-    from pipelines.common import check_source, match_files
+    from pipelines.common import check_source
 
     opts = options.view_as(options_class(NAME))
     streaming = bool(options.view_as(StandardOptions).streaming)
@@ -95,7 +95,7 @@ def plan(options) -> Plan:
         window = opts.window
         pattern = opts.input
         if opts.source == "files":
-            dim = _dim_of(match_files(pattern)[0])
+            dim = _dim_of(pattern)
             if opts.dim is not None and opts.dim != dim:
                 raise UsageError(f"--dim {opts.dim} but the files have {dim} value columns")
         elif opts.dim is None:
@@ -154,30 +154,22 @@ def build(pipeline, job: Plan, opts, messages=None) -> dict:
     return outputs
 
 
-def _dim_of(path: str) -> int:
-    """The value dimension from the first file's header; a usage error for a header the job cannot use."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    from apache_beam.io.filesystems import FileSystems
-
+def _dim_of(pattern: str) -> int:
+    """The value dimension from the files' header (checked alike across the glob); a usage error for
+    a header the job cannot use."""
     from beam_dp.io.sources import value_columns
+    from pipelines.common import input_header
 
-    try:
-        with FileSystems.open(path) as fh:
-            if path.endswith(".parquet"):
-                schema = pq.ParquetFile(fh).schema_arrow
-                names, nested = schema.names, [f.name for f in schema if pa.types.is_nested(f.type)]
-            else:
-                names, nested = [n.strip() for n in fh.readline().decode("utf-8").split(",")], []
-    except Exception as exc:  # unreadable header or file
-        raise UsageError(f"cannot read the header of {path}: {type(exc).__name__}") from None
+    path, names, types = input_header(pattern)
     require_columns(names, ("stream_id", "timestamp"), "--input")
     try:
         columns = value_columns(names)
     except ValueError as exc:
         raise UsageError(f"--input {path}: {exc}") from None
-    if set(columns) & set(nested):
-        raise UsageError(f"--input {path}: a value column holds lists: use value_0..value_{{d-1}}")
+    nested = [c for c in columns if "<" in types.get(c, "")]  # list<..>, struct<..>, map<..>
+    if nested:
+        raise UsageError(f"--input {path}: value column {nested[0]!r} is {types[nested[0]]}: use one number per "
+                         "column, value_0..value_{d-1}")
     return len(columns)
 
 

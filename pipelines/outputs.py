@@ -25,6 +25,7 @@ is refused when its folders already hold files, so two runs never mix.
 from __future__ import annotations
 
 import fnmatch
+import importlib
 import json
 import os
 import shutil
@@ -48,6 +49,10 @@ _README_TEXT = ("This folder holds RAW DATA written by a beam_dp job: its dead l
                 "it as private as the job's input. The private releases are in the job's --output folder.\n")
 
 
+#: the client library a filesystem registered by Beam needs only when used
+_CLIENTS = {"s3": "boto3", "azfs": "azure.storage.blob"}
+
+
 class OutputError(Exception):
     """An output location the job cannot use (one line for the user)."""
 
@@ -63,19 +68,27 @@ def private_dir(opts) -> str:
 
 
 def check_location(path: str, flag: str) -> None:
-    """Refuse an output location whose filesystem is not installed, that is a file, or (local) that
-    cannot be created or written."""
+    """Refuse an output location whose filesystem is not installed or cannot be listed, that is a
+    file, or (local) that cannot be created or written."""
+    scheme = path.split("://", 1)[0] if "://" in path else "file"
+    extra = {"gs": "gcp", "s3": "aws", "azfs": "azure", "hdfs": "hadoop"}.get(scheme)
+    hint = f": pip install 'apache-beam[{extra}]'" if extra else " (no Beam filesystem handles it)"
     try:
         FileSystems().get_filesystem(path)
-    except ValueError:
-        scheme = path.split("://", 1)[0] if "://" in path else path
-        extra = {"gs": "gcp", "s3": "aws", "azfs": "azure"}.get(scheme)
-        hint = f": pip install 'apache-beam[{extra}]'" if extra else " (no Beam filesystem handles it)"
-        raise OutputError(f"{flag} {path}: the {scheme}:// filesystem is not installed{hint}") from None
+        if scheme in _CLIENTS:
+            importlib.import_module(_CLIENTS[scheme])
+        if not is_local(path):
+            _entries(path)  # e.g. s3:// is registered without boto3 and fails only when used
+    except Exception as exc:
+        text = f"{exc!r} {exc.__cause__!r}"
+        if isinstance(exc, ValueError) or "install" in text or "ImportError" in text or "No module" in text:
+            raise OutputError(f"{flag} {path}: the {scheme}:// filesystem is not installed{hint}") from None
+        raise OutputError(f"{flag} {path}: cannot list it ({type(exc).__name__}): check the path and credentials") \
+            from None
     if not is_local(path):
         return
     local = display(path)
-    if os.path.isfile(local):
+    if os.path.exists(local) and not os.path.isdir(local):
         raise OutputError(f"{flag} {local} is a file: give a folder")
     parent = local
     while not os.path.exists(parent):

@@ -148,23 +148,60 @@ def is_local_runner(name: str) -> bool:
 # -- noise key -------------------------------------------------------------------------------------
 def noise_key_of(opts) -> Any:
     """The key *location* (never the key) from the flags, checked here: the secret is a version
-    resource name, the key file exists (on any Beam filesystem)."""
+    resource name; a key file (on any Beam filesystem) or a key env var set here is read and
+    validated now (at least 16 bytes), so a bad key is one line at launch, not a worker failure."""
     from beam_dp.beam import NoiseKey
     from beam_dp.io.keys import is_secret_version
 
     if opts.noise_key_secret and not is_secret_version(opts.noise_key_secret):
         raise UsageError("--noise-key-secret must be a secret version projects/P/secrets/S/versions/V")
     if opts.noise_key_file:
-        from apache_beam.io.filesystems import FileSystems
-
-        try:
-            found = FileSystems.exists(opts.noise_key_file)
-        except Exception as exc:  # an unknown scheme or no credentials here
-            raise UsageError(f"cannot check --noise-key-file: {type(exc).__name__}") from None
-        if not found:
-            raise UsageError("--noise-key-file does not exist")
+        _check_key("--noise-key-file", key_file=opts.noise_key_file)
+    elif not opts.noise_key_secret and os.environ.get(opts.noise_key_env or KEY_ENV_VAR):
+        _check_key(f"the env var {opts.noise_key_env or KEY_ENV_VAR}", env_var=opts.noise_key_env or KEY_ENV_VAR)
     return NoiseKey(env_var=opts.noise_key_env or KEY_ENV_VAR, key_file=opts.noise_key_file,
                     secret=opts.noise_key_secret)
+
+
+def _check_key(what: str, key_file: str | None = None, env_var: str | None = None) -> None:
+    """Read the key the workers will read and refuse it now if it cannot be used (never shown)."""
+    from beam_dp.core.noise import NoiseSource, load_key
+    from beam_dp.io.keys import read_key_file
+    from pipelines.paths import FileSystems, is_local
+
+    if key_file:
+        try:
+            found = FileSystems().exists(key_file)
+        except Exception as exc:  # an unknown scheme or no credentials here
+            raise UsageError(f"cannot check {what} {key_file}: {type(exc).__name__}: {_one_line(exc)}") from None
+        if not found:
+            raise UsageError(f"{what} {key_file} does not exist")
+        if is_local(key_file) and os.path.isdir(display(key_file)):
+            raise UsageError(f"{what} {key_file} is a folder: give the key file")
+    try:
+        key = load_key(env_var, key_file, read_key_file)
+        NoiseSource(key)
+    except ValueError as exc:
+        raise UsageError(f"{what}: {exc}") from None
+    except Exception as exc:  # unreadable: permissions, I/O
+        raise UsageError(f"cannot read {what} {key_file or ''}: {type(exc).__name__}".rstrip()) from None
+
+
+@contextlib.contextmanager
+def one_random_key(opts):
+    """A local job with no key: one random key for the whole run (every transform and worker of this
+    process, each in its own noise domain, through the key env var while the run lasts), said once."""
+    env_var = opts.noise_key_env or KEY_ENV_VAR
+    if opts.noise_key_secret or opts.noise_key_file or os.environ.get(env_var):
+        yield
+        return
+    log.warning("beam_dp: no noise key given (--noise-key-file, --noise-key-secret or the env var %s): this run "
+                "uses a random key; its releases are not reproducible", env_var)
+    os.environ[env_var] = os.urandom(32).hex()
+    try:
+        yield
+    finally:
+        os.environ.pop(env_var, None)
 
 
 def check_noise_key(opts, runner: str, streaming: bool) -> None:
@@ -279,13 +316,15 @@ def _launch(argv: list[str], job: Job, where: list) -> int:
     streaming = bool(options.view_as(StandardOptions).streaming)
     opts = options.view_as(options_class(job.name))
     check_noise_key(opts, runner_name(options), streaming)
-    with RunOutputs(opts.output, private_dir(opts), staged=is_local_runner(runner_name(options)) and not streaming) \
-            as outputs:
+    local = is_local_runner(runner_name(options))
+    with RunOutputs(opts.output, private_dir(opts), staged=local and not streaming) as outputs:
         where.append(outputs)
         opts.output, opts.dead_letter_output = outputs.output, outputs.private
-        summary = run(options, job, job.plan(options), shown=outputs.final_output)
+        plan = job.plan(options)
+        with one_random_key(opts) if local else contextlib.nullcontext():
+            summary = run(options, job, plan, shown=outputs.final_output)
         outputs.publish()
-    if is_local_runner(runner_name(options)):
+    if local:
         summary += (f"\n  dead letters (raw data, not private) and any demo input: under "
                     f"{display(outputs.final_private)}")
     print(summary)
