@@ -258,24 +258,28 @@ def verify_job(rows: "Iterable[Mapping] | pa.Table | Iterable[pa.Table]", epsilo
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    from beam_dp.cli import OneLineParser, guarded
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = OneLineParser(
         prog="python -m beam_dp.verify",
         description="Recompute a job's worst per-contribution privacy loss from its release files and check it "
                     "against the declared total.")
     parser.add_argument("paths", nargs="+", help="release files (Parquet or JSON lines): globs or file prefixes")
     parser.add_argument("--epsilon", type=float, default=None, help="the job's declared total epsilon")
     parser.add_argument("--delta", type=float, default=None, help="the job's declared total delta")
+    parser.add_argument("--verbose", action="store_true", help="show the traceback of an unexpected failure")
     args = parser.parse_args(argv)
+    return guarded(parser.prog, args.verbose, lambda: _verify(args), (OSError, ValueError, pa.ArrowInvalid))
+
+
+def _verify(args) -> int:
     from beam_dp.io.readers import iter_release_tables
 
     verifier = JobVerifier()
-    try:
-        for path in args.paths:
-            for table in iter_release_tables(path, VERIFIED_COLUMNS):
-                verifier.add(table)
-    except (OSError, ValueError, pa.ArrowInvalid) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    for path in args.paths:
+        for table in iter_release_tables(path, VERIFIED_COLUMNS):
+            verifier.add(table)
     verdict = verifier.verdict(args.epsilon, args.delta)
     print(verdict.describe())
     return 0 if verdict.ok else 1

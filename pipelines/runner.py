@@ -165,6 +165,7 @@ def noise_key_of(opts) -> Any:
 
 def _check_key(what: str, key_file: str | None = None, env_var: str | None = None) -> None:
     """Read the key the workers will read and refuse it now if it cannot be used (never shown)."""
+    from beam_dp.cli import one_line
     from beam_dp.core.noise import NoiseSource, load_key
     from beam_dp.io.keys import read_key_file
     from pipelines.paths import FileSystems, is_local
@@ -173,7 +174,7 @@ def _check_key(what: str, key_file: str | None = None, env_var: str | None = Non
         try:
             found = FileSystems().exists(key_file)
         except Exception as exc:  # an unknown scheme or no credentials here
-            raise UsageError(f"cannot check {what} {key_file}: {type(exc).__name__}: {_one_line(exc)}") from None
+            raise UsageError(f"cannot check {what} {key_file}: {type(exc).__name__}: {one_line(exc)}") from None
         if not found:
             raise UsageError(f"{what} {key_file} does not exist")
         if is_local(key_file) and os.path.isdir(display(key_file)):
@@ -302,9 +303,14 @@ def run_cli(argv: list[str] | None, job: Job) -> int:
     if "-h" in argv or "--help" in argv:
         _help(job)
         return 0
+    from beam_dp.cli import guarded
+    from pipelines.outputs import OutputError
+
     verbose = _verbose(argv)
     configure_logging(verbose)
-    return guarded(job.prog, verbose, lambda where: _launch(argv, job, where))
+    where: list = []  # the run's RunOutputs once opened: a failure says what it kept
+    return guarded(job.prog, verbose, lambda: _launch(argv, job, where), (UsageError, OutputError),
+                   lambda: f"; {where[0].kept()}" if where else "")
 
 
 def _launch(argv: list[str], job: Job, where: list) -> int:
@@ -329,39 +335,6 @@ def _launch(argv: list[str], job: Job, where: list) -> int:
                     f"{display(outputs.final_private)}")
     print(summary)
     return 0
-
-
-def guarded(prog: str, verbose: bool, launch: Callable[[list], int]) -> int:
-    """``launch(where)`` with every failure as one line on stderr (``where``: the ``RunOutputs`` it
-    opened, so the line can say what was kept): a usage error exits 2, Ctrl-C 130, anything else 1
-    (``verbose``: re-raised with its traceback)."""
-    from pipelines.outputs import OutputError
-
-    where: list = []
-
-    def kept() -> str:
-        return f"; {where[0].kept()}" if where else ""
-
-    try:
-        return launch(where)
-    except (UsageError, OutputError) as exc:
-        print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted{kept()}", file=sys.stderr)
-        raise SystemExit(130) from None
-    except Exception as exc:
-        if verbose:
-            raise
-        print(f"{prog}: failed: {type(exc).__name__}: {_one_line(exc)}{kept()} (--verbose shows the traceback)",
-              file=sys.stderr)
-        raise SystemExit(1) from None
-
-
-def _one_line(exc: BaseException) -> str:
-    """The first line of an exception's message, cut to 400 characters."""
-    text = f"{exc}".strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:400]
 
 
 def params_or_usage_error(build: Callable[[], Any], what: str) -> Any:
