@@ -252,6 +252,7 @@ def run(options, job: Job, plan: Any, messages=None, shown: str | None = None) -
     from pipelines.common import exact_counts, output_summary
     from pipelines.outputs import private_dir
     from pipelines.paths import display
+    from pipelines.progress import Progress, input_bytes
 
     opts = options.view_as(options_class(job.name))
     shown = display(shown or plan.out_dir)
@@ -260,11 +261,13 @@ def run(options, job: Job, plan: Any, messages=None, shown: str | None = None) -
     pipeline = beam.Pipeline(options=options)
     job.build(pipeline, plan, opts, messages)
     runner = runner_name(options)
-    with _structural_errors_as_usage_errors():
+    local = is_local_runner(runner)
+    size = input_bytes([getattr(opts, name, None) for name in ("input", "queries", "eval_input")]) if local else None
+    with _structural_errors_as_usage_errors(), Progress(size, enabled=None if local else False):
         result = pipeline.run()
-        if is_local_runner(runner):
+        if local:
             result.wait_until_finish()
-    if not is_local_runner(runner):
+    if not local:
         job_id = getattr(result, "job_id", lambda: None)
         job_id = job_id() if callable(job_id) else job_id
         return (f"beam_dp {job.name}: submitted to {runner}" + (f" as job {job_id}" if job_id else "")

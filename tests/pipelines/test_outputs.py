@@ -130,8 +130,9 @@ def test_a_bad_key_on_rerun_is_one_line_at_launch_and_keeps_the_output(tmp_path,
     assert continual_stats.main(argv) == 0
     before = _tree(tmp_path / "out")
     capsys.readouterr()
-    for content, fix in ((b"", "at least 16 bytes"), (b"abcd", "at least 16 bytes"), (None, "is a folder")):
-        key = tmp_path / "key"
+    for i, (content, fix) in enumerate(((b"", "at least 16 bytes"), (b"abcd", "at least 16 bytes"),
+                                        (None, "is a folder"))):
+        key = tmp_path / f"key{i}"
         if content is None:
             key.mkdir()
         else:
@@ -212,7 +213,7 @@ def test_a_repeated_column_is_refused_by_name_and_a_bom_is_dropped(tmp_path, cap
 def _start(tmp_path: Path, out: Path, *extra: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT), BEAM_DP_NOISE_KEY=TEST_KEY.hex())
     return subprocess.Popen([sys.executable, "-m", "pipelines.continual_stats", f"--input={tmp_path / 'big.csv'}",
-                             f"--output={out}", "--start=0", "--period=10", "--end=200000", "--stream-groups=0",
+                             f"--output={out}", "--start=0", "--period=1000", "--end=200000",
                              *extra], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
