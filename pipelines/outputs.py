@@ -151,7 +151,11 @@ class RunOutputs:
             check_location(t.final, t.flag)
         try:
             for t in self._targets:
-                t.lock = self._take_lock(t)
+                try:
+                    t.lock = self._take_lock(t)
+                except OSError as exc:  # e.g. a parent the checks could not see through (/proc)
+                    raise OutputError(f"{t.flag} {display(t.final)}: cannot write beside it "
+                                      f"({exc.strerror or type(exc).__name__})") from None
                 foreign = _foreign(t.final)
                 if foreign:
                     raise OutputError(f"{t.flag} {display(t.final)} holds files beam_dp did not write ({foreign[0]!r}"
@@ -160,7 +164,11 @@ class RunOutputs:
                     raise OutputError(f"{t.flag} {display(t.final)} is not empty: a job that is not waited for "
                                       "writes in place, so give each such run a new folder")
                 t.staging = f"{t.final}.staging-{self.run_id}" if self.staged else t.final
-                _make_folder(t.staging)
+                try:
+                    _make_folder(t.staging)
+                except OSError as exc:
+                    raise OutputError(f"{t.flag} {display(t.final)}: cannot create {display(t.staging)} "
+                                      f"({exc.strerror or type(exc).__name__})") from None
         except BaseException:
             self._clean()
             raise
