@@ -140,8 +140,8 @@ class RunOutputs:
     published: bool = False
 
     def __post_init__(self) -> None:
-        self._targets = [_Target("--output", self.output.rstrip("/") or self.output),
-                         _Target("--dead-letter-output", self.private.rstrip("/") or self.private)]
+        self._targets = [_Target("--output", _normal(self.output)),
+                         _Target("--dead-letter-output", _normal(self.private))]
         if self._targets[0].final == self._targets[1].final:
             raise OutputError("--dead-letter-output must differ from --output: dead letters are raw data")
 
@@ -244,6 +244,11 @@ class RunOutputs:
     @property
     def final_private(self) -> str:
         return self._targets[1].final
+
+
+def _normal(path: str) -> str:
+    """A local path made absolute (``.`` or ``out/`` name a folder with siblings); others without a trailing /."""
+    return display(path) if is_local(path) else (path.rstrip("/") or path)
 
 
 def _lock_holder(path: str) -> str | None:

@@ -15,9 +15,10 @@ class _Terminal(io.StringIO):
 
 
 def test_the_line_estimates_from_the_input_size():
-    size = int(10 * BYTES_PER_SECOND)
+    size = 10_000_000
     line = Progress(size, enabled=False).line(elapsed=2.0)
-    assert line == f"  running: 2 s, about {STARTUP_SECONDS + 10 - 2:.0f} s left (estimate for 10 MB of input)"
+    left = STARTUP_SECONDS + size / BYTES_PER_SECOND - 2
+    assert line == f"  running: 2 s, about {left:.0f} s left (estimate for 10 MB of input)"
     assert Progress(size, enabled=False).line(elapsed=1e4).endswith("finishing (estimate for 10 MB of input)")
     assert Progress(None, enabled=False).line(elapsed=3.4) == "  running: 3 s"
 
