@@ -20,7 +20,6 @@ columns, which must agree.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import dataclass, field

@@ -24,6 +24,7 @@ is refused when its folders already hold files, so two runs never mix.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import importlib
 import json
@@ -31,11 +32,12 @@ import os
 import shutil
 import signal
 import socket
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 
-from pipelines.paths import FileSystems, display, is_local, join
+from pipelines.paths import FileSystems, display, is_local, join, write_text
 
 __all__ = ["BEAM_DP_FILES", "PRIVATE_README", "OutputError", "RunOutputs", "check_location", "private_default",
            "private_dir"]
@@ -169,10 +171,10 @@ class RunOutputs:
                 except OSError as exc:
                     raise OutputError(f"{t.flag} {display(t.final)}: cannot create {display(t.staging)} "
                                       f"({exc.strerror or type(exc).__name__})") from None
+            write_text(join(self._targets[1].staging, PRIVATE_README), _README_TEXT)
         except BaseException:
             self._clean()
             raise
-        _write(join(self._targets[1].staging, PRIVATE_README), _README_TEXT)
         self.output, self.private = self._targets[0].staging, self._targets[1].staging
         return self
 
@@ -190,7 +192,7 @@ class RunOutputs:
                 if holder is not None:
                     raise OutputError(f"{t.flag} {display(t.final)} is held by a running job ({holder}; lock "
                                       f"{path}): wait for it, or use another folder") from None
-                with _ignored(FileNotFoundError):
+                with contextlib.suppress(FileNotFoundError):
                     os.remove(path)  # its process is gone
                 continue
             with os.fdopen(fd, "w") as fh:
@@ -205,7 +207,7 @@ class RunOutputs:
             self.published = True
             return
         previous = signal.getsignal(signal.SIGINT)
-        held = _main_thread()
+        held = threading.current_thread() is threading.main_thread()  # signals: main thread only
         if held:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
@@ -233,7 +235,7 @@ class RunOutputs:
             if self.staged and t.staging and not self.published:
                 _remove(t.staging)
             if t.lock:
-                with _ignored(FileNotFoundError):
+                with contextlib.suppress(FileNotFoundError):
                     os.remove(t.lock)
                 t.lock = None
 
@@ -278,31 +280,9 @@ def _mtime(path: str) -> float:
         return 0.0
 
 
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
-
-
-class _ignored:
-    def __init__(self, *kinds: type[BaseException]):
-        self.kinds = kinds
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, *_) -> bool:
-        return kind is not None and issubclass(kind, self.kinds)
-
-
 def _make_folder(path: str) -> None:
     if is_local(path):
         os.makedirs(display(path), exist_ok=True)
-
-
-def _write(path: str, text: str) -> None:
-    with FileSystems().create(path) as fh:
-        fh.write(text.encode("utf-8"))
 
 
 def _files(prefix: str) -> list[str]:
