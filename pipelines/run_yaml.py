@@ -25,6 +25,7 @@ PROG = "python -m pipelines.run_yaml"
 def main(argv: list[str] | None = None) -> int:
     from beam_dp.cli import guarded
 
+    command = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = "--verbose" in argv
     argv = [a for a in argv if a != "--verbose"]
@@ -33,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     import yaml
 
     return guarded(PROG, verbose, lambda: _run(argv, verbose),
-                   (ValueError, KeyError, jinja2.TemplateError, yaml.YAMLError, FileNotFoundError, IsADirectoryError))
+                   (ValueError, KeyError, jinja2.TemplateError, yaml.YAMLError, FileNotFoundError, IsADirectoryError),
+                   command=command)
 
 
 def _run(argv: list[str], verbose: bool) -> int:

@@ -302,6 +302,7 @@ def run_cli(argv: list[str] | None, job: Job) -> int:
     folders, publish at success and print the summary. Exit codes: 2 and one line for a usage error,
     130 and one line for Ctrl-C, 1 and one line for any other failure (``--verbose``: its traceback);
     in each case the line says what was kept of the previous output."""
+    command = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
         _help(job)
@@ -313,7 +314,7 @@ def run_cli(argv: list[str] | None, job: Job) -> int:
     configure_logging(verbose)
     where: list = []  # the run's RunOutputs once opened: a failure says what it kept
     return guarded(job.prog, verbose, lambda: _launch(argv, job, where), (UsageError, OutputError),
-                   lambda: f"; {where[0].kept()}" if where else "")
+                   lambda: f"; {where[0].kept()}" if where else "", command)
 
 
 def _launch(argv: list[str], job: Job, where: list) -> int:
