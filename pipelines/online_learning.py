@@ -113,9 +113,11 @@ def plan(options) -> Plan:
 
 
 def _regression_options(opts, algorithm: str) -> dict:
-    """The mechanism's own options that a flag sets: ``m`` (PRIVINCREG2 only), ``iterations``."""
+    """The mechanism's own options that a flag sets: ``m`` (PRIVINCREG2 only), ``iterations`` (PRIVINCERM only)."""
     if opts.m is not None and algorithm != "privincreg2":
         raise UsageError("--m is the projection dimension of privincreg2: drop it or use --algorithm privincreg2")
+    if opts.iterations is not None and algorithm != "privincerm":
+        raise UsageError("--iterations sets the solver of privincerm: drop it or use --algorithm privincerm")
     return {k: v for k, v in (("m", opts.m), ("iterations", opts.iterations)) if v is not None}
 
 

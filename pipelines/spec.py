@@ -299,7 +299,7 @@ JOBS: dict[str, tuple[Param, ...]] = {
           fields=("release_every",)),
         P("m", "regression privincreg2: projection dimension m (default: the paper's choice).", kind="int",
           regex=_POSITIVE_INT, fields=("options",)),
-        P("iterations", "regression: solver iterations per release.", kind="int", regex=_POSITIVE_INT,
+        P("iterations", "regression privincerm: solver iterations per release.", kind="int", regex=_POSITIVE_INT,
           fields=("options",)),
         P("block_size", "regression: records per step (count steps; default 16 unless --start/--period give "
           "event-time steps).", kind="int", regex=_POSITIVE_INT, fields=("block_size",)),
