@@ -285,8 +285,10 @@ def subprocess_cases(n_full: int, n_interrupted: int, seed: int, root: Path, tal
         tally.kinds[kind] += 1
         tally.outcomes[f"{kind} exit {proc.returncode}"] += 1
         lines = err.strip().splitlines()
-        if interrupted and proc.returncode == -signal.SIGINT and not err:
-            tally.outcomes["interrupted in interpreter start-up (killed by the signal, no output)"] += 1
+        if interrupted and proc.returncode == -signal.SIGINT and len(lines) <= 1 and "Traceback" not in err:
+            # ended by the signal itself (a shell shows exit 130): in interpreter start-up (no output)
+            # or after its one line was printed, while the process was already exiting
+            tally.outcomes["interrupted: ended by the signal"] += 1
         elif "Traceback" in err or proc.returncode not in ((0, 2, 130) if interrupted else (0, 2)):
             tally.fail(kind, argv, f"exit {proc.returncode}: {err}")
         elif proc.returncode != 0 and len(lines) != 1:
