@@ -6,3 +6,20 @@ clipping, step clock; no Beam), ``beam_dp.mechanisms`` (pure state machines), ``
 """
 
 __version__ = "0.1.0"
+
+
+def _quiet_third_party_import_noise() -> None:
+    """Drop the one warning Beam logs on the root logger when imported without its gcp extra
+    ("apitools not found ..."): it concerns BigQuery, which beam_dp never uses. Nothing else is hidden."""
+    import logging
+
+    class _DropApitools(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return not str(record.msg).startswith("apitools not found")
+
+    root = logging.getLogger()
+    if not any(type(f).__name__ == "_DropApitools" for f in root.filters):  # once, also after a reload
+        root.addFilter(_DropApitools())
+
+
+_quiet_third_party_import_noise()

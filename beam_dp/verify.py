@@ -29,7 +29,6 @@ Without a manifest or ``--epsilon``/``--delta`` the declared total is read from 
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -434,7 +433,10 @@ def _is_folder(path: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    from beam_dp.cli import OneLineParser, guarded
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = OneLineParser(
         prog="python -m beam_dp.verify",
         description="Recompute a job's worst per-contribution privacy loss from its release files and check it "
                     "against the declared total and the job's manifest.")
@@ -446,14 +448,19 @@ def main(argv: list[str] | None = None) -> int:
                         "(their spend cannot be recomputed); by default they are listed as notes")
     parser.add_argument("--epsilon", type=float, default=None, help="the job's declared total epsilon")
     parser.add_argument("--delta", type=float, default=None, help="the job's declared total delta")
+    parser.add_argument("--verbose", action="store_true", help="show the traceback of an unexpected failure")
     args = parser.parse_args(argv)
+    return guarded(parser.prog, args.verbose, lambda: _verify(args), (OSError, ValueError, pa.ArrowInvalid))
+
+
+def _verify(args) -> int:
     from beam_dp.io.manifest import MANIFEST_NAME, read_manifest
     from beam_dp.io.readers import iter_release_tables
 
     verifier = JobVerifier(strict=args.strict)
     manifest, paths = None, list(args.paths)
+    folder = args.manifest or (paths[0] if len(paths) == 1 and _is_folder(paths[0]) else None)
     try:
-        folder = args.manifest or (paths[0] if len(paths) == 1 and _is_folder(paths[0]) else None)
         if folder is not None:
             manifest = read_manifest(folder)
             folder = folder[: -len(MANIFEST_NAME)] if folder.endswith(MANIFEST_NAME) else folder
@@ -466,13 +473,9 @@ def main(argv: list[str] | None = None) -> int:
                 verifier.add(table)
     except FileNotFoundError as exc:
         if folder is None or manifest is not None:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+            raise  # a usage error: one line, exit 2 (beam_dp.cli.guarded)
         print(f"{exc}: cannot tell which transforms the job ran\nNOT verified")
         return 1
-    except (OSError, ValueError, pa.ArrowInvalid) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     verdict = verifier.verdict(args.epsilon, args.delta, manifest)
     print(verdict.describe())
     return 0 if verdict.ok else 1

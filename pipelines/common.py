@@ -37,8 +37,10 @@ __all__ = [
     "check_flags",
     "check_source",
     "dead_letter_json",
+    "file_header",
+    "input_header",
     "match_files",
-    "metrics_summary",
+    "exact_counts",
     "output_summary",
     "write_dead_letters",
     "release_tables",
@@ -110,6 +112,48 @@ def match_files(pattern: str, flag: str = "--input") -> list[str]:
     if not matches:
         raise UsageError(f"no files match {flag} {pattern!r}: check the path")
     return matches
+
+
+def file_header(path: str, flag: str = "--input") -> tuple[list[str], dict[str, str]]:
+    """Column names of one input file (CSV: its first line, a UTF-8 byte order mark dropped; Parquet:
+    its schema; JSON lines: the first object's keys) and, for Parquet, each column's type."""
+    from pipelines.paths import FileSystems
+
+    try:
+        with FileSystems().open(path) as fh:
+            if path.endswith(".parquet"):
+                schema = pq.ParquetFile(fh).schema_arrow
+                return list(schema.names), {f.name: str(f.type) for f in schema}
+            first = fh.readline().decode("utf-8-sig")
+            if path.endswith((".jsonl", ".json", ".ndjson")):
+                return list(json.loads(first) if first.strip() else []), {}
+            return [n.strip() for n in first.strip().split(",")], {}
+    except Exception as exc:  # unreadable header or file
+        raise UsageError(f"cannot read the header of {path} ({flag}): {type(exc).__name__}") from None
+
+
+def input_header(pattern: str, flag: str = "--input") -> tuple[str, list[str], dict[str, str]]:
+    """The first file matching ``pattern``, its columns and (Parquet) types, after checking at launch
+    that no header repeats a column and that every file of the glob has the same columns (and the
+    same Parquet types): otherwise a usage error naming the file and the difference (else a file of
+    another shape would be read as one dead letter, or not at all)."""
+    paths = match_files(pattern, flag)
+    first, (names, types) = paths[0], file_header(paths[0], flag)
+    for path in paths:
+        cols, kinds = (names, types) if path == first else file_header(path, flag)
+        repeated = sorted({c for c in cols if cols.count(c) > 1})
+        if repeated:
+            raise UsageError(f"{flag} {path}: column {repeated[0]!r} appears more than once in the header")
+        if cols != names:
+            extra, missing = [c for c in cols if c not in names], [c for c in names if c not in cols]
+            diff = (f"has {extra[0]!r} that {first} lacks" if extra else f"lacks {missing[0]!r} that {first} has"
+                    if missing else "has the same columns in another order")
+            raise UsageError(f"{flag} {path} does not match {first}: it {diff}; every file of a glob needs one header")
+        differ = [c for c in cols if c in kinds and c in types and kinds[c] != types[c]]
+        if differ:
+            raise UsageError(f"{flag} {path}: column {differ[0]!r} is {kinds[differ[0]]} but {types[differ[0]]} "
+                             f"in {first}; every file of a glob needs one schema")
+    return first, names, types
 
 
 def check_source(opts, streaming: bool) -> None:
@@ -289,7 +333,8 @@ def write_job_manifest(pipeline: beam.Pipeline, job: str, out_dir: str) -> str:
 
 def write_dead_letters(dead: dict[str, beam.PCollection], out_dir: str, streaming: bool = False):
     """Write every stage's dead letters as JSON lines to ``<out_dir>/dead_letter-*.jsonl`` (batch: one
-    file even when there are none, so a reader can tell "none" from "not written")."""
+    file even when there are none, so a reader can tell "none" from "not written"). They hold raw
+    data: ``out_dir`` is the job's private folder (``pipelines.outputs.private_dir``), never ``--output``."""
     tagged = tuple(pc | f"Tag-{stage}" >> beam.Map(dead_letter_json, stage) for stage, pc in dead.items())
     merged = tagged | "AllDeadLetters" >> beam.Flatten()
     prefix = join(out_dir, "dead_letter")
@@ -298,25 +343,27 @@ def write_dead_letters(dead: dict[str, beam.PCollection], out_dir: str, streamin
     return merged | "WriteDeadLetters" >> beam.io.WriteToText(prefix, file_name_suffix=".jsonl", num_shards=1)
 
 
-def metrics_summary(result) -> str:
-    """``events read, steps released, dead letters`` from the ``beam_dp/*`` counters of a finished run."""
+def exact_counts(result, private: str) -> list[str]:
+    """``--print-exact-counts``: accepted events (the ``beam_dp/*`` counters of a finished run) and dead
+    letters by stage and reason (read back from ``private``: one source, so the two never disagree).
+    NOT private: these count raw data."""
     from apache_beam.metrics.metric import MetricsFilter
 
     try:
         counters = result.metrics().query(MetricsFilter())["counters"]
+        accepted = str(sum(int(c.committed if c.committed is not None else c.attempted or 0) for c in counters
+                           if c.key.metric.namespace.startswith("beam_dp/") and c.key.metric.name == "elements"))
     except Exception:  # pragma: no cover - a runner without metrics
-        return "  progress: metrics not available on this runner"
-    totals: dict[str, int] = {}
-    for c in counters:
-        if c.key.metric.namespace.startswith("beam_dp/"):
-            name = c.key.metric.name
-            totals[name] = totals.get(name, 0) + int(c.committed if c.committed is not None else c.attempted or 0)
-    return (f"  progress: {totals.get('elements', 0)} events accepted (all transforms), "
-            f"{totals.get('releases', 0)} releases, {totals.get('dead_letters', 0)} dead letters (beam metrics)")
+        accepted = "unknown (no metrics on this runner)"
+    letters = [json.loads(line) for line in read_text_lines(join(private, "dead_letter-*.jsonl"))]
+    reasons = Counter(f"{d['stage']}:{d['reason']}" for d in letters)
+    return ["  exact counts (NOT private, they describe the raw data): "
+            f"{accepted} events accepted (all transforms), {len(letters)} dead letters"
+            + (f" {dict(sorted(reasons.items()))}" if reasons else "")]
 
 
 def output_summary(out_dir: str, names: list[str]) -> list[str]:
-    """Summary lines of a finished local run: releases per output, epsilon spent, dead letters by reason."""
+    """Summary lines of a finished local run, public values only: releases, streams and epsilon spent per output."""
     lines = []
     for name in names:
         rows, streams, eps, first = 0, set(), float("-inf"), None
@@ -330,7 +377,4 @@ def output_summary(out_dir: str, names: list[str]) -> list[str]:
             continue
         lines.append(f"  {name}: {rows} releases, {len(streams)} streams, mechanism {first['mechanism']}, max "
                      f"epsilon_spent {eps:.4g} of budget {first['epsilon_budget']:g}")
-    letters = [json.loads(line) for line in read_text_lines(join(out_dir, "dead_letter-*.jsonl"))]
-    reasons = Counter(f"{d['stage']}:{d['reason']}" for d in letters)
-    lines.append(f"  dead letters: {len(letters)} {dict(sorted(reasons.items())) if reasons else ''}".rstrip())
     return lines

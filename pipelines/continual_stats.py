@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipelines import demo_data
+from pipelines.outputs import private_dir
 from pipelines.paths import join
 from pipelines.rows import require_columns
 from pipelines.runner import (
@@ -65,7 +66,7 @@ def plan(options) -> Plan:
 
     from beam_dp.beam import ContinualCountParams, ContinualSumParams, WindowedSumParams
     from pipelines.spec import step_clock
-    from pipelines.common import check_source, match_files
+    from pipelines.common import check_source
 
     opts = options.view_as(options_class(NAME))
     streaming = bool(options.view_as(StandardOptions).streaming)
@@ -80,7 +81,7 @@ def plan(options) -> Plan:
         raise UsageError(f"--input reads files: drop it with --source {opts.source}")
     if demo:
         start, period, end = demo_data.DEMO_START, demo_data.DEMO_PERIOD, demo_data.DEMO_END
-        pattern = join(out_dir, "demo_events.csv")
+        pattern = join(private_dir(opts), "demo_events.csv")
         streams = split_list(opts.streams, "--streams") or demo_data.DEMO_STREAMS
         window, dim = opts.window or 24, 2
     else:
@@ -94,7 +95,7 @@ def plan(options) -> Plan:
         window = opts.window
         pattern = opts.input
         if opts.source == "files":
-            dim = _dim_of(match_files(pattern)[0])
+            dim = _dim_of(pattern)
             if opts.dim is not None and opts.dim != dim:
                 raise UsageError(f"--dim {opts.dim} but the files have {dim} value columns")
         elif opts.dim is None:
@@ -156,34 +157,26 @@ def build(pipeline, job: Plan, opts, messages=None) -> dict:
         write_releases(out.releases, job.out_dir, name, opts.format, job.streaming,
                        columnar=job.params[name].stream_groups is not None)
         dead[name] = out.dead_letter
-    write_dead_letters(dead, job.out_dir, job.streaming)
+    write_dead_letters(dead, private_dir(opts), job.streaming)
     return outputs
 
 
-def _dim_of(path: str) -> int:
-    """The value dimension from the first file's header; a usage error for a header the job cannot use."""
-    import pyarrow.parquet as pq
-    from apache_beam.io.filesystems import FileSystems
+def _dim_of(pattern: str) -> int:
+    """The value dimension from the files' header (checked alike across the glob); a usage error for
+    a header the job cannot use."""
+    from beam_dp.io.sources import value_columns
+    from pipelines.common import input_header
 
-    from beam_dp.io.sources import nested_value_column, value_columns
-
-    try:
-        with FileSystems.open(path) as fh:
-            if path.endswith(".parquet"):
-                schema = pq.ParquetFile(fh).schema_arrow
-                names = schema.names
-            else:
-                names, schema = [n.strip() for n in fh.readline().decode("utf-8").split(",")], None
-    except Exception as exc:  # unreadable header or file
-        raise UsageError(f"cannot read the header of {path}: {type(exc).__name__}") from None
+    path, names, types = input_header(pattern)
     require_columns(names, ("stream_id", "timestamp"), "--input")
     try:
         columns = value_columns(names)
     except ValueError as exc:
         raise UsageError(f"--input {path}: {exc}") from None
-    problem = None if schema is None else nested_value_column(schema, columns)
-    if problem:
-        raise UsageError(f"--input {path}: {problem}")
+    nested = [c for c in columns if "<" in types.get(c, "")]  # list<..>, struct<..>, map<..>
+    if nested:
+        raise UsageError(f"--input {path}: value column {nested[0]!r} is {types[nested[0]]}: use one number per "
+                         "column, value_0..value_{d-1}")
     return len(columns)
 
 

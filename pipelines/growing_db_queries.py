@@ -17,6 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from pipelines.outputs import private_dir
 from pipelines.paths import join, write_text
 from pipelines.rows import number, require_columns
 from pipelines.runner import (
@@ -91,7 +92,7 @@ def plan(options) -> Plan:
             raise UsageError("--queries needs --input (the demo dataset brings its own queries)")
         universe = parse_universe(opts.universe or DEMO_UNIVERSE)
         start, period, end = DEMO_START, DEMO_PERIOD, DEMO_END
-        elements, queries = join(out_dir, "demo_elements.csv"), join(out_dir, "demo_queries.jsonl")
+        elements, queries = (join(private_dir(opts), name) for name in ("demo_elements.csv", "demo_queries.jsonl"))
     else:
         if opts.universe is None:
             raise UsageError("--universe is required: the universe is public and never read from data")
@@ -196,7 +197,7 @@ def build(pipeline, job: Plan, opts, messages=None):
     if job.params.snapshots:
         write_releases(out.snapshots, job.out_dir, "synthetic", opts.format, job.streaming)
     dead["answers"] = out.dead_letter
-    write_dead_letters(dead, job.out_dir, job.streaming)
+    write_dead_letters(dead, private_dir(opts), job.streaming)
     return out
 
 

@@ -23,6 +23,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from pipelines.outputs import private_dir
 from pipelines.paths import join, write_text
 from pipelines.rows import features_of, number, require_columns
 from pipelines.runner import Job, UsageError, noise_key_of, options_class, params_or_usage_error, run_cli, split_list
@@ -92,7 +93,7 @@ def plan(options) -> Plan:
     out_dir = opts.output
     demo = opts.input is None and opts.source == "files"
     if demo:
-        pattern, eval_pattern = join(out_dir, "demo_tasks.csv"), join(out_dir, "demo_eval.csv")
+        pattern, eval_pattern = (join(private_dir(opts), name) for name in ("demo_tasks.csv", "demo_eval.csv"))
         demo_sizes = write_demo(pattern, eval_pattern)  # needed now: the eval sets are part of the params
         dim, classes, tasks = 64, tuple(str(i) for i in range(10)), tuple(str(i) for i in range(DEMO_TASKS))
     else:
@@ -190,7 +191,7 @@ def build(pipeline, job: Plan, opts, messages=None):
            | "ToTaskRows" >> beam.Map(to_task_row, job.params.learner.input_dim, job.classes)
            | "LifelongLearner" >> LifelongLearner(job.params))
     write_releases(out.releases, job.out_dir, "models", opts.format, job.streaming)
-    write_dead_letters({"read": bad_rows, "models": out.dead_letter}, job.out_dir, job.streaming)
+    write_dead_letters({"read": bad_rows, "models": out.dead_letter}, private_dir(opts), job.streaming)
     return out
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pipelines.outputs import private_dir
 from pipelines.paths import join, write_text
 from pipelines.rows import features_of, number, require_columns
 from pipelines.runner import Job, UsageError, noise_key_of, options_class, params_or_usage_error, run_cli, split_list
@@ -62,7 +63,7 @@ def plan(options) -> Plan:
     classes = split_list(opts.classes, "--classes")
     if demo:
         dim, classes = 64, classes or tuple(str(i) for i in range(10))
-        pattern = join(out_dir, "demo_digits.csv")
+        pattern = join(private_dir(opts), "demo_digits.csv")
     elif opts.source == "files":
         pattern = opts.input
         header = column_names(pattern)
@@ -122,7 +123,7 @@ def build(pipeline, job: Plan, opts, messages=None):
            | "ToExamples" >> beam.Map(to_example, params.n_features, params.classes is not None)
            | name >> getattr(transforms, name)(params))
     write_releases(out.releases, job.out_dir, "models", opts.format, job.streaming)
-    write_dead_letters({"read": bad_rows, "models": out.dead_letter}, job.out_dir, job.streaming)
+    write_dead_letters({"read": bad_rows, "models": out.dead_letter}, private_dir(opts), job.streaming)
     return out
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pipelines.outputs import private_dir
 from pipelines.paths import join, write_text
 from pipelines.rows import features_of, number, require_columns
 from pipelines.runner import (Job, UsageError, lateness, noise_key_of, options_class, params_or_usage_error, run_cli,
@@ -80,7 +81,7 @@ def plan(options) -> Plan:
                          f"{', '.join(ALGORITHMS[opts.learner])}")
     out_dir = opts.output
     demo = opts.input is None and opts.source == "files"
-    pattern = join(out_dir, f"demo_{opts.learner}.csv") if demo else opts.input
+    pattern = join(private_dir(opts), f"demo_{opts.learner}.csv") if demo else opts.input
     dim = (30 if opts.learner == "online" else 10) if demo else _dim(opts, pattern)
     streams = split_list(opts.streams, "--streams")
     constraint = {"kind": opts.constraint, "radius": opts.radius}
@@ -112,9 +113,11 @@ def plan(options) -> Plan:
 
 
 def _regression_options(opts, algorithm: str) -> dict:
-    """The mechanism's own options that a flag sets: ``m`` (PRIVINCREG2 only), ``iterations``."""
+    """The mechanism's own options that a flag sets: ``m`` (PRIVINCREG2 only), ``iterations`` (PRIVINCERM only)."""
     if opts.m is not None and algorithm != "privincreg2":
         raise UsageError("--m is the projection dimension of privincreg2: drop it or use --algorithm privincreg2")
+    if opts.iterations is not None and algorithm != "privincerm":
+        raise UsageError("--iterations sets the solver of privincerm: drop it or use --algorithm privincerm")
     return {k: v for k, v in (("m", opts.m), ("iterations", opts.iterations)) if v is not None}
 
 
@@ -140,7 +143,7 @@ def build(pipeline, job: Plan, opts, messages=None):
            | "ToRecords" >> beam.Map(to_record, job.params.dim, job.event_time)
            | transform.__name__ >> transform(job.params))
     write_releases(out.releases, job.out_dir, "models", opts.format, job.streaming)
-    write_dead_letters({"read": bad_rows, "models": out.dead_letter}, job.out_dir, job.streaming)
+    write_dead_letters({"read": bad_rows, "models": out.dead_letter}, private_dir(opts), job.streaming)
     return out
 
 

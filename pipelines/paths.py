@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["FileSystems", "display", "is_local", "join", "match", "prepare_output", "read_bytes", "read_text_lines",
+__all__ = ["FileSystems", "display", "is_local", "join", "match", "read_bytes", "read_text_lines",
            "write_text"]
 
 
@@ -34,16 +34,6 @@ def display(path: str) -> str:
 def match(pattern: str) -> list[str]:
     """Sorted paths matching ``pattern`` (a glob); empty when none."""
     return sorted(m.path for m in FileSystems().match([pattern])[0].metadata_list)
-
-
-def prepare_output(folder: str) -> None:
-    """Create the output folder (local: a directory; object stores need none) and remove the shards
-    of an earlier batch run (``*-of-*``), so a summary reads only this run's files."""
-    if is_local(folder):
-        os.makedirs(display(folder), exist_ok=True)
-    old = match(join(folder, "*-of-*"))
-    if old:
-        FileSystems().delete(old)
 
 
 def write_text(path: str, text: str) -> None:

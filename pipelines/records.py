@@ -18,13 +18,12 @@ from typing import Iterator
 
 import apache_beam as beam
 import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from beam_dp.beam import DeadLetter, Reason
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.io.tables import read_csv_batches, read_parquet_batches
-from pipelines.common import ReadMessages, match_files
+from pipelines.common import ReadMessages, input_header, match_files
 from pipelines.rows import features_of, indexed_columns, number
 from pipelines.runner import UsageError
 
@@ -32,18 +31,8 @@ __all__ = ["ReadRecords", "column_names", "features_of", "indexed_columns", "num
 
 
 def column_names(pattern: str, flag: str = "--input") -> list[str]:
-    """Column names of the first file matching ``pattern`` (JSON lines: the first object's keys)."""
-    path = match_files(pattern, flag)[0]
-    try:
-        with FileSystems.open(path) as fh:
-            if path.endswith(".parquet"):
-                return list(pq.ParquetFile(fh).schema_arrow.names)
-            first = fh.readline().decode("utf-8")
-            if _is_jsonl(path):
-                return list(json.loads(first))
-            return [n.strip() for n in first.strip().split(",")]
-    except Exception as exc:  # unreadable header or file
-        raise UsageError(f"cannot read the header of {path} ({flag}): {type(exc).__name__}") from None
+    """Column names of the files matching ``pattern``, checked alike (``pipelines.common.input_header``)."""
+    return input_header(pattern, flag)[1]
 
 
 def _is_jsonl(path: str) -> bool:
@@ -65,7 +54,7 @@ class _ReadRecordFile(beam.DoFn):
     def process(self, path: str) -> Iterator:
         if _is_jsonl(path):
             with FileSystems.open(path) as fh:
-                for line in fh.read().decode("utf-8").splitlines():
+                for line in fh.read().decode("utf-8-sig").splitlines():
                     if not line.strip():
                         continue
                     try:

@@ -6,8 +6,9 @@
 
 Beam's own entry point logs every stage at INFO and prints its progress; this one shows only
 beam_dp's warnings and errors (``--verbose`` brings Beam's logs back), and an invalid template
-parameter (a ``ValueError`` when the pipeline is built) or a missing Jinja variable is one line
-``<prog>: error: ...`` with exit code 2.
+parameter (a ``ValueError`` when the pipeline is built), a missing Jinja variable, malformed YAML or a
+missing file is one line ``<prog>: error: ...`` with exit code 2; Ctrl-C is one line and exit code 130
+(``beam_dp.cli.guarded``).
 
 Job budget: a pipeline with several beam_dp transforms declares its total per contribution in its
 ``options:`` block (``job_epsilon``, ``job_delta``). The pipeline is built once without running to
@@ -46,20 +47,27 @@ def _budget_plan(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from beam_dp.cli import guarded
+
+    command = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = "--verbose" in argv
     argv = [a for a in argv if a != "--verbose"]
     configure_logging(verbose)
     import jinja2
+    import yaml
+
+    return guarded(PROG, verbose, lambda: _run(argv, verbose),
+                   (ValueError, KeyError, jinja2.TemplateError, yaml.YAMLError, FileNotFoundError, IsADirectoryError),
+                   command=command)
+
+
+def _run(argv: list[str], verbose: bool) -> int:
     from apache_beam.yaml import main as yaml_main
 
     said = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(sys.stdout if verbose else said):
-            yaml_main.run(argv + _budget_plan(argv))
-    except (ValueError, jinja2.UndefinedError) as exc:
-        print(f"{PROG}: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"[:500], file=sys.stderr)
-        return 2
+    with contextlib.redirect_stdout(sys.stdout if verbose else said):
+        yaml_main.run(argv + _budget_plan(argv))
     print(f"beam_dp yaml: ran {next((a.split('=', 1)[1] for a in argv if a.startswith('--yaml_pipeline_file=')), '')}")
     return 0
 

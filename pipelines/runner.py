@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from pipelines import spec
+from pipelines.paths import display
 
 __all__ = ["LOCAL_RUNNERS", "Job", "UsageError", "configure_logging", "is_local_runner", "options_class", "run_cli"]
 
@@ -147,23 +148,61 @@ def is_local_runner(name: str) -> bool:
 # -- noise key -------------------------------------------------------------------------------------
 def noise_key_of(opts) -> Any:
     """The key *location* (never the key) from the flags, checked here: the secret is a version
-    resource name, the key file exists (on any Beam filesystem)."""
+    resource name; a key file (on any Beam filesystem) or a key env var set here is read and
+    validated now (at least 16 bytes), so a bad key is one line at launch, not a worker failure."""
     from beam_dp.beam import NoiseKey
     from beam_dp.io.keys import is_secret_version
 
     if opts.noise_key_secret and not is_secret_version(opts.noise_key_secret):
         raise UsageError("--noise-key-secret must be a secret version projects/P/secrets/S/versions/V")
     if opts.noise_key_file:
-        from apache_beam.io.filesystems import FileSystems
-
-        try:
-            found = FileSystems.exists(opts.noise_key_file)
-        except Exception as exc:  # an unknown scheme or no credentials here
-            raise UsageError(f"cannot check --noise-key-file: {type(exc).__name__}") from None
-        if not found:
-            raise UsageError("--noise-key-file does not exist")
+        _check_key("--noise-key-file", key_file=opts.noise_key_file)
+    elif not opts.noise_key_secret and os.environ.get(opts.noise_key_env or KEY_ENV_VAR):
+        _check_key(f"the env var {opts.noise_key_env or KEY_ENV_VAR}", env_var=opts.noise_key_env or KEY_ENV_VAR)
     return NoiseKey(env_var=opts.noise_key_env or KEY_ENV_VAR, key_file=opts.noise_key_file,
                     secret=opts.noise_key_secret)
+
+
+def _check_key(what: str, key_file: str | None = None, env_var: str | None = None) -> None:
+    """Read the key the workers will read and refuse it now if it cannot be used (never shown)."""
+    from beam_dp.cli import one_line
+    from beam_dp.core.noise import NoiseSource, load_key
+    from beam_dp.io.keys import read_key_file
+    from pipelines.paths import FileSystems, is_local
+
+    if key_file:
+        try:
+            found = FileSystems().exists(key_file)
+        except Exception as exc:  # an unknown scheme or no credentials here
+            raise UsageError(f"cannot check {what} {key_file}: {type(exc).__name__}: {one_line(exc)}") from None
+        if not found:
+            raise UsageError(f"{what} {key_file} does not exist")
+        if is_local(key_file) and os.path.isdir(display(key_file)):
+            raise UsageError(f"{what} {key_file} is a folder: give the key file")
+    try:
+        key = load_key(env_var, key_file, read_key_file)
+        NoiseSource(key)
+    except ValueError as exc:
+        raise UsageError(f"{what}: {exc}") from None
+    except Exception as exc:  # unreadable: permissions, I/O
+        raise UsageError(f"cannot read {what} {key_file or ''}: {type(exc).__name__}".rstrip()) from None
+
+
+@contextlib.contextmanager
+def one_random_key(opts):
+    """A local job with no key: one random key for the whole run (every transform and worker of this
+    process, each in its own noise domain, through the key env var while the run lasts), said once."""
+    env_var = opts.noise_key_env or KEY_ENV_VAR
+    if opts.noise_key_secret or opts.noise_key_file or os.environ.get(env_var):
+        yield
+        return
+    log.warning("beam_dp: no noise key given (--noise-key-file, --noise-key-secret or the env var %s): this run "
+                "uses a random key; its releases are not reproducible", env_var)
+    os.environ[env_var] = os.urandom(32).hex()
+    try:
+        yield
+    finally:
+        os.environ.pop(env_var, None)
 
 
 def check_noise_key(opts, runner: str, streaming: bool) -> None:
@@ -205,34 +244,42 @@ def parse(argv: list[str], job: Job):
     return options
 
 
-def run(options, job: Job, plan: Any, messages=None) -> str:
-    """Build and run the job; on a local runner wait and summarise, elsewhere return once submitted."""
+def run(options, job: Job, plan: Any, messages=None, shown: str | None = None) -> str:
+    """Build and run the job; on a local runner wait and summarise, elsewhere return once submitted.
+    ``shown``: the output folder as the user named it (the run itself may write to a staging folder)."""
     import apache_beam as beam
 
-    from pipelines.common import metrics_summary, output_summary, write_job_manifest
-    from pipelines.paths import display, prepare_output
+    from pipelines.common import exact_counts, output_summary, write_job_manifest
+    from pipelines.outputs import private_dir
+    from pipelines.paths import display
+    from pipelines.progress import Progress, input_bytes
 
     opts = options.view_as(options_class(job.name))
-    prepare_output(plan.out_dir)
+    shown = display(shown or plan.out_dir)
     if plan.demo and job.write_demo is not None:
         log.info("%s", job.write_demo(plan))
     pipeline = beam.Pipeline(options=options)
     job.build(pipeline, plan, opts, messages)
     runner = runner_name(options)
-    with _structural_errors_as_usage_errors():
+    local = is_local_runner(runner)
+    size = input_bytes([getattr(opts, name, None) for name in ("input", "queries", "eval_input")]) if local else None
+    with _structural_errors_as_usage_errors(), Progress(size, enabled=None if local else False):
         result = pipeline.run()
-        if is_local_runner(runner):
+        if local:
             result.wait_until_finish()
     write_job_manifest(pipeline, job.name, plan.out_dir)  # declares the job beside its releases (beam_dp.verify)
-    if not is_local_runner(runner):
+    if not local:
         job_id = getattr(result, "job_id", lambda: None)
         job_id = job_id() if callable(job_id) else job_id
         return (f"beam_dp {job.name}: submitted to {runner}" + (f" as job {job_id}" if job_id else "")
-                + f"; releases and dead letters will be written under {display(plan.out_dir)}")
-    lines = [f"beam_dp {job.name}: releases written under {display(plan.out_dir)}"]
+                + f"; releases will be written under {shown}, dead letters (raw data) under "
+                + display(private_dir(opts)))
+    lines = [f"beam_dp {job.name}: releases written under {shown}"]
     lines += job.summary(plan, opts)
     lines += output_summary(plan.out_dir, plan.outputs)
-    return "\n".join(lines + [metrics_summary(result)])
+    if opts.print_exact_counts:
+        lines += exact_counts(result, private_dir(opts))
+    return "\n".join(lines)
 
 
 @contextlib.contextmanager
@@ -252,23 +299,46 @@ def _structural_errors_as_usage_errors():
 
 
 def run_cli(argv: list[str] | None, job: Job) -> int:
-    """Parse, validate (``plan``), check the noise key, run and print the summary; exit 2 on a usage error."""
+    """Parse, validate (``plan``), check the noise key and the output locations, run into staging
+    folders, publish at success and print the summary. Exit codes: 2 and one line for a usage error,
+    130 and one line for Ctrl-C, 1 and one line for any other failure (``--verbose``: its traceback);
+    in each case the line says what was kept of the previous output."""
+    command = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
         _help(job)
         return 0
-    configure_logging(_verbose(argv))
-    try:
-        options = parse(_normalise(argv), job)
-        from apache_beam.options.pipeline_options import StandardOptions
+    from beam_dp.cli import guarded
+    from pipelines.outputs import OutputError
 
-        streaming = bool(options.view_as(StandardOptions).streaming)
-        params_or_usage_error(lambda: spec.validate(job.name, options.view_as(options_class(job.name))), "flags")
-        check_noise_key(options.view_as(options_class(job.name)), runner_name(options), streaming)
-        summary = run(options, job, job.plan(options))
-    except UsageError as exc:
-        print(f"{job.prog}: error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+    verbose = _verbose(argv)
+    configure_logging(verbose)
+    where: list = []  # the run's RunOutputs once opened: a failure says what it kept
+    return guarded(job.prog, verbose, lambda: _launch(argv, job, where), (UsageError, OutputError),
+                   lambda: f"; {where[0].kept()}" if where else "", command)
+
+
+def _launch(argv: list[str], job: Job, where: list) -> int:
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    from pipelines.outputs import RunOutputs, private_dir
+
+    options = parse(_normalise(argv), job)
+    streaming = bool(options.view_as(StandardOptions).streaming)
+    opts = options.view_as(options_class(job.name))
+    params_or_usage_error(lambda: spec.validate(job.name, opts), "flags")
+    check_noise_key(opts, runner_name(options), streaming)
+    local = is_local_runner(runner_name(options))
+    with RunOutputs(opts.output, private_dir(opts), staged=local and not streaming) as outputs:
+        where.append(outputs)
+        opts.output, opts.dead_letter_output = outputs.output, outputs.private
+        plan = job.plan(options)
+        with one_random_key(opts) if local else contextlib.nullcontext():
+            summary = run(options, job, plan, shown=outputs.final_output)
+        outputs.publish()
+    if local:
+        summary += (f"\n  dead letters (raw data, not private) and any demo input: under "
+                    f"{display(outputs.final_private)}")
     print(summary)
     return 0
 

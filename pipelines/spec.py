@@ -119,9 +119,17 @@ def _source(streaming_fields: str) -> tuple[Param, ...]:
 
 def _output(default: str, files: str) -> tuple[Param, ...]:
     return (
-        P("output", f"Output folder on any Beam filesystem (local, gs://, s3://): {files} and "
-          "dead_letter-*.jsonl (written even when empty).", default=default, required=True,
+        P("output", f"Output folder of the private releases on any Beam filesystem (local, gs://, s3://): {files} "
+          "and nothing else of the data. A local run writes a staging folder beside it and replaces the folder "
+          "only when it succeeded (a failed or interrupted run keeps the previous output).", default=default,
+          required=True, regex=r"^(gs://[a-z0-9][-_.a-z0-9]*[a-z0-9]|/)[^\s]*$", param_type="GCS_WRITE_FOLDER",
+          yaml=False),
+        P("dead_letter_output", "Folder of the RAW DATA a run writes: dead_letter-*.jsonl (rejected elements with "
+          "their values, written even when empty) and a demo run's input. Not private: keep it as private as the "
+          "input. Default: <output>.private beside --output.",
           regex=r"^(gs://[a-z0-9][-_.a-z0-9]*[a-z0-9]|/)[^\s]*$", param_type="GCS_WRITE_FOLDER", yaml=False),
+        P("print_exact_counts", "Also print the exact number of accepted events and of dead letters per reason "
+          "(NOT private: they describe the raw data).", kind="bool", default=False, yaml=False),
         P("format", "Release file format.", choices=("parquet", "jsonl"), default="parquet", yaml=False),
     )
 
@@ -307,7 +315,7 @@ JOBS: dict[str, tuple[Param, ...]] = {
           fields=("release_every",)),
         P("m", "regression privincreg2: projection dimension m (default: the paper's choice).", kind="int",
           regex=_POSITIVE_INT, fields=("options",)),
-        P("iterations", "regression: solver iterations per release.", kind="int", regex=_POSITIVE_INT,
+        P("iterations", "regression privincerm: solver iterations per release.", kind="int", regex=_POSITIVE_INT,
           fields=("options",)),
         P("block_size", "regression: records per step (count steps; default 16 unless --start/--period give "
           "event-time steps).", kind="int", regex=_POSITIVE_INT, fields=("block_size",)),

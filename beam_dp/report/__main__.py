@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
-import sys
-
+from beam_dp.cli import OneLineParser, guarded
 from beam_dp.report.figures import make_report
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        print(f"python -m beam_dp.report: error: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="python -m beam_dp.report", description=(
+    parser = OneLineParser(prog="python -m beam_dp.report", description=(
         "Draw PNG figures of beam_dp releases: released values over time with their noise bands "
         "(meta noise_std), the privacy spend per stream, model-snapshot accuracy where the release meta "
         "has one; print a summary (rows read, steps released, dead letters)."))
@@ -27,15 +19,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="Streams drawn per figure (the first N in name order). Default: %(default)s")
     parser.add_argument("--band", type=float, default=2.0,
                         help="Half-width of the noise band in standard deviations. Default: %(default)s")
+    parser.add_argument("--verbose", action="store_true", help="show the traceback of an unexpected failure")
     args = parser.parse_args(argv)
-    try:
-        summary = make_report(args.releases, args.out, dead_letters=args.dead_letters,
-                              max_streams=args.max_streams, band=args.band)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"python -m beam_dp.report: error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    print(summary.line())
-    return 0
+
+    def report() -> int:
+        print(make_report(args.releases, args.out, dead_letters=args.dead_letters, max_streams=args.max_streams,
+                          band=args.band).line())
+        return 0
+
+    return guarded(parser.prog, args.verbose, report, (FileNotFoundError, ValueError))
 
 
 if __name__ == "__main__":

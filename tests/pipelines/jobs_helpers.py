@@ -10,8 +10,11 @@ import pytest
 
 
 def dead_letters(out: Path) -> Counter:
-    """``{"stage:reason": count}`` of ``<out>/dead_letter-*``; no dead letter holds a flag value or a key."""
-    letters = [json.loads(line) for f in out.glob("dead_letter-*") for line in f.read_text().splitlines() if line]
+    """``{"stage:reason": count}`` of the dead letters of a job run with ``--output=out``: in its raw-data
+    folder ``<out>.private`` (never in ``out``)."""
+    assert not list(out.glob("dead_letter-*")), "dead letters (raw data) under --output"
+    private = out.with_name(out.name + ".private")
+    letters = [json.loads(line) for f in private.glob("dead_letter-*") for line in f.read_text().splitlines() if line]
     return Counter(f"{d['stage']}:{d['reason']}" for d in letters)
 
 

@@ -37,11 +37,15 @@ def _put(path: str, data: bytes) -> None:
     MemFileSystem.files[path] = data
 
 
-def _names(files: dict) -> set[str]:
-    """File names under OUT, shard numbers and bundle ids replaced by *."""
+def _names(files: dict, folder: str = OUT) -> set[str]:
+    """File names under ``folder``, shard numbers and bundle ids replaced by *."""
     import re
 
-    return {re.sub(r"-\d{5}-of-\d{5}", "-*", p[len(OUT) + 1:]) for p in files if p.startswith(OUT + "/")}
+    return {re.sub(r"-\d{5}-of-\d{5}", "-*", p[len(folder) + 1:]) for p in files if p.startswith(folder + "/")}
+
+
+PRIVATE = OUT + ".private"
+RAW = {"dead_letter-*.jsonl", "README_RAW_DATA.txt"}  # raw data: never under --output
 
 
 def test_continual_stats_reads_key_and_input_and_writes_everything_on_the_remote_filesystem(memfs, monkeypatch,
@@ -54,8 +58,9 @@ def test_continual_stats_reads_key_and_input_and_writes_everything_on_the_remote
     assert continual_stats.main(argv) == 0
     out = capsys.readouterr().out
     assert f"releases written under {OUT}" in out and "sum: 16 releases" in out, out
-    assert _names(memfs) == {"sum-*.parquet", "count-*.parquet", "windowed-*.parquet", "dead_letter-*.jsonl",
-                             MANIFEST_NAME}
+    assert _names(memfs) == {"sum-*.parquet", "count-*.parquet", "windowed-*.parquet", MANIFEST_NAME}
+    assert _names(memfs, PRIVATE) == RAW
+    assert not [p for p in memfs if ".staging-" in p or ".previous-" in p]  # published, nothing left behind
     remote = read_releases(f"{OUT}/sum-*")
     assert [r["step"] for r in remote if r["stream"] == "s0"] == list(range(1, 9))
 
@@ -70,14 +75,15 @@ def test_continual_stats_reads_key_and_input_and_writes_everything_on_the_remote
 
 def test_model_release_demo_writes_its_data_and_outputs_remotely(memfs, capsys):
     assert model_release.main([f"--output={OUT}", "--update-size=512", "--base-size=1024"]) == 0
-    assert _names(memfs) == {"demo_digits.csv", "models-*.parquet", "dead_letter-*.jsonl", MANIFEST_NAME}
+    assert _names(memfs) == {"models-*.parquet", MANIFEST_NAME}
+    assert _names(memfs, PRIVATE) == RAW | {"demo_digits.csv"}
     assert read_releases(f"{OUT}/models-*")
 
 
 def test_growing_db_demo_writes_its_data_and_outputs_remotely(memfs, capsys):
     assert growing_db_queries.main([f"--output={OUT}", "--snapshots"]) == 0
-    assert _names(memfs) == {"demo_elements.csv", "demo_queries.jsonl", "answers-*.parquet", "synthetic-*.parquet",
-                             "dead_letter-*.jsonl", MANIFEST_NAME}
+    assert _names(memfs) == {"answers-*.parquet", "synthetic-*.parquet", MANIFEST_NAME}
+    assert _names(memfs, PRIVATE) == RAW | {"demo_elements.csv", "demo_queries.jsonl"}
     assert len(read_releases(f"{OUT}/answers-*")) == 30
 
 
@@ -87,7 +93,7 @@ def test_online_learning_reads_remote_input(memfs, capsys):
     _put("memfs://bucket/in/r.csv", ("stream_id,x_0,x_1,label\n" + "".join(
         f"a,{u:.4f},{v:.4f},{1 if u > 0 else -1}\n" for u, v in x)).encode())
     assert online_learning.main(["--input=memfs://bucket/in/r.csv", f"--output={OUT}", "--window=4"]) == 0
-    assert _names(memfs) == {"models-*.parquet", "dead_letter-*.jsonl", MANIFEST_NAME}
+    assert _names(memfs) == {"models-*.parquet", MANIFEST_NAME} and _names(memfs, PRIVATE) == RAW
     assert len(read_releases(f"{OUT}/models-*")) == 12
 
 
@@ -101,7 +107,7 @@ def test_lifelong_reads_remote_input_and_eval_rows(memfs, capsys):
     assert lifelong.main(["--input=memfs://bucket/in/tasks.csv", "--eval-input=memfs://bucket/in/eval.csv",
                           f"--output={OUT}", "--tasks=0,1", "--classes=0,1", "--steps-per-task=1", "--task-size=80",
                           "--device=cpu", "--torch-threads=1"]) == 0
-    assert _names(memfs) == {"models-*.parquet", "dead_letter-*.jsonl", MANIFEST_NAME}
+    assert _names(memfs) == {"models-*.parquet", MANIFEST_NAME} and _names(memfs, PRIVATE) == RAW
     assert [r["step"] for r in read_releases(f"{OUT}/models-*")] == [1, 2]
 
 

@@ -33,7 +33,11 @@ def test_a_job_is_quiet_by_default_and_verbose_on_request(tmp_path):
     quiet = _job(tmp_path)
     assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr[-2000:]  # no apitools warning, no INFO
     assert quiet.stdout.startswith("beam_dp continual_stats: releases written under")
-    assert "dead letters: 1 {'read:malformed': 1}" in quiet.stdout
+    assert "dead letters" in quiet.stdout and "malformed" not in quiet.stdout  # exact counts only on request
+    counted = _job(tmp_path, "--print-exact-counts")
+    assert counted.returncode == 0 and counted.stderr == "", counted.stderr[-2000:]
+    assert ("exact counts (NOT private, they describe the raw data): 2 events accepted (all transforms), "
+            "1 dead letters {'read:malformed': 1}") in counted.stdout
     loud = _job(tmp_path, "--verbose")
     assert loud.returncode == 0 and "INFO" in loud.stderr
 

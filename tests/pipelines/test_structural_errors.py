@@ -23,12 +23,17 @@ def test_event_file_without_timestamp(tmp_path, capsys):
                        "--input has no column 'timestamp'", capsys)
 
 
-def test_a_later_event_file_without_stream_id_is_caught_on_the_worker(tmp_path, capsys):
+def test_a_later_event_file_without_stream_id_is_caught_at_launch_or_on_the_worker(tmp_path, capsys, monkeypatch):
     (tmp_path / "a.csv").write_text("stream_id,timestamp,value\na,1,0.5\n")
     (tmp_path / "b.csv").write_text("sid,timestamp,value\na,2,0.5\n")
-    assert_usage_error(continual_stats.main, "python -m pipelines.continual_stats",
-                       [f"--input={tmp_path / '*.csv'}", f"--output={tmp_path / 'out'}", *SCHEDULE],
-                       "structural input error", capsys)
+    argv = [f"--input={tmp_path / '*.csv'}", f"--output={tmp_path / 'out'}", *SCHEDULE]
+    assert_usage_error(continual_stats.main, "python -m pipelines.continual_stats", argv,
+                       f"{tmp_path / 'b.csv'} does not match {tmp_path / 'a.csv'}: it has 'sid'", capsys)
+    import pipelines.common  # a file changed after the launch checked it: the worker finds it
+
+    monkeypatch.setattr(pipelines.common, "file_header", lambda path, flag: (["stream_id", "timestamp", "value"], {}))
+    assert_usage_error(continual_stats.main, "python -m pipelines.continual_stats", argv, "structural input error",
+                       capsys)
 
 
 def test_parquet_value_column_of_lists(tmp_path, capsys):
@@ -36,12 +41,12 @@ def test_parquet_value_column_of_lists(tmp_path, capsys):
     pq.write_table(table, tmp_path / "e.parquet")
     assert_usage_error(continual_stats.main, "python -m pipelines.continual_stats",
                        [f"--input={tmp_path / 'e.parquet'}", f"--output={tmp_path / 'out'}", *SCHEDULE],
-                       "holds lists", capsys)
-    # the same file after a good one: the worker finds it
+                       "value column 'value' is list<", capsys)
+    # the same file after a good one: the launch check compares the files
     pq.write_table(table, tmp_path / "f.parquet")
     (tmp_path / "a.csv").write_text("stream_id,timestamp,value\na,1,0.5\n")
     argv = [f"--input={tmp_path / '*'}", f"--output={tmp_path / 'out'}", *SCHEDULE]
-    assert_usage_error(continual_stats.main, "python -m pipelines.continual_stats", argv, "holds lists", capsys)
+    assert_usage_error(continual_stats.main, "python -m pipelines.continual_stats", argv, "does not match", capsys)
 
 
 def test_growing_db_elements_without_a_universe_field(tmp_path, capsys):

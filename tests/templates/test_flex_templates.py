@@ -19,6 +19,7 @@ import pytest
 from beam_dp.io import read_releases
 from pipelines import spec
 from pipelines.runner import options_class
+from tests.pipelines.jobs_helpers import dead_letters
 
 pytestmark = pytest.mark.pipeline
 
@@ -149,7 +150,8 @@ def test_continual_stats_entry_point_runs_with_template_parameters(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "sum: 20 releases" in done.stdout and "windowed: 20 releases" in done.stdout
     assert len(read_releases(str(tmp_path / "out" / "sum-*"))) == 20
-    assert "read:malformed" in done.stdout
+    assert dead_letters(tmp_path / "out") == {"read:malformed": 1}  # in out.private, never in the summary
+    assert "malformed" not in done.stdout
 
 
 def test_model_release_entry_point_runs_with_template_parameters(tmp_path):
@@ -161,7 +163,8 @@ def test_model_release_entry_point_runs_with_template_parameters(tmp_path):
               "algorithm": "sliding", "block_size": 4, "window": 12, "clip_bound": 1.0}
     done = _launch("model_release", params, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "models: 6 releases" in done.stdout and "models:bad_label" in done.stdout
+    assert "models: 6 releases" in done.stdout and "bad_label" not in done.stdout
+    assert dead_letters(tmp_path / "out") == {"models:bad_label": 1}
     assert len(read_releases(str(tmp_path / "out" / "models-*"))) == 6
 
 

@@ -102,10 +102,10 @@ def test_sum_template_runs_on_a_csv_file_and_releases_the_pure_mechanisms_releas
     for row, expected in zip(got, want):  # floats within tolerance (tests/release_checks.py), the rest exactly
         assert_release_matches(row, expected)
     assert max(r["epsilon_spent"] for r in got) <= expectations._params(template).epsilon
-    dead = [json.loads(line) for f in (tmp_path / "out").glob("dead_letter*") for line in f.read_text().splitlines()]
+    dead = [json.loads(line) for f in (tmp_path / "out.private").glob("dead_letter*") for line in f.read_text().splitlines()]
     assert sorted(d["reason"] for d in dead) == sorted(["after_end"] + ([] if template == "continual_count" else ["bad_value"]))
     # named like every job's dead letters: one .jsonl file (written even when empty, see WriteDeadLettersYaml)
-    assert [p.name for p in (tmp_path / "out").glob("dead_letter*")] == ["dead_letter-00000-of-00001.jsonl"]
+    assert [p.name for p in (tmp_path / "out.private").glob("dead_letter*")] == ["dead_letter-00000-of-00001.jsonl"]
 
 
 def test_streaming_template_translates_to_pubsub_in_and_out(monkeypatch):
@@ -155,7 +155,7 @@ def test_model_release_template_writes_models_that_load_back(tmp_path):
         assert g["epsilon_spent"] == w["epsilon_spent"] <= variables["epsilon"]
     model = load_model(got[-1])
     assert set(model.predict(np.array([[0.5, 0.25], [-0.5, 0.5]]))) <= {"a", "b", "c"}
-    dead = [json.loads(line) for f in (tmp_path / "out").glob("dead_letter*") for line in f.read_text().splitlines()]
+    dead = [json.loads(line) for f in (tmp_path / "out.private").glob("dead_letter*") for line in f.read_text().splitlines()]
     assert len(dead) == 3 and "bad_label" in {d["reason"] for d in dead}  # CSV blanks read as NaN: non_finite
 
 
