@@ -63,14 +63,18 @@ def _key(monkeypatch):
 
 
 def test_two_transforms_over_the_declared_total_are_refused_at_build(tmp_path, capsys):
-    assert run_yaml([_pipeline(tmp_path, 1.0)]) == 2
+    with pytest.raises(SystemExit) as ended:  # one line, exit 2 (beam_dp.cli.guarded)
+        run_yaml([_pipeline(tmp_path, 1.0)])
+    assert ended.value.code == 2
     err = capsys.readouterr().err
     assert "compose to epsilon 2" in err and "more than the job's total epsilon 1" in err, err
     assert not (tmp_path / "out").exists()
 
 
 def test_two_transforms_without_a_declared_total_are_refused(tmp_path, capsys):
-    assert run_yaml([_pipeline(tmp_path, None)]) == 2
+    with pytest.raises(SystemExit) as ended:
+        run_yaml([_pipeline(tmp_path, None)])
+    assert ended.value.code == 2
     assert "declare the job's total" in capsys.readouterr().err
 
 

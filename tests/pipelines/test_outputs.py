@@ -69,7 +69,7 @@ def _marker_cases(tmp: Path) -> dict[str, tuple]:
         "online_learning": (online_learning.main, [f"--input={files['o']}", "--window=4"]),
         "growing_db_queries": (growing_db_queries.main, [f"--input={files['g']}", f"--queries={files['q']}",
                                                          '--universe={"color": ["red", "blue"]}', "--n=5", *SCHEDULE]),
-        "lifelong": (lifelong.main, [f"--input={files['l']}", "--tasks=0,1", "--classes=0,1", "--steps-per-task=1",
+        "lifelong": (lifelong.main, [f"--input={files['l']}", "--tasks=0,1", "--classes=0,1", "--steps-per-task=1", "--task-size=8",
                                      "--device=cpu", "--torch-threads=1"]),
     }
 

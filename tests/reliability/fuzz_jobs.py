@@ -249,7 +249,7 @@ FULL = {  # small real runs (flags known to start; the fuzz adds one random flag
     "online_learning": ["--input={in}/examples.csv", "--window=4"],
     "growing_db_queries": ["--input={in}/elements.csv", "--queries={in}/queries.csv",
                            '--universe={{"color": ["red", "blue"]}}', "--n=5", "--start=0", "--period=10", "--end=40"],
-    "lifelong": ["--input={in}/tasks.csv", "--tasks=0,1", "--classes=0,1", "--steps-per-task=1", "--device=cpu",
+    "lifelong": ["--input={in}/tasks.csv", "--tasks=0,1", "--classes=0,1", "--steps-per-task=1", "--task-size=8", "--device=cpu",
                  "--torch-threads=1"],
 }
 
