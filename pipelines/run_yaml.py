@@ -14,6 +14,11 @@ Job budget: a pipeline with several beam_dp transforms declares its total per co
 collect every transform's ``(composition, epsilon, delta)``; shares composing above the total are
 refused (exit 2), and in the real build each transform gets its share of the plan, so that every
 release row carries the job's spend (``job_epsilon_spent``) and total (``job_epsilon_budget``).
+
+Manifest: before it runs, the pipeline's manifest (``beam_dp.io.manifest``: its transforms, noise
+domains, shares, total and release files) is written as ``_beam_dp_manifest.json`` into the folder its
+releases are written to, so that ``python -m beam_dp.verify <folder>`` checks the job; a pipeline
+writing releases to several folders is refused (exit 2), one writing none to files gets none.
 """
 
 from __future__ import annotations
@@ -45,18 +50,36 @@ def _budget_plan(argv: list[str]) -> list[str]:
     return [] if plan is None else [f"--beam_dp_budget_plan={plan}"]
 
 
+def _build_and_run(argv: list[str]) -> None:
+    """``apache_beam.yaml.main.run``, writing the job's manifest beside its releases before running."""
+    import os
+
+    import apache_beam as beam
+    from apache_beam.yaml import main as yaml_main
+
+    from beam_dp.beam.manifest import write_pipeline_manifest
+    from pipelines.yaml_transforms import ReleaseRecord
+
+    options, constructor, display_data = yaml_main.build_pipeline_components_from_argv(argv)
+    pipeline = beam.Pipeline(options=options, display_data=display_data)
+    constructor(pipeline)
+    job = next((os.path.splitext(os.path.basename(a.split("=", 1)[1]))[0] for a in argv
+                if a.startswith("--yaml_pipeline_file=")), "yaml")
+    write_pipeline_manifest(pipeline, job, lambda pcoll: pcoll.element_type is ReleaseRecord)
+    pipeline.run().wait_until_finish()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = "--verbose" in argv
     argv = [a for a in argv if a != "--verbose"]
     configure_logging(verbose)
     import jinja2
-    from apache_beam.yaml import main as yaml_main
 
     said = io.StringIO()
     try:
         with contextlib.redirect_stdout(sys.stdout if verbose else said):
-            yaml_main.run(argv + _budget_plan(argv))
+            _build_and_run(argv + _budget_plan(argv))
     except (ValueError, jinja2.UndefinedError) as exc:
         print(f"{PROG}: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"[:500], file=sys.stderr)
         return 2
