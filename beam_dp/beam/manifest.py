@@ -69,12 +69,38 @@ def job_manifest(pipeline: Any, job: str) -> JobManifest:
     return JobManifest(job, total_epsilon, total_delta, tuple(transforms))
 
 
+_FIRST_SHARD = "-00000-of-00001"
+
+
+def _file_prefix(transform: Any) -> str | None:
+    """The path prefix of the files a file sink writes (``<prefix>-<shard>-of-<shards>...``): a Beam
+    ``Write`` of a file-based sink, or ``fileio.WriteToFiles`` (Beam YAML's JSON/CSV writers) with a
+    sharded file naming; None for any other transform. ``ValueError`` for ``WriteToFiles`` with another
+    naming: its releases could not be found by prefix."""
+    from apache_beam.io.fileio import WriteToFiles
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.io.iobase import Write
+    from apache_beam.transforms.window import GlobalWindow
+
+    def value(v: Any) -> str:
+        return str(v.get() if hasattr(v, "get") else v)
+
+    if isinstance(transform, Write):
+        prefix = getattr(transform.sink, "file_path_prefix", None)
+        return None if prefix is None else value(prefix)
+    if isinstance(transform, WriteToFiles):
+        name = transform.file_naming_fn(GlobalWindow(), None, 0, 1, "", None)
+        if _FIRST_SHARD not in name:
+            raise ValueError(f"release files named like {name!r} under {value(transform.path)}: write releases to "
+                             "sharded files (<prefix>-00000-of-00001...), which the job's manifest can name")
+        return FileSystems.join(value(transform.path), name.split(_FIRST_SHARD)[0])
+    return None
+
+
 def release_file_writes(pipeline: Any, is_release: Callable[[Any], bool]) -> list[tuple[Any, str]]:
-    """``(release PCollection, file path prefix)`` of every file sink (a Beam ``Write`` of a sink with a
-    ``file_path_prefix``) in ``pipeline`` that has a PCollection for which ``is_release`` is true among
+    """``(release PCollection, file path prefix)`` of every file sink (see :func:`_file_prefix`) in ``pipeline`` that has a PCollection for which ``is_release`` is true among
     its ancestors (the nearest one on each path); dead-letter writes, which descend from no release
     PCollection, are not listed."""
-    from apache_beam.io.iobase import Write
     from apache_beam.pipeline import PipelineVisitor
 
     writes: list[tuple[Any, str]] = []
@@ -94,10 +120,9 @@ def release_file_writes(pipeline: Any, is_release: Callable[[Any], bool]) -> lis
 
     class _Sinks(PipelineVisitor):
         def enter_composite_transform(self, node) -> None:
-            prefix = getattr(getattr(node.transform, "sink", None), "file_path_prefix", None)
-            if isinstance(node.transform, Write) and prefix is not None:
-                prefix = prefix.get() if hasattr(prefix, "get") else prefix
-                writes.extend((pcoll, str(prefix)) for i in node.inputs for pcoll in releases_above(i))
+            prefix = _file_prefix(node.transform)
+            if prefix is not None:
+                writes.extend((pcoll, prefix) for i in node.inputs for pcoll in releases_above(i))
 
     pipeline.visit(_Sinks())
     return writes
