@@ -15,6 +15,11 @@ Job budget: a pipeline with several beam_dp transforms declares its total per co
 collect every transform's ``(composition, epsilon, delta)``; shares composing above the total are
 refused (exit 2), and in the real build each transform gets its share of the plan, so that every
 release row carries the job's spend (``job_epsilon_spent``) and total (``job_epsilon_budget``).
+
+Manifest: before it runs, the pipeline's manifest (``beam_dp.io.manifest``: its transforms, noise
+domains, shares, total and release files) is written as ``_beam_dp_manifest.json`` into the folder its
+releases are written to, so that ``python -m beam_dp.verify <folder>`` checks the job; a pipeline
+writing releases to several folders is refused (exit 2), one writing none to files gets none.
 """
 
 from __future__ import annotations
@@ -46,6 +51,25 @@ def _budget_plan(argv: list[str]) -> list[str]:
     return [] if plan is None else [f"--beam_dp_budget_plan={plan}"]
 
 
+def _build_and_run(argv: list[str]) -> None:
+    """``apache_beam.yaml.main.run``, writing the job's manifest beside its releases before running."""
+    import os
+
+    import apache_beam as beam
+    from apache_beam.yaml import main as yaml_main
+
+    from beam_dp.beam.manifest import write_pipeline_manifest
+    from pipelines.yaml_transforms import ReleaseRecord
+
+    options, constructor, display_data = yaml_main.build_pipeline_components_from_argv(argv)
+    pipeline = beam.Pipeline(options=options, display_data=display_data)
+    constructor(pipeline)
+    job = next((os.path.splitext(os.path.basename(a.split("=", 1)[1]))[0] for a in argv
+                if a.startswith("--yaml_pipeline_file=")), "yaml")
+    write_pipeline_manifest(pipeline, job, lambda pcoll: pcoll.element_type is ReleaseRecord)
+    pipeline.run().wait_until_finish()
+
+
 def main(argv: list[str] | None = None) -> int:
     from beam_dp.cli import guarded
 
@@ -63,11 +87,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str], verbose: bool) -> int:
-    from apache_beam.yaml import main as yaml_main
-
     said = io.StringIO()
     with contextlib.redirect_stdout(sys.stdout if verbose else said):
-        yaml_main.run(argv + _budget_plan(argv))
+        _build_and_run(argv + _budget_plan(argv))
     print(f"beam_dp yaml: ran {next((a.split('=', 1)[1] for a in argv if a.startswith('--yaml_pipeline_file=')), '')}")
     return 0
 

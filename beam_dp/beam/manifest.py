@@ -5,17 +5,22 @@ records which release files each transform's releases go to with :func:`record_r
 (``pipelines.common.write_releases`` does). :func:`job_manifest` then lists, per claimed domain, the
 mechanism, composition, budget share and file prefixes, and the job's total: the plan of the
 transforms' shared ``JobBudget`` or, without one, the composition of the transforms' guarantees.
+
+A pipeline whose release writes are not recorded (a Beam YAML pipeline: its writes are ordinary file
+sinks) gets its manifest from the built graph with :func:`write_pipeline_manifest`: every file sink
+downstream of a release PCollection is that transform's release files.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import posixpath
+from typing import Any, Callable
 
 from beam_dp.beam.domains import bound_domains
 from beam_dp.core.budget import COMPOSITIONS, compose, composition_of
-from beam_dp.io.manifest import JobManifest, ManifestTransform
+from beam_dp.io.manifest import JobManifest, ManifestTransform, write_manifest
 
-__all__ = ["job_manifest", "params_composition", "record_release_files"]
+__all__ = ["job_manifest", "params_composition", "record_release_files", "release_file_writes", "write_pipeline_manifest"]
 
 _FILES_ATTR = "_beam_dp_release_files"
 
@@ -62,3 +67,79 @@ def job_manifest(pipeline: Any, job: str) -> JobManifest:
         total_delta = sum(d for _, _, d in shares)
         total_epsilon = compose(shares, total_delta) if shares else 0.0
     return JobManifest(job, total_epsilon, total_delta, tuple(transforms))
+
+
+_FIRST_SHARD = "-00000-of-00001"
+
+
+def _file_prefix(transform: Any) -> str | None:
+    """The path prefix of the files a file sink writes (``<prefix>-<shard>-of-<shards>...``): a Beam
+    ``Write`` of a file-based sink, or ``fileio.WriteToFiles`` (Beam YAML's JSON/CSV writers) with a
+    sharded file naming; None for any other transform. ``ValueError`` for ``WriteToFiles`` with another
+    naming: its releases could not be found by prefix."""
+    from apache_beam.io.fileio import WriteToFiles
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.io.iobase import Write
+    from apache_beam.transforms.window import GlobalWindow
+
+    def value(v: Any) -> str:
+        return str(v.get() if hasattr(v, "get") else v)
+
+    if isinstance(transform, Write):
+        prefix = getattr(transform.sink, "file_path_prefix", None)
+        return None if prefix is None else value(prefix)
+    if isinstance(transform, WriteToFiles):
+        name = transform.file_naming_fn(GlobalWindow(), None, 0, 1, "", None)
+        if _FIRST_SHARD not in name:
+            raise ValueError(f"release files named like {name!r} under {value(transform.path)}: write releases to "
+                             "sharded files (<prefix>-00000-of-00001...), which the job's manifest can name")
+        return FileSystems.join(value(transform.path), name.split(_FIRST_SHARD)[0])
+    return None
+
+
+def release_file_writes(pipeline: Any, is_release: Callable[[Any], bool]) -> list[tuple[Any, str]]:
+    """``(release PCollection, file path prefix)`` of every file sink (see :func:`_file_prefix`) in ``pipeline`` that has a PCollection for which ``is_release`` is true among
+    its ancestors (the nearest one on each path); dead-letter writes, which descend from no release
+    PCollection, are not listed."""
+    from apache_beam.pipeline import PipelineVisitor
+
+    writes: list[tuple[Any, str]] = []
+
+    def releases_above(pcoll: Any) -> list:
+        found, todo, seen = [], [pcoll], set()
+        while todo:
+            current = todo.pop()
+            if id(current) in seen or getattr(current, "producer", None) is None:
+                continue
+            seen.add(id(current))
+            if is_release(current):
+                found.append(current)
+            else:
+                todo += list(current.producer.inputs)
+        return found
+
+    class _Sinks(PipelineVisitor):
+        def enter_composite_transform(self, node) -> None:
+            prefix = _file_prefix(node.transform)
+            if prefix is not None:
+                writes.extend((pcoll, prefix) for i in node.inputs for pcoll in releases_above(i))
+
+    pipeline.visit(_Sinks())
+    return writes
+
+
+def write_pipeline_manifest(pipeline: Any, job: str, is_release: Callable[[Any], bool]) -> str | None:
+    """Write the manifest of a built ``pipeline`` whose release writes were not recorded (see
+    :func:`release_file_writes`) beside its release files; returns its path. None when it writes no
+    release to files (e.g. to Pub/Sub only). ``ValueError`` when the releases go to several folders:
+    one manifest declares one folder's files."""
+    writes = release_file_writes(pipeline, is_release)
+    folders = sorted({posixpath.dirname(prefix) for _, prefix in writes})
+    if not folders:
+        return None
+    if len(folders) > 1:
+        raise ValueError(f"releases written to several folders {folders}: write them to one folder, where the "
+                         "job's manifest goes (python -m beam_dp.verify reads it)")
+    for pcoll, prefix in writes:
+        record_release_files(pcoll, posixpath.basename(prefix))
+    return write_manifest(folders[0], job_manifest(pipeline, job))

@@ -20,8 +20,8 @@ import math
 
 from beam_dp.core.calibration import analytic_gaussian_epsilon
 
-__all__ = ["GAUSSIAN_LAWS", "PURE_LAWS", "NoiseTerm", "declaration_json", "loss_of_declaration", "merge_terms",
-           "recomputed_epsilon"]
+__all__ = ["GAUSSIAN_LAWS", "PURE_LAWS", "NoiseTerm", "combined_declaration", "declaration_json",
+           "loss_of_declaration", "merge_terms", "recomputed_epsilon"]
 
 PURE_LAWS = ("gamma", "laplace", "discrete_laplace")
 GAUSSIAN_LAWS = ("gaussian",)
@@ -46,6 +46,19 @@ def declaration_json(terms: tuple[NoiseTerm, ...]) -> str:
         return ""
     return json.dumps({"terms": [[law, float(sensitivity), float(scale), float(weight)]
                                  for law, sensitivity, scale, weight in sorted(terms)]}, sort_keys=True)
+
+
+def combined_declaration(*texts: str) -> str:
+    """The declaration of a release whose loss is the sum of the losses the declarations ``texts`` state
+    (e.g. a model computed from two trees' releases): their terms merged; ``""`` if any declares none
+    (a partial declaration would understate the loss)."""
+    if not texts or not all(texts):
+        return ""
+    terms: tuple[NoiseTerm, ...] = ()
+    for text in texts:
+        terms = merge_terms(terms, tuple((str(law), float(s), float(c), float(w))
+                                         for law, s, c, w in json.loads(text)["terms"]))
+    return declaration_json(terms)
 
 
 def loss_of_declaration(text: str) -> tuple[float, float]:

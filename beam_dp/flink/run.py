@@ -22,7 +22,9 @@ un-noised sums: as private as the input) with the ``--state-backend`` (``rocksdb
 beyond memory, incremental checkpoints); the file sinks commit on checkpoints. The release function's
 noise domain is ``--noise-domain`` (default ``continual-sums``; one noise key per job, or a domain of
 its own for each job under one key). The noise key is read on the workers from ``BEAM_DP_NOISE_KEY`` or
-``--key-file``.
+``--key-file``. With files, the job's manifest (``_beam_dp_manifest.json``: its release function, noise
+domain, guarantee and release files) is written into ``--output`` before the job runs, so that
+``python -m beam_dp.verify <output>`` checks the releases against it.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ import math
 import os
 import sys
 
+from beam_dp.core.budget import composition_of
 from beam_dp.core.clock import StepClock
+from beam_dp.io.manifest import JobManifest, ManifestTransform, write_manifest
 from beam_dp.mechanisms.counters import make_counter
 from beam_dp.mechanisms.stream_groups import groups_for
 from beam_dp.steps.params import NoiseKey
@@ -160,6 +164,21 @@ def _params(args: argparse.Namespace):
                               noise_key=key, stream_groups=groups_for(build(), args.stream_groups))
 
 
+#: where the FileSink puts release files under --output: ``<bucket, e.g. 2026-01-31--12>/part-<uuid>-<n>``
+RELEASE_FILES = "*/part"
+
+
+def job_manifest(params) -> JobManifest:
+    """The job's manifest (``beam_dp.io.manifest``): its one release function, with its bound noise
+    domain (``--noise-domain`` or :data:`UID`), mechanism, composition and guarantee, the job's total,
+    and its release files under --output (:data:`RELEASE_FILES`)."""
+    mechanism = params.build_mechanism()
+    epsilon, delta = float(mechanism.guarantee.epsilon), float(mechanism.guarantee.delta)
+    transform = ManifestTransform(params.noise_key.domain or UID, mechanism.name, composition_of(mechanism), epsilon,
+                                  delta, (RELEASE_FILES,))
+    return JobManifest("flink_continual_sums", epsilon, delta, (transform,))
+
+
 def checkpoint_settings(checkpoint_ms: int, checkpoint_dir: str, state_backend: str) -> dict[str, str]:
     """Flink settings of durable checkpoints: every ``checkpoint_ms`` to ``checkpoint_dir`` (files, never
     the JobManager's memory), kept when the job is cancelled (to resume with ``flink run -s``), with
@@ -230,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
                                     idle_ms=args.idle_ms)
     releases.sink_to(release_sink)
     dead.sink_to(dead_sink)
+    if not args.kafka_brokers:
+        write_manifest(args.output, job_manifest(params))  # declares the job beside its releases (beam_dp.verify)
     env.execute("beam_dp continual sums")
     if not args.kafka_brokers:
         print(f"beam_dp flink: private releases under {args.output}; dead letters (RAW DATA, keep private) under "

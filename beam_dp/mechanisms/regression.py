@@ -54,6 +54,7 @@ from beam_dp.core.calibration import certify_gaussian
 from beam_dp.core.clipping import clip_l2
 from beam_dp.core.guarantee import ElementLoss, Guarantee
 from beam_dp.core.noise import NoiseSource
+from beam_dp.core.noise_declaration import combined_declaration
 from beam_dp.core.release import Release
 from beam_dp.core.release_batch import ReleaseBatch
 from beam_dp.core.state import decode_state, encode_state
@@ -476,6 +477,7 @@ class PrivIncReg1(FreshGroups, _RegressionBase):
             group.streams, t, self.name, theta,
             min(self.guarantee.epsilon, rq.epsilon_spent + rQ.epsilon_spent),
             min(self.guarantee.delta, rq.delta_spent + rQ.delta_spent), meta, value_name="theta",
+            noise=combined_declaration(getattr(rq, "noise", ""), getattr(rQ, "noise", "")),  # none on the torch path
         )
         return RegGroup(group.streams, t, points, aux, q_hat, Q_hat, tree_q, tree_Q), batch
 

@@ -137,3 +137,33 @@ def test_several_releases_of_one_step_carry_distinct_purposes():
     state, releases = mech.step(state, GrowingBlock(np.zeros(0, np.int64), queries), noise)
     releases.append(mech.snapshot(state))
     assert [(r.step, r.purpose) for r in releases] == [(5, "query:0"), (5, "query:1"), (5, "synthetic")]
+
+
+@pytest.mark.parametrize("calibration", ["paper", "analytic"])
+def test_regression_releases_declare_both_trees_noise_and_fail_below_it(calibration):
+    """PRIVINCREG1's model composes its two Gaussian trees (each at (ε/2, δ/2)); a release declares both
+    trees' terms, so the spend recomputed from it (the two Gaussians composed exactly at the release's δ,
+    no larger than the stated sum of the trees' spends) bounds the stated one from below, and a stated
+    spend doctored to 0 fails the verifier. Tolerance REL: see the module constant."""
+    from beam_dp.mechanisms.regression import PrivIncReg1
+
+    mechanism = PrivIncReg1(dim=2, epsilon=0.8, delta=1e-6, horizon=8, calibration=calibration)
+    state, noise, rng, rows = mechanism.init_state("s"), NoiseSource(KEY), np.random.default_rng(3), []
+    for t in range(6):
+        block = [(rng.uniform(-0.5, 0.5, 2), float(rng.uniform(-1, 1))) for _ in range(3)]  # (x, y) records
+        state, releases = mechanism.step(state, block, noise)
+        rows += releases
+    assert len(rows) == 6
+    for r in rows:
+        terms = json.loads(r.noise)["terms"]
+        # both trees' nodes (equal (law, Δ, σ) terms merge: weights add, at least one node per tree)
+        assert {t[0] for t in terms} == {"gaussian"} and sum(t[3] for t in terms) >= 2, r.noise
+        recomputed = recomputed_epsilon(*loss_of_declaration(r.noise), r.delta_spent)
+        assert 0.5 * r.epsilon_spent < recomputed <= r.epsilon_spent * (1 + REL), (recomputed, r.epsilon_spent)
+    labelled = [dict(noise_domain="reg", composition="approx",
+                     stream=r.stream, step=r.step, mechanism=r.mechanism, meta="", epsilon_spent=r.epsilon_spent,
+                     delta_spent=r.delta_spent, epsilon_budget=0.8, delta_budget=1e-6, job_epsilon_budget=0.8,
+                     job_delta_budget=1e-6, purpose="", noise=r.noise) for r in rows]
+    assert verify_job(labelled, strict=True).ok
+    doctored = verify_job([dict(row, epsilon_spent=0.0) for row in labelled])
+    assert any("below the spend recomputed" in p for p in doctored.problems), doctored.problems

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from beam_dp.io import read_releases
+from beam_dp.io.manifest import read_manifest
+from beam_dp.verify import main as verify_main
 from beam_dp.verify import verify_job
 from pipelines.run_yaml import main as run_yaml
 from tests.conftest import TEST_KEY
@@ -80,7 +82,7 @@ def test_two_transforms_without_a_declared_total_are_refused(tmp_path, capsys):
 
 def test_under_a_total_of_two_every_row_carries_the_jobs_spend(tmp_path):
     assert run_yaml([_pipeline(tmp_path, 2.0)]) == 0
-    rows = read_releases(str(tmp_path / "out" / "*"))
+    rows = read_releases(str(tmp_path / "out" / "*-0*"))  # the release files, not the manifest beside them
     assert {r["noise_domain"] for r in rows} == {"Sum/Release", "Count/Release/Sum"}
     assert {(r["job_epsilon_budget"], r["job_delta_budget"]) for r in rows} == {(2.0, 0.0)}
     # each transform spends its whole epsilon 1 by the last step; composed with the other's full share
@@ -89,6 +91,12 @@ def test_under_a_total_of_two_every_row_carries_the_jobs_spend(tmp_path):
     assert all(r["epsilon_spent"] + 1.0 == pytest.approx(r["job_epsilon_spent"], rel=1e-9) for r in rows)
     verdict = verify_job(rows)
     assert verdict.ok and verdict.worst_epsilon == pytest.approx(2.0, rel=1e-9), verdict.problems
+    # the manifest beside them declares both transforms, their files (YAML JSON writers) and the total
+    manifest = read_manifest(str(tmp_path / "out"))
+    assert (manifest.epsilon, manifest.delta) == (2.0, 0.0)
+    assert {(t.noise_domain, t.files) for t in manifest.transforms} == {("Sum/Release", ("sum",)),
+                                                                         ("Count/Release/Sum", ("count",))}
+    assert verify_main([str(tmp_path / "out")]) == 0
 
 
 def test_plain_beam_yaml_refuses_two_transforms_it_cannot_budget(tmp_path):

@@ -32,7 +32,8 @@ def test_a_template_runs_quiet_and_verbose_brings_the_logs_back(tmp_path):
     done = _run(tmp_path, variables)
     assert done.returncode == 0 and done.stderr == "", done.stderr[-2000:]
     assert done.stdout == "beam_dp yaml: ran continual_sum.yaml\n"
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["sum-00000-of-00001.parquet"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["_beam_dp_manifest.json",  # beam_dp.verify reads it
+                                                                    "sum-00000-of-00001.parquet"]
     assert sorted(p.name for p in (tmp_path / "out.private").iterdir()) == ["dead_letter-00000-of-00001.jsonl"]
     loud = _run(tmp_path, dict(variables, output=str(tmp_path / "out2")), "--verbose")
     assert loud.returncode == 0 and "INFO" in loud.stderr
