@@ -114,16 +114,16 @@ def match_files(pattern: str, flag: str = "--input") -> list[str]:
     return matches
 
 
-def file_header(path: str, flag: str = "--input") -> tuple[list[str], dict[str, str]]:
+def file_header(path: str, flag: str = "--input") -> tuple[list[str], dict]:
     """Column names of one input file (CSV: its first line, a UTF-8 byte order mark dropped; Parquet:
-    its schema; JSON lines: the first object's keys) and, for Parquet, each column's type."""
+    its schema; JSON lines: the first object's keys) and, for Parquet, each column's Arrow type."""
     from pipelines.paths import FileSystems
 
     try:
         with FileSystems().open(path) as fh:
             if path.endswith(".parquet"):
                 schema = pq.ParquetFile(fh).schema_arrow
-                return list(schema.names), {f.name: str(f.type) for f in schema}
+                return list(schema.names), {f.name: f.type for f in schema}
             first = fh.readline().decode("utf-8-sig")
             if path.endswith((".jsonl", ".json", ".ndjson")):
                 return list(json.loads(first) if first.strip() else []), {}
@@ -132,7 +132,7 @@ def file_header(path: str, flag: str = "--input") -> tuple[list[str], dict[str, 
         raise UsageError(f"cannot read the header of {path} ({flag}): {type(exc).__name__}") from None
 
 
-def input_header(pattern: str, flag: str = "--input") -> tuple[str, list[str], dict[str, str]]:
+def input_header(pattern: str, flag: str = "--input") -> tuple[str, list[str], dict]:
     """The first file matching ``pattern``, its columns and (Parquet) types, after checking at launch
     that no header repeats a column and that every file of the glob has the same columns (and the
     same Parquet types): otherwise a usage error naming the file and the difference (else a file of

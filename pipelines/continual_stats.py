@@ -164,7 +164,7 @@ def build(pipeline, job: Plan, opts, messages=None) -> dict:
 def _dim_of(pattern: str) -> int:
     """The value dimension from the files' header (checked alike across the glob); a usage error for
     a header the job cannot use."""
-    from beam_dp.io.sources import value_columns
+    from beam_dp.io.sources import nested_value_column, value_columns
     from pipelines.common import input_header
 
     path, names, types = input_header(pattern)
@@ -173,10 +173,9 @@ def _dim_of(pattern: str) -> int:
         columns = value_columns(names)
     except ValueError as exc:
         raise UsageError(f"--input {path}: {exc}") from None
-    nested = [c for c in columns if "<" in types.get(c, "")]  # list<..>, struct<..>, map<..>
-    if nested:
-        raise UsageError(f"--input {path}: value column {nested[0]!r} is {types[nested[0]]}: use one number per "
-                         "column, value_0..value_{d-1}")
+    problem = nested_value_column(types, columns)
+    if problem:
+        raise UsageError(f"--input {path}: {problem}")
     return len(columns)
 
 

@@ -9,7 +9,7 @@ reason ``malformed``; they never stop the job.
 from __future__ import annotations
 
 import re
-from typing import Iterator
+from typing import Iterator, Mapping
 
 import apache_beam as beam
 import numpy as np
@@ -96,12 +96,15 @@ def _stream_ids(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return ids, ok
 
 
-def nested_value_column(schema: pa.Schema, columns: list[str]) -> str | None:
-    """What is wrong with the first value column of ``schema`` that holds lists, structs or maps
-    (a value column holds one number per row), naming its Arrow type; None if none does."""
+def nested_value_column(types: "pa.Schema | Mapping[str, pa.DataType]", columns: list[str]) -> str | None:
+    """What is wrong with the first value column (of a schema, or of a mapping column -> Arrow type)
+    that holds lists, structs or maps (a value column holds one number per row), naming its Arrow
+    type; None if none does."""
+    if isinstance(types, pa.Schema):
+        types = {f.name: f.type for f in types}
     for name in columns:
-        kind = schema.field(name).type
-        if pa.types.is_nested(kind):
+        kind = types.get(name)
+        if kind is not None and pa.types.is_nested(kind):
             what = ("structs" if pa.types.is_struct(kind) else "maps" if pa.types.is_map(kind)
                     else "lists" if pa.types.is_list(kind) or pa.types.is_large_list(kind)
                     or pa.types.is_fixed_size_list(kind) else "nested values")

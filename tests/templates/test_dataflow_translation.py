@@ -50,7 +50,7 @@ JOBS = {
     "online_learning": (online_learning, ["--input=memfs://bucket/in/examples.csv"], ["--dim=2"], ("models",),
                         ("OnlineLearner",)),
     "lifelong": (lifelong, ["--input=memfs://bucket/in/tasks.csv", "--tasks=0", "--classes=0,1", "--task-size=64"],
-                 ["--dim=2", "--tasks=0", "--classes=0,1"], ("models",), ("LifelongLearner",)),
+                 ["--dim=2", "--tasks=0", "--classes=0,1", "--task-size=64"], ("models",), ("LifelongLearner",)),
 }
 
 
