@@ -102,6 +102,7 @@ def test_releases_to_several_folders_are_refused(tmp_path, monkeypatch, capsys):
     variables = dict(expectations.TEST_VARIABLES, input=_csv(tmp_path / "input.csv", SUM_EVENTS),
                      output=str(tmp_path / "out"))
     monkeypatch.setenv("BEAM_DP_NOISE_KEY", TEST_KEY.hex())
-    code = run_yaml([f"--yaml_pipeline_file={tmp_path / 'two.yaml'}", f"--jinja_variables={json.dumps(variables)}"])
-    assert code == 2 and "several folders" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as ended:  # one line, exit 2 (beam_dp.cli.guarded)
+        run_yaml([f"--yaml_pipeline_file={tmp_path / 'two.yaml'}", f"--jinja_variables={json.dumps(variables)}"])
+    assert ended.value.code == 2 and "several folders" in capsys.readouterr().err
     assert not (tmp_path / "out").exists() and not (tmp_path / "out2").exists()
