@@ -274,7 +274,7 @@ class JobVerifier:
         if checked.any():  # one recomputation per distinct (declaration, delta): few per job
             pairs, inverse = np.unique(np.stack([noise[checked].astype(np.float64), dlt[checked]]), axis=1,
                                        return_inverse=True)
-            recomputed[checked] = np.array([recomputed_epsilon(*self._losses[int(i)], d) for i, d in pairs.T],
+            recomputed[checked] = np.array([recomputed_epsilon(self._losses[int(i)], d) for i, d in pairs.T],
                                            dtype=np.float64)[inverse.ravel()]
         with np.errstate(invalid="ignore"):
             below = checked & (eps < recomputed * (1 - _RECOMPUTE_TOL))

@@ -10,22 +10,62 @@ Gaussian part ``mu² = Σ weight·(Δ₂/scale)²``, reported at the release's d
 (``beam_dp.core.guarantee.ElementLoss``). Mechanisms fill it where they build the loss from their
 node noise (``ElementLoss.of_noise``); rows carry it as JSON text in the ``noise`` column (``""``:
 the mechanism declares none).
+
+A loss that is not a sum of such terms (a subsampled-Gaussian accountant, advanced composition of
+reruns, an objective perturbation) is declared as *accounts* ``{"kind": ..., <public parameters>}``:
+each kind names a function of those parameters returning the account's ``(epsilon, delta)``
+(``ACCOUNT_KINDS``), the very function the mechanism used. A declaration's loss is the basic
+composition of its accounts and its terms, the terms' Gaussian part taking the delta the accounts
+leave (``recomputed_epsilon``).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import math
+from typing import Callable, NamedTuple
 
 from beam_dp.core.calibration import analytic_gaussian_epsilon
 
-__all__ = ["GAUSSIAN_LAWS", "PURE_LAWS", "NoiseTerm", "combined_declaration", "declaration_json",
-           "loss_of_declaration", "merge_terms", "recomputed_epsilon"]
+__all__ = ["ACCOUNT_KINDS", "GAUSSIAN_LAWS", "PURE_LAWS", "Account", "DeclaredLoss", "NoiseTerm", "account",
+           "combined_declaration", "declaration_json", "loss_of_declaration", "merge_terms", "recomputed_epsilon"]
 
 PURE_LAWS = ("gamma", "laplace", "discrete_laplace")
 GAUSSIAN_LAWS = ("gaussian",)
 NoiseTerm = tuple[str, float, float, float]  # (law, sensitivity, scale, weight)
+Account = tuple[str, tuple[tuple[str, float], ...]]  # (kind, its public parameters sorted by name)
+
+#: account kind -> ``"module:function"``; the function takes the account's parameters as keywords and
+#: returns its ``(epsilon, delta)``, raising ``ValueError`` on parameters out of its range. Imported
+#: on first use, so the verifier loads only the families a job declares.
+ACCOUNT_KINDS: dict[str, str] = {
+}
+
+
+class DeclaredLoss(NamedTuple):
+    """A declaration's loss: pure epsilon and Gaussian ``mu^2`` of its terms, and the basic
+    composition ``(epsilon, delta)`` of its accounts."""
+
+    pure_epsilon: float
+    gaussian_mu_sq: float
+    account_epsilon: float = 0.0
+    account_delta: float = 0.0
+
+
+def account(kind: str, **params: float) -> Account:
+    """An account of ``kind`` (a key of ``ACCOUNT_KINDS``) with its public parameters."""
+    if kind not in ACCOUNT_KINDS:
+        raise ValueError(f"unknown account kind {kind!r}; known: {sorted(ACCOUNT_KINDS)}")
+    return kind, tuple(sorted((name, float(value)) for name, value in params.items()))
+
+
+def _account_function(kind: str) -> Callable[..., tuple[float, float]]:
+    if kind not in ACCOUNT_KINDS:
+        raise ValueError(f"unknown account kind {kind!r}")
+    module, name = ACCOUNT_KINDS[kind].split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def merge_terms(a: tuple[NoiseTerm, ...], b: tuple[NoiseTerm, ...]) -> tuple[NoiseTerm, ...]:
@@ -39,13 +79,23 @@ def merge_terms(a: tuple[NoiseTerm, ...], b: tuple[NoiseTerm, ...]) -> tuple[Noi
 
 
 @functools.lru_cache(maxsize=4096)
-def declaration_json(terms: tuple[NoiseTerm, ...]) -> str:
-    """The ``noise`` column text of ``terms`` (``""`` for none); memoised: a mechanism's worst loss takes
-    few distinct values."""
-    if not terms:
+def declaration_json(terms: tuple[NoiseTerm, ...], accounts: tuple[Account, ...] = ()) -> str:
+    """The ``noise`` column text of ``terms`` and ``accounts`` (``""`` for none); memoised: a
+    mechanism's worst loss takes few distinct values."""
+    if not terms and not accounts:
         return ""
-    return json.dumps({"terms": [[law, float(sensitivity), float(scale), float(weight)]
-                                 for law, sensitivity, scale, weight in sorted(terms)]}, sort_keys=True)
+    text: dict = {"terms": [[law, float(sensitivity), float(scale), float(weight)]
+                            for law, sensitivity, scale, weight in sorted(terms)]}
+    if accounts:
+        text["accounts"] = [{"kind": kind, **dict(params)} for kind, params in accounts]
+    return json.dumps(text, sort_keys=True)
+
+
+def _parsed(text: str) -> tuple[tuple[NoiseTerm, ...], tuple[Account, ...]]:
+    data = json.loads(text)
+    terms = tuple((str(law), float(s), float(c), float(w)) for law, s, c, w in data["terms"])
+    accounts = tuple(account(str(a.pop("kind")), **a) for a in (dict(a) for a in data.get("accounts", ())))
+    return terms, accounts
 
 
 def combined_declaration(*texts: str) -> str:
@@ -55,38 +105,51 @@ def combined_declaration(*texts: str) -> str:
     if not texts or not all(texts):
         return ""
     terms: tuple[NoiseTerm, ...] = ()
+    accounts: tuple[Account, ...] = ()
     for text in texts:
-        terms = merge_terms(terms, tuple((str(law), float(s), float(c), float(w))
-                                         for law, s, c, w in json.loads(text)["terms"]))
-    return declaration_json(terms)
+        more_terms, more_accounts = _parsed(text)
+        terms, accounts = merge_terms(terms, more_terms), accounts + more_accounts
+    return declaration_json(terms, accounts)
 
 
-def loss_of_declaration(text: str) -> tuple[float, float]:
-    """``(pure_epsilon, gaussian_mu_sq)`` recomputed from a ``noise`` declaration; ``ValueError`` when
-    it is malformed (an unknown law, a scale <= 0, a negative weight)."""
+def loss_of_declaration(text: str) -> DeclaredLoss:
+    """The loss recomputed from a ``noise`` declaration; ``ValueError`` when it is malformed (an
+    unknown law or account kind, a scale <= 0, a negative weight, account parameters out of range)."""
     try:
-        terms = json.loads(text)["terms"]
-        pure = mu_sq = 0.0
-        for law, sensitivity, scale, weight in terms:
-            sensitivity, scale, weight = float(sensitivity), float(scale), float(weight)
-            if not (math.isfinite(sensitivity) and sensitivity > 0 and math.isfinite(scale) and scale > 0
-                    and math.isfinite(weight) and weight >= 0):
-                raise ValueError(f"a term ({law}, {sensitivity}, {scale}, {weight}) out of range")
-            if law in PURE_LAWS:
-                pure += weight * sensitivity / scale
-            elif law in GAUSSIAN_LAWS:
-                mu_sq += weight * (sensitivity / scale) ** 2
-            else:
-                raise ValueError(f"unknown noise law {law!r}")
-        return pure, mu_sq
-    except (KeyError, TypeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"malformed noise declaration: {type(exc).__name__}") from None
+        terms, accounts = _parsed(text)
+    except (KeyError, TypeError, ValueError, AttributeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"malformed noise declaration: {type(exc).__name__}: {exc}") from None
+    pure = mu_sq = account_epsilon = account_delta = 0.0
+    for law, sensitivity, scale, weight in terms:
+        if not (math.isfinite(sensitivity) and sensitivity > 0 and math.isfinite(scale) and scale > 0
+                and math.isfinite(weight) and weight >= 0):
+            raise ValueError(f"a term ({law}, {sensitivity}, {scale}, {weight}) out of range")
+        if law in PURE_LAWS:
+            pure += weight * sensitivity / scale
+        elif law in GAUSSIAN_LAWS:
+            mu_sq += weight * (sensitivity / scale) ** 2
+        else:
+            raise ValueError(f"unknown noise law {law!r}")
+    for kind, params in accounts:
+        try:
+            epsilon, delta = _account_function(kind)(**dict(params))
+        except TypeError as exc:
+            raise ValueError(f"account {kind!r}: {exc}") from None
+        if not (epsilon >= 0 and 0 <= delta <= 1):
+            raise ValueError(f"account {kind!r} recomputes to ({epsilon}, {delta})")
+        account_epsilon, account_delta = account_epsilon + epsilon, account_delta + delta
+    return DeclaredLoss(pure, mu_sq, account_epsilon, account_delta)
 
 
-def recomputed_epsilon(pure_epsilon: float, gaussian_mu_sq: float, delta: float) -> float:
-    """Epsilon at ``delta`` of a recomputed loss (``inf`` for a Gaussian part at delta 0)."""
-    if gaussian_mu_sq == 0.0:
-        return pure_epsilon
-    if delta <= 0.0:
+def recomputed_epsilon(loss: DeclaredLoss, delta: float) -> float:
+    """Epsilon at ``delta`` of a recomputed loss: its accounts' epsilon plus its terms' at the delta the
+    accounts leave (``inf`` when they leave none that a Gaussian part needs, or need more than ``delta``)."""
+    remaining = delta - loss.account_delta
+    if remaining < -1e-12 * max(delta, 1e-300):
         return math.inf
-    return pure_epsilon + analytic_gaussian_epsilon(math.sqrt(gaussian_mu_sq), delta)
+    epsilon = loss.pure_epsilon + loss.account_epsilon
+    if loss.gaussian_mu_sq == 0.0:
+        return epsilon
+    if remaining <= 0.0:
+        return math.inf
+    return epsilon + analytic_gaussian_epsilon(math.sqrt(loss.gaussian_mu_sq), remaining)

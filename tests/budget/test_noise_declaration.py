@@ -10,7 +10,9 @@ import pytest
 
 from beam_dp.core.guarantee import ElementLoss
 from beam_dp.core.noise import NoiseSource
-from beam_dp.core.noise_declaration import loss_of_declaration, recomputed_epsilon
+from beam_dp.core import noise_declaration
+from beam_dp.core.noise_declaration import (DeclaredLoss, account, combined_declaration, declaration_json,
+                                            loss_of_declaration, recomputed_epsilon)
 from beam_dp.mechanisms.counters.factory import make_counter
 from beam_dp.mechanisms.window_tree import WindowTreeSum
 from beam_dp.verify import verify_job
@@ -46,8 +48,7 @@ def test_every_counter_release_declares_the_noise_its_spend_is_recomputed_from(n
         assert release.noise, f"{name}: release at step {release.step} declares no noise"
         terms = json.loads(release.noise)["terms"]
         assert {law for law, *_ in terms} <= {"gamma", "gaussian"}
-        pure, mu_sq = loss_of_declaration(release.noise)
-        recomputed = recomputed_epsilon(pure, mu_sq, release.delta_spent)
+        recomputed = recomputed_epsilon(loss_of_declaration(release.noise), release.delta_spent)
         assert recomputed == pytest.approx(release.epsilon_spent, rel=REL), (name, release.step)
 
 
@@ -68,9 +69,9 @@ def test_of_noise_matches_the_loss_arithmetic_and_adds_terms():
     pure = ElementLoss.of_noise("gamma", 2.0, 8.0, 2.0)
     assert pure.pure_epsilon == pytest.approx(0.5, rel=1e-15)
     both = pure + pure + gauss + ElementLoss()
-    assert loss_of_declaration(both.declaration()) == pytest.approx((1.0, 0.75), rel=1e-15)
+    assert loss_of_declaration(both.declaration()) == pytest.approx((1.0, 0.75, 0.0, 0.0), rel=1e-15)
     assert ElementLoss(0.3).declaration() == "" and ElementLoss.of_noise("gamma", 1.0, 1.0, 0) == ElementLoss()
-    assert recomputed_epsilon(0.0, 1.0, 0.0) == math.inf
+    assert recomputed_epsilon(DeclaredLoss(0.0, 1.0), 0.0) == math.inf
     for bad in ('{"terms": [["cauchy", 1, 1, 1]]}', '{"terms": [["gamma", 1, 0, 1]]}', "nonsense", '{"x": 1}'):
         with pytest.raises(ValueError):
             loss_of_declaration(bad)
@@ -158,7 +159,7 @@ def test_regression_releases_declare_both_trees_noise_and_fail_below_it(calibrat
         terms = json.loads(r.noise)["terms"]
         # both trees' nodes (equal (law, Δ, σ) terms merge: weights add, at least one node per tree)
         assert {t[0] for t in terms} == {"gaussian"} and sum(t[3] for t in terms) >= 2, r.noise
-        recomputed = recomputed_epsilon(*loss_of_declaration(r.noise), r.delta_spent)
+        recomputed = recomputed_epsilon(loss_of_declaration(r.noise), r.delta_spent)
         assert 0.5 * r.epsilon_spent < recomputed <= r.epsilon_spent * (1 + REL), (recomputed, r.epsilon_spent)
     labelled = [dict(noise_domain="reg", composition="approx",
                      stream=r.stream, step=r.step, mechanism=r.mechanism, meta="", epsilon_spent=r.epsilon_spent,
@@ -167,3 +168,34 @@ def test_regression_releases_declare_both_trees_noise_and_fail_below_it(calibrat
     assert verify_job(labelled, strict=True).ok
     doctored = verify_job([dict(row, epsilon_spent=0.0) for row in labelled])
     assert any("below the spend recomputed" in p for p in doctored.problems), doctored.problems
+
+
+def _fixed_account(epsilon: float, delta: float) -> tuple[float, float]:
+    """A test account kind: declares its own (epsilon, delta)."""
+    if epsilon < 0:
+        raise ValueError("epsilon < 0")
+    return epsilon, delta
+
+
+def test_accounts_compose_basically_with_terms_and_leave_the_gaussian_part_the_rest_of_delta(monkeypatch):
+    monkeypatch.setitem(noise_declaration.ACCOUNT_KINDS, "fixed", f"{__name__}:_fixed_account")
+    gauss = ElementLoss.of_noise("gaussian", 1.0, 2.0)
+    text = declaration_json(gauss.noise, (account("fixed", epsilon=0.5, delta=1e-6),))
+    assert json.loads(text)["accounts"] == [{"kind": "fixed", "epsilon": 0.5, "delta": 1e-6}]
+    loss = loss_of_declaration(text)
+    assert loss == pytest.approx((0.0, 0.25, 0.5, 1e-6), rel=1e-15)
+    # the Gaussian part takes what the account leaves of the release's delta
+    assert recomputed_epsilon(loss, 3e-6) == pytest.approx(0.5 + gauss.epsilon_at(2e-6), rel=1e-12)
+    # an account needing more delta than the release states cannot be honoured
+    assert recomputed_epsilon(loss, 5e-7) == math.inf
+    # merging two declarations keeps both accounts (basic composition)
+    both = loss_of_declaration(combined_declaration(text, text))
+    assert both == pytest.approx((0.0, 0.5, 1.0, 2e-6), rel=1e-15)
+    for bad in ('{"terms": [], "accounts": [{"kind": "nope"}]}',
+                '{"terms": [], "accounts": [{"kind": "fixed", "epsilon": -1, "delta": 0}]}',
+                '{"terms": [], "accounts": [{"kind": "fixed", "epsilon": 1}]}',
+                '{"terms": [], "accounts": [{"kind": "fixed", "epsilon": 1, "delta": 2}]}'):
+        with pytest.raises(ValueError):
+            loss_of_declaration(bad)
+    with pytest.raises(ValueError, match="unknown account kind"):
+        account("nope", x=1)
