@@ -179,15 +179,20 @@ def main(argv=None) -> None:
     ap.add_argument("--reg-dim", type=int, default=1_000)
     ap.add_argument("--reg-steps", type=int, default=32)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    ap.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
+    ap.add_argument("--out", type=Path, default=None,
+                    help="markdown file whose bench_device section is rewritten (default docs/benchmarks.md; "
+                         "none with --quick, a smoke test whose numbers are not a benchmark)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.time()
     lines = run(args)
     print("\n".join(lines))
-    write_section(args.out, lines)
-    print(f"wall {time.time() - t0:.0f} s; table written to {args.out} (pid {os.getpid()})")
+    out = args.out or (None if args.quick else Path("docs/benchmarks.md"))
+    if out is not None:
+        write_section(out, lines)
+    print(f"wall {time.time() - t0:.0f} s; table " + (f"written to {out}" if out else "not written (--quick)")
+          + f" (pid {os.getpid()})")
 
 
 if __name__ == "__main__":

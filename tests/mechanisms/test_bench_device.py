@@ -32,3 +32,11 @@ def test_quick_run_writes_its_section(tmp_path):
         assert cells[1] == "cpu" and float(cells[3]) > 0
         assert float(re.match(r"[\d,.]+", cells[4]).group().replace(",", "")) > 0
     assert "| cuda |" not in section and "No CUDA device here" in section
+
+
+def test_quick_run_writes_no_docs_by_default(tmp_path):
+    """``--quick`` is a smoke test: without ``--out`` it leaves docs/benchmarks.md (here: the cwd's) alone."""
+    (tmp_path / "docs").mkdir()
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_device.py"), "--quick", "--devices",
+                             "cpu"], check=True, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert not (tmp_path / "docs" / "benchmarks.md").exists() and "not written (--quick)" in result.stdout
