@@ -18,6 +18,7 @@ from beam_dp.core.noise import NoiseSource
 from beam_dp.core.noise_declaration import ACCOUNT_KINDS, _account_function, loss_of_declaration, recomputed_epsilon
 from beam_dp.mechanisms.erm import (ContinualReleaseMechanism, MultiResolutionMechanism, SlidingWindowMechanism,
                                     accounting, base)
+from beam_dp.mechanisms.erm import declaration
 from beam_dp.mechanisms.erm.declaration import SAMPLED_K_NORM
 from beam_dp.verify import verify_job
 from tests.conftest import TEST_KEY
@@ -156,6 +157,27 @@ def test_a_restored_state_declares_the_same_noise():
         state, releases = mechanism.step(mechanism.decode_state(mechanism.encode_state(state)), block, noise)
         restored += releases
     assert [r.noise for r in restored] == [r.noise for r in straight]  # text from the same floats: exact
+
+
+@pytest.mark.parametrize("name", ["sliding", "sliding-gauss", "sliding-sampled"])
+def test_a_departed_blocks_counts_declare_its_loss(name):
+    """Sliding window: blocks that left the window keep the counts of the worst of them, so a release
+    whose worst loss lies only in a departed block declares that block (the schedule keeps an
+    in-window block as hit, so the test calls ``worst`` with the departed block strictly worse)."""
+    (_, mechanism, size), = [m for m in MECHANISMS if m[0] == name]
+    noise, state = NoiseSource(TEST_KEY), mechanism.init_state("s")
+    for block in blocks(20, size):
+        state, _ = mechanism.step(state, block, noise)
+    assert state.departed.max() > 0
+    departed = (state.departed, declaration.padded(state.departed_counts, len(state.keys)))
+    epsilon, delta = mechanism.spent(state.departed)
+    text = declaration.declaration_of(mechanism.noise_law, state.keys, departed[1])
+    assert recomputed_epsilon(loss_of_declaration(text), delta) == pytest.approx(epsilon, rel=REL)
+    # every in-window block below the departed one (and declaring nothing, so that a declaration
+    # taken from the window instead of the departed block shows)
+    lower = state.spend * 0.5
+    worst, declared = mechanism.worst(lower, state.keys, np.zeros_like(state.counts), departed)
+    assert declared == text and np.array_equal(worst, np.maximum(state.departed, lower.max(axis=0)))
 
 
 def test_the_torch_solver_declares_the_same_noise():
