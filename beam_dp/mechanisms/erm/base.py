@@ -27,7 +27,9 @@ Every training call is an *event* (a dict in the release meta ``events``) with i
 (1-based inclusive positions), ``n_norm``, law, scale, sampling probability and cost, so each
 element's spend can be recomputed from the release log alone (``accounting.spend_from_log``).
 Elements are ``unit``-blocks of positions (b0, B or w0) that always share every event; the state
-keeps their cumulative cost (pure ε and μ²) and ``epsilon_spent`` is the maximum over them.
+keeps their cumulative cost (pure ε and μ²) and ``epsilon_spent`` is the maximum over them. It also
+counts, per block, the calls of each noise key (``declaration``), and a release declares the noise
+of a worst block (``Release.noise``) so that ``python -m beam_dp.verify`` recomputes the spend.
 """
 
 from __future__ import annotations
