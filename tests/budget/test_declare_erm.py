@@ -209,6 +209,14 @@ def test_not_private_releases_declare_nothing_and_the_verifier_fails_them_withou
     assert not verdict.ok
 
 
+def test_uncertified_releases_declare_nothing_so_a_strict_verifier_fails_them():
+    """Replication SGD (``uncertified=True``) does not prove the Δ(n) a declaration would state."""
+    mechanism = MultiResolutionMechanism(model=TINY, lam=1.0, epsilon=0.8, block=4, uncertified=True)
+    releases = _releases(mechanism, 4, steps=4)
+    assert releases and all(r.noise == "" and not r.meta["certified"] for r in releases)
+    assert any("lack the noise declaration" in p for p in verify_job(_rows(mechanism, releases)).problems)
+
+
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = {
     "continual-gaussian": ["--algorithm", "continual", "--update-size", "4", "--base-size", "8",
