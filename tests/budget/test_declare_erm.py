@@ -244,3 +244,17 @@ def test_a_model_release_job_verifies_strictly(job, tmp_path):
     assert verified.returncode == 0, verified.stdout[-3000:]
     assert verified.stdout.strip().endswith("verified: within the job's total")
     assert "declare no noise" not in verified.stdout
+
+
+@pytest.mark.pipeline
+@pytest.mark.slow
+def test_the_model_release_yaml_templates_output_verifies_strictly(tmp_path, monkeypatch, capsys):
+    from beam_dp.verify import main as verify_main
+    from tests.budget.test_verify_yaml import _run_template
+
+    out = _run_template("model_release", tmp_path, monkeypatch)
+    capsys.readouterr()
+    code = verify_main([str(out), "--strict"])
+    said = capsys.readouterr().out
+    assert code == 0 and said.rstrip().endswith("verified: within the job's total"), said
+    assert "declare no noise" not in said
