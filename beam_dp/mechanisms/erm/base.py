@@ -284,7 +284,8 @@ class ERMMechanism:
               departed: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, str]:
         """The worst per-block loss (max pure ε, max μ²) over the blocks of ``spend`` and a
         ``departed`` block's ``(spend row, counts row)``, and the noise declaration of a block that has
-        it (``""`` in the NOT PRIVATE mode: its scales are data-dependent)."""
+        it (``""`` in the NOT PRIVATE mode, whose scales are data-dependent, and for uncertified SGD
+        solutions, whose sensitivity Δ(n) is not proven: the verifier then cannot pass them)."""
         column = 0 if self.noise_law == "gamma" else 1
         i = int(np.argmax(spend[:, column]))
         worst, block = spend.max(axis=0), counts[i]
@@ -292,7 +293,7 @@ class ERMMechanism:
             worst = np.maximum(departed[0], worst)
             if departed[0][column] > spend[i, column]:
                 block = departed[1]
-        return worst, ("" if self.not_private else declaration_of(self.noise_law, keys, block))
+        return worst, ("" if self.not_private or self.uncertified else declaration_of(self.noise_law, keys, block))
 
     def spent(self, worst: np.ndarray) -> tuple[float, float]:
         """``(epsilon_spent, delta_spent)`` of the worst per-block loss (max pure ε, max μ²)."""
