@@ -41,6 +41,8 @@ Account = tuple[str, tuple[tuple[str, float], ...]]  # (kind, its public paramet
 #: returns its ``(epsilon, delta)``, raising ``ValueError`` on parameters out of its range. Imported
 #: on first use, so the verifier loads only the families a job declares.
 ACCOUNT_KINDS: dict[str, str] = {
+    # ERM sampling variants: K-norm output perturbation on a Bernoulli(p) sample (amplified pure ε)
+    "erm_sampled_k_norm": "beam_dp.mechanisms.erm.accounting:sampled_k_norm_loss",
 }
 
 

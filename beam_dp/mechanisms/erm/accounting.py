@@ -7,17 +7,23 @@ Gaussian ``μ``; charges add (pure) or compose exactly into one Gaussian (μ² a
 
 ``pld_epsilon`` composes a list of Gaussian charges with dp-accounting's PLD accountant (an
 independent implementation of the composition the Gaussian variant uses).
+
+``sampled_k_norm_loss`` is the cost of a K-norm call on a Bernoulli(p) sample of its members (the
+sampling variants); every call is charged with it, and the verifier recomputes a release's sampled
+calls with it (account kind ``erm_sampled_k_norm``).
 """
 
 from __future__ import annotations
 
 from typing import Iterable, Mapping
 
+import math
+
 import numpy as np
 
 from beam_dp.core.guarantee import Charge, ElementLoss, Guarantee, PrivacyLedger
 
-__all__ = ["events_of", "pld_epsilon", "spend_from_log"]
+__all__ = ["events_of", "pld_epsilon", "sampled_k_norm_loss", "spend_from_log"]
 
 
 def events_of(releases: Iterable) -> list[dict]:
@@ -52,3 +58,15 @@ def pld_epsilon(mus: Iterable[float], delta: float, value_discretization_interva
         if mu > 0:
             accountant.compose(dp_event.GaussianDpEvent(1.0 / mu))
     return float(accountant.get_epsilon(delta))
+
+
+def sampled_k_norm_loss(*, sensitivity: float, scale: float, p: float, count: float = 1.0) -> tuple[float, float]:
+    """``(ε, 0)`` of ``count`` K-norm output perturbations of scale ``b = scale`` at L2 sensitivity
+    ``Δ = sensitivity``, each on an independent Bernoulli(``p``) sample of the members (amplification
+    by sampling): ``count·ln(1 + p(e^{Δ/b} − 1))``; ``p = 1`` is the unsampled ``Δ/b``.
+    ``ValueError`` out of range (the verifier's account ``erm_sampled_k_norm``)."""
+    if not (math.isfinite(sensitivity) and sensitivity > 0 and math.isfinite(scale) and scale > 0
+            and 0 < p <= 1 and math.isfinite(count) and count >= 0 and count == int(count)):
+        raise ValueError(f"a sampled K-norm account needs sensitivity > 0, scale > 0, 0 < p <= 1 and a whole "
+                         f"count >= 0, got ({sensitivity}, {scale}, {p}, {count})")
+    return count * math.log1p(p * math.expm1(sensitivity / scale)), 0.0

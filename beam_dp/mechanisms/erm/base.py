@@ -27,7 +27,9 @@ Every training call is an *event* (a dict in the release meta ``events``) with i
 (1-based inclusive positions), ``n_norm``, law, scale, sampling probability and cost, so each
 element's spend can be recomputed from the release log alone (``accounting.spend_from_log``).
 Elements are ``unit``-blocks of positions (b0, B or w0) that always share every event; the state
-keeps their cumulative cost (pure ε and μ²) and ``epsilon_spent`` is the maximum over them.
+keeps their cumulative cost (pure ε and μ²) and ``epsilon_spent`` is the maximum over them. It also
+counts, per block, the calls of each noise key (``declaration``), and a release declares the noise
+of a worst block (``Release.noise``) so that ``python -m beam_dp.verify`` recomputes the spend.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ from beam_dp.core.guarantee import Guarantee
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
 from beam_dp.core.state import decode_state, encode_state
+from beam_dp.mechanisms.erm.accounting import sampled_k_norm_loss
+from beam_dp.mechanisms.erm.declaration import count_charge, declaration_of
 from beam_dp.mechanisms.erm.models import LinearModel
 from beam_dp.mechanisms.erm.solver import Backend, SGDConfig, SolveResult, certified_solve, resolve_backend, sgd_solve
 from beam_dp.mechanisms.torch_device import check_device
@@ -231,7 +235,7 @@ class ERMMechanism:
         scale, delta_n = scale * l_ratio, delta_n * l_ratio
         nu = self.perturbation(noise, stream, model_id, scale)
         if self.noise_law == "gamma":
-            eps, mu = math.log1p(p * math.expm1(delta_n / scale)), 0.0
+            eps, mu = sampled_k_norm_loss(sensitivity=delta_n, scale=scale, p=p)[0], 0.0
         else:
             eps, mu = 0.0, delta_n / scale
         event = {
@@ -262,14 +266,34 @@ class ERMMechanism:
         return snap_sum(w, nu, self.granularity)
 
     # -- ledger (per unit block) ----------------------------------------------------------------
-    @staticmethod
-    def charge(spend: np.ndarray, event: dict, unit: int, offset_block: int = 0) -> None:
-        """Add ``event``'s cost to the unit blocks of its members. ``spend`` is (n_blocks, 2):
-        columns (pure ε, μ²); row r is block ``offset_block + r + 1`` (1-based)."""
+    def charge(self, spend: np.ndarray, keys: np.ndarray, counts: np.ndarray, event: dict, unit: int,
+               offset_block: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Add ``event``'s cost to the unit blocks of its members and count it under its noise key
+        (``declaration.count_charge``). ``spend`` is (n_blocks, 2): columns (pure ε, μ²), ``counts``
+        (n_blocks, V); row r is block ``offset_block + r + 1`` (1-based). Both change in place;
+        returns ``(keys, counts)``, grown when the event's key is new."""
+        key = (self.sens(event["n_norm"]), event["noise_scale"], event["sample_p"])
         for a, b in event["members"]:
             lo, hi = (a - 1) // unit - offset_block, b // unit - offset_block
             spend[lo:hi, 0] += event["epsilon"]
             spend[lo:hi, 1] += event["mu"] ** 2
+            keys, counts = count_charge(keys, counts, key, lo, hi)
+        return keys, counts
+
+    def worst(self, spend: np.ndarray, keys: np.ndarray, counts: np.ndarray,
+              departed: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, str]:
+        """The worst per-block loss (max pure ε, max μ²) over the blocks of ``spend`` and a
+        ``departed`` block's ``(spend row, counts row)``, and the noise declaration of a block that has
+        it (``""`` in the NOT PRIVATE mode, whose scales are data-dependent, and for uncertified SGD
+        solutions, whose sensitivity Δ(n) is not proven: the verifier then cannot pass them)."""
+        column = 0 if self.noise_law == "gamma" else 1
+        i = int(np.argmax(spend[:, column]))
+        worst, block = spend.max(axis=0), counts[i]
+        if departed is not None:
+            worst = np.maximum(departed[0], worst)
+            if departed[0][column] > spend[i, column]:
+                block = departed[1]
+        return worst, ("" if self.not_private or self.uncertified else declaration_of(self.noise_law, keys, block))
 
     def spent(self, worst: np.ndarray) -> tuple[float, float]:
         """``(epsilon_spent, delta_spent)`` of the worst per-block loss (max pure ε, max μ²)."""
@@ -279,13 +303,15 @@ class ERMMechanism:
             return 0.0, 0.0
         return analytic_gaussian_epsilon(math.sqrt(worst[1]), self.delta), self.delta
 
-    def release(self, stream: str, step: int, model: TrainedModel, worst: np.ndarray, *, chain: list,
+    def release(self, stream: str, step: int, model: TrainedModel, worst: tuple[np.ndarray, str], *, chain: list,
                 events: list[dict]) -> Release:
-        """The release of ``model``: value {"weights", "intercepts"}; meta = its event, ``chain``
+        """The release of ``model`` with the ``worst`` per-block loss and its noise declaration
+        (:meth:`worst`): value {"weights", "intercepts"}; meta = its event, ``chain``
         (``[model_id, first, last]`` from this model to the root of its regulariser chain), ``covers``
         (the positions the chain was trained on), ``events`` (every training call of this step
         not logged by another release) and the model description."""
-        eps, delta = self.spent(worst)
+        worst_loss, declared = worst
+        eps, delta = self.spent(worst_loss)
         covers = _union([(a, b) for _, a, b in chain])
         flag = {}
         if self.not_private:
@@ -297,7 +323,7 @@ class ERMMechanism:
             "covers": covers, "events": events, "lambda": self.lam, **self.model.describe(), **flag,
         }
         return Release(stream, step, self.name, self.model.to_value(model.w), eps, delta, meta,
-                       purpose=f"model:{model.event['model_id']}")
+                       purpose=f"model:{model.event['model_id']}", noise=declared)
 
     def describe(self) -> dict[str, Any]:
         if self.not_private:

@@ -24,7 +24,8 @@ worst element's Σμ² stays within its share (prefix models: Σ 4^{−k} = 4/3;
 block of an epoch, also 4/3; basic and independent: each element once).
 
 State: the whole prefix (the base models need it; the baseline keeps only the last block), the
-current base and f_c models with their chains, the per-b0-block spend.
+current base and f_c models with their chains, the per-b0-block spend and count of each noise key
+(``declaration``: a release declares its worst block's noise).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import numpy as np
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
 from beam_dp.mechanisms.erm.base import ERMMechanism, LabelledRows, TrainedModel, is_power_of_two, sampling_probability
+from beam_dp.mechanisms.erm.declaration import empty_keys
 
 __all__ = ["ContinualReleaseMechanism", "ContinualReleaseState"]
 
@@ -46,7 +48,7 @@ Variant = Literal["cumulative", "basic", "independent"]
 
 @dataclass(frozen=True)
 class ContinualReleaseState:
-    STATE_VERSION: ClassVar[int] = 1
+    STATE_VERSION: ClassVar[int] = 2
 
     stream: str
     t: int                 # b0-blocks received
@@ -55,6 +57,8 @@ class ContinualReleaseState:
     X: np.ndarray          # clipped rows (float32, bias appended)
     y: np.ndarray
     spend: np.ndarray      # (t, 2) per b0-block (pure ε, μ²)
+    keys: np.ndarray       # (V, 3): the noise keys (sensitivity, scale, sample_p) used so far
+    counts: np.ndarray     # (t, V) int: calls of each key per b0-block
     t_g: int               # position of the current base (0: none yet)
     w_g: np.ndarray        # base model (noisy)
     chain_g: np.ndarray    # (m, 3) [model_id, first, last]
@@ -114,7 +118,8 @@ class ContinualReleaseMechanism(ERMMechanism):
         empty = np.zeros((0, 3), np.int64)
         return ContinualReleaseState(stream, 0, 0, 1, np.zeros((0, f1), np.float32),
                                      np.zeros(0, np.int64 if self.model.kind == "softmax" else np.float64),
-                                     np.zeros((0, 2)), 0, np.zeros(d), empty, np.zeros(d), empty)
+                                     np.zeros((0, 2)), empty_keys(), np.zeros((0, 0), np.int64), 0, np.zeros(d), empty,
+                                     np.zeros(d), empty)
 
     def step(self, state: ContinualReleaseState, block: LabelledRows, noise: NoiseSource
              ) -> tuple[ContinualReleaseState, list[Release]]:
@@ -126,6 +131,7 @@ class ContinualReleaseMechanism(ERMMechanism):
         if self.variant == "independent":
             X, y, first_row = Xb, yb, end - self.b0 + 1
         spend = np.concatenate([state.spend, np.zeros((1, 2))])
+        keys, counts = state.keys, np.concatenate([state.counts, np.zeros((1, len(state.keys)), np.int64)])
         s = dict(t_g=state.t_g, w_g=state.w_g, chain_g=state.chain_g, w_c=state.w_c, chain_c=state.chain_c)
         common = dict(stream=state.stream, noise=noise, model_id=state.n_models, step=t)
 
@@ -142,7 +148,7 @@ class ContinualReleaseMechanism(ERMMechanism):
                            scale=self.update_scale(), w_ref=None, w_ref_id=-1)
             chain = chained(m, np.zeros((0, 3), np.int64))
         elif end < self.B:
-            return ContinualReleaseState(state.stream, t, state.n_models, first_row, X, y, spend, **s), []
+            return ContinualReleaseState(state.stream, t, state.n_models, first_row, X, y, spend, keys, counts, **s), []
         elif end % self.B == 0 and is_power_of_two(end // self.B):
             k = (end // self.B).bit_length() - 1
             m = self.train(**common, role="base", members=[(1, end)], X=X, y=y, n_norm=end,
@@ -164,6 +170,8 @@ class ContinualReleaseMechanism(ERMMechanism):
             chain = chained(m, s["chain_c"])
             if self.variant == "basic":
                 s.update(w_c=m.w, chain_c=chain)
-        self.charge(spend, m.event, self.b0)
-        release = self.release(state.stream, t, m, spend.max(axis=0), chain=chain.tolist(), events=[m.event])
-        return ContinualReleaseState(state.stream, t, state.n_models + 1, first_row, X, y, spend, **s), [release]
+        keys, counts = self.charge(spend, keys, counts, m.event, self.b0)
+        release = self.release(state.stream, t, m, self.worst(spend, keys, counts), chain=chain.tolist(),
+                               events=[m.event])
+        return (ContinualReleaseState(state.stream, t, state.n_models + 1, first_row, X, y, spend, keys, counts, **s),
+                [release])

@@ -16,7 +16,8 @@ value replaced), forever. Per-element spend:
   sample, ``p_k = (e^{ε/2^{k+1}} − 1)/(e^{ε/2} − 1)``, n_norm = 2^k B; same ledger.
 
 State: the raw (clipped) rows still needed — the whole prefix, or the last 2^{max_level}·B rows —
-and the per-B-block spend. Storage grows linearly without ``max_level``.
+and the per-B-block spend with the count of each noise key per block (``declaration``: a release
+declares its worst block's noise). Storage grows linearly without ``max_level``.
 """
 
 from __future__ import annotations
@@ -30,13 +31,14 @@ import numpy as np
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
 from beam_dp.mechanisms.erm.base import ERMMechanism, LabelledRows, sampling_probability
+from beam_dp.mechanisms.erm.declaration import empty_keys
 
 __all__ = ["MultiResolutionMechanism", "MultiResolutionState"]
 
 
 @dataclass(frozen=True)
 class MultiResolutionState:
-    STATE_VERSION: ClassVar[int] = 1
+    STATE_VERSION: ClassVar[int] = 2
 
     stream: str
     t: int                 # blocks of B received
@@ -45,6 +47,8 @@ class MultiResolutionState:
     X: np.ndarray          # (rows kept, f+1) float32, clipped, bias appended
     y: np.ndarray
     spend: np.ndarray      # (t, 2): per B-block (pure ε, μ²)
+    keys: np.ndarray       # (V, 3): the noise keys (sensitivity, scale, sample_p) used so far
+    counts: np.ndarray     # (t, V) int: calls of each key per B-block
 
 
 def trailing_zeros(q: int) -> int:
@@ -76,7 +80,7 @@ class MultiResolutionMechanism(ERMMechanism):
         f1 = self.model.n_features + 1
         return MultiResolutionState(stream, 0, 0, 1, np.zeros((0, f1), np.float32),
                                     np.zeros(0, np.int64 if self.model.kind == "softmax" else np.float64),
-                                    np.zeros((0, 2)))
+                                    np.zeros((0, 2)), empty_keys(), np.zeros((0, 0), np.int64))
 
     def level_noise(self, k: int) -> tuple[float, float]:
         """(scale, sampling probability) of a level-k call."""
@@ -92,6 +96,7 @@ class MultiResolutionMechanism(ERMMechanism):
         end = t * self.block
         X, y = np.concatenate([state.X, Xb]), np.concatenate([state.y, yb])
         spend = np.concatenate([state.spend, np.zeros((1, 2))])
+        keys, counts = state.keys, np.concatenate([state.counts, np.zeros((1, len(state.keys)), np.int64)])
         top = trailing_zeros(t) if self.max_level is None else min(trailing_zeros(t), self.max_level)
         releases, n_models = [], state.n_models
         for k in range(top + 1):
@@ -103,12 +108,12 @@ class MultiResolutionMechanism(ERMMechanism):
                                members=[(start, end)], X=X[lo:], y=y[lo:], n_norm=n, scale=scale,
                                w_ref=None, w_ref_id=-1, p=p, extra={"level": k})
             n_models += 1
-            self.charge(spend, model.event, self.block)
-            releases.append(self.release(state.stream, t, model, spend.max(axis=0),
+            keys, counts = self.charge(spend, keys, counts, model.event, self.block)
+            releases.append(self.release(state.stream, t, model, self.worst(spend, keys, counts),
                                          chain=[(model.event["model_id"], start, end)], events=[model.event]))
         first_row = state.first_row
         if self.max_level is not None:  # keep only the rows later blocks can still use
             keep = 2**self.max_level * self.block - self.block
             drop = max(0, len(X) - keep)
             X, y, first_row = X[drop:], y[drop:], first_row + drop
-        return MultiResolutionState(state.stream, t, n_models, first_row, X, y, spend), releases
+        return MultiResolutionState(state.stream, t, n_models, first_row, X, y, spend, keys, counts), releases

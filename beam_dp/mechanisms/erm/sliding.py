@@ -17,7 +17,8 @@ Sampling (gamma only): a size-2^j update uses ``b_j = 12L/(λ 2^j w0 ε)`` on a 
 sample, p_j = (e^{ε/(6·2^j)} − 1)/(e^{ε/6} − 1); same ledger. The base is never sampled.
 
 State: the window's rows, the bucket layout with each bucket's model, r, the spend of the blocks
-in the window and the running maximum of departed blocks (O(window)).
+in the window and the running maximum of departed blocks (O(window)), with the count of each noise
+key per block and of a worst departed block (``declaration``: a release declares its worst block's noise).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import numpy as np
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
 from beam_dp.mechanisms.erm.base import ERMMechanism, LabelledRows, sampling_probability
+from beam_dp.mechanisms.erm.declaration import empty_keys, padded
 
 __all__ = ["SlidingWindowMechanism", "SlidingWindowState", "advance_layout", "refresh_layout", "start_layout"]
 
@@ -70,7 +72,7 @@ def refresh_layout(buckets: list[Bucket], k: int, c: int) -> tuple[list[Bucket],
 
 @dataclass(frozen=True)
 class SlidingWindowState:
-    STATE_VERSION: ClassVar[int] = 1
+    STATE_VERSION: ClassVar[int] = 2
 
     stream: str
     c: int                   # blocks received
@@ -80,6 +82,9 @@ class SlidingWindowState:
     y: np.ndarray
     spend: np.ndarray        # (blocks stored, 2): (pure ε, μ²) of each stored block
     departed: np.ndarray     # (2,) running max over blocks that left the window
+    keys: np.ndarray         # (V, 3): the noise keys (sensitivity, scale, sample_p) used so far
+    counts: np.ndarray       # (blocks stored, V) int: calls of each key per stored block
+    departed_counts: np.ndarray  # (<= V,) int: the counts of a departed block with the worst loss
     r: int
     buckets: np.ndarray      # (n, 4) int: first block, size, side, model_id
     models: np.ndarray       # (n, d): each bucket's noisy model
@@ -129,7 +134,8 @@ class SlidingWindowMechanism(ERMMechanism):
         f1, d = self.model.n_features + 1, self.model.dim
         return SlidingWindowState(stream, 0, 0, 1, np.zeros((0, f1), np.float32),
                                   np.zeros(0, np.int64 if self.model.kind == "softmax" else np.float64),
-                                  np.zeros((0, 2)), np.zeros(2), 0, np.zeros((0, 4), np.int64), np.zeros((0, d)))
+                                  np.zeros((0, 2)), np.zeros(2), empty_keys(), np.zeros((0, 0), np.int64),
+                                  np.zeros(0, np.int64), 0, np.zeros((0, 4), np.int64), np.zeros((0, d)))
 
     def step(self, state: SlidingWindowState, block: LabelledRows, noise: NoiseSource
              ) -> tuple[SlidingWindowState, list[Release]]:
@@ -137,13 +143,17 @@ class SlidingWindowMechanism(ERMMechanism):
         c = state.c + 1
         X, y = np.concatenate([state.X, Xb]), np.concatenate([state.y, yb])
         spend = np.concatenate([state.spend, np.zeros((1, 2))])
-        first_block, departed = state.first_block, state.departed
+        keys, counts = state.keys, np.concatenate([state.counts, np.zeros((1, len(state.keys)), np.int64)])
+        first_block, departed, departed_counts = state.first_block, state.departed, state.departed_counts
         if c > self.window_blocks:  # the oldest block leaves the window
+            column = 0 if self.noise_law == "gamma" else 1
+            if spend[0, column] > departed[column]:
+                departed_counts = counts[0].copy()
             departed = np.maximum(departed, spend[0])
-            X, y, spend, first_block = X[self.w0:], y[self.w0:], spend[1:], first_block + 1
+            X, y, spend, counts, first_block = X[self.w0:], y[self.w0:], spend[1:], counts[1:], first_block + 1
         if c < self.window_blocks:
-            return SlidingWindowState(state.stream, c, state.n_models, first_block, X, y, spend, departed,
-                                      state.r, state.buckets, state.models), []
+            return SlidingWindowState(state.stream, c, state.n_models, first_block, X, y, spend, departed, keys,
+                                      counts, departed_counts, state.r, state.buckets, state.models), []
         old = {(int(b[0]), int(b[1]), int(b[2])): (int(b[3]), state.models[i]) for i, b in enumerate(state.buckets)}
         if c == self.window_blocks:
             layout, order, r = start_layout(self.k), [self.H] + [2**j for j in range(self.k - 2, -1, -1)], 0
@@ -170,7 +180,7 @@ class SlidingWindowMechanism(ERMMechanism):
             n_models += 1
             trained[b] = (m.event["model_id"], m.w)
             events.append(m.event)
-            self.charge(spend, m.event, self.w0, first_block - 1)
+            keys, counts = self.charge(spend, keys, counts, m.event, self.w0, first_block - 1)
             released = m
         chain = []
         size = 1
@@ -180,9 +190,9 @@ class SlidingWindowMechanism(ERMMechanism):
             size *= 2
         if released.event["bucket_blocks"] != 1:  # k = 1: the base is the released model
             raise AssertionError("the last trained model must be the size-1 bucket")
-        worst = np.maximum(departed, spend.max(axis=0))
+        worst = self.worst(spend, keys, counts, (departed, padded(departed_counts, len(keys))))
         release = self.release(state.stream, c, released, worst, chain=chain, events=events)
         buckets = np.array([[b[0], b[1], b[2], trained[b][0]] for b in layout], np.int64)
         models = np.stack([trained[b][1] for b in layout])
-        return SlidingWindowState(state.stream, c, n_models, first_block, X, y, spend, departed, r,
-                                  buckets, models), [release]
+        return SlidingWindowState(state.stream, c, n_models, first_block, X, y, spend, departed, keys, counts,
+                                  departed_counts, r, buckets, models), [release]
