@@ -86,7 +86,8 @@ def encode_state(state: Any) -> bytes:
 
 
 def decode_state(cls: type[S], data: bytes) -> S:
-    """Decode bytes written by :func:`encode_state` into an instance of ``cls``.
+    """Decode bytes written by :func:`encode_state` into an instance of ``cls``; an encoding of an
+    earlier version ``v`` is lifted by ``cls.STATE_MIGRATIONS[v]`` (fields -> fields of ``v + 1``) first.
 
     Raises ``ValueError`` for anything that is not a complete, well-formed encoding of ``cls``.
     """
@@ -94,6 +95,9 @@ def decode_state(cls: type[S], data: bytes) -> S:
     if class_name != _class_name(cls):
         raise ValueError(f"state is a {class_name}, not a {_class_name(cls)}")
     expected = int(getattr(cls, "STATE_VERSION", 1))
+    migrations = getattr(cls, "STATE_MIGRATIONS", {})
+    while version < expected and version in migrations:  # lift an earlier version: v -> v + 1 -> ...
+        fields, version = migrations[version](fields), version + 1
     if version != expected:
         raise ValueError(f"state version {version} cannot be read by version {expected}")
     try:

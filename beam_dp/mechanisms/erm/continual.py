@@ -39,7 +39,7 @@ import numpy as np
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
 from beam_dp.mechanisms.erm.base import ERMMechanism, LabelledRows, TrainedModel, is_power_of_two, sampling_probability
-from beam_dp.mechanisms.erm.declaration import empty_keys
+from beam_dp.mechanisms.erm.declaration import empty_keys, keys_from_v1
 
 __all__ = ["ContinualReleaseMechanism", "ContinualReleaseState"]
 
@@ -49,6 +49,7 @@ Variant = Literal["cumulative", "basic", "independent"]
 @dataclass(frozen=True)
 class ContinualReleaseState:
     STATE_VERSION: ClassVar[int] = 2
+    STATE_MIGRATIONS: ClassVar[dict] = {1: keys_from_v1}  # v1 kept no noise keys
 
     stream: str
     t: int                 # b0-blocks received

@@ -18,7 +18,7 @@ import numpy as np
 
 from beam_dp.core.noise_declaration import account, declaration_json
 
-__all__ = ["SAMPLED_K_NORM", "count_charge", "declaration_of", "empty_keys", "padded"]
+__all__ = ["SAMPLED_K_NORM", "count_charge", "declaration_of", "empty_keys", "keys_from_v1", "padded"]
 
 SAMPLED_K_NORM = "erm_sampled_k_norm"
 
@@ -60,3 +60,27 @@ def declaration_of(law: str, keys: np.ndarray, block_counts: np.ndarray) -> str:
         else:
             terms.append((law, sensitivity, scale, float(count)))
     return declaration_json(tuple(terms), tuple(accounts))
+
+
+def _restated(spend: np.ndarray) -> np.ndarray:
+    """One key per block restating its recorded loss: ``(√μ², 1, 1)`` for a Gaussian block, ``(ε, 1, 1)``
+    for a pure one (a term of that key recomputes exactly the block's loss); NaN for an empty block."""
+    spend = np.atleast_2d(spend)
+    value = np.where(spend[:, 1] > 0, np.sqrt(np.maximum(spend[:, 1], 0.0)), spend[:, 0])
+    return np.where(value > 0, value, np.nan)
+
+
+def keys_from_v1(fields: dict) -> dict:
+    """Migration of an ERM state written before noise keys were counted (``STATE_VERSION`` 1): every
+    block's recorded loss ``spend`` (and a sliding window's ``departed``) is restated as calls of one key
+    per distinct loss, so a restored stream's releases declare exactly the loss its state recorded."""
+    spend = np.asarray(fields["spend"], dtype=np.float64).reshape(-1, 2)
+    departed = np.asarray(fields["departed"], dtype=np.float64).reshape(1, 2) if "departed" in fields else None
+    values = _restated(spend if departed is None else np.vstack([spend, departed]))
+    distinct = np.unique(values[~np.isnan(values)])
+    keys = np.column_stack([distinct, np.ones_like(distinct), np.ones_like(distinct)]) if distinct.size else empty_keys()
+    counts = (values[:, None] == distinct[None, :]).astype(np.int64)
+    fields = dict(fields, keys=keys, counts=counts[: len(spend)])
+    if departed is not None:
+        fields["departed_counts"] = counts[len(spend)]
+    return fields

@@ -31,7 +31,7 @@ import numpy as np
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
 from beam_dp.mechanisms.erm.base import ERMMechanism, LabelledRows, sampling_probability
-from beam_dp.mechanisms.erm.declaration import empty_keys
+from beam_dp.mechanisms.erm.declaration import empty_keys, keys_from_v1
 
 __all__ = ["MultiResolutionMechanism", "MultiResolutionState"]
 
@@ -39,6 +39,7 @@ __all__ = ["MultiResolutionMechanism", "MultiResolutionState"]
 @dataclass(frozen=True)
 class MultiResolutionState:
     STATE_VERSION: ClassVar[int] = 2
+    STATE_MIGRATIONS: ClassVar[dict] = {1: keys_from_v1}  # v1 kept no noise keys
 
     stream: str
     t: int                 # blocks of B received

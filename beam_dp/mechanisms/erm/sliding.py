@@ -32,7 +32,7 @@ import numpy as np
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
 from beam_dp.mechanisms.erm.base import ERMMechanism, LabelledRows, sampling_probability
-from beam_dp.mechanisms.erm.declaration import empty_keys, padded
+from beam_dp.mechanisms.erm.declaration import empty_keys, keys_from_v1, padded
 
 __all__ = ["SlidingWindowMechanism", "SlidingWindowState", "advance_layout", "refresh_layout", "start_layout"]
 
@@ -73,6 +73,7 @@ def refresh_layout(buckets: list[Bucket], k: int, c: int) -> tuple[list[Bucket],
 @dataclass(frozen=True)
 class SlidingWindowState:
     STATE_VERSION: ClassVar[int] = 2
+    STATE_MIGRATIONS: ClassVar[dict] = {1: keys_from_v1}  # v1 kept no noise keys
 
     stream: str
     c: int                   # blocks received
