@@ -41,6 +41,10 @@ Account = tuple[str, tuple[tuple[str, float], ...]]  # (kind, its public paramet
 #: returns its ``(epsilon, delta)``, raising ``ValueError`` on parameters out of its range. Imported
 #: on first use, so the verifier loads only the families a job declares.
 ACCOUNT_KINDS: dict[str, str] = {
+    # growing databases: PMWG's sparse-vector segments, the schedulers' per-run composition
+    "pmwg": "beam_dp.mechanisms.pmwg:pmwg_spend",
+    "bbscheduler": "beam_dp.mechanisms.schedulers:bbscheduler_spend",
+    "bbimprover": "beam_dp.mechanisms.schedulers:bbimprover_spend",
 }
 
 
