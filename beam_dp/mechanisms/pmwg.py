@@ -23,9 +23,9 @@ Guarantee: ε-DP (δ = 0, the costs add) or (ε, δ)-DP (δ > 0, squared costs c
 formula ``½S + √(2S ln(1/δ))``) for neighbouring database streams, adaptively chosen queries,
 unbounded horizon, for *any* ξ_n: privacy never rests on the accuracy event. ``epsilon_spent`` on
 every release is the accountant total, which equals the worst element's spend (attained at t* = n).
-Every release declares it as a ``"pmwg"`` account (:func:`pmwg_spend`: n, ξ_n, a, δ and the sizes the
-segments opened at), the function the mechanism reports its spend with, so that
-``python -m beam_dp.verify`` recomputes it.
+Every release declares it as a ``"pmwg"`` account (:func:`pmwg_spend`: n, ξ_n, a, δ, the number of
+segments and their :func:`segment_load`), the function the mechanism reports its spend with and
+filters segments by, so that ``python -m beam_dp.verify`` recomputes it.
 
 Noise keys (each drawn once): ``(<purpose>-threshold, (segment,))``,
 ``(<purpose>-test, (query_seq, sign_slot))``, ``(<purpose>-answer, (query_seq,))`` where
@@ -64,6 +64,7 @@ __all__ = [
     "pmwg_spend",
     "relative_entropy",
     "segment_cost",
+    "segment_load",
     "replay_growing",
     "worst_case_xi_n",
 ]
@@ -197,10 +198,6 @@ class DynamicNumericSparse:
     def charged(self, total: float, cost: float) -> float:
         return charged(total, cost, self.delta)
 
-    def allows(self, total: float, t: int) -> bool:
-        """May a segment open at t? (the filter; public inputs only)."""
-        return self.spent(self.charged(total, self.segment_cost(t))) <= self.epsilon
-
     # keyed draws, each key used once
     def threshold_draw(self, noise: NoiseSource, stream: str, segment: int) -> float:
         return float(noise.laplace(stream, f"{self.purpose}-threshold", (segment,), self.THRESHOLD_SCALE, 1)[0])
@@ -224,25 +221,32 @@ def _whole(name: str, value: float, low: float) -> int:
     return int(value)
 
 
-def pmwg_spend(*, n: float, xi_n: float, a: float, delta: float, **opens: float) -> tuple[float, float]:
-    """PMWG's accountant: ``(ε, δ)`` spent by an element in every segment opened so far (the worst one,
-    present from n), the segments opened at the sizes ``open_0``, ``open_1``, … (in order): each
-    charged :func:`segment_cost` (δ = 0: the costs add; δ > 0: CDP of their squares). The mechanism
-    reports its spend with this function and declares its parameters (an ``"pmwg"`` account,
-    :mod:`beam_dp.core.noise_declaration`); all public: the start size, the noise function, and the
-    opening sizes (a segment opens at the first checked query after the released hard answer closing
-    the last). ``ValueError`` on parameters out of range."""
-    n = _whole("n", n, 1)
+def segment_load(opens: np.ndarray, *, n: float, a: float, delta: float) -> float:
+    """The accountant total of segments opened at the sizes ``opens``, in units of a segment opened at
+    n: ``Σ (n/t0)^{1−a}`` (δ = 0, the costs' sum over ``segment_cost(n)``) or ``Σ (n/t0)^{2(1−a)}``
+    (δ > 0, their squares' sum over its square); each term is at most 1."""
+    power = (1.0 - a) * (1.0 if delta == 0.0 else 2.0)
+    return float(np.sum((n / np.asarray(opens, dtype=np.float64)) ** power))
+
+
+def pmwg_spend(*, n: float, xi_n: float, a: float, delta: float, segments: float, load: float
+               ) -> tuple[float, float]:
+    """PMWG's accountant: ``(ε, δ)`` spent by an element in all ``segments`` sparse-vector segments
+    opened so far (the worst one, present from n), of :func:`segment_load` ``load``: each segment opened
+    at t0 is charged :func:`segment_cost` = ``segment_cost(n)·(n/t0)^{1−a}``; δ = 0 the costs add, δ > 0
+    their squares compose by CDP. The mechanism reports its spend and filters segments with this
+    function and declares its parameters (a ``"pmwg"`` account, :mod:`beam_dp.core.noise_declaration`),
+    all public: the start size, the noise function, and a load of the opening sizes (a segment opens at
+    the first checked query after the released hard answer closing the last). ``ValueError`` on
+    parameters out of range (a load above the number of segments: no segment opened before n)."""
+    n, count = _whole("n", n, 1), _whole("segments", segments, 0)
     xi_n = _check_positive("xi_n", xi_n)
     if not (0.0 <= a < 1.0 and 0.0 <= delta < 1.0):
         raise ValueError(f"a and delta must lie in [0, 1), got a = {a!r}, delta = {delta!r}")
-    names = [f"open_{i}" for i in range(len(opens))]
-    if sorted(opens) != sorted(names):
-        raise ValueError(f"segment opening sizes must be named open_0 .. open_{len(opens) - 1}, got {sorted(opens)}")
-    total = 0.0
-    for name in names:
-        t0 = _whole(name, opens[name], n)
-        total = charged(total, segment_cost(t0, n=n, xi_n=xi_n, a=a), delta)
+    if not (0.0 <= load <= count * (1.0 + 1e-12) and (load > 0.0) == (count > 0)):
+        raise ValueError(f"the load of {count} segments lies in (0, {count}], got {load!r}")
+    unit = segment_cost(n, n=n, xi_n=xi_n, a=a)  # a segment opened at n: 2.25/(n ξ_n)
+    total = load * (unit if delta == 0.0 else unit * unit)
     return spent(total, delta), (delta if delta > 0.0 and total > 0.0 else 0.0)
 
 
@@ -448,9 +452,17 @@ class PMWG(GrowingQueryMechanism):
         return replace(state, t=t_new, counts=counts, y=y), []
 
     # -- queries -------------------------------------------------------------------
-    def _account_params(self, state: PMWGState) -> dict[str, float]:
-        opens = {f"open_{i}": int(t0) for i, t0 in enumerate(state.segments[:, 0].tolist())}
-        return {"n": self.n, "xi_n": self.xi_n, "a": self.a, "delta": self.delta, **opens}
+    def _account_params(self, state: PMWGState, open_at: int | None = None) -> dict[str, float]:
+        """The public parameters of the spend after the segments opened so far (and one opening at
+        ``open_at``, the filter's question)."""
+        opens = state.segments[:, 0] if open_at is None else np.append(state.segments[:, 0], open_at)
+        return {"n": self.n, "xi_n": self.xi_n, "a": self.a, "delta": self.delta, "segments": len(opens),
+                "load": segment_load(opens, n=self.n, a=self.a, delta=self.delta)}
+
+    def allows(self, state: PMWGState, t: int) -> bool:
+        """May a segment open at size t? Its spend, computed as every release reports it, within ε (the
+        filter; public inputs only)."""
+        return pmwg_spend(**self._account_params(state, open_at=t))[0] <= self.epsilon
 
     def _release(self, state: PMWGState, query: Query, f: np.ndarray, answer: float, **meta) -> Release:
         """The answer clamped to the range of ``⟨f, x⟩`` over histograms (post-processing)."""
@@ -467,7 +479,7 @@ class PMWG(GrowingQueryMechanism):
         est = dot(f, state.y)
         seq = state.seq
         if not state.open:
-            if not sub.allows(state.total, t):  # paused: post-processing only, no data access
+            if not self.allows(state, t):  # paused: post-processing only, no data access
                 state = replace(state, seq=seq + 1)
                 return state, [self._release(state, query, f, est, unchecked=True)]
             z = sub.threshold_draw(noise, stream, state.segment_index)

@@ -101,12 +101,15 @@ def test_pmwg_declares_its_own_segments_and_noise_and_the_ledger_agrees(case):
     released = _run(mech)
     assert len(released[-1][0].segments) >= 3  # several segments ...
     assert any(r.meta.get("unchecked") for _, r in released)  # ... and the budget ran out: paused answers
+    power = 1.0 if mech.delta == 0 else 2.0
     for state, r in released:
         declared = _account(r)
-        opens = [declared[f"open_{i}"] for i in range(len(declared) - 5)]
-        assert opens == state.segments[:, 0].tolist()  # whole numbers: exact
+        assert declared["segments"] == len(state.segments)  # a count: exact
         assert (declared["n"], declared["xi_n"], declared["a"], declared["delta"]) == (
             mech.n, mech.xi_n, mech.a, mech.delta)  # the parameters themselves, not computed: exact
+        # the load of the state's own segment log, summed here in another order (rounding only)
+        load = math.fsum((n / t0) ** (power * (1 - mech.a)) for t0 in state.segments[:, 0].tolist())
+        assert declared["load"] == pytest.approx(load, rel=LEDGER_REL)
         # the per-element ledger (a separate formula over the segment log) peaks at the stated spend
         assert mech.element_spend(state, np.array([n])).max() == pytest.approx(r.epsilon_spent, rel=LEDGER_REL)
 
@@ -167,17 +170,22 @@ def test_doctored_rows_fail_the_verifier(case):
     more = _more_spend(case, _account(released[-1][1]))
     assert "below the spend recomputed" in problems(dict(last, noise=_doctored(last["noise"], **more)))
     assert "lack the noise declaration" in problems(dict(last, noise=""))
-    if case.startswith("pmwg"):  # a gap in the segment list, a fractional size
-        assert "declares its noise as" in problems(dict(last, noise=_doctored(last["noise"], open_0=None)))
-        assert "declares its noise as" in problems(dict(last, noise=_doctored(last["noise"], open_1=30.5)))
+    if case.startswith("pmwg"):  # more segments claimed than ... a segment opened before n; a parameter missing
+        account = _account(released[-1][1])
+        assert "below the spend recomputed" in problems(dict(last, noise=_doctored(
+            last["noise"], segments=account["segments"] + 1, load=account["load"] + 0.5)))
+        assert "declares its noise as" in problems(dict(last, noise=_doctored(
+            last["noise"], load=account["segments"] + 0.5)))
+        assert "declares its noise as" in problems(dict(last, noise=_doctored(last["noise"], segments=None)))
     assert "declares its noise as" in problems(dict(last, noise=_doctored(last["noise"], delta=1.5)))
 
 
 def test_account_functions_refuse_parameters_out_of_range():
-    good = dict(n=30, xi_n=0.2, a=0.5, delta=0.0, open_0=30, open_1=40)
-    assert pmwg_spend(**good)[0] > 0
-    for bad in (dict(n=0), dict(xi_n=0.0), dict(a=1.0), dict(delta=-0.1), dict(open_1=29), dict(open_1=40.5),
-                dict(open_3=50), dict(opened=50)):
+    good = dict(n=30, xi_n=0.2, a=0.5, delta=0.0, segments=2, load=1.5)
+    assert pmwg_spend(**good) == pytest.approx((2.25 / (30 * 0.2) * 1.5, 0.0), rel=1e-15)  # 2 ops, rounding
+    assert pmwg_spend(**{**good, "segments": 0, "load": 0.0}) == (0.0, 0.0)
+    for bad in (dict(n=0), dict(xi_n=0.0), dict(a=1.0), dict(delta=-0.1), dict(segments=1.5), dict(load=2.5),
+                dict(load=0.0), dict(segments=0), dict(load=-1.0)):
         with pytest.raises(ValueError):
             pmwg_spend(**{**good, **bad})
     assert bbscheduler_spend(epsilon=1.0, delta=0.0, gamma=0.5, epochs=0) == (0.0, 0.0)
