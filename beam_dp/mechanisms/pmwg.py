@@ -63,9 +63,9 @@ __all__ = [
     "planned_xi_n",
     "pmwg_spend",
     "relative_entropy",
+    "replay_growing",
     "segment_cost",
     "segment_load",
-    "replay_growing",
     "worst_case_xi_n",
 ]
 
