@@ -55,7 +55,10 @@ _RECOMPUTE_TOL = 1e-7
 DECLARING_MECHANISMS = frozenset({"kary_tree", "honaker_tree", "binary_tree", "hybrid_tree", "doubling_tree",
                                   "window_tree", "blt", "toeplitz_sqrt",
                                   # ERM model release (beam_dp.mechanisms.erm)
-                                  "erm_continual", "erm_sliding_window", "erm_multires", "multires_sampled"})
+                                  "erm_continual", "erm_sliding_window", "erm_multires", "multires_sampled",
+                                  # growing databases (accounts "pmwg", "bbscheduler", "bbimprover")
+                                  "pmwg", "pmwg_synthetic", "bbscheduler", "bbscheduler_run", "bbscheduler_synthetic",
+                                  "bbimprover", "bbimprover_run", "bbimprover_synthetic"})
 
 
 @dataclass

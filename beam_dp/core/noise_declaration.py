@@ -43,6 +43,10 @@ Account = tuple[str, tuple[tuple[str, float], ...]]  # (kind, its public paramet
 ACCOUNT_KINDS: dict[str, str] = {
     # ERM sampling variants: K-norm output perturbation on a Bernoulli(p) sample (amplified pure ε)
     "erm_sampled_k_norm": "beam_dp.mechanisms.erm.accounting:sampled_k_norm_loss",
+    # growing databases: PMWG's sparse-vector segments, the schedulers' per-run composition
+    "pmwg": "beam_dp.mechanisms.pmwg:pmwg_spend",
+    "bbscheduler": "beam_dp.mechanisms.schedulers:bbscheduler_spend",
+    "bbimprover": "beam_dp.mechanisms.schedulers:bbimprover_spend",
 }
 
 

@@ -23,6 +23,9 @@ Guarantee: ε-DP (δ = 0, the costs add) or (ε, δ)-DP (δ > 0, squared costs c
 formula ``½S + √(2S ln(1/δ))``) for neighbouring database streams, adaptively chosen queries,
 unbounded horizon, for *any* ξ_n: privacy never rests on the accuracy event. ``epsilon_spent`` on
 every release is the accountant total, which equals the worst element's spend (attained at t* = n).
+Every release declares it as a ``"pmwg"`` account (:func:`pmwg_spend`: n, ξ_n, a, δ, the number of
+segments and their :func:`segment_load`), the function the mechanism reports its spend with and
+filters segments by, so that ``python -m beam_dp.verify`` recomputes it.
 
 Noise keys (each drawn once): ``(<purpose>-threshold, (segment,))``,
 ``(<purpose>-test, (query_seq, sign_slot))``, ``(<purpose>-answer, (query_seq,))`` where
@@ -34,12 +37,13 @@ from __future__ import annotations
 import abc
 import math
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
 from beam_dp.core.guarantee import Guarantee
 from beam_dp.core.noise import NoiseSource
+from beam_dp.core.noise_declaration import account, declaration_json
 from beam_dp.core.release import Release
 from beam_dp.core.state import decode_state, encode_state
 from beam_dp.mechanisms.universe import check_elements, check_query, clamp_answer
@@ -57,8 +61,11 @@ __all__ = [
     "greedy_worst_case_spend",
     "hard_query_bound",
     "planned_xi_n",
+    "pmwg_spend",
     "relative_entropy",
     "replay_growing",
+    "segment_cost",
+    "segment_load",
     "worst_case_xi_n",
 ]
 
@@ -77,6 +84,17 @@ def cdp_budget_sq(epsilon: float, delta: float) -> float:
     """The largest S with ``cdp_epsilon(S, δ) = ε``: ``(√(2 ln(1/δ) + 2ε) − √(2 ln(1/δ)))²``."""
     L = 2.0 * math.log(1.0 / delta)
     return (math.sqrt(L + 2.0 * epsilon) - math.sqrt(L)) ** 2
+
+
+def charged(total: float, cost: float, delta: float) -> float:
+    """An accountant total after charging a piece of ``cost``-DP: pure (δ = 0) costs add; δ > 0 sums
+    the squared costs (the S of :func:`cdp_epsilon`)."""
+    return total + cost if delta == 0.0 else total + cost * cost
+
+
+def spent(total: float, delta: float) -> float:
+    """ε of an accountant total built by :func:`charged` (pure: the sum; δ > 0: CDP conversion of S)."""
+    return total if delta == 0.0 else cdp_epsilon(total, delta)
 
 
 def _check_positive(name: str, value: Any, upper: float | None = None) -> float:
@@ -171,18 +189,14 @@ class DynamicNumericSparse:
         return 1.0 / (t * self.xi(t))
 
     def segment_cost(self, t: int) -> float:
-        return self.SEGMENT_COST * self.sensitivity(t)
+        return segment_cost(t, n=self.n, xi_n=self.xi_n, a=self.a)
 
     def spent(self, total: float) -> float:
         """ε of an accountant total (pure: the sum of costs; δ > 0: CDP conversion of S = Σ cost²)."""
-        return total if self.delta == 0.0 else cdp_epsilon(total, self.delta)
+        return spent(total, self.delta)
 
     def charged(self, total: float, cost: float) -> float:
-        return total + cost if self.delta == 0.0 else total + cost * cost
-
-    def allows(self, total: float, t: int) -> bool:
-        """May a segment open at t? (the filter; public inputs only)."""
-        return self.spent(self.charged(total, self.segment_cost(t))) <= self.epsilon
+        return charged(total, cost, self.delta)
 
     # keyed draws, each key used once
     def threshold_draw(self, noise: NoiseSource, stream: str, segment: int) -> float:
@@ -193,6 +207,47 @@ class DynamicNumericSparse:
 
     def answer_noise(self, noise: NoiseSource, stream: str, seq: int, t: int) -> float:
         return float(noise.laplace(stream, f"{self.purpose}-answer", (seq,), self.ANSWER_SCALE * self.xi(t), 1)[0])
+
+
+def segment_cost(t0: float, *, n: float, xi_n: float, a: float) -> float:
+    """ε charged for a sparse-vector segment opened at size ``t0``: ``2.25·s_{t0}``, ``s_t = 1/(t ξ_t)``,
+    ``ξ_t = ξ_n (n/t)^a`` (:class:`DynamicNumericSparse`)."""
+    return DynamicNumericSparse.SEGMENT_COST * (1.0 / (t0 * (xi_n * (n / t0) ** a)))
+
+
+def _whole(name: str, value: float, low: float) -> int:
+    if not (math.isfinite(value) and float(value).is_integer() and value >= low):
+        raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}")
+    return int(value)
+
+
+def segment_load(opens: np.ndarray, *, n: float, a: float, delta: float) -> float:
+    """The accountant total of segments opened at the sizes ``opens``, in units of a segment opened at
+    n: ``Σ (n/t0)^{1−a}`` (δ = 0, the costs' sum over ``segment_cost(n)``) or ``Σ (n/t0)^{2(1−a)}``
+    (δ > 0, their squares' sum over its square); each term is at most 1."""
+    power = (1.0 - a) * (1.0 if delta == 0.0 else 2.0)
+    return float(np.sum((n / np.asarray(opens, dtype=np.float64)) ** power))
+
+
+def pmwg_spend(*, n: float, xi_n: float, a: float, delta: float, segments: float, load: float
+               ) -> tuple[float, float]:
+    """PMWG's accountant: ``(ε, δ)`` spent by an element in all ``segments`` sparse-vector segments
+    opened so far (the worst one, present from n), of :func:`segment_load` ``load``: each segment opened
+    at t0 is charged :func:`segment_cost` = ``segment_cost(n)·(n/t0)^{1−a}``; δ = 0 the costs add, δ > 0
+    their squares compose by CDP. The mechanism reports its spend and filters segments with this
+    function and declares its parameters (a ``"pmwg"`` account, :mod:`beam_dp.core.noise_declaration`),
+    all public: the start size, the noise function, and a load of the opening sizes (a segment opens at
+    the first checked query after the released hard answer closing the last). ``ValueError`` on
+    parameters out of range (a load above the number of segments: no segment opened before n)."""
+    n, count = _whole("n", n, 1), _whole("segments", segments, 0)
+    xi_n = _check_positive("xi_n", xi_n)
+    if not (0.0 <= a < 1.0 and 0.0 <= delta < 1.0):
+        raise ValueError(f"a and delta must lie in [0, 1), got a = {a!r}, delta = {delta!r}")
+    if not (0.0 <= load <= count * (1.0 + 1e-12) and (load > 0.0) == (count > 0)):
+        raise ValueError(f"the load of {count} segments lies in (0, {count}], got {load!r}")
+    unit = segment_cost(n, n=n, xi_n=xi_n, a=a)  # a segment opened at n: 2.25/(n ξ_n)
+    total = load * (unit if delta == 0.0 else unit * unit)
+    return spent(total, delta), (delta if delta > 0.0 and total > 0.0 else 0.0)
 
 
 # -- the shared driver of growing-database mechanisms ------------------------------------------
@@ -224,6 +279,8 @@ class GrowingQueryMechanism(abc.ABC):
     universe_size: int
     n: int
     state_type: type
+    account_kind: ClassVar[str]  # its key of ``ACCOUNT_KINDS``: ``spend_function`` is registered under it
+    spend_function: ClassVar[Callable[..., tuple[float, float]]]
 
     # the interface ----------------------------------------------------------------------------
     def step(self, state: Any, block: GrowingBlock | None, noise: NoiseSource) -> tuple[Any, list[Release]]:
@@ -265,6 +322,14 @@ class GrowingQueryMechanism(abc.ABC):
         """The public synthetic histogram as a release (``None`` if there is none yet)."""
         return None
 
+    def spend(self, state: Any) -> tuple[float, float, str]:
+        """``(epsilon_spent, delta_spent, noise)`` of a release at ``state``: ``spend_function`` of the
+        public parameters ``_account_params(state)``, declared as an account of ``account_kind`` so that
+        a verifier recomputes the spend with the very function the mechanism used."""
+        params = self._account_params(state)
+        epsilon, delta = self.spend_function(**params)
+        return epsilon, delta, declaration_json((), (account(self.account_kind, **params),))
+
     def encode_state(self, state: Any) -> bytes:
         return encode_state(state)
 
@@ -273,6 +338,9 @@ class GrowingQueryMechanism(abc.ABC):
 
     @abc.abstractmethod
     def init_state(self, stream: str) -> Any: ...
+
+    @abc.abstractmethod
+    def _account_params(self, state: Any) -> dict[str, float]: ...
 
     @abc.abstractmethod
     def _absorb(self, state: Any, elements: np.ndarray, noise: NoiseSource) -> tuple[Any, list[Release]]: ...
@@ -317,6 +385,8 @@ class PMWG(GrowingQueryMechanism):
     """
 
     name = "pmwg"
+    account_kind = "pmwg"
+    spend_function = staticmethod(pmwg_spend)
     state_type = PMWGState
 
     def __init__(
@@ -382,25 +452,34 @@ class PMWG(GrowingQueryMechanism):
         return replace(state, t=t_new, counts=counts, y=y), []
 
     # -- queries -------------------------------------------------------------------
-    def _spend(self, state: PMWGState) -> tuple[float, float]:
-        eps = self.sub.spent(state.total)
-        return eps, (self.delta if (self.delta > 0 and state.total > 0) else 0.0)
+    def _account_params(self, state: PMWGState, open_at: int | None = None) -> dict[str, float]:
+        """The public parameters of the spend after the segments opened so far (and one opening at
+        ``open_at``, the filter's question)."""
+        opens = state.segments[:, 0] if open_at is None else np.append(state.segments[:, 0], open_at)
+        return {"n": self.n, "xi_n": self.xi_n, "a": self.a, "delta": self.delta, "segments": len(opens),
+                "load": segment_load(opens, n=self.n, a=self.a, delta=self.delta)}
+
+    def allows(self, state: PMWGState, t: int) -> bool:
+        """May a segment open at size t? Its spend, computed as every release reports it, within ε (the
+        filter; public inputs only)."""
+        return pmwg_spend(**self._account_params(state, open_at=t))[0] <= self.epsilon
 
     def _release(self, state: PMWGState, query: Query, f: np.ndarray, answer: float, **meta) -> Release:
         """The answer clamped to the range of ``⟨f, x⟩`` over histograms (post-processing)."""
-        eps, delta = self._spend(state)
+        eps, delta, declared = self.spend(state)
         info = {"query_id": query.query_id, "t": state.t, "hard": False, "sign": 0, "unchecked": False,
                 "segment_index": None, "beta_bound": state.beta_bound, "hard_count": state.hard_count}
         info.update(meta)
         return Release(stream=state.stream, step=state.t, mechanism=self.name, value=np.array([clamp_answer(answer, f)]),
-                       epsilon_spent=eps, delta_spent=delta, meta=info, purpose=f"query:{state.seq - 1}")
+                       epsilon_spent=eps, delta_spent=delta, meta=info, purpose=f"query:{state.seq - 1}",
+                       noise=declared)
 
     def _answer(self, state: PMWGState, query: Query, f: np.ndarray, noise: NoiseSource) -> tuple[PMWGState, list[Release]]:
         t, sub, stream = state.t, self.sub, state.stream
         est = dot(f, state.y)
         seq = state.seq
         if not state.open:
-            if not sub.allows(state.total, t):  # paused: post-processing only, no data access
+            if not self.allows(state, t):  # paused: post-processing only, no data access
                 state = replace(state, seq=seq + 1)
                 return state, [self._release(state, query, f, est, unchecked=True)]
             z = sub.threshold_draw(noise, stream, state.segment_index)
@@ -443,11 +522,11 @@ class PMWG(GrowingQueryMechanism):
         """The public histogram y (a probability vector over 𝒳) as a synthetic-data release."""
         if state.t < self.n:
             return None
-        eps, delta = self._spend(state)
+        eps, delta, declared = self.spend(state)
         return Release(stream=state.stream, step=state.t, mechanism=f"{self.name}_synthetic", value=state.y,
                        epsilon_spent=eps, delta_spent=delta,
                        meta={"t": state.t, "kind": "synthetic_histogram", "hard_count": state.hard_count},
-                       purpose="synthetic")
+                       purpose="synthetic", noise=declared)
 
     def element_spend(self, state: PMWGState, t_star: np.ndarray) -> np.ndarray:
         """Per-element ε spend recomputed from the segment log (ledger), vectorised over t*."""

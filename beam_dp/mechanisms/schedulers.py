@@ -23,7 +23,10 @@ are evaluated lazily, only at sizes where a query (or snapshot) needs them: the 
 so the output equals that of an eager run, and the accountant charges every size regardless.
 
 Neighbouring streams and units as in :mod:`beam_dp.mechanisms.pmwg`. ``epsilon_spent`` is the spend
-of the worst element (one present from t = n): the runs' ε summed (δ = 0) or CDP-composed (δ > 0).
+of the worst element (one present from t = n): the runs' ε summed (δ = 0) or CDP-composed (δ > 0),
+computed by :func:`bbscheduler_spend` (ε, δ, γ, the number of epochs run) or :func:`bbimprover_spend`
+(n, ε, δ, the size t), which every release declares as an account of the same name
+(:mod:`beam_dp.core.noise_declaration`) so that ``python -m beam_dp.verify`` recomputes it.
 Noise purposes: ``("bbs", (epoch, sub))`` and ``("bbi", (t, sub))`` (plus ``-gen`` for generators).
 """
 
@@ -45,6 +48,7 @@ from beam_dp.mechanisms.pmwg import (
     Query,
     _check_int,
     _check_positive,
+    _whole,
     cdp_budget_sq,
     cdp_epsilon,
     dot,
@@ -61,7 +65,9 @@ __all__ = [
     "SchedulerState",
     "SmallDB",
     "bbimprover_epsilon",
+    "bbimprover_spend",
     "bbscheduler_plan",
+    "bbscheduler_spend",
 ]
 
 
@@ -238,22 +244,46 @@ class EpochPlan:
         return math.ceil(self.n * (1.0 + self.gamma) ** i - 1e-9)
 
     def epsilon_i(self, i: int) -> float:
-        x = 1.0 / (1.0 + self.gamma)  # powers of x underflow to 0 harmlessly; (1+γ)^i would overflow
-        if self.delta == 0.0:
-            return self.gamma**2 * (i + 1) * self.epsilon * x ** (i + 2)
-        return self.c * (i + 1) * x**i
+        return _epoch_epsilon(i, self.epsilon, self.delta, self.gamma, self.c)
 
     def beta_i(self, i: int) -> float:
         return (self.beta / (1.0 + self.beta)) ** (i + 1)
 
     def spent_after(self, last: int) -> float:
-        """Worst element's ε after epochs 0..last (δ = 0 closed form; δ > 0: CDP of Σ ε_i²)."""
-        if last < 0:
-            return 0.0
-        if self.delta == 0.0:
-            x = 1.0 / (1.0 + self.gamma)
-            return self.epsilon * (1.0 - (last + 2) * x ** (last + 1) + (last + 1) * x ** (last + 2))
-        return cdp_epsilon(sum(self.epsilon_i(i) ** 2 for i in range(last + 1)), self.delta)
+        """Worst element's ε after epochs 0..last (:func:`bbscheduler_spend`)."""
+        return bbscheduler_spend(epsilon=self.epsilon, delta=self.delta, gamma=self.gamma, epochs=last + 1)[0]
+
+
+def _epoch_epsilon(i: int, epsilon: float, delta: float, gamma: float, c: float) -> float:
+    """BBScheduler's ε_i: ``γ²(i+1)ε/(1+γ)^{i+2}`` (δ = 0) or ``c(i+1)/(1+γ)^i`` (δ > 0)."""
+    x = 1.0 / (1.0 + gamma)  # powers of x underflow to 0 harmlessly; (1+γ)^i would overflow
+    if delta == 0.0:
+        return gamma**2 * (i + 1) * epsilon * x ** (i + 2)
+    return c * (i + 1) * x**i
+
+
+def _cdp_rate(epsilon: float, delta: float, gamma: float) -> float:
+    """The δ > 0 constant c of ε_i = c(i+1)/(1+γ)^i: Σ_i ε_i² = S_tot = cdp_budget_sq(ε, δ)."""
+    x = (1.0 + gamma) ** -2
+    return math.sqrt(cdp_budget_sq(epsilon, delta) * (1 - x) ** 3 / (1 + x))
+
+
+def bbscheduler_spend(*, epsilon: float, delta: float, gamma: float, epochs: float) -> tuple[float, float]:
+    """BBScheduler's ``(ε, δ)`` spent by an element in the first ``epochs`` runs (the worst one, present
+    from n), for the transform's budget ``(epsilon, delta)`` and epoch growth ``gamma`` (all public):
+    δ = 0 the closed form ``ε[1 − (I+2)x^{I+1} + (I+1)x^{I+2}]`` of ``Σ_{i ≤ I} ε_i`` (x = 1/(1+γ),
+    I = epochs − 1); δ > 0 the CDP conversion of ``Σ_{i ≤ I} ε_i²``. ``ValueError`` out of range."""
+    epsilon, gamma = _check_positive("epsilon", epsilon), _check_positive("gamma", gamma)
+    if not 0.0 <= delta < 1.0:
+        raise ValueError(f"delta must lie in [0, 1), got {delta!r}")
+    last = _whole("epochs", epochs, 0) - 1
+    if last < 0:
+        return 0.0, 0.0
+    if delta == 0.0:
+        x = 1.0 / (1.0 + gamma)
+        return epsilon * (1.0 - (last + 2) * x ** (last + 1) + (last + 1) * x ** (last + 2)), 0.0
+    c = _cdp_rate(epsilon, delta, gamma)
+    return cdp_epsilon(sum(_epoch_epsilon(i, epsilon, delta, gamma, c) ** 2 for i in range(last + 1)), delta), delta
 
 
 def bbscheduler_plan(*, n: int, epsilon: float, beta: float, delta: float = 0.0, p: float | None = None,
@@ -280,8 +310,7 @@ def bbscheduler_plan(*, n: int, epsilon: float, beta: float, delta: float = 0.0,
         if certified:
             alpha = g * ((1 + gamma) ** 2 * math.log((1 + beta) / beta) / (gamma**2 * epsilon * n)) ** p
     else:
-        x = (1.0 + gamma) ** -2
-        c = math.sqrt(cdp_budget_sq(epsilon, delta) * (1 - x) ** 3 / (1 + x))
+        c = _cdp_rate(epsilon, delta, gamma)
         if certified:
             alpha = g * (math.log((1 + beta) / beta) / (c * n)) ** p
     return EpochPlan(n, epsilon, float(delta), beta, gamma, c, alpha)
@@ -291,6 +320,25 @@ def bbimprover_epsilon(t: int | np.ndarray, n: int, s_tot: float) -> np.ndarray:
     """ε_t = √(S_tot ln(n−1) (1/ln(t−1) − 1/ln t)) for t ≥ n ≥ 3."""
     t = np.asarray(t, dtype=np.float64)
     return np.sqrt(s_tot * math.log(n - 1) * (1.0 / np.log(t - 1.0) - 1.0 / np.log(t)))
+
+
+def _improver_spent_sq(t: int, n: int, s_tot: float) -> float:
+    """S(t) = Σ_{n ≤ τ ≤ t} ε_τ² = S_tot ln(n−1)(1/ln(n−1) − 1/ln t) (0 before n)."""
+    if t < n:
+        return 0.0
+    return s_tot * math.log(n - 1) * (1.0 / math.log(n - 1) - 1.0 / math.log(t))
+
+
+def bbimprover_spend(*, n: float, epsilon: float, delta: float, t: float) -> tuple[float, float]:
+    """BBImprover's ``(ε, δ)`` at size ``t``: the CDP conversion of S(t), a run charged at every size
+    n ≤ τ ≤ t whether or not it was evaluated, for start size ``n`` and budget ``(epsilon, delta)``
+    (all public, t the public database size). ``ValueError`` out of range."""
+    n, t = _whole("n", n, 3), _whole("t", t, 0)
+    epsilon = _check_positive("epsilon", epsilon)
+    if not 0.0 < delta < 1.0:
+        raise ValueError(f"delta must lie in (0, 1), got {delta!r}")
+    s = _improver_spent_sq(t, n, cdp_budget_sq(epsilon, delta))
+    return cdp_epsilon(s, delta), (delta if s > 0 else 0.0)
 
 
 # -- the schedulers ------------------------------------------------------------------------------
@@ -335,19 +383,19 @@ class _Scheduler(GrowingQueryMechanism):
             return state, []
         hist = self.black_box.histogram(state.synopsis)
         value = hist if hist is not None else state.synopsis
-        spent, delta = self._spend(state)
+        spent, delta, declared = self.spend(state)
         meta = {"kind": "black_box_run", "run": run, "t": state.t, "black_box": self.black_box.name,
                 "epsilon_run": eps, "alpha": alpha, "beta": beta}
         return state, [Release(state.stream, state.t, f"{self.name}_run", value, spent, delta, meta,
-                                       purpose=f"run:{run}")]
+                               purpose=f"run:{run}", noise=declared)]
 
     def _answer(self, state: SchedulerState, query: Query, weights: np.ndarray, noise: NoiseSource):
         state, releases = self._ensure_run(state, noise)
-        spent, delta = self._spend(state)
+        spent, delta, declared = self.spend(state)
         meta = {"query_id": query.query_id, "t": state.t, "run": state.run, "alpha": self._alpha_of(state.run)}
         value = np.array([clamp_answer(self.black_box.answer(state.synopsis, weights), weights)])
         return state, releases + [Release(state.stream, state.t, self.name, value, spent, delta, meta,
-                                                  purpose=f"query:{query.query_id}")]
+                                          purpose=f"query:{query.query_id}", noise=declared)]
 
     def snapshot(self, state: SchedulerState) -> Release | None:
         if state.run < 0:
@@ -355,9 +403,10 @@ class _Scheduler(GrowingQueryMechanism):
         hist = self.black_box.histogram(state.synopsis)
         if hist is None:
             return None
-        spent, delta = self._spend(state)
+        spent, delta, declared = self.spend(state)
         return Release(state.stream, state.t, f"{self.name}_synthetic", hist, spent, delta,
-                       {"t": state.t, "run": state.run, "kind": "synthetic_histogram"}, purpose="synthetic")
+                       {"t": state.t, "run": state.run, "kind": "synthetic_histogram"}, purpose="synthetic",
+                       noise=declared)
 
     def _ensure_run(self, state, noise):
         return state, []
@@ -372,6 +421,8 @@ class BBScheduler(_Scheduler):
 
     name = "bbscheduler"
     purpose = "bbs"
+    account_kind = "bbscheduler"
+    spend_function = staticmethod(bbscheduler_spend)
 
     def __init__(self, black_box: BlackBox, *, universe_size: int, n: int, epsilon: float, beta: float = 0.05,
                  delta: float = 0.0, gamma: float | None = None, release_runs: bool = True):
@@ -382,9 +433,9 @@ class BBScheduler(_Scheduler):
     def _alpha_of(self, run: int) -> float | None:
         return self.plan.alpha
 
-    def _spend(self, state: SchedulerState) -> tuple[float, float]:
-        eps = self.plan.spent_after(state.next_epoch - 1)
-        return eps, (self.plan.delta if self.plan.delta > 0 and state.next_epoch > 0 else 0.0)
+    def _account_params(self, state: SchedulerState) -> dict[str, float]:
+        return {"epsilon": self.plan.epsilon, "delta": self.plan.delta, "gamma": self.plan.gamma,
+                "epochs": state.next_epoch}
 
     def _absorb(self, state: SchedulerState, elements: np.ndarray, noise: NoiseSource):
         releases: list[Release] = []
@@ -412,6 +463,8 @@ class BBImprover(_Scheduler):
 
     name = "bbimprover"
     purpose = "bbi"
+    account_kind = "bbimprover"
+    spend_function = staticmethod(bbimprover_spend)
 
     def __init__(self, black_box: BlackBox, *, universe_size: int, n: int, epsilon: float, delta: float,
                  beta: float = 0.05, release_runs: bool = True):
@@ -439,13 +492,10 @@ class BBImprover(_Scheduler):
         return self.alpha_t(run) if run >= self.n else None
 
     def spent_sq(self, t: int) -> float:
-        if t < self.n:
-            return 0.0
-        return self.s_tot * math.log(self.n - 1) * (1.0 / math.log(self.n - 1) - 1.0 / math.log(t))
+        return _improver_spent_sq(t, self.n, self.s_tot)
 
-    def _spend(self, state: SchedulerState) -> tuple[float, float]:
-        s = self.spent_sq(state.t)
-        return cdp_epsilon(s, self.guarantee.delta), (self.guarantee.delta if s > 0 else 0.0)
+    def _account_params(self, state: SchedulerState) -> dict[str, float]:
+        return {"n": self.n, "epsilon": self.guarantee.epsilon, "delta": self.guarantee.delta, "t": state.t}
 
     def _absorb(self, state: SchedulerState, elements: np.ndarray, noise: NoiseSource):
         counts = state.counts + np.bincount(elements, minlength=self.universe_size)

@@ -99,7 +99,7 @@ def test_the_verifier_fails_a_row_below_its_recomputed_spend_or_stripped_of_its_
     # a declaration claiming a larger noise scale (less spend) than the mechanism's is not trusted
     # either: it is the mechanism's, checked by the test above; a family without one is a note, or a
     # problem under strict
-    other = [dict(r, mechanism="pmwg", noise="") for r in rows]
+    other = [dict(r, mechanism="undeclaring_mechanism", noise="") for r in rows]
     verdict = verify_job(other)
     assert verdict.ok and any("not recomputable" in n for n in verdict.notes)
     assert not verify_job(other, strict=True).ok
