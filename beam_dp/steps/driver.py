@@ -20,10 +20,14 @@ Public rules (the same on every engine):
 * **Release times.** A step's release rows carry the public time :meth:`StepDriver.release_time`:
   ``end(s) + allowed_lateness``, whichever timer, rung, restore or end of input closed the step.
 * **End of input** (watermark at +infinity: drain, end of a bounded input, Flink ``stop --drain``):
-  the open steps that began before ``W − allowed_lateness`` (``W`` the last finite watermark) are
-  released, in order; no later step is. With no finite watermark ever seen (a batch replay) the
-  clock's public ``end`` is used. Buffered items of steps that are not released go to the dead
-  letters (``unclosed``).
+  with ``b`` the first step the last finite watermark had not closed, the open steps through
+  :meth:`StepDriver.end_step` ``(b)`` = the first multiple of :data:`END_RUNG` after ``b`` (capped at
+  the clock's public ``end``) are released, in order; no later step is. This is the one rule an
+  engine without a watermark (Beam: a ladder of close timers whose top rung is every
+  :data:`END_RUNG` steps) applies whatever order its timers fire in at +infinity; an engine with
+  the watermark (Flink) computes the same step. With no finite watermark ever seen and no ladder
+  (a batch replay) the clock's public ``end`` is used. Buffered items of steps that are not
+  released go to the dead letters (``unclosed``).
 * **Count steps.** A block of ``block_size`` contributions in arrival order is one step; an
   incomplete block is never released.
 * **The end of a stream.** A mechanism refuses a step (``ValueError``) only at its public end (a
@@ -47,10 +51,11 @@ from beam_dp.steps.coder import UNREADABLE_STATE, KeyState, UnreadableState
 from beam_dp.steps.events import DEAD_LETTER, DeadLetter, Reason
 from beam_dp.steps.schema import ReleaseColumns, ReleaseRow, release_to_row
 
-__all__ = ["CARRIED", "RELEASE", "SNAPSHOTS", "Buffer", "ListBuffer", "Output", "StepDriver", "release_step"]
+__all__ = ["CARRIED", "END_RUNG", "RELEASE", "SNAPSHOTS", "Buffer", "ListBuffer", "Output", "StepDriver", "release_step"]
 
 RELEASE, SNAPSHOTS = "release", "snapshots"
 CARRIED = 0  # the step of buffered items that wait across steps (a growing database's queries)
+END_RUNG = 16  # the end rule releases through the first multiple of END_RUNG after the first unclosed step
 
 
 class Output(NamedTuple):
@@ -174,6 +179,19 @@ class StepDriver:
                 return None
             step = min(step, self.last_step)
         return self.clock.step_end_micros(step) + self.grace
+
+    def end_step(self, first_open: int) -> int:
+        """The last step the end of input releases when ``first_open`` is the first step the last
+        finite watermark had not closed: the first multiple of :data:`END_RUNG` after it, capped at
+        the public last step. A public function of the schedule and the watermark, never the data.
+
+        Why this step (docs/steps.md, rule 4): a Beam key at rest has its ladder's rungs at
+        ``first_open`` and the next multiples of 4 and 16; at +infinity they fire (in timestamp
+        order) before the end timer and close through the top rung, and when ``first_open`` is itself
+        a multiple of 16 the state they leave is exactly that of a key at rest one step later, whose
+        top rung is 16 steps on; so the only rule the end timer can apply in every order is this one."""
+        upto = (first_open // END_RUNG + 1) * END_RUNG
+        return upto if self.last_step is None else min(upto, self.last_step)
 
     def final_timer(self) -> int | None:
         """A batch replay's single timer: the close of the public last step."""
@@ -316,10 +334,12 @@ class StepDriver:
             upto = -1
         elif self.clock is None:
             upto = self.last_step if self.block_size is None and self.last_step is not None else state.next_step - 1
-        elif state.watermark is None:
+        elif state.watermark is None and state.first_rung is None:  # a replay: no watermark, no ladder
             upto = self.last_step if self.last_step is not None else state.next_step - 1
-        else:  # steps begun before the last finite watermark less the grace
-            upto = int(self.clock.step_of_micros(state.watermark - self.grace - 1))
+        elif state.first_rung in (None, state.next_step):  # at rest: next_step is the first step W_last left open
+            upto = self.end_step(state.next_step)
+        else:  # a rung closed steps since the first rung was set: the ladder already closed what the rule allows
+            upto = state.next_step - 1
         out = self.close_through(state, buffer, upto)
         if self.block_size is None:  # an incomplete count block is simply never released
             unclosed = sorted({step for step, _ in buffer.read() if step != CARRIED})
