@@ -329,12 +329,12 @@ class StepDriver:
         """The watermark reached +infinity: release what the end rule allows, dead-letter the rest."""
         if state.ended:
             return []
-        state.provisional = False
+        streaming, state.provisional = state.provisional, False  # a provisional key is streaming, even unfired
         if self.clock is not None and state.next_step < 1:  # a provisional key that never got a step
             upto = -1
         elif self.clock is None:
             upto = self.last_step if self.block_size is None and self.last_step is not None else state.next_step - 1
-        elif state.watermark is None and state.first_rung is None:  # a replay: no watermark, no ladder
+        elif state.watermark is None and state.first_rung is None and not streaming:  # a replay
             upto = self.last_step if self.last_step is not None else state.next_step - 1
         elif state.first_rung in (None, state.next_step):  # at rest: next_step is the first step W_last left open
             upto = self.end_step(state.next_step)
