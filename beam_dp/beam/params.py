@@ -26,7 +26,7 @@ from beam_dp.core.limits import (EPSILON_RANGE, MAX_DIM, MAX_SCALE, MIN_SCALE, c
 from beam_dp.core.clock import StepClock
 from beam_dp.mechanisms.base import ContinualSumMechanism
 from beam_dp.mechanisms.snapping import SnappedSum
-from beam_dp.steps.params import NoiseKey, StepParams, check_stream_groups
+from beam_dp.steps.params import NoiseKey, StepParams, check_idle, check_stream_groups
 
 __all__ = ["ContinualCountParams", "ContinualSumParams", "NoiseKey", "WindowedSumParams"]
 
@@ -99,11 +99,18 @@ class ContinualSumParams(_VectorSumParams):
     ``horizon`` defaults to the clock's public end, else to the counter's unbounded mode;
     ``calibration`` applies to ``"tree"`` only. Guarantee: epsilon-DP (``noise="gamma"``) or
     (epsilon, delta)-DP (``"gaussian"``) for each contribution, over the whole stream.
+
+    ``idle_steps`` k and ``idle_threshold`` τ (both or neither; event time, keyed by stream): a stream
+    ends (``stream_ended``, its state freed) after its own step ``t >= k`` at which its released sums
+    moved by ``||release_t - release_{t-k}||_2 <= τ`` (τ in the values' units). Decided from the
+    releases alone: post-processing, no privacy cost (docs/steps.md, rule 6).
     """
 
     horizon: int | None = None
     unbounded: Literal["hybrid", "doubling"] = "hybrid"
     counter: str = "auto"
+    idle_steps: int | None = None
+    idle_threshold: float | None = None
 
     # Only the unit contributions of ContinualCount are integers; a real-valued sum plus integer noise
     # would release its fractional part exactly, so ContinualSum refuses discrete_laplace.
@@ -125,6 +132,7 @@ class ContinualSumParams(_VectorSumParams):
         mechanism = self.build_mechanism()
         self._validate_noise(mechanism, self.horizon or _public_end(self.clock))
         check_stream_groups(self, mechanism)
+        check_idle(self, mechanism)
         check_params_budget(self, mechanism)
 
     def build_mechanism(self):

@@ -34,6 +34,10 @@ Public rules (the same on every engine):
   horizon or a budget fixed at construction, never the data). The stream then ends: one
   ``stream_ended`` dead letter, its state and buffers are freed, no later step is fed, and every
   later item is dead-lettered ``stream_ended`` with its element kept.
+* **Idle streams** (``idle_steps`` k, ``idle_threshold`` τ): a stream also ends so after its own step
+  ``t ≥ k`` when its released values moved little: ``‖release_t − release_{t−k}‖₂ ≤ τ`` (release_0 = 0,
+  the empty sum). Decided from released values only (post-processing: no privacy cost), so anyone
+  recomputes it from the release rows.
 
 The driver holds no privacy arithmetic: clipping, noise and accounting are the mechanism's.
 """
@@ -103,21 +107,26 @@ class StepDriver:
 
     def __init__(self, policy: Any, clock: StepClock | None = None, block_size: int | None = None,
                  last_step: int | None = None, allowed_lateness: float = 0.0,
-                 restored: Iterable[tuple[str, bytes]] | None = None):
+                 restored: Iterable[tuple[str, bytes]] | None = None, idle_steps: int | None = None,
+                 idle_threshold: float = 0.0):
         self.policy = policy
         self.clock = clock
         self.block_size = block_size
         self.last_step = last_step
         self.grace = round(allowed_lateness * 1_000_000)
         self._restored = dict(restored or ())
+        self.idle_steps, self.idle_threshold = idle_steps, idle_threshold
 
     @classmethod
     def for_params(cls, params: Any, policy: Any) -> "StepDriver":
-        """A driver for a step-params object (``clock``, ``block_size``, ``allowed_lateness``, ``restore_states``)."""
+        """A driver for a step-params object (``clock``, ``block_size``, ``allowed_lateness``, ``restore_states``,
+        and where the family has them ``idle_steps`` / ``idle_threshold``)."""
         clock = params.clock
         return cls(policy, clock=clock, block_size=params.block_size,
                    last_step=None if clock is None else clock.last_step,
-                   allowed_lateness=params.allowed_lateness, restored=params.restore_states)
+                   allowed_lateness=params.allowed_lateness, restored=params.restore_states,
+                   idle_steps=getattr(params, "idle_steps", None),
+                   idle_threshold=getattr(params, "idle_threshold", None) or 0.0)
 
     # -- keys and timers ------------------------------------------------------------------------
     def open(self, key: str, watermark: int | None = None, provisional: bool = False) -> KeyState:
@@ -307,13 +316,7 @@ class StepDriver:
             new, releases, letters = self.policy.close(state.key, mech_state, step, items, context)
         except ValueError as exc:
             reason = f"step {step} refused by {self.policy.mechanism.name}: {str(exc)[:200]}"
-            detail = f"the stream ended: {reason}; buffered contributions of later steps are discarded"
-            out.append(_dead(Reason.STREAM_ENDED, detail, state.key))
-            state.mechanism = np.zeros(0, dtype=np.uint8)
-            state.ended = state.stream_ended = True
-            state.lowest = None
-            buffer.clear()
-            return None
+            return self._end_stream(state, buffer, reason, out)
         out.extend(Output(DEAD_LETTER, letter) for letter in letters)
         times = (None, None)
         if self.clock is not None and self.policy.timed_rows:
@@ -323,7 +326,30 @@ class StepDriver:
             releases = [dataclasses.replace(release, step=release.step + state.offset) for release in releases]
         out.extend(Output(RELEASE, ReleaseColumns(release, guarantee, *times) if isinstance(release, ReleaseBatch)
                           else release_to_row(release, guarantee, *times)) for release in releases)
+        if self.idle_steps is not None and self._idle(state, releases):
+            moved = f"its releases moved by at most {self.idle_threshold:g} over its last {self.idle_steps} steps"
+            return self._end_stream(state, buffer, f"idle after step {step}: {moved}", out)
         return new
+
+    def _idle(self, state: KeyState, releases: list) -> bool:
+        """The idle rule after one step's releases (one prefix-sum release per step): appends the released
+        value to ``state.recent`` (the last ``idle_steps + 1`` values, the first the empty sum) and tells
+        whether ``‖release_t − release_{t−k}‖₂ ≤ idle_threshold``. Reads released values only."""
+        value = np.concatenate([np.asarray(release.value, dtype=np.float64).ravel() for release in releases])
+        recent = state.recent if state.recent is not None and state.recent.size else np.zeros((1, value.size))
+        state.recent = np.vstack([recent, value[None, :]])[-(self.idle_steps + 1):]
+        return (len(state.recent) == self.idle_steps + 1
+                and float(np.linalg.norm(state.recent[-1] - state.recent[0])) <= self.idle_threshold)
+
+    def _end_stream(self, state: KeyState, buffer: Buffer, reason: str, out: list[Output]) -> None:
+        """Rule 6: one ``stream_ended`` dead letter, the key's state and buffers freed; returns None."""
+        detail = f"the stream ended: {reason}; buffered contributions of later steps are discarded"
+        out.append(_dead(Reason.STREAM_ENDED, detail, state.key))
+        state.mechanism = np.zeros(0, dtype=np.uint8)
+        state.ended = state.stream_ended = True
+        state.lowest = state.recent = None
+        buffer.clear()
+        return None
 
     def finish(self, state: KeyState, buffer: Buffer) -> list[Output]:
         """The watermark reached +infinity: release what the end rule allows, dead-letter the rest."""
