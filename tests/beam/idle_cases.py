@@ -8,10 +8,10 @@ import math
 import numpy as np
 
 IDLE_STEPS, IDLE_THRESHOLD, EPSILON = 4, 2.0, 1000.0  # a large epsilon: noise small beside the threshold
-PERIOD, STEPS = 10.0, 30  # open clock; the watermark stops at the end of step 30
-# "busy" contributes 1.0 (the clip bound) at every step, so its sum moves by 4 every 4 steps;
+PERIOD, STEPS = 10.0, 30  # open clock; the watermark stops at the end of step 30; the end rule: through step 32
+# "busy" contributes 1.0 (the clip bound) at every step it releases, so its sum moves by 4 every 4 steps;
 # "idle" contributes at steps 1-2 only, then its sum moves by noise alone
-EVENTS = ([("busy", PERIOD * (s - 1) + 1.0, [1.0]) for s in range(1, STEPS + 1)]
+EVENTS = ([("busy", PERIOD * (s - 1) + 1.0, [1.0]) for s in range(1, STEPS + 3)]
           + [("idle", 1.0, [1.0]), ("idle", 11.0, [1.0])])
 
 

@@ -67,3 +67,30 @@ def test_a_stream_first_seen_after_a_restore_starts_at_its_first_open_step_not_s
     assert sorted(r["step"] for r in flink.releases if r["stream"] == "late") == list(range(6, 17))
     assert_rows_equal(flink.releases, _expected(a, 16) + _expected(late, 16, first_step=6))
     assert [d["reason"] for d in flink.dead] == ["late"]
+
+
+def test_an_idle_stream_ends_a_busy_one_does_not_as_recomputed_from_the_rows():
+    """The idle rule (tests/beam/idle_cases.py, the same case as on Beam): decided from released values
+    by the shared driver, so the rows alone give the same decision; a restore before every firing keeps
+    it (the recent releases are keyed state)."""
+    import dataclasses
+    import functools
+
+    from beam_dp.mechanisms.tree import make_tree_sum
+    from tests.beam.idle_cases import EPSILON, EVENTS, IDLE_STEPS, IDLE_THRESHOLD, PERIOD, STEPS, idle_end_from_rows, margin_holds
+
+    build = functools.partial(make_tree_sum, horizon=None, unbounded="hybrid", dim=1, epsilon=EPSILON,
+                              clip_bound=1.0, noise="gamma")
+    assert margin_holds(build())
+    params = dataclasses.replace(_params(), build=build, idle_steps=IDLE_STEPS, idle_threshold=IDLE_THRESHOLD)
+    for flink in (ScriptedFlink(params), RestoredFlink(params)):
+        for event in EVENTS:
+            flink.element(*event)
+        flink.advance(_ms(STEPS * PERIOD))
+        flink.element("idle", STEPS * PERIOD + 1.0, [1.0])
+        flink.advance(END)
+        rows = {s: [(r["step"], r["value"]) for r in flink.releases if r["stream"] == s] for s in ("busy", "idle")}
+        ended = idle_end_from_rows(rows["idle"])
+        assert ended is not None and max(step for step, _ in rows["idle"]) == ended
+        assert idle_end_from_rows(rows["busy"]) is None and len(rows["busy"]) > STEPS
+        assert sorted((d["reason"], d["stream"]) for d in flink.dead) == [("stream_ended", "idle")] * 2
