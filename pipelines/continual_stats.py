@@ -118,7 +118,7 @@ def plan(options) -> Plan:
             lambda: ContinualCountParams(**counter, **common, **budget["count"].params()), "count")
     if window:
         params["windowed"] = params_or_usage_error(
-            lambda: WindowedSumParams(window=window, **vector, **budget["windowed"].params()), "windowed")
+            lambda: WindowedSumParams(window=window, **vector, **idle, **budget["windowed"].params()), "windowed")
     groups = default_stream_groups(streaming) if opts.stream_groups is None else opts.stream_groups
     if groups < 0:
         raise UsageError(f"--stream-groups must be an integer >= 0, got {groups}")

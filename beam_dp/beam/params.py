@@ -48,6 +48,12 @@ class _VectorSumParams(StepParams):
     #: state and timer per group, the group stepped in one numpy operation, releases as Arrow tables;
     #: None keys by stream. Releases do not depend on it (noise is keyed per stream).
     stream_groups: int | None = None
+    #: the idle rule, both or neither (event time, keyed by stream): a stream ends (``stream_ended``, its
+    #: state freed) after its own step t >= idle_steps at which its released prefix sums moved by
+    #: ||release_t - release_{t-k}||_2 <= idle_threshold (the values' units). Decided from the releases
+    #: alone: post-processing, no privacy cost (docs/steps.md, rule 6).
+    idle_steps: int | None = None
+    idle_threshold: float | None = None
 
     #: the noise laws of this family (a counter may accept fewer: it says which)
     _noises: ClassVar[tuple[str, ...]] = ("gamma", "gaussian")
@@ -99,18 +105,11 @@ class ContinualSumParams(_VectorSumParams):
     ``horizon`` defaults to the clock's public end, else to the counter's unbounded mode;
     ``calibration`` applies to ``"tree"`` only. Guarantee: epsilon-DP (``noise="gamma"``) or
     (epsilon, delta)-DP (``"gaussian"``) for each contribution, over the whole stream.
-
-    ``idle_steps`` k and ``idle_threshold`` τ (both or neither; event time, keyed by stream): a stream
-    ends (``stream_ended``, its state freed) after its own step ``t >= k`` at which its released sums
-    moved by ``||release_t - release_{t-k}||_2 <= τ`` (τ in the values' units). Decided from the
-    releases alone: post-processing, no privacy cost (docs/steps.md, rule 6).
     """
 
     horizon: int | None = None
     unbounded: Literal["hybrid", "doubling"] = "hybrid"
     counter: str = "auto"
-    idle_steps: int | None = None
-    idle_threshold: float | None = None
 
     # Only the unit contributions of ContinualCount are integers; a real-valued sum plus integer noise
     # would release its fractional part exactly, so ContinualSum refuses discrete_laplace.
@@ -170,6 +169,7 @@ class WindowedSumParams(_VectorSumParams):
         mechanism = self.build_mechanism()
         self._validate_noise(mechanism, _public_end(self.clock))
         check_stream_groups(self, mechanism)
+        check_idle(self, mechanism)
         check_params_budget(self, mechanism)
 
     def build_mechanism(self):

@@ -107,8 +107,9 @@ def check_idle(params: Any, mechanism: Any) -> None:
     """``params.idle_steps`` k and ``params.idle_threshold`` τ (both or neither): a stream ends after its
     own step ``t >= k`` at which ``||release_t - release_{t-k}||_2 <= τ`` (the driver's idle rule, decided
     from released values only). Needs event-time steps, streams keyed alone (``stream_groups=None``: a
-    group ends as a whole) and a prefix-sum mechanism (a running total: its change over k steps is the
-    noisy sum of those steps); a windowed sum has no such rule and is refused."""
+    group ends as a whole) and a prefix-sum mechanism (``ContinualSumMechanism``: every counter and the
+    window tree release running totals, whose change over k steps is the noisy sum of those steps); a
+    mechanism that releases something else has no such rule and is refused."""
     steps, threshold = getattr(params, "idle_steps", None), getattr(params, "idle_threshold", None)
     if steps is None and threshold is None:
         return
@@ -121,10 +122,8 @@ def check_idle(params: Any, mechanism: Any) -> None:
     if getattr(params, "stream_groups", None) is not None:
         raise ValueError("idle_steps ends one stream: key by stream (stream_groups=None); a group ends as a whole")
     from beam_dp.mechanisms.base import ContinualSumMechanism
-    from beam_dp.mechanisms.window_tree import WindowTreeSum
 
-    inner = getattr(mechanism, "inner", mechanism)  # a snapped sum releases its inner mechanism's kind
-    if not isinstance(mechanism, ContinualSumMechanism) or isinstance(inner, WindowTreeSum):
+    if not isinstance(mechanism, ContinualSumMechanism):
         raise ValueError(f"idle_steps is defined for prefix sums (a stream's running total); {mechanism.name} "
                          "releases something else")
 

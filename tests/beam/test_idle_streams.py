@@ -61,6 +61,15 @@ def test_idle_params_that_have_no_rule_are_refused(kwargs, why):
         _params(**kwargs)
 
 
+def test_a_windowed_sum_has_the_rule_its_releases_are_prefix_sums_too():
+    from beam_dp.beam import WindowedSumParams
+
+    params = WindowedSumParams(dim=1, window=4, clock=OPEN, idle_steps=3, idle_threshold=0.5)
+    assert (params.idle_steps, params.idle_threshold) == (3, 0.5)
+    with pytest.raises(ValueError, match="key by stream"):
+        WindowedSumParams(dim=1, window=4, clock=OPEN, idle_steps=3, idle_threshold=0.5, stream_groups=2)
+
+
 def test_a_batch_clock_free_schedule_is_refused():
     with pytest.raises(ValueError, match="clock"):
         ContinualSumParams(dim=1, block_size=4, idle_steps=2, idle_threshold=1.0)

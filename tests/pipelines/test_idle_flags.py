@@ -16,7 +16,8 @@ def test_the_flags_set_the_sum_s_idle_rule_and_key_it_by_stream(tmp_path):
     job = continual_stats.plan(PipelineOptions(STREAMING + ["--idle-steps=6", "--idle-threshold=0.5",
                                                             f"--output={tmp_path}"]))
     assert (job.params["sum"].idle_steps, job.params["sum"].idle_threshold) == (6, 0.5)  # parsed exactly
-    assert job.params["sum"].stream_groups is None and job.params["windowed"].stream_groups == 256
+    assert job.params["windowed"].idle_steps == 6  # the windowed sum's releases are prefix sums too
+    assert job.params["sum"].stream_groups is None and job.params["windowed"].stream_groups is None
     plain = continual_stats.plan(PipelineOptions(STREAMING + [f"--output={tmp_path}"]))
     assert plain.params["sum"].idle_steps is None and plain.params["sum"].stream_groups == 256
 
