@@ -94,3 +94,19 @@ def test_an_idle_stream_ends_a_busy_one_does_not_as_recomputed_from_the_rows():
         assert ended is not None and max(step for step, _ in rows["idle"]) == ended
         assert idle_end_from_rows(rows["busy"]) is None and len(rows["busy"]) > STEPS
         assert sorted((d["reason"], d["stream"]) for d in flink.dead) == [("stream_ended", "idle")] * 2
+
+
+def test_a_declared_stream_releases_from_step_1_in_a_streaming_job_with_no_watermark_yet():
+    """Declared streams start at step 1 (rule 3): the declaration fixes a provisional key there, so a
+    declared stream without data releases steps 1.. like any other (the end rule: through step 16)."""
+    import dataclasses
+
+    from beam_dp.flink.job import _DECLARE
+
+    flink = ScriptedFlink(dataclasses.replace(_params(), streams=("a", "quiet")), provisional=True)
+    flink.element("quiet", OPEN.start, _DECLARE)
+    flink.element("a", 25.0, [0.5])  # "a", not declared here, opens provisionally at its item's step (3)
+    flink.advance(_ms(52))
+    flink.advance(END)
+    assert sorted(r["step"] for r in flink.releases if r["stream"] == "quiet") == list(range(1, 17))
+    assert sorted(r["step"] for r in flink.releases if r["stream"] == "a") == list(range(3, 17))
