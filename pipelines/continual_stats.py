@@ -110,14 +110,15 @@ def plan(options) -> Plan:
                   **lateness(opts, ContinualSumParams))
     vector = dict(dim=dim, clip_bound=opts.clip_bound, granularity=opts.granularity, **common)
     counter = dict(horizon=opts.horizon, unbounded=opts.unbounded, counter=opts.counter)
+    idle = dict(idle_steps=opts.idle_steps, idle_threshold=opts.idle_threshold)
     params: dict[str, Any] = {"sum": params_or_usage_error(
-        lambda: ContinualSumParams(**counter, **vector, **budget["sum"].params()), "sum")}
+        lambda: ContinualSumParams(**counter, **vector, **idle, **budget["sum"].params()), "sum")}
     if opts.count:
         params["count"] = params_or_usage_error(
             lambda: ContinualCountParams(**counter, **common, **budget["count"].params()), "count")
     if window:
         params["windowed"] = params_or_usage_error(
-            lambda: WindowedSumParams(window=window, **vector, **budget["windowed"].params()), "windowed")
+            lambda: WindowedSumParams(window=window, **vector, **idle, **budget["windowed"].params()), "windowed")
     groups = default_stream_groups(streaming) if opts.stream_groups is None else opts.stream_groups
     if groups < 0:
         raise UsageError(f"--stream-groups must be an integer >= 0, got {groups}")
@@ -132,10 +133,11 @@ def default_stream_groups(streaming: bool) -> int:
 
 
 def _with_stream_groups(params: Any, groups: int) -> Any:
-    """``params`` keyed by ``groups`` groups of streams where its mechanism steps groups (else unchanged)."""
+    """``params`` keyed by ``groups`` groups of streams where its mechanism steps groups and no stream ends
+    alone by the idle rule (else unchanged: keyed by stream)."""
     from beam_dp.mechanisms.stream_groups import groups_for
 
-    if groups_for(params.build_mechanism(), groups) is None:
+    if getattr(params, "idle_steps", None) is not None or groups_for(params.build_mechanism(), groups) is None:
         return params
     return params_or_usage_error(lambda: dataclasses.replace(params, stream_groups=groups), "stream groups")
 

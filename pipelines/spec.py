@@ -224,6 +224,12 @@ JOBS: dict[str, tuple[Param, ...]] = {
           regex=_NON_NEGATIVE_INT, fields=("stream_groups",)),
         P("block_size", "Count steps of this many contributions instead of start/period.", kind="int",
           regex=_POSITIVE_INT, fields=("block_size",), cli=False),
+        P("idle_steps", "End a stream's sums (one stream_ended dead letter, its state freed) after its own step t >= "
+          "this many steps at which its released sum moved by at most --idle-threshold over the last that many "
+          "steps (the sum and the windowed sum, each on its own releases; not the count). Decided from the "
+          "releases alone (no privacy cost); those sums are then keyed by stream. Default: off.", kind="int", regex=_POSITIVE_INT, fields=("idle_steps",), yaml=False),
+        P("idle_threshold", "With --idle-steps: the L2 change of the released sum (in the values' units) at or "
+          "below which a stream is idle.", kind="float", fields=("idle_threshold",), yaml=False),
         STREAMS) + KEY + RUN,
     "model_release": _io(
         "model_release", "CSV/Parquet/JSON-lines files (or glob) with columns stream_id, x_0..x_{d-1}, label. "

@@ -23,13 +23,14 @@ first open step, so it holds the transform's output watermark at or before the t
 still to come: releases, stamped ``end(step) + allowed_lateness`` (:meth:`StepDriver.release_time`)
 whatever timer closed them, are never late for a downstream window.
 
-**Beam's end rule.** At +infinity every armed timer fires, and a rung cannot tell the last finite
-watermark from the end. Runners that fire a key's timers in timestamp order (the DirectRunner
-does) fire the rungs before ``end``, so the end of input releases every step up to the furthest
-rung: the first step numbered a multiple of 16 at or after the first step the watermark had not
-closed (capped at the clock's last step); a runner that fired ``end`` first would release only what
-the driver's exact rule allows. Either way at most 15 steps more than the exact rule, which Flink
-applies (it reports the exact watermark); the schedule stays public and data-independent.
+**The end rule** (:meth:`StepDriver.end_step`, the same on Flink). At +infinity every armed timer
+fires, and a rung cannot tell the last finite watermark from the end. The key's state records where
+its first rung is armed (``first_rung``, set whenever rung 1 is set); while no rung has closed a step
+since then (``first_rung == next_step``: the key is at rest) the ``end`` timer releases through the
+first multiple of 16 after ``next_step``; once a rung has (the rungs already fired at +infinity, in
+timestamp order) it releases nothing more. Both orders, rungs then ``end`` (the DirectRunner) and
+``end`` first, release the same steps, and so does a restore between any two firings (the record is
+keyed state). Timers a firing sets at +infinity fire after ``end``, on an ended key.
 
 **Metrics** (namespace ``beam_dp/<mechanism>``): ``releases``, ``dead_letters`` and
 ``dead_letters/<reason>``, ``buffered_items`` (net items held in buffers), ``timer_firings``,
@@ -63,7 +64,7 @@ from beam_dp.steps.coder import (KeyState, UnreadableState, decode_entry, decode
                                  encode_key_state, join_entries, split_entries)
 from beam_dp.mechanisms.base import ClippedSum
 from beam_dp.mechanisms.stream_groups import GroupBlock, GroupedSum
-from beam_dp.steps.driver import CARRIED, RELEASE, ListBuffer, Output, StepDriver, release_step
+from beam_dp.steps.driver import CARRIED, END_RUNG, RELEASE, ListBuffer, Output, StepDriver, release_step
 from beam_dp.steps.events import DEAD_LETTER
 from beam_dp.steps.policies import BlockPolicy, GroupPolicy
 from beam_dp.steps.schema import ReleaseColumns
@@ -72,7 +73,7 @@ from beam_dp.io.keys import load_noise_source
 __all__ = ["BufferCoder", "ContinualReleaseDoFn", "DriverDoFn", "EncodedBuffer", "SummingBuffer"]
 
 _END_OF_INPUT = GlobalWindow().max_timestamp()
-LADDER = (1, 4, 16)  # rungs of close timers: every k-th step (dynamic timer tags); the top bounds the end rule
+LADDER = (1, 4, END_RUNG)  # rungs of close timers: every k-th step (dynamic timer tags); the top is the end rule's
 
 
 class BufferCoder(Coder):
@@ -233,7 +234,6 @@ class DriverDoFn(beam.DoFn):
         streaming = self._per_step_timers and self._driver.clock is not None
         state = self._driver.open(key, provisional=streaming)
         state.stream_groups = self._groups
-        key_state.write(encode_key_state(state))
         if self._driver.clock is None:
             if self._driver.block_size is None:  # marker steps: the end of the input closes the rest
                 end.set(_END_OF_INPUT)
@@ -243,23 +243,27 @@ class DriverDoFn(beam.DoFn):
             end.set(_END_OF_INPUT)
         else:
             close.set(Timestamp(micros=self._driver.final_timer()))
+        key_state.write(encode_key_state(state))
         return state
 
     def declare(self, state: KeyState, key_state, close) -> None:
         """A declaration: a provisional key releases from step 1 (its ladder armed there)."""
         if state.provisional:
             self._driver.declare(state)
-            key_state.write(encode_key_state(state))
             self.arm_ladder(close, state)
+            key_state.write(encode_key_state(state))
 
     def arm_ladder(self, close, state: KeyState) -> None:
         for every in LADDER:
             self.arm(close, state, every)
 
     def arm(self, close, state: KeyState, every: int) -> None:
-        """Set the ladder rung ``every`` to the close of the next open step numbered a multiple of it."""
+        """Set the ladder rung ``every`` to the close of the next open step numbered a multiple of it
+        (rung 1: recorded in ``state.first_rung``, which the end rule reads; the caller writes ``state``)."""
         if (timer := self._driver.timer(state, every)) is not None:
             close.set(Timestamp(micros=timer), dynamic_timer_tag=str(every))
+            if every == 1:
+                state.first_rung = state.next_step
 
     def emit(self, outputs: list[Output]) -> Iterator:
         """Outputs as Beam outputs: a release stamped with its step's public time (event-time steps)."""
@@ -290,10 +294,10 @@ class DriverDoFn(beam.DoFn):
             state, outputs = self.unreadable(state.key, key_state, bag, exc, sums)
             yield from self.emit(outputs)
             return
-        if self._driver.block_size is not None or state.lowest != lowest or state.next_step != first:
-            key_state.write(encode_key_state(state))
         if state.provisional and state.next_step != first:  # a provisional key moved: its ladder follows
             self.arm_ladder(self._close, state)
+        if self._driver.block_size is not None or state.lowest != lowest or state.next_step != first:
+            key_state.write(encode_key_state(state))
         yield from self.emit(outputs)
 
     @on_timer(CLOSE)
@@ -309,12 +313,12 @@ class DriverDoFn(beam.DoFn):
             except UnreadableState as exc:
                 state, outputs = self.unreadable(key, key_state, buffer, exc, sums)
             else:
-                key_state.write(encode_key_state(state))
                 if state.next_step > before:
                     self.closed(state.next_step - 1)
                 if self._per_step_timers:  # an untagged timer was set by a version before the ladder: arm every rung
                     for every in (int(rung),) if rung else LADDER:
                         self.arm(close, state, every)
+                key_state.write(encode_key_state(state))
         yield from self.emit(outputs)
 
     def closed(self, step: int) -> None:

@@ -26,7 +26,7 @@ from beam_dp.core.limits import (EPSILON_RANGE, MAX_DIM, MAX_SCALE, MIN_SCALE, c
 from beam_dp.core.clock import StepClock
 from beam_dp.mechanisms.base import ContinualSumMechanism
 from beam_dp.mechanisms.snapping import SnappedSum
-from beam_dp.steps.params import NoiseKey, StepParams, check_stream_groups
+from beam_dp.steps.params import NoiseKey, StepParams, check_idle, check_stream_groups
 
 __all__ = ["ContinualCountParams", "ContinualSumParams", "NoiseKey", "WindowedSumParams"]
 
@@ -48,6 +48,12 @@ class _VectorSumParams(StepParams):
     #: state and timer per group, the group stepped in one numpy operation, releases as Arrow tables;
     #: None keys by stream. Releases do not depend on it (noise is keyed per stream).
     stream_groups: int | None = None
+    #: the idle rule, both or neither (event time, keyed by stream): a stream ends (``stream_ended``, its
+    #: state freed) after its own step t >= idle_steps at which its released prefix sums moved by
+    #: ||release_t - release_{t-k}||_2 <= idle_threshold (the values' units). Decided from the releases
+    #: alone: post-processing, no privacy cost (docs/steps.md, rule 6).
+    idle_steps: int | None = None
+    idle_threshold: float | None = None
 
     #: the noise laws of this family (a counter may accept fewer: it says which)
     _noises: ClassVar[tuple[str, ...]] = ("gamma", "gaussian")
@@ -125,6 +131,7 @@ class ContinualSumParams(_VectorSumParams):
         mechanism = self.build_mechanism()
         self._validate_noise(mechanism, self.horizon or _public_end(self.clock))
         check_stream_groups(self, mechanism)
+        check_idle(self, mechanism)
         check_params_budget(self, mechanism)
 
     def build_mechanism(self):
@@ -162,6 +169,7 @@ class WindowedSumParams(_VectorSumParams):
         mechanism = self.build_mechanism()
         self._validate_noise(mechanism, _public_end(self.clock))
         check_stream_groups(self, mechanism)
+        check_idle(self, mechanism)
         check_params_budget(self, mechanism)
 
     def build_mechanism(self):

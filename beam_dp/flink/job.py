@@ -89,8 +89,9 @@ def _dead_json(letter: DeadLetter) -> str:
 class ContinualReleaseFunction(KeyedProcessFunction):
     """Keyed by stream (or group of streams); moves state and timers between Flink and the driver, nothing else."""
 
-    def __init__(self, params: Any):
+    def __init__(self, params: Any, provisional: bool = False):
         self._params = params
+        self._provisional = provisional  # streaming: a key opened before any watermark waits for its first timer
 
     def open(self, runtime_context: RuntimeContext) -> None:
         params = self._params
@@ -140,15 +141,27 @@ class ContinualReleaseFunction(KeyedProcessFunction):
             self._mechanism_state.update(np.asarray(held, dtype=np.uint8).tobytes())
 
     def _state(self, key: str, ctx, mechanism: bool = False) -> KeyState:
-        """The key's driver state; a key seen for the first time opens at Flink's current watermark."""
+        """The key's driver state; a key seen for the first time opens at Flink's current watermark. With
+        none yet (a job just started or restored: Flink's watermark is not checkpointed) a streaming key
+        opens provisionally, as on Beam: at the lowest step of its items until its first timer fires."""
         state = self._load(mechanism)
         if state is not None:
             return state
         watermark = ctx.timer_service().current_watermark()
-        state = self._driver.open(key, None if watermark == _MIN_WATERMARK else (watermark + 1) * 1000)
+        if watermark == _MIN_WATERMARK and self._provisional:
+            state = self._driver.open(key, provisional=True)
+        else:
+            state = self._driver.open(key, None if watermark == _MIN_WATERMARK else (watermark + 1) * 1000)
         self._store(state, True)
         self._timer(ctx, state)
         return state
+
+    def _declare(self, state: KeyState, ctx) -> None:
+        """A declared stream (or a group with one) releases from step 1: fixes a provisional key there."""
+        if state.provisional:
+            self._driver.declare(state)
+            self._store(state, False)
+            self._timer(ctx, state)
 
     def process_element(self, value, ctx: KeyedProcessFunction.Context):
         stream, seconds, payload = value
@@ -157,12 +170,13 @@ class ContinualReleaseFunction(KeyedProcessFunction):
                 return
             if self._grouped:  # a group learns its declared streams as carried items
                 state = self._state(ctx.get_current_key(), ctx)
+                self._declare(state, ctx)
                 lowest = state.lowest
                 self._driver.carry(state, self._buffer, GroupBlock.declaring([stream], self._mechanism.dim))
                 if state.lowest != lowest:
                     self._store(state, False)
             else:
-                self._state(stream, ctx)
+                self._declare(self._state(stream, ctx), ctx)
             return
         parsed = parse_contribution((stream, seconds, payload), self._mechanism, self._driver.clock, self._streams)
         if isinstance(parsed, DeadLetter):
@@ -173,10 +187,12 @@ class ContinualReleaseFunction(KeyedProcessFunction):
             block = GroupBlock((stream,), block.vector[None, :], np.array([block.count]), np.array([block.clipped]))
         counted = self._driver.block_size is not None  # a count step may close here: it needs the mechanism
         state = self._state(ctx.get_current_key() if self._grouped else stream, ctx, counted)
-        lowest = state.lowest
+        lowest, first = state.lowest, state.next_step
         outputs = self._driver.add(state, self._buffer, step, block, (stream, seconds, payload), stream)
-        if counted or state.lowest != lowest:  # else nothing but the buffer changed
+        if counted or state.lowest != lowest or state.next_step != first:  # else nothing but the buffer changed
             self._store(state, counted)
+        if state.provisional and state.next_step != first:  # a provisional key placed lower: its timer follows
+            self._timer(ctx, state)
         yield from self._emit(outputs)
 
     def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext):
@@ -258,9 +274,10 @@ def release_stream(env: StreamExecutionEnvironment, events, params: Any, *, uid:
         stream = event[0] if isinstance(event[0], str) else ""
         return group_key(group_of(stream, groups)) if groups is not None else stream
 
+    streaming = env.get_config().get_auto_watermark_interval() > 0  # else a replay: new keys start at step 1
     releases = (events
                 .key_by(key, key_type=Types.STRING())
-                .process(ContinualReleaseFunction(params), output_type=Types.STRING())
+                .process(ContinualReleaseFunction(params, provisional=streaming), output_type=Types.STRING())
                 .uid(operator).name(uid or params.noise_key.domain))
     return releases, releases.get_side_output(DEAD_LETTERS)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from beam_dp.steps.params import StepParams, check_stream_groups
+from beam_dp.steps.params import StepParams, check_idle, check_stream_groups
 
 __all__ = ["FlinkReleaseParams"]
 
@@ -20,11 +20,14 @@ class FlinkReleaseParams(StepParams):
     :mod:`beam_dp.flink.domains`). Flink timers are in milliseconds, so the step start, the period and
     the grace must be whole milliseconds. A Beam params object of the continual sums works in its place.
     ``stream_groups``: key the function by this many groups of streams (event time, a mechanism that
-    steps groups; see ``beam_dp.mechanisms.stream_groups``); None keys by stream.
+    steps groups; see ``beam_dp.mechanisms.stream_groups``); None keys by stream. ``idle_steps`` /
+    ``idle_threshold``: the idle rule of a prefix sum, as on ``ContinualSumParams``.
     """
 
     build: Callable[[], Any] | None = None
     stream_groups: int | None = None
+    idle_steps: int | None = None
+    idle_threshold: float | None = None
 
     def __post_init__(self) -> None:
         if not callable(self.build):
@@ -37,6 +40,7 @@ class FlinkReleaseParams(StepParams):
         mechanism = self.build()  # invalid privacy parameters fail here, before a job is submitted
         if self.stream_groups is not None:
             check_stream_groups(self, mechanism)
+        check_idle(self, mechanism)
 
     def build_mechanism(self) -> Any:
         return self.build()

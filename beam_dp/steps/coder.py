@@ -148,13 +148,18 @@ class KeyState:
     ``provisional``: no close timer has fired for the key yet, so its first step is not fixed (an
     engine that cannot read the watermark opens a key at the lowest step of the items it receives
     before its first firing; version 2); ``stream_groups``: the group count the key was opened under
-    (0 keyed by stream; None when not recorded, i.e. written by version 1); ``stream_ended``: the mechanism refused a step at its public end (horizon or budget); the stream
+    (0 keyed by stream; None when not recorded, i.e. written by version 1); ``first_rung``: the step
+    the first rung of a Beam key's ladder of close timers is armed at (version 3; None: no ladder,
+    e.g. Flink, or not recorded): equal to ``next_step`` when no rung has closed a step since that
+    rung was last set, which the end rule reads; ``recent``: the stream's last released values, one
+    row per step, the first row the empty sum (version 3; only with the idle rule: ``idle_steps``;
+    released values, public); ``stream_ended``: the mechanism refused a step at its public end (horizon or budget); the stream
     is over and its mechanism state freed; ``lowest``: the lowest step with buffered items (0 when
     items are carried across steps, None when nothing is buffered), so closing empty steps never
     reads the buffer.
     """
 
-    STATE_VERSION: ClassVar[int] = 2
+    STATE_VERSION: ClassVar[int] = 3
     key: str
     mechanism: np.ndarray
     next_step: int
@@ -166,12 +171,16 @@ class KeyState:
     lowest: int | None = None
     provisional: bool = False
     stream_groups: int | None = None
+    first_rung: int | None = None
+    recent: np.ndarray | None = None
 
 
 #: per class, ``{v: fields of version v -> fields of version v + 1}`` (absent: the identity, i.e. the
 #: next version only added fields with defaults)
 MIGRATIONS: dict[type, dict[int, Callable[[dict], dict]]] = {
-    KeyState: {1: dict},  # v2 added ``provisional`` (False) and ``stream_groups`` (None: not recorded)
+    KeyState: {1: dict,  # v2 added ``provisional`` (False) and ``stream_groups`` (None: not recorded)
+               2: dict},  # v3 added ``first_rung`` (None: not recorded; the end rule then takes the key as at
+                         # rest) and ``recent`` (None: the idle rule starts its window at the next release)
 }
 
 

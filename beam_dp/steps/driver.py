@@ -20,16 +20,24 @@ Public rules (the same on every engine):
 * **Release times.** A step's release rows carry the public time :meth:`StepDriver.release_time`:
   ``end(s) + allowed_lateness``, whichever timer, rung, restore or end of input closed the step.
 * **End of input** (watermark at +infinity: drain, end of a bounded input, Flink ``stop --drain``):
-  the open steps that began before ``W − allowed_lateness`` (``W`` the last finite watermark) are
-  released, in order; no later step is. With no finite watermark ever seen (a batch replay) the
-  clock's public ``end`` is used. Buffered items of steps that are not released go to the dead
-  letters (``unclosed``).
+  with ``b`` the first step the last finite watermark had not closed, the open steps through
+  :meth:`StepDriver.end_step` ``(b)`` = the first multiple of :data:`END_RUNG` after ``b`` (capped at
+  the clock's public ``end``) are released, in order; no later step is. This is the one rule an
+  engine without a watermark (Beam: a ladder of close timers whose top rung is every
+  :data:`END_RUNG` steps) applies whatever order its timers fire in at +infinity; an engine with
+  the watermark (Flink) computes the same step. With no finite watermark ever seen and no ladder
+  (a batch replay) the clock's public ``end`` is used. Buffered items of steps that are not
+  released go to the dead letters (``unclosed``).
 * **Count steps.** A block of ``block_size`` contributions in arrival order is one step; an
   incomplete block is never released.
 * **The end of a stream.** A mechanism refuses a step (``ValueError``) only at its public end (a
   horizon or a budget fixed at construction, never the data). The stream then ends: one
   ``stream_ended`` dead letter, its state and buffers are freed, no later step is fed, and every
   later item is dead-lettered ``stream_ended`` with its element kept.
+* **Idle streams** (``idle_steps`` k, ``idle_threshold`` τ): a stream also ends so after its own step
+  ``t ≥ k`` when its released values moved little: ``‖release_t − release_{t−k}‖₂ ≤ τ`` (release_0 = 0,
+  the empty sum). Decided from released values only (post-processing: no privacy cost), so anyone
+  recomputes it from the release rows.
 
 The driver holds no privacy arithmetic: clipping, noise and accounting are the mechanism's.
 """
@@ -47,10 +55,11 @@ from beam_dp.steps.coder import UNREADABLE_STATE, KeyState, UnreadableState
 from beam_dp.steps.events import DEAD_LETTER, DeadLetter, Reason
 from beam_dp.steps.schema import ReleaseColumns, ReleaseRow, release_to_row
 
-__all__ = ["CARRIED", "RELEASE", "SNAPSHOTS", "Buffer", "ListBuffer", "Output", "StepDriver", "release_step"]
+__all__ = ["CARRIED", "END_RUNG", "RELEASE", "SNAPSHOTS", "Buffer", "ListBuffer", "Output", "StepDriver", "release_step"]
 
 RELEASE, SNAPSHOTS = "release", "snapshots"
 CARRIED = 0  # the step of buffered items that wait across steps (a growing database's queries)
+END_RUNG = 16  # the end rule releases through the first multiple of END_RUNG after the first unclosed step
 
 
 class Output(NamedTuple):
@@ -98,21 +107,26 @@ class StepDriver:
 
     def __init__(self, policy: Any, clock: StepClock | None = None, block_size: int | None = None,
                  last_step: int | None = None, allowed_lateness: float = 0.0,
-                 restored: Iterable[tuple[str, bytes]] | None = None):
+                 restored: Iterable[tuple[str, bytes]] | None = None, idle_steps: int | None = None,
+                 idle_threshold: float = 0.0):
         self.policy = policy
         self.clock = clock
         self.block_size = block_size
         self.last_step = last_step
         self.grace = round(allowed_lateness * 1_000_000)
         self._restored = dict(restored or ())
+        self.idle_steps, self.idle_threshold = idle_steps, idle_threshold
 
     @classmethod
     def for_params(cls, params: Any, policy: Any) -> "StepDriver":
-        """A driver for a step-params object (``clock``, ``block_size``, ``allowed_lateness``, ``restore_states``)."""
+        """A driver for a step-params object (``clock``, ``block_size``, ``allowed_lateness``, ``restore_states``,
+        and where the family has them ``idle_steps`` / ``idle_threshold``)."""
         clock = params.clock
         return cls(policy, clock=clock, block_size=params.block_size,
                    last_step=None if clock is None else clock.last_step,
-                   allowed_lateness=params.allowed_lateness, restored=params.restore_states)
+                   allowed_lateness=params.allowed_lateness, restored=params.restore_states,
+                   idle_steps=getattr(params, "idle_steps", None),
+                   idle_threshold=getattr(params, "idle_threshold", None) or 0.0)
 
     # -- keys and timers ------------------------------------------------------------------------
     def open(self, key: str, watermark: int | None = None, provisional: bool = False) -> KeyState:
@@ -174,6 +188,19 @@ class StepDriver:
                 return None
             step = min(step, self.last_step)
         return self.clock.step_end_micros(step) + self.grace
+
+    def end_step(self, first_open: int) -> int:
+        """The last step the end of input releases when ``first_open`` is the first step the last
+        finite watermark had not closed: the first multiple of :data:`END_RUNG` after it, capped at
+        the public last step. A public function of the schedule and the watermark, never the data.
+
+        Why this step (docs/steps.md, rule 4): a Beam key at rest has its ladder's rungs at
+        ``first_open`` and the next multiples of 4 and 16; at +infinity they fire (in timestamp
+        order) before the end timer and close through the top rung, and when ``first_open`` is itself
+        a multiple of 16 the state they leave is exactly that of a key at rest one step later, whose
+        top rung is 16 steps on; so the only rule the end timer can apply in every order is this one."""
+        upto = (first_open // END_RUNG + 1) * END_RUNG
+        return upto if self.last_step is None else min(upto, self.last_step)
 
     def final_timer(self) -> int | None:
         """A batch replay's single timer: the close of the public last step."""
@@ -289,13 +316,7 @@ class StepDriver:
             new, releases, letters = self.policy.close(state.key, mech_state, step, items, context)
         except ValueError as exc:
             reason = f"step {step} refused by {self.policy.mechanism.name}: {str(exc)[:200]}"
-            detail = f"the stream ended: {reason}; buffered contributions of later steps are discarded"
-            out.append(_dead(Reason.STREAM_ENDED, detail, state.key))
-            state.mechanism = np.zeros(0, dtype=np.uint8)
-            state.ended = state.stream_ended = True
-            state.lowest = None
-            buffer.clear()
-            return None
+            return self._end_stream(state, buffer, reason, out)
         out.extend(Output(DEAD_LETTER, letter) for letter in letters)
         times = (None, None)
         if self.clock is not None and self.policy.timed_rows:
@@ -305,21 +326,46 @@ class StepDriver:
             releases = [dataclasses.replace(release, step=release.step + state.offset) for release in releases]
         out.extend(Output(RELEASE, ReleaseColumns(release, guarantee, *times) if isinstance(release, ReleaseBatch)
                           else release_to_row(release, guarantee, *times)) for release in releases)
+        if self.idle_steps is not None and self._idle(state, releases):
+            moved = f"its releases moved by at most {self.idle_threshold:g} over its last {self.idle_steps} steps"
+            return self._end_stream(state, buffer, f"idle after step {step}: {moved}", out)
         return new
+
+    def _idle(self, state: KeyState, releases: list) -> bool:
+        """The idle rule after one step's releases (one prefix-sum release per step): appends the released
+        value to ``state.recent`` (the last ``idle_steps + 1`` values, the first the empty sum) and tells
+        whether ``‖release_t − release_{t−k}‖₂ ≤ idle_threshold``. Reads released values only."""
+        value = np.concatenate([np.asarray(release.value, dtype=np.float64).ravel() for release in releases])
+        recent = state.recent if state.recent is not None and state.recent.size else np.zeros((1, value.size))
+        state.recent = np.vstack([recent, value[None, :]])[-(self.idle_steps + 1):]
+        return (len(state.recent) == self.idle_steps + 1
+                and float(np.linalg.norm(state.recent[-1] - state.recent[0])) <= self.idle_threshold)
+
+    def _end_stream(self, state: KeyState, buffer: Buffer, reason: str, out: list[Output]) -> None:
+        """Rule 6: one ``stream_ended`` dead letter, the key's state and buffers freed; returns None."""
+        detail = f"the stream ended: {reason}; buffered contributions of later steps are discarded"
+        out.append(_dead(Reason.STREAM_ENDED, detail, state.key))
+        state.mechanism = np.zeros(0, dtype=np.uint8)
+        state.ended = state.stream_ended = True
+        state.lowest = state.recent = None
+        buffer.clear()
+        return None
 
     def finish(self, state: KeyState, buffer: Buffer) -> list[Output]:
         """The watermark reached +infinity: release what the end rule allows, dead-letter the rest."""
         if state.ended:
             return []
-        state.provisional = False
+        streaming, state.provisional = state.provisional, False  # a provisional key is streaming, even unfired
         if self.clock is not None and state.next_step < 1:  # a provisional key that never got a step
             upto = -1
         elif self.clock is None:
             upto = self.last_step if self.block_size is None and self.last_step is not None else state.next_step - 1
-        elif state.watermark is None:
+        elif state.watermark is None and state.first_rung is None and not streaming:  # a replay
             upto = self.last_step if self.last_step is not None else state.next_step - 1
-        else:  # steps begun before the last finite watermark less the grace
-            upto = int(self.clock.step_of_micros(state.watermark - self.grace - 1))
+        elif state.first_rung in (None, state.next_step):  # at rest: next_step is the first step W_last left open
+            upto = self.end_step(state.next_step)
+        else:  # a rung closed steps since the first rung was set: the ladder already closed what the rule allows
+            upto = state.next_step - 1
         out = self.close_through(state, buffer, upto)
         if self.block_size is None:  # an incomplete count block is simply never released
             unclosed = sorted({step for step, _ in buffer.read() if step != CARRIED})

@@ -18,7 +18,7 @@ from beam_dp.core.budget import BudgetShare
 from beam_dp.core.clock import StepClock
 from beam_dp.core.noise import KEY_ENV_VAR, NoiseSource
 
-__all__ = ["NoiseKey", "StepParams", "check_schedule", "check_stream_groups", "check_streams"]
+__all__ = ["NoiseKey", "StepParams", "check_idle", "check_schedule", "check_stream_groups", "check_streams"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,31 @@ def check_stream_groups(params: Any, mechanism: Any) -> None:
         raise ValueError(
             f"stream_groups needs a mechanism that steps groups of streams; {mechanism.name} does not "
             "(every counter and the window tree do; a granularity wraps them in snapping, which does not)")
+
+
+def check_idle(params: Any, mechanism: Any) -> None:
+    """``params.idle_steps`` k and ``params.idle_threshold`` τ (both or neither): a stream ends after its
+    own step ``t >= k`` at which ``||release_t - release_{t-k}||_2 <= τ`` (the driver's idle rule, decided
+    from released values only). Needs event-time steps, streams keyed alone (``stream_groups=None``: a
+    group ends as a whole) and a prefix-sum mechanism (``ContinualSumMechanism``: every counter and the
+    window tree release running totals, whose change over k steps is the noisy sum of those steps); a
+    mechanism that releases something else has no such rule and is refused."""
+    steps, threshold = getattr(params, "idle_steps", None), getattr(params, "idle_threshold", None)
+    if steps is None and threshold is None:
+        return
+    if steps is None or threshold is None:
+        raise ValueError("give both idle_steps and idle_threshold (in the releases' units), or neither")
+    limits.check_count("idle_steps", steps, 1, limits.MAX_STEPS)
+    limits.check_number("idle_threshold", threshold, 0.0, limits.MAX_SCALE)
+    if params.clock is None:
+        raise ValueError("idle_steps needs event-time steps (a clock): count steps only pass with data")
+    if getattr(params, "stream_groups", None) is not None:
+        raise ValueError("idle_steps ends one stream: key by stream (stream_groups=None); a group ends as a whole")
+    from beam_dp.mechanisms.base import ContinualSumMechanism
+
+    if not isinstance(mechanism, ContinualSumMechanism):
+        raise ValueError(f"idle_steps is defined for prefix sums (a stream's running total); {mechanism.name} "
+                         "releases something else")
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 a watermark at +infinity with an open clock, a stream first seen after the watermark passed, and a
 watermark jump closed by the ladder of close timers.
 
-Beam's end rule (beam_dp/beam/dofn.py): at +infinity a key releases up to its furthest armed rung,
-the first step numbered a multiple of 16 at or after its first step the watermark had not closed.
+The end rule (``StepDriver.end_step``, the same on Flink): at +infinity a key releases through the
+first multiple of 16 after the first step the last finite watermark had not closed.
 
 Every rule is checked keyed by stream and keyed by groups of streams (``stream_groups``): the
 releases must be the same."""
@@ -98,8 +98,8 @@ def test_data_within_the_grace_counts_and_later_data_is_dead_lettered(groups):
               .add_elements(_at(("a", 4.0, [9.0])))  # step 1 again: late, dead-lettered whole
               .advance_watermark_to(30)
               .advance_watermark_to_infinity())
-    # steps 1-2 close by the grace (step 3 ends at 30 s + 5 s grace > 30 s); at the end Beam releases
-    # through step 16, the furthest rung (the driver's exact rule: through step 3, begun before 30 - 5 s)
+    # steps 1-2 close by the grace (step 3 ends at 30 s + 5 s grace > 30 s); at the end the first open
+    # step is 3: through step 16
     _run(stream, params, _expected(params, on_time, 16), {Reason.LATE: 1}, groups)
 
 
@@ -109,9 +109,21 @@ def test_watermark_at_infinity_ends_an_open_clock_cleanly(groups):
     stream = (TestStream().add_elements(_at(*on_time, ("a", 175.0, [0.5])))  # step 18: never reached
               .advance_watermark_to(25)
               .advance_watermark_to_infinity())
-    # steps 1-2 closed by the watermark; at the end steps 3..16 (the furthest rung), nothing after
-    # (the exact rule: through step 3); step 18's buffered data: unclosed
+    # steps 1-2 closed by the watermark; at the end steps 3..16 (the end rule), nothing after;
+    # step 18's buffered data: unclosed
     _run(stream, params, _expected(params, on_time, 16), {Reason.UNCLOSED: 1}, groups)
+
+
+def test_the_end_rule_holds_when_the_first_open_step_is_a_multiple_of_16(groups):
+    """The watermark stops inside step 16: its three rungs sit on step 16 and fire (in timestamp order)
+    before ``end``; the end rule releases through step 32 (tests/beam/test_end_rule.py: ``end`` first
+    too), and step 33's data is unclosed."""
+    params = ContinualSumParams(dim=1, epsilon=1.0, clip_bound=1.0, clock=OPEN)
+    on_time = [("a", 5.0, [0.5]), ("a", 152.0, [0.25]), ("a", 315.0, [1.0])]
+    stream = (TestStream().add_elements(_at(*on_time, ("a", 325.0, [0.5])))  # step 33: beyond the rule
+              .advance_watermark_to(155)
+              .advance_watermark_to_infinity())
+    _run(stream, params, _expected(params, on_time, 32), {Reason.UNCLOSED: 1}, groups)
 
 
 def test_a_stream_first_seen_late_never_releases_behind_the_watermark(groups):
@@ -127,7 +139,7 @@ def test_a_stream_first_seen_late_never_releases_behind_the_watermark(groups):
               .add_elements(_at(("late", 12.0, [1.0]), ("late", 58.0, [1.0])))  # steps 2 and 6: late
               .advance_watermark_to(72)
               .advance_watermark_to_infinity())
-    # "late"'s releases are steps 6.. (its own steps 1..), up to the furthest rung at the end (step 16)
+    # "late"'s releases are steps 6.. (its own steps 1..), through step 16 at the end (the end rule)
     expected = _expected(params, a, 16) + _expected(params, late, 16, first_step=6)
     assert sorted(r.step for r in expected if r.stream == "late") == list(range(6, 17))
     _run(stream, params, expected, {Reason.LATE: 2}, groups)

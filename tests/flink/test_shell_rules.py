@@ -1,8 +1,8 @@
 """The streaming rules through the Flink shell (:class:`beam_dp.flink.job.ContinualReleaseFunction`),
 driven by a scripted Flink: keyed state, event-time timers and watermarks moved by the test, so each
 rule is checked exactly (a MiniCluster's periodic watermarks cannot be placed between two events).
-The same scenarios as tests/beam/test_streaming_rules.py; here the end rule is the driver's exact one,
-because Flink hands the shell its watermark. Needs .venv-flink (``make flink-test``)."""
+The same scenarios as tests/beam/test_streaming_rules.py, with the same end rule (``StepDriver.end_step``
+of the first step the last finite watermark had not closed: Flink knows it exactly). Needs .venv-flink (``make flink-test``)."""
 
 from __future__ import annotations
 
@@ -65,8 +65,9 @@ class ScriptedFlink:
     """One parallel instance of the keyed function: per-key state, event-time timers that fire, in
     timestamp order, when the test moves the watermark (ms, Flink's: no more records ``<= W``)."""
 
-    def __init__(self, params):
-        self.function = ContinualReleaseFunction(params)
+    def __init__(self, params, provisional=False):
+        self.params, self.provisional = params, provisional
+        self.function = ContinualReleaseFunction(params, provisional)
         self.states: dict[str, dict] = {}
         self.timers: set[tuple[int, str]] = set()
         self.watermark = MIN_WATERMARK
@@ -75,6 +76,13 @@ class ScriptedFlink:
         self.releases: list[dict] = []
         self.dead: list[dict] = []
         self.function.open(self)  # the runtime context: get_state / get_list_state follow the current key
+
+    def restore(self):
+        """A restore from a checkpoint: a fresh function on the checkpointed keyed state (its bytes) and
+        timers; Flink's watermark is not checkpointed, so it starts again unknown."""
+        self.function = ContinualReleaseFunction(self.params, self.provisional)
+        self.function.open(self)
+        self.watermark = MIN_WATERMARK
 
     # RuntimeContext: handles that follow the current key, as Flink's keyed state does
     def get_state(self, descriptor):
@@ -161,19 +169,19 @@ def test_data_within_the_grace_counts_and_later_data_is_dead_lettered():
     flink.element("a", 4.0, [9.0])  # step 1 again: late, dead-lettered whole
     flink.advance(_ms(30))
     flink.advance(END)
-    # exact end rule: step 3 began (20 s) before 30 s - grace = 25 s, step 4 did not
-    assert_rows_equal(flink.releases, _expected(on_time, 3))
+    # the end rule: the first open step is 3 (its end 30 s + 5 s grace > 30 s): through step 16
+    assert_rows_equal(flink.releases, _expected(on_time, 16))
     assert [d["reason"] for d in flink.dead] == ["late"]
 
 
 def test_watermark_at_infinity_ends_an_open_clock_cleanly():
     flink = ScriptedFlink(_params())
-    on_time = [("a", 5.0, [0.5]), ("a", 21.0, [0.5])]
-    for event in on_time + [("a", 95.0, [0.5])]:  # step 10: never reached
+    on_time = [("a", 5.0, [0.5]), ("a", 21.0, [0.5]), ("a", 95.0, [0.5])]
+    for event in on_time + [("a", 175.0, [0.5])]:  # step 18: beyond the end rule
         flink.element(*event)
     flink.advance(_ms(25))
     flink.advance(END)
-    assert_rows_equal(flink.releases, _expected(on_time, 3))  # steps 1-3 (3 began at 20 s < 25 s)
+    assert_rows_equal(flink.releases, _expected(on_time, 16))  # first open step 3: through step 16
     assert [d["reason"] for d in flink.dead] == ["unclosed"]
     assert not flink.timers  # nothing left to fire: the job ends
 
@@ -189,8 +197,8 @@ def test_a_stream_first_seen_late_never_releases_behind_the_watermark():
     flink.element(*late[0])                  # step 6: its first release
     flink.advance(_ms(72))
     flink.advance(END)
-    expected = _expected(a, 8) + _expected(late, 8, first_step=6)
-    assert sorted(r["step"] for r in flink.releases if r["stream"] == "late") == [6, 7, 8]
+    expected = _expected(a, 16) + _expected(late, 16, first_step=6)  # first open step 8: through 16
+    assert sorted(r["step"] for r in flink.releases if r["stream"] == "late") == list(range(6, 17))
     assert_rows_equal(flink.releases, expected)
     assert [d["reason"] for d in flink.dead] == ["late"]
 
@@ -204,7 +212,7 @@ def test_one_firing_closes_every_step_a_watermark_jump_passed():
     assert flink.firings == 1 and sorted(r["step"] for r in flink.releases) == list(range(1, 101))
     flink.element("a", 999.0, [1.0])  # step 100: closed, late
     flink.advance(END)
-    assert_rows_equal(flink.releases, _expected(events, 100))
+    assert_rows_equal(flink.releases, _expected(events, 112))  # first open step 101: through 112
     assert [d["reason"] for d in flink.dead] == ["late"]
 
 
@@ -220,4 +228,4 @@ def test_state_holds_one_merged_block_per_open_step_not_one_entry_per_event():
     flink.advance(_ms(30))
     assert not flink.states["a"]["beam_dp_step_sums"].items  # closed steps leave nothing behind
     flink.advance(END)
-    assert_rows_equal(flink.releases, _expected(events, 3))
+    assert_rows_equal(flink.releases, _expected(events, 16))

@@ -72,15 +72,17 @@ def test_a_stream_first_seen_late_starts_at_the_first_open_step():
     assert driver.open("fresh").next_step == 1  # no watermark known (batch replay): step 1
 
 
-def test_end_of_input_releases_only_steps_begun_before_the_last_finite_watermark():
+def test_end_of_input_releases_through_the_first_multiple_of_16_after_the_first_open_step():
     driver = _driver()
     state, buf = driver.open("a"), ListBuffer()
     driver.add(state, buf, 3, _block(driver), "e3")
-    driver.add(state, buf, 9, _block(driver), "e9")  # a future step the watermark never reaches
+    driver.add(state, buf, 17, _block(driver), "e17")  # a future step beyond the end rule
     assert _steps(driver.advance(state, buf, 25 * S)) == [1, 2]
     out = driver.finish(state, buf)
-    assert _steps(out) == [3]  # step 3 began at 20 s < 25 s; step 4 would begin at 30 s
+    assert _steps(out) == list(range(3, 17))  # the first open step is 3: through step 16
     assert [d.reason for d in _steps(out, DEAD_LETTER)] == [Reason.UNCLOSED]
+    assert [driver.end_step(n) for n in (1, 15, 16, 17, 32)] == [16, 16, 32, 32, 48]
+    assert _driver(clock=StepClock(start=0.0, period=10.0, end=200.0)).end_step(17) == 20  # capped at the end
     assert state.ended and driver.timer(state) is None and driver.finish(state, buf) == []
     assert _steps(driver.add(state, buf, 5, _block(driver), "after"), DEAD_LETTER)[0].reason == Reason.LATE
 

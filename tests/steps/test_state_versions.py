@@ -42,6 +42,16 @@ def test_a_v1_key_state_is_read_with_every_field_and_the_new_fields_defaulted():
     assert again.mechanism.tobytes() == state.mechanism.tobytes()
 
 
+def test_a_v2_key_state_is_read_and_ends_by_the_end_rule_as_a_key_at_rest():
+    """The v2 fixture (written by the v2 coder, before ``first_rung``): v3's field takes its default
+    (None: not recorded), and the end rule then takes the key as at rest: through step 16."""
+    state = decode_key_state((FIXTURES / "key_state_v2.bin").read_bytes())
+    assert (state.key, state.next_step, state.offset, state.watermark, state.lowest) == ("b", 5, 2, 40 * S, None)
+    assert (state.provisional, state.stream_groups, state.first_rung) == (False, 0, None)
+    out = _driver().finish(state, ListBuffer())
+    assert [o.value.step for o in out if o.tag == RELEASE] == list(range(5, 17)) and state.ended
+
+
 def test_a_v1_state_continues_where_it_stopped():
     """The v1 key (next step 5, one item buffered for step 5) closes steps 5.. with its mechanism state."""
     driver = _driver()
@@ -70,7 +80,7 @@ def _encoded(**changes) -> bytes:
     state = _driver().open("a")
     data = encode_key_state(state)
     if "version" in changes:
-        data = data.replace(b'"version":2', b'"version":%d' % changes["version"], 1)
+        data = data.replace(b'"version":%d' % KeyState.STATE_VERSION, b'"version":%d' % changes["version"], 1)
     if "extra" in changes:
         @dataclasses.dataclass
         class KeyState3(KeyState):  # noqa: D401 - a newer KeyState with one more field
@@ -84,14 +94,14 @@ def _encoded(**changes) -> bytes:
 @pytest.mark.parametrize("data,why", [
     (b"garbage", "not a beam_dp state encoding"),
     (None, "truncated"),
-    ("version", "cannot be read by version 2"),
+    ("version", f"cannot be read by version {KeyState.STATE_VERSION}"),
     ("extra", "does not know"),
 ], ids=["garbage", "truncated", "newer-version", "unknown-field"])
 def test_state_this_version_cannot_read_is_refused_as_unreadable(data, why):
     if data is None:
         data = encode_key_state(_driver().open("a"))[:-3]
     elif data == "version":
-        data = _encoded(version=3)
+        data = _encoded(version=KeyState.STATE_VERSION + 1)
     elif data == "extra":
         data = _encoded(extra=True)
     with pytest.raises(UnreadableState, match=why):
