@@ -23,6 +23,8 @@ Command line::
     python -m beam_dp.verify 'output/demo/*.parquet' [--manifest output/demo] [--epsilon 1 --delta 0]
 
 exits 0 when the job is within its total, 1 when it is not (the reasons are printed), 2 on bad usage.
+Every release must declare its noise (a release that declares none fails); ``--lenient`` accepts such
+releases (outputs of versions before every family declared), using their stated spend as a note.
 Without a manifest or ``--epsilon``/``--delta`` the declared total is read from the releases'
 ``job_*_budget`` columns, which must agree.
 """
@@ -183,9 +185,10 @@ class JobVerifier:
     keeps the worst spend, budget, composition and mechanism, and per release 16 bytes of ids to find
     a release written twice, so a job's output of any size is checked with one batch of it in memory."""
 
-    def __init__(self, strict: bool = False) -> None:
-        """``strict``: a release whose mechanism declares no noise (its spend cannot be recomputed) is a
-        problem; by default it is counted in the verdict's notes and its stated spend is used."""
+    def __init__(self, strict: bool = True) -> None:
+        """``strict`` (the default): a release that declares no noise (its spend cannot be recomputed)
+        is a problem; lenient (``strict=False``, for outputs of older versions) it is counted in the
+        verdict's notes and its stated spend is used."""
         self.strict = strict
         self._domains, self._compositions, self._streams, self._mechanisms, self._purposes, self._noises = (
             _Names(), _Names(), _Names(), _Names(), _Names(), _Names())
@@ -325,10 +328,12 @@ class JobVerifier:
         given, else the ``manifest``'s (whose declarations the rows are then checked against, see
         :func:`manifest_problems`), else read from the releases' ``job_*_budget`` columns."""
         problems = self.problems + self._duplicates()
-        notes = [f"{n} release(s) of {name!r} declare no noise: spend not recomputable, taken as stated"
-                 for name, n in sorted(self._unrecomputable.items())]
+        unrecomputable = [f"{n} release(s) of {name!r} declare no noise: spend not recomputable"
+                          for name, n in sorted(self._unrecomputable.items())]
         if self.strict:
-            problems, notes = problems + notes, []
+            problems, notes = problems + [f"{line} (--lenient takes it as stated)" for line in unrecomputable], []
+        else:
+            notes = [f"{line}, taken as stated" for line in unrecomputable]
         spent = sorted((DomainSpend(self._domains.names[d], self._compositions.names[s.composition], s.epsilon_spent,
                                     s.delta_spent, s.epsilon_budget, s.delta_budget, s.releases, s.family)
                         for d, s in self._spends.items()), key=lambda d: d.domain)
@@ -391,7 +396,7 @@ def manifest_problems(manifest: JobManifest, spent: list[DomainSpend], totals: l
 
 
 def verify_job(rows: "Iterable[Mapping] | pa.Table | Iterable[pa.Table]", epsilon: float | None = None,
-               delta: float | None = None, manifest: JobManifest | None = None, strict: bool = False) -> JobVerdict:
+               delta: float | None = None, manifest: JobManifest | None = None, strict: bool = True) -> JobVerdict:
     """Recompute a job's worst per-contribution loss from its release rows, a table of them with the
     columns of ``beam_dp.io.RELEASE_SCHEMA``, or an iterable of such tables (e.g.
     ``beam_dp.io.iter_release_tables``; see the module docstring). Columnar: array operations one
@@ -449,8 +454,11 @@ def main(argv: list[str] | None = None) -> int:
                         "release files (Parquet or JSON lines): globs or file prefixes")
     parser.add_argument("--manifest", default=None, help="the job's manifest (_beam_dp_manifest.json or its folder) "
                         "to check release files against")
-    parser.add_argument("--strict", action="store_true", help="fail on releases whose mechanism declares no noise "
-                        "(their spend cannot be recomputed); by default they are listed as notes")
+    parser.add_argument("--lenient", dest="strict", action="store_false",
+                        help="accept releases that declare no noise (outputs of beam_dp versions before every family "
+                             "declared): their stated spend is used and listed as a note; by default they fail")
+    parser.add_argument("--strict", dest="strict", action="store_true", default=True,
+                        help="fail on releases that declare no noise (the default)")
     parser.add_argument("--epsilon", type=float, default=None, help="the job's declared total epsilon")
     parser.add_argument("--delta", type=float, default=None, help="the job's declared total delta")
     parser.add_argument("--verbose", action="store_true", help="show the traceback of an unexpected failure")
