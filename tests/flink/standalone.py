@@ -57,8 +57,10 @@ class StandaloneCluster:
             "io.tmp.dirs": str(tmp), "process.working-dir": str(tmp),
             # a lost TaskManager is noticed in 10 s, not after the default 50 s heartbeat timeout
             "heartbeat.interval": 1000, "heartbeat.timeout": 10000,
-            "restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.attempts": 20,
-            "restart-strategy.fixed-delay.delay": "1 s",
+            # a job waits for slots while no TaskManager is up: 20 tries a second apart ran out here while
+            # a replacement TaskManager started on a loaded machine (NoResourceAvailableException)
+            "restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.attempts": 1000,
+            "restart-strategy.fixed-delay.delay": "2 s",
         }
         (conf / "config.yaml").write_text("".join(f"{k}: {v}\n" for k, v in settings.items()))
         self.env = {**os.environ, **(env or {}), "FLINK_HOME": str(FLINK_HOME), "FLINK_CONF_DIR": str(conf),
