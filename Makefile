@@ -42,7 +42,8 @@ $(FLINK_VENV)/.installed: beam_dp/flink/requirements.txt
 	$(FLINK_VENV)/bin/pip install --quiet -r beam_dp/flink/requirements.txt
 	touch $@
 
-# the parity test runs the Beam path in the main venv (Beam 2.77) beside the Flink job
+# the parity test runs the Beam path in the main venv (Beam 2.77) beside the Flink job; the slow cluster
+# test (tests/flink/test_flink_cluster.py) starts a standalone JobManager + TaskManager (needs Java)
 flink-test: $(FLINK_VENV)/.installed install-test
 	PYTHONPATH=$(CURDIR) $(FLINK_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/flink
 

@@ -40,12 +40,13 @@ from pyflink.datastream.state import MapStateDescriptor, ValueStateDescriptor
 
 from beam_dp.core.budget import composition_of
 from beam_dp.flink.domains import bind_noise_domain
+from beam_dp.flink.rows import json_rows
 from beam_dp.mechanisms.stream_groups import GroupBlock, GroupedSum, group_key, group_of
 from beam_dp.steps.coder import KeyState, decode_entry, decode_key_state, encode_entry, encode_key_state
 from beam_dp.steps.driver import RELEASE, Output, StepDriver
 from beam_dp.steps.events import DEAD_LETTER, DeadLetter, parse_contribution
 from beam_dp.steps.policies import BlockPolicy, GroupPolicy
-from beam_dp.steps.schema import ReleaseColumns, ReleaseLabels
+from beam_dp.steps.schema import ReleaseLabels
 
 __all__ = ["DEAD_LETTERS", "EVENT_TYPE", "ContinualReleaseFunction", "local_environment", "release_stream",
            "to_event"]
@@ -111,8 +112,7 @@ class ContinualReleaseFunction(KeyedProcessFunction):
     def _emit(self, outputs: list[Output]) -> Iterator:
         for tag, value in outputs:
             if tag == RELEASE:
-                for row in value.rows() if isinstance(value, ReleaseColumns) else (value,):
-                    yield json.dumps(self._labels(row)._asdict(), sort_keys=True)
+                yield from json_rows(value, self._labels)
             else:
                 yield DEAD_LETTERS, _dead_json(value)
 

@@ -21,6 +21,7 @@ The guarantee is the wrapped mechanism's, per stream: grouping changes no noise 
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import hashlib
 from dataclasses import dataclass
@@ -86,9 +87,12 @@ class GroupBlock:
 
     @staticmethod
     def combine(blocks: Sequence["GroupBlock"]) -> "GroupBlock":
-        """One block summing ``blocks`` stream by stream (one sort of all their streams)."""
+        """One block summing ``blocks`` stream by stream (one sort of all their streams; a block and a
+        one-stream block, an engine adding one contribution to a step's sums: one binary search)."""
         if len(blocks) == 1:
             return blocks[0]
+        if len(blocks) == 2 and len(blocks[1].streams) == 1:
+            return blocks[0]._with_row(blocks[1])
         names, where = np.unique(np.array([s for b in blocks for s in b.streams], dtype=str), return_inverse=True)
         n = len(names)
         sums = np.zeros((n, blocks[0].sums.shape[1]))
@@ -96,6 +100,19 @@ class GroupBlock:
         counts = np.bincount(where, np.concatenate([b.counts for b in blocks]), minlength=n).astype(np.int64)
         clipped = np.bincount(where, np.concatenate([b.clipped for b in blocks]), minlength=n).astype(np.int64)
         return GroupBlock(tuple(names.tolist()), sums, counts, clipped)
+
+    def _with_row(self, row: "GroupBlock") -> "GroupBlock":
+        """This block plus a one-stream block (the stream's row added, or inserted in name order)."""
+        stream = row.streams[0]
+        i = bisect.bisect_left(self.streams, stream)
+        if i < len(self.streams) and self.streams[i] == stream:
+            sums, counts, clipped = self.sums.copy(), self.counts.copy(), self.clipped.copy()
+            sums[i] += row.sums[0]
+            counts[i] += row.counts[0]
+            clipped[i] += row.clipped[0]
+            return GroupBlock(self.streams, sums, counts, clipped)
+        return GroupBlock(self.streams[:i] + (stream,) + self.streams[i:], np.insert(self.sums, i, row.sums[0], axis=0),
+                          np.insert(self.counts, i, row.counts[0]), np.insert(self.clipped, i, row.clipped[0]))
 
 
 @dataclass(frozen=True)

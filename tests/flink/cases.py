@@ -39,6 +39,18 @@ BAD = [
 ]
 
 
+def csv_lines(events: list[tuple]) -> str:
+    """Events as the entry point's CSV lines ``stream,seconds,v0,v1`` (``repr``: the floats round-trip)."""
+    return "".join(f"{s},{t!r},{v[0]!r},{v[1]!r}\n" for s, t, v in events)
+
+
+def entry_args(input_path, output, *extra: str) -> list[str]:
+    """``beam_dp.flink.run`` flags of :data:`CLOCK`, :data:`STREAMS` and :data:`BUILD` (counter ``tree``)."""
+    return ["--input", str(input_path), "--output", str(output), "--start", str(CLOCK.start), "--period",
+            str(CLOCK.period), "--end", str(CLOCK.end), "--dim", "2", "--streams", ",".join(STREAMS),
+            "--counter", "tree", *extra]
+
+
 def expected_rows(events: list[tuple], domain: str = DOMAIN) -> list[dict]:
     ids = np.array([e[0] for e in events])
     ts = np.array([e[1] for e in events])

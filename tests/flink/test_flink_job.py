@@ -18,8 +18,8 @@ from beam_dp.flink.job import EVENT_TYPE, local_environment, release_stream, to_
 from beam_dp.flink.params import FlinkReleaseParams  # noqa: E402
 from beam_dp.mechanisms.tree import make_tree_sum  # noqa: E402
 from beam_dp.steps.driver import END_RUNG  # noqa: E402
-from tests.flink.cases import (BAD, BUILD, CLOCK, DOMAIN, STREAMS, assert_rows_equal, expected_rows,  # noqa: E402
-                               good_events)
+from tests.flink.cases import (BAD, BUILD, CLOCK, DOMAIN, STREAMS, assert_rows_equal, csv_lines,  # noqa: E402
+                               entry_args, expected_rows, good_events)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -91,9 +91,7 @@ MARKER = 987654.321  # a raw value only a dead-lettered line holds
 
 
 def _entry_args(tmp_path, *extra) -> list[str]:
-    return ["--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--start", str(CLOCK.start),
-            "--period", str(CLOCK.period), "--end", str(CLOCK.end), "--dim", "2", "--streams", ",".join(STREAMS),
-            "--counter", "tree", *extra]
+    return entry_args(tmp_path / "in", tmp_path / "out", *extra)
 
 
 def test_the_submittable_entry_point_keeps_raw_data_out_of_the_output(tmp_path, capsys):
@@ -104,9 +102,8 @@ def test_the_submittable_entry_point_keeps_raw_data_out_of_the_output(tmp_path, 
 
     events = good_events(20)
     (tmp_path / "in").mkdir()
-    lines = [f"{s},{t!r},{v[0]!r},{v[1]!r}" for s, t, v in events] + [
-        "a,not-a-time,1,2", "b,1001.0,x,y", f"zz,1002.0,{MARKER!r},0.5"]  # the last: an undeclared stream
-    (tmp_path / "in" / "events.csv").write_text("\n".join(lines) + "\n")
+    lines = ["a,not-a-time,1,2", "b,1001.0,x,y", f"zz,1002.0,{MARKER!r},0.5"]  # the last: an undeclared stream
+    (tmp_path / "in" / "events.csv").write_text(csv_lines(events) + "\n".join(lines) + "\n")
     assert main(_entry_args(tmp_path, "--parallelism", "2", "--checkpoint-ms", "500", "--print-exact-counts")) == 0
 
     def files(folder):

@@ -16,7 +16,7 @@ pytest.importorskip("pyflink")
 from beam_dp.io.manifest import MANIFEST_NAME, read_manifest  # noqa: E402
 from beam_dp.verify import main as verify_main  # noqa: E402
 from tests.conftest import TEST_KEY  # noqa: E402
-from tests.flink.cases import CLOCK, STREAMS, good_events  # noqa: E402
+from tests.flink.cases import csv_lines, entry_args, good_events  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,13 +28,11 @@ def output(tmp_path_factory) -> Path:
 
     tmp = tmp_path_factory.mktemp("flink")
     (tmp / "in").mkdir()
-    (tmp / "in" / "events.csv").write_text("".join(f"{s},{t!r},{v[0]!r},{v[1]!r}\n" for s, t, v in good_events(12)))
+    (tmp / "in" / "events.csv").write_text(csv_lines(good_events(12)))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
         mp.setenv("BEAM_DP_NOISE_KEY", TEST_KEY.hex())
-        assert main(["--input", str(tmp / "in"), "--output", str(tmp / "out"), "--start", str(CLOCK.start),
-                     "--period", str(CLOCK.period), "--end", str(CLOCK.end), "--dim", "2", "--streams",
-                     ",".join(STREAMS), "--counter", "tree", "--noise-domain", "sums-job-7"]) == 0
+        assert main(entry_args(tmp / "in", tmp / "out", "--noise-domain", "sums-job-7")) == 0
     return tmp / "out"
 
 

@@ -52,6 +52,27 @@ def test_blocks_merge_by_stream():
     assert merged.count == 7 and GroupBlock.declaring(["q", "p", "q"], DIM).streams == ("p", "q")
 
 
+def test_adding_one_stream_row_equals_the_general_merge():
+    """The one-row path (an engine adding one contribution) against sums kept per stream in a dict:
+    a stream already there, and new streams before, between and after the held ones (names compared
+    by code point, as the general path's sort). Float tolerance 1e-12: each sum adds the same two
+    numbers of size ~1 in both (equal in practice; the sign of a zero sum may differ)."""
+    rng = np.random.default_rng(8)
+    held = GroupBlock(("b", "d", "é"), rng.normal(size=(3, DIM)), np.array([2, 1, 4]), np.array([0, 1, 0]))
+    for stream in ("d", "a", "c", "z", "éa", "B"):
+        row = GroupBlock((stream,), rng.normal(size=(1, DIM)), np.array([3]), np.array([1]))
+        want = {s: (v, c, k) for s, v, c, k in zip(held.streams, held.sums, held.counts, held.clipped)}
+        v, c, k = want.get(stream, (np.zeros(DIM), 0, 0))
+        want[stream] = (v + row.sums[0], c + 3, k + 1)
+        merged = GroupBlock.combine([held, row])
+        assert merged.streams == tuple(sorted(want))
+        np.testing.assert_allclose(merged.sums, [want[s][0] for s in merged.streams], rtol=0, atol=1e-12)
+        assert merged.counts.tolist() == [want[s][1] for s in merged.streams]
+        assert merged.clipped.tolist() == [want[s][2] for s in merged.streams]
+        assert merged.counts.dtype == np.int64 and merged.sums.shape == (len(want), DIM)
+    assert held.counts.tolist() == [2, 1, 4]  # the held block is not changed in place
+
+
 @pytest.mark.parametrize("name", sorted(MECHANISMS))
 def test_cohorts_release_what_streams_keyed_alone_release(name):
     """s0..s2 from group step 1, s3 from group step 3 (its own steps 1..), through an encode/decode."""
