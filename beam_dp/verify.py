@@ -53,7 +53,10 @@ _TOL = 1e-9
 _RECOMPUTE_TOL = 1e-7
 #: mechanisms whose every release declares its noise: a release of theirs without one was stripped
 DECLARING_MECHANISMS = frozenset({"kary_tree", "honaker_tree", "binary_tree", "hybrid_tree", "doubling_tree",
-                                  "window_tree", "blt", "toeplitz_sqrt"})
+                                  "window_tree", "blt", "toeplitz_sqrt",
+                                  # lifelong learners and incremental regression (h-verify-ll)
+                                  "naive_gaussian", "dpsgd_agem_bounded", "l2dp_ml",
+                                  "privincreg1", "privincreg2", "privincerm"})
 
 
 @dataclass

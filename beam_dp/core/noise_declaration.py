@@ -41,6 +41,10 @@ Account = tuple[str, tuple[tuple[str, float], ...]]  # (kind, its public paramet
 #: returns its ``(epsilon, delta)``, raising ``ValueError`` on parameters out of its range. Imported
 #: on first use, so the verifier loads only the families a job declares.
 ACCOUNT_KINDS: dict[str, str] = {
+    # lifelong learners and PRIVINCERM (h-verify-ll)
+    "dpsgd": "beam_dp.mechanisms.lifelong.accounting:dpsgd_spend",
+    "l2dp_ml": "beam_dp.mechanisms.lifelong.accounting:l2dp_claim",
+    "advanced_composition": "beam_dp.mechanisms.regression:advanced_composition",
 }
 
 
