@@ -3,7 +3,9 @@ DP-SGD + A-GEM learner and L2DP-ML carries accounts (``"dpsgd"``: the subsampled
 ``"l2dp_ml"``: the paper's Theorem 2 claim) from which the verifier recomputes its ``epsilon_spent``
 without torch, and a row stating less than that recomputation, or declaring a smaller noise, fails."""
 
+import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -167,3 +169,27 @@ def test_the_verifier_recomputes_the_accounts_without_torch_or_beam(runs):
     assert done.returncode == 0, done.stderr[-2000:]
     stated = [runs[name][1][-1].epsilon_spent for name in ("naive", "bounded", "l2dp")]
     assert json.loads(done.stdout) == pytest.approx(stated, rel=REL)
+
+
+@pytest.mark.pipeline
+@pytest.mark.parametrize("learner", ["bounded_agem", "naive_gaussian", "l2dp"])
+def test_the_lifelong_job_verifies_strictly(learner, tmp_path):
+    """The CLI job end to end on a tiny input (one stream, two tasks of 24 rows): every release declares, so
+    ``python -m beam_dp.verify --strict`` (which fails on a release it cannot recompute) passes."""
+    rng = np.random.default_rng(0)
+    with open(tmp_path / "tasks.csv", "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["stream_id", "task_id", "x_0", "x_1", "x_2", "x_3", "label"])
+        for task in ("t1", "t2"):
+            for x in rng.uniform(-1, 1, (24, 4)).round(4):
+                out.writerow(["s", task, *x, int(x[0] > 0)])
+    env = dict(os.environ, PYTHONPATH=str(ROOT), BEAM_DP_NOISE_KEY=TEST_KEY.hex())
+    job = [sys.executable, "-m", "pipelines.lifelong", "--learner", learner, "--input", str(tmp_path / "tasks.csv"),
+           "--tasks", "t1,t2", "--classes", "0,1", "--task-size", "24", "--hidden", "4", "--g-layers", "4",
+           "--batch-size", "8", "--steps-per-task", "2", "--output", str(tmp_path / "out")]
+    done = subprocess.run(job, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    verified = subprocess.run([sys.executable, "-m", "beam_dp.verify", str(tmp_path / "out"), "--strict"], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=600)
+    assert verified.returncode == 0, verified.stdout[-3000:]
+    assert "note:" not in verified.stdout and verified.stdout.strip().endswith("verified: within the job's total")
