@@ -59,10 +59,10 @@ def _learners():
 LEARNERS = dict(_learners())
 
 
-def _run(config):
+def _run(config, tasks=None):
     learner, noise, releases = config.build(), NoiseSource(TEST_KEY), []
     state = learner.init_state("s")
-    for task in _tasks():
+    for task in tasks or _tasks():
         state, out = learner.step(state, task, noise)
         releases += out
     return learner, releases
@@ -144,6 +144,19 @@ def test_a_row_stating_less_than_its_declaration_fails(runs, name, field, factor
     assert any("below the spend recomputed" in p for p in doctored.problems), doctored.problems
     stripped = verify_job([dict(row, noise="") for row in rows])
     assert any("lack the noise declaration" in p for p in stripped.problems), stripped.problems
+
+
+@pytest.mark.parametrize("name", ["naive", "bounded"])
+def test_declarations_are_public_functions_of_the_config(runs, name):
+    """The declared parameters come from the declared task sizes and the config, never from the true
+    rows: other data with other true task sizes (the add/remove neighbours' private n_τ) declare the same."""
+    from beam_dp.mechanisms.lifelong import TaskData
+
+    rng = np.random.default_rng(9)
+    other = [TaskData(t, rng.uniform(-1, 1, (n, 4)), rng.integers(0, 2, n)) for t, n in zip(TASKS, (13, 61, 25))]
+    _, releases = _run(LEARNERS[name], other)
+    assert [r.noise for r in releases] == [r.noise for r in runs[name][1]]
+    assert [r.epsilon_spent for r in releases] == [r.epsilon_spent for r in runs[name][1]]  # same public arithmetic
 
 
 @pytest.mark.parametrize("bad", [

@@ -28,6 +28,10 @@ both clipped sums are small matrix products and the A-GEM projection is branch-f
   composition of both is ε at δ. Tasks are disjoint, so the worst example's loss is the max over tasks:
   ``epsilon_spent ≤ ε`` however many tasks arrive (it counts the K memory uses before they happen).
 * ``NonPrivateAGEM``: no clipping, no noise. NOT private; a reference line for benchmarks.
+
+A private learner's release declares its spend (``Release.noise``) as ``"dpsgd"`` accounts of public
+parameters (``accounting.dpsgd_spend``, the function that computed it): NaiveGaussian every task and
+memory stream so far, the bounded learner the one task whose account spends most.
 """
 
 from __future__ import annotations
