@@ -154,8 +154,8 @@ class DeviceTree:
             values.add_(v)
         loss = self.tree._worst_loss(t)
         eps, delta = self.tree.spend(loss)
-        return DeviceTreeGroup(group.streams, t, prefix, noises), DeviceRelease(values.cpu().numpy(), values, eps, delta,
-                                                                                loss.declaration())
+        release = DeviceRelease(values.cpu().numpy(), values, eps, delta, loss.declaration())
+        return DeviceTreeGroup(group.streams, t, prefix, noises), release
 
 
 def _on(x: Any, dev: torch.device) -> torch.Tensor:

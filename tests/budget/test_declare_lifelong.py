@@ -137,7 +137,8 @@ def test_a_row_stating_less_than_its_declaration_fails(runs, name, field, factor
     def doctor(text):
         data = json.loads(text)
         account = data["accounts"][-1]
-        account[field] = round(account[field] * factor) if field in ("steps", "memory_uses") else account[field] * factor
+        value = account[field] * factor
+        account[field] = round(value) if field in ("steps", "memory_uses") else value
         return json.dumps(data)
 
     doctored = verify_job([dict(row, noise=doctor(row["noise"])) for row in rows])
@@ -176,7 +177,8 @@ def test_the_verifier_recomputes_the_accounts_without_torch_or_beam(runs):
     texts = [runs[name][1][-1].noise for name in ("naive", "bounded", "l2dp")]
     deltas = [runs[name][1][-1].delta_spent for name in ("naive", "bounded", "l2dp")]
     code = ("import json, sys\nfrom beam_dp.core.noise_declaration import loss_of_declaration, recomputed_epsilon\n"
-            f"print(json.dumps([recomputed_epsilon(loss_of_declaration(t), d) for t, d in zip({texts!r}, {deltas!r})]))\n"
+            f"pairs = zip({texts!r}, {deltas!r})\n"
+            "print(json.dumps([recomputed_epsilon(loss_of_declaration(t), d) for t, d in pairs]))\n"
             "assert 'torch' not in sys.modules and 'apache_beam' not in sys.modules, 'heavy import'\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
