@@ -5,10 +5,8 @@ without torch, and a row stating less than that recomputation, or declaring a sm
 
 import csv
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,11 +14,11 @@ import pytest
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.noise_declaration import loss_of_declaration, recomputed_epsilon
 from beam_dp.verify import verify_job
+from tests.budget.strict_jobs import ROOT, run_and_verify_strictly
 from tests.conftest import TEST_KEY
 
 torch = pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[2]
 TASKS = ("a", "b", "c")
 # Stated and recomputed spends come from the same memoised accountant calls on the same public
 # parameters (JSON floats round-trip exactly); the stated one is only capped at the target epsilon,
@@ -198,13 +196,7 @@ def test_the_lifelong_job_verifies_strictly(learner, tmp_path):
         for task in ("t1", "t2"):
             for x in rng.uniform(-1, 1, (24, 4)).round(4):
                 out.writerow(["s", task, *x, int(x[0] > 0)])
-    env = dict(os.environ, PYTHONPATH=str(ROOT), BEAM_DP_NOISE_KEY=TEST_KEY.hex())
-    job = [sys.executable, "-m", "pipelines.lifelong", "--learner", learner, "--input", str(tmp_path / "tasks.csv"),
-           "--tasks", "t1,t2", "--classes", "0,1", "--task-size", "24", "--hidden", "4", "--g-layers", "4",
-           "--batch-size", "8", "--steps-per-task", "2", "--output", str(tmp_path / "out")]
-    done = subprocess.run(job, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    verified = subprocess.run([sys.executable, "-m", "beam_dp.verify", str(tmp_path / "out"), "--strict"], cwd=ROOT,
-                              env=env, capture_output=True, text=True, timeout=600)
-    assert verified.returncode == 0, verified.stdout[-3000:]
-    assert "note:" not in verified.stdout and verified.stdout.strip().endswith("verified: within the job's total")
+    run_and_verify_strictly("lifelong", [
+        "--learner", learner, "--input", str(tmp_path / "tasks.csv"), "--tasks", "t1,t2", "--classes", "0,1",
+        "--task-size", "24", "--hidden", "4", "--g-layers", "4", "--batch-size", "8", "--steps-per-task", "2"],
+        tmp_path / "out")

@@ -5,10 +5,6 @@ recomputes each release's ``epsilon_spent`` from its row, and rows stating less 
 
 import csv
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +13,7 @@ from beam_dp.core.noise import NoiseSource
 from beam_dp.core.noise_declaration import loss_of_declaration, recomputed_epsilon
 from beam_dp.mechanisms.regression import PrivIncERM, advanced_composition, make_incremental_regression
 from beam_dp.verify import verify_job
-from tests.conftest import TEST_KEY
+from tests.budget.strict_jobs import run_and_verify_strictly
 
 KEY = bytes(range(32))
 DIM, T = 3, 12
@@ -147,7 +143,6 @@ def test_malformed_a4_accounts_are_refused(params):
 def test_the_regression_job_verifies_strictly(algorithm, tmp_path):
     """``pipelines.online_learning --learner regression`` end to end on a tiny input (one stream, 10 steps of
     2 records): every release declares, so ``python -m beam_dp.verify --strict`` passes."""
-    root = Path(__file__).resolve().parents[2]
     rng = np.random.default_rng(0)
     with open(tmp_path / "records.csv", "w", newline="") as f:
         out = csv.writer(f)
@@ -155,13 +150,6 @@ def test_the_regression_job_verifies_strictly(algorithm, tmp_path):
         for x in rng.uniform(-0.5, 0.5, (20, 3)).round(4):
             out.writerow(["s", *x, round(float(x.sum()), 4)])
     extra = {"privincerm": ["--iterations", "20"], "privincreg2": ["--m", "2"]}.get(algorithm, [])
-    env = dict(os.environ, PYTHONPATH=str(root), BEAM_DP_NOISE_KEY=TEST_KEY.hex())
-    job = [sys.executable, "-m", "pipelines.online_learning", "--learner", "regression", "--algorithm", algorithm,
-           "--input", str(tmp_path / "records.csv"), "--dim", "3", "--horizon", "10", "--block-size", "2", *extra,
-           "--output", str(tmp_path / "out")]
-    done = subprocess.run(job, cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    verified = subprocess.run([sys.executable, "-m", "beam_dp.verify", str(tmp_path / "out"), "--strict"], cwd=root,
-                              env=env, capture_output=True, text=True, timeout=600)
-    assert verified.returncode == 0, verified.stdout[-3000:]
-    assert "note:" not in verified.stdout and verified.stdout.strip().endswith("verified: within the job's total")
+    run_and_verify_strictly("online_learning", [
+        "--learner", "regression", "--algorithm", algorithm, "--input", str(tmp_path / "records.csv"), "--dim", "3",
+        "--horizon", "10", "--block-size", "2", *extra], tmp_path / "out")
