@@ -60,7 +60,10 @@ DECLARING_MECHANISMS = frozenset({"kary_tree", "honaker_tree", "binary_tree", "h
                                   "erm_continual", "erm_sliding_window", "erm_multires", "multires_sampled",
                                   # growing databases (accounts "pmwg", "bbscheduler", "bbimprover")
                                   "pmwg", "pmwg_synthetic", "bbscheduler", "bbscheduler_run", "bbscheduler_synthetic",
-                                  "bbimprover", "bbimprover_run", "bbimprover_synthetic"})
+                                  "bbimprover", "bbimprover_run", "bbimprover_synthetic",
+                                  # lifelong learners and incremental regression
+                                  "naive_gaussian", "dpsgd_agem_bounded", "l2dp_ml",
+                                  "privincreg1", "privincreg2", "privincerm"})
 
 
 @dataclass

@@ -47,6 +47,10 @@ ACCOUNT_KINDS: dict[str, str] = {
     "pmwg": "beam_dp.mechanisms.pmwg:pmwg_spend",
     "bbscheduler": "beam_dp.mechanisms.schedulers:bbscheduler_spend",
     "bbimprover": "beam_dp.mechanisms.schedulers:bbimprover_spend",
+    # lifelong learners and PRIVINCERM
+    "dpsgd": "beam_dp.mechanisms.lifelong.accounting:dpsgd_spend",
+    "l2dp_ml": "beam_dp.mechanisms.lifelong.accounting:l2dp_claim",
+    "advanced_composition": "beam_dp.mechanisms.regression:advanced_composition",
 }
 
 

@@ -54,7 +54,7 @@ from beam_dp.core.calibration import certify_gaussian
 from beam_dp.core.clipping import clip_l2
 from beam_dp.core.guarantee import ElementLoss, Guarantee
 from beam_dp.core.noise import NoiseSource
-from beam_dp.core.noise_declaration import combined_declaration
+from beam_dp.core.noise_declaration import account, combined_declaration, declaration_json
 from beam_dp.core.release import Release
 from beam_dp.core.release_batch import ReleaseBatch
 from beam_dp.core.state import decode_state, encode_state
@@ -477,7 +477,7 @@ class PrivIncReg1(FreshGroups, _RegressionBase):
             group.streams, t, self.name, theta,
             min(self.guarantee.epsilon, rq.epsilon_spent + rQ.epsilon_spent),
             min(self.guarantee.delta, rq.delta_spent + rQ.delta_spent), meta, value_name="theta",
-            noise=combined_declaration(getattr(rq, "noise", ""), getattr(rQ, "noise", "")),  # none on the torch path
+            noise=combined_declaration(rq.noise, rQ.noise),
         )
         return RegGroup(group.streams, t, points, aux, q_hat, Q_hat, tree_q, tree_Q), batch
 
@@ -657,7 +657,14 @@ class PrivIncReg2(PrivIncReg1):
 # ---------------------------------------------------------------------------------------------
 def advanced_composition(k: int, epsilon: float, delta: float, delta_star: float) -> tuple[float, float]:
     """Kasiviswanathan, Nissim & Jin, "Private Incremental Regression" Thm A.4: ``k`` adaptive (ε, δ)-DP calls are
-    ``(ε√(2k ln(1/δ*)) + 2kε², kδ + δ*)``-DP (stated for ``ε <= 1``)."""
+    ``(ε√(2k ln(1/δ*)) + 2kε², kδ + δ*)``-DP (stated for ``ε <= 1``). The account kind
+    ``"advanced_composition"`` (:mod:`beam_dp.core.noise_declaration`): PRIVINCERM's releases declare their
+    spend by it; ``ValueError`` on parameters out of range (``k`` a count >= 0, ``0 <= ε <= 1``,
+    ``δ ∈ [0, 1]``, ``δ* ∈ (0, 1)``)."""
+    if not (k >= 0 and float(k).is_integer() and 0.0 <= epsilon <= 1.0 and 0.0 <= delta <= 1.0
+            and 0.0 < delta_star < 1.0):
+        raise ValueError(f"advanced composition needs a count k >= 0, epsilon in [0, 1], delta in [0, 1] and "
+                         f"delta_star in (0, 1); got {k!r}, {epsilon!r}, {delta!r}, {delta_star!r}")
     if k == 0:
         return 0.0, 0.0
     return epsilon * math.sqrt(2.0 * k * math.log(1.0 / delta_star)) + 2.0 * k * epsilon**2, k * delta + delta_star
@@ -719,9 +726,11 @@ class NoisyGradientDescent:
     def sigma(self, epsilon: float, delta: float) -> float:
         return 2.0 * self.lipschitz * math.sqrt(self.iterations / (2.0 * self.rho(epsilon, delta)))
 
-    def mu_per_call(self, epsilon: float, delta: float) -> float:
-        """GDP parameter of one call: ``2L√K/σ``."""
-        return 2.0 * self.lipschitz * math.sqrt(self.iterations) / self.sigma(epsilon, delta)
+    def loss(self, calls: int, epsilon: float, delta: float) -> ElementLoss:
+        """The exact loss of ``calls`` calls at ``(ε′, δ′)``: ``calls·K`` Gaussian sums of sensitivity
+        ``2L`` at ``σ`` (GDP ``μ = 2L√(calls·K)/σ``), declared as such."""
+        return ElementLoss.of_noise("gaussian", 2.0 * self.lipschitz, self.sigma(epsilon, delta),
+                                    calls * self.iterations)
 
     def certify(self, epsilon: float, delta: float) -> None:
         certify_gaussian(self.sigma(epsilon, delta), 2.0 * self.lipschitz, self.iterations, epsilon, delta)
@@ -821,16 +830,19 @@ class PrivIncERM(_RegressionBase):
 
     def spend(self, calls: int) -> tuple[float, float]:
         """Worst per-record ``(epsilon, delta)`` after ``calls`` solver calls."""
-        if calls == 0:
-            return 0.0, 0.0
-        eps_a4, delta_a4 = advanced_composition(calls, self.epsilon_call, self.delta_call, self.guarantee.delta / 2.0)
-        if not self.default_solver:
-            return eps_a4, delta_a4
-        mu = self.solver.mu_per_call(self.epsilon_call, self.delta_call) * math.sqrt(calls)
-        eps_exact, _ = ElementLoss(gaussian_mu_sq=mu * mu).spend(self.guarantee.delta)
-        if eps_exact < eps_a4:
-            return eps_exact, self.guarantee.delta
-        return eps_a4, delta_a4
+        return self.declared_spend(calls)[:2]
+
+    def declared_spend(self, calls: int) -> tuple[float, float, str]:
+        """:meth:`spend` and its noise declaration: the Thm A.4 account (``"advanced_composition"``, also
+        for ``calls = 0``), or the default solver's Gaussian iterations where their exact spend is smaller."""
+        a4 = dict(k=calls, epsilon=self.epsilon_call, delta=self.delta_call, delta_star=self.guarantee.delta / 2.0)
+        eps_a4, delta_a4 = advanced_composition(**a4)
+        if self.default_solver and calls:
+            exact = self.solver.loss(calls, self.epsilon_call, self.delta_call)
+            eps_exact, delta_exact = exact.spend(self.guarantee.delta)
+            if eps_exact < eps_a4:
+                return eps_exact, delta_exact, exact.declaration()
+        return eps_a4, delta_a4, declaration_json((), (account("advanced_composition", **a4),))
 
     def init_state(self, stream: str) -> ERMState:
         if not isinstance(stream, str):
@@ -860,11 +872,11 @@ class PrivIncERM(_RegressionBase):
         new = ERMState(state.stream, t, X, y, theta, calls)
         if t % self.release_every:
             return new, []
-        eps, delta = self.spend(calls)
+        eps, delta, declared = self.declared_spend(calls)
         meta = {"tau": self.tau, "calls": calls, "epsilon_call": self.epsilon_call, "delta_call": self.delta_call,
                 "horizon": self.horizon, "constraint": self.constraint.kind}
         release = Release(stream=state.stream, step=t, mechanism=self.name, value={"theta": theta},
-                          epsilon_spent=eps, delta_spent=delta, meta=meta)
+                          epsilon_spent=eps, delta_spent=delta, meta=meta, noise=declared)
         return new, [release]
 
 

@@ -8,9 +8,9 @@ gradient on a torch device (CUDA for large ``d``; numpy stays the default and th
 the nodes used at ``t`` partition the steps ``1..t`` (``node_steps``; tested), so the sum of their clean
 node sums is ``P_t``. The noise cells are the numpy tree's own (``tree._draw``: the same keyed
 ``NoiseSource`` cells, drawn on the host and moved to the device once per step); calibration, the
-horizon refusal, ``noise_var`` and ``epsilon_spent`` are the wrapped tree's. So the guarantee is the
-numpy mechanism's ((ε, δ)-DP per tree, event level), and releases agree with numpy up to float64
-reassociation (the sums are added in another order).
+horizon refusal, ``noise_var``, ``epsilon_spent`` and the noise declaration are the wrapped tree's. So
+the guarantee is the numpy mechanism's ((ε, δ)-DP per tree, event level), and releases agree with numpy
+up to float64 reassociation (the sums are added in another order).
 
 A node used at ``t + 1`` is either used at ``t`` or noised at ``t + 1`` (dyadic prefixes), so the noise
 kept after step ``t`` is exactly that of ``nodes_used(t)``. A decoded state carries ``P_t`` only; the
@@ -67,12 +67,14 @@ class _Wire:
 
 
 class DeviceRelease(NamedTuple):
-    """A device tree's step output: ``values (S, D)`` on the host, the same on the device, the spend."""
+    """A device tree's step output: ``values (S, D)`` on the host, the same on the device, the spend and
+    its noise declaration (the wrapped tree's worst loss, :mod:`beam_dp.core.noise_declaration`)."""
 
     values: np.ndarray
     device_values: torch.Tensor
     epsilon_spent: float
     delta_spent: float
+    noise: str
 
 
 class DeviceTree:
@@ -150,8 +152,10 @@ class DeviceTree:
         values = prefix.clone()
         for v in noises.values():
             values.add_(v)
-        eps, delta = self.tree.spend(self.tree._worst_loss(t))
-        return DeviceTreeGroup(group.streams, t, prefix, noises), DeviceRelease(values.cpu().numpy(), values, eps, delta)
+        loss = self.tree._worst_loss(t)
+        eps, delta = self.tree.spend(loss)
+        release = DeviceRelease(values.cpu().numpy(), values, eps, delta, loss.declaration())
+        return DeviceTreeGroup(group.streams, t, prefix, noises), release
 
 
 def _on(x: Any, dev: torch.device) -> torch.Tensor:

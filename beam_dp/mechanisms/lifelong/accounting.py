@@ -10,6 +10,8 @@
   dp-accounting's bisection and then checked to stay within the target. ``dpsgd_noise_multiplier`` and
   ``dpsgd_epsilon`` are memoised on their public inputs (a pure function of them: the same on every
   worker), so a learner pays the accountant once per distinct task shape, never inside its step loop.
+  ``dpsgd_spend`` is the ``(ε, δ)`` a learner reports and the account kind ``"dpsgd"`` a release declares,
+  so ``python -m beam_dp.verify`` recomputes it from the release's public parameters.
 """
 
 from __future__ import annotations
@@ -30,11 +32,14 @@ __all__ = [
     "dpsgd_epsilon",
     "dpsgd_event",
     "dpsgd_noise_multiplier",
+    "dpsgd_spend",
     "epsilon_of",
     "example_event",
     "l2dp_budget",
+    "l2dp_claim",
     "sensitivity_label",
     "sensitivity_reconstruction",
+    "theorem2_epsilon",
 ]
 
 
@@ -63,9 +68,26 @@ class L2DPBudget:
     delta_l: float
 
     def total(self, batch_size: int, b_theta: float) -> float:
-        """Theorem 2 with Algorithm 2's γ's: ``ε_1(1 + λ/Δ_R + λB_θ/(2Δ_R)) + ε_2``."""
-        lam = float(batch_size)
-        return self.epsilon_1 * (1.0 + lam / self.delta_r + lam * b_theta / (2.0 * self.delta_r)) + self.epsilon_2
+        """Theorem 2 with Algorithm 2's γ's (:func:`theorem2_epsilon`)."""
+        return theorem2_epsilon(self.epsilon_1, self.epsilon_2, batch_size, b_theta, self.delta_r)
+
+
+def theorem2_epsilon(epsilon_1: float, epsilon_2: float, batch_size: int, b_theta: float, delta_r: float) -> float:
+    """Theorem 2 with Algorithm 2's γ's: ``ε_1(1 + λ/Δ_R + λB_θ/(2Δ_R)) + ε_2``."""
+    lam = float(batch_size)
+    return epsilon_1 * (1.0 + lam / delta_r + lam * b_theta / (2.0 * delta_r)) + epsilon_2
+
+
+def l2dp_claim(delta_r: float, delta_l: float, scale_chi1: float, scale_chi2: float, scale_chi3: float,
+               batch_size: float, b_theta: float) -> tuple[float, float]:
+    """``(ε, 0)`` of L2DP-ML's one-time Laplace draws by the paper's Theorem 2 (a *claim*, see above):
+    ``ε_1 = Δ_R/min(scale_χ1, scale_χ2)``, ``ε_2 = Δ_L/scale_χ3``, :func:`theorem2_epsilon`. The spend the
+    learner reports and the account kind ``"l2dp_ml"`` its releases declare; ``ValueError`` out of range."""
+    values = (delta_r, delta_l, scale_chi1, scale_chi2, scale_chi3, batch_size, b_theta)
+    if not all(math.isfinite(v) and v > 0 for v in values) or not float(batch_size).is_integer():
+        raise ValueError(f"an L2DP-ML account needs finite parameters > 0 and an integer batch size; got {values}")
+    eps1, eps2 = delta_r / min(scale_chi1, scale_chi2), delta_l / scale_chi3
+    return theorem2_epsilon(eps1, eps2, int(batch_size), b_theta, delta_r), 0.0
 
 
 def l2dp_budget(epsilon: float, rho_s: float, batch_size: int, b_theta: float, delta_r: float,
@@ -151,6 +173,25 @@ def dpsgd_noise_multiplier(q: float, steps: int, epsilon: float, delta: float, m
     """Smallest ``z`` whose :func:`example_event` spends at most ``epsilon`` at ``delta`` (memoised: a pure
     function of public parameters)."""
     return calibrate_noise_multiplier(lambda z: example_event(q, z, steps, memory_z, memory_uses), epsilon, delta)
+
+
+def dpsgd_spend(sampling_rate: float, noise_multiplier: float, steps: float, delta: float,
+                memory_noise_multiplier: float | None = None, memory_uses: float = 0) -> tuple[float, float]:
+    """``(ε, δ)`` of one example's participation (:func:`example_event` at ``delta``, memoised by
+    :func:`dpsgd_epsilon`): the spend the DP-SGD learners report and the account kind ``"dpsgd"`` their
+    releases declare (:mod:`beam_dp.core.noise_declaration`; counts may come as floats from JSON).
+    ``ValueError`` on parameters out of range."""
+    counts_ok = all(float(c).is_integer() and c >= 0 for c in (steps, memory_uses))
+    memory_ok = memory_noise_multiplier is None or (math.isfinite(memory_noise_multiplier)
+                                                    and memory_noise_multiplier > 0)
+    if not (0.0 < sampling_rate <= 1.0 and math.isfinite(noise_multiplier) and noise_multiplier > 0 and counts_ok
+            and 0.0 < delta < 1.0 and memory_ok):
+        raise ValueError(f"a DP-SGD account needs sampling_rate in (0, 1], noise multipliers > 0, counts >= 0 and "
+                         f"delta in (0, 1); got {sampling_rate!r}, {noise_multiplier!r}, {steps!r}, {delta!r}, "
+                         f"{memory_noise_multiplier!r}, {memory_uses!r}")
+    memory_z = None if memory_noise_multiplier is None else float(memory_noise_multiplier)
+    return dpsgd_epsilon(float(sampling_rate), float(noise_multiplier), int(steps), float(delta), memory_z,
+                         int(memory_uses)), float(delta)
 
 
 @functools.lru_cache(maxsize=1024)

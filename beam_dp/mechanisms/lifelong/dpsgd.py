@@ -28,6 +28,10 @@ both clipped sums are small matrix products and the A-GEM projection is branch-f
   composition of both is ε at δ. Tasks are disjoint, so the worst example's loss is the max over tasks:
   ``epsilon_spent ≤ ε`` however many tasks arrive (it counts the K memory uses before they happen).
 * ``NonPrivateAGEM``: no clipping, no noise. NOT private; a reference line for benchmarks.
+
+A private learner's release declares its spend (``Release.noise``) as ``"dpsgd"`` accounts of public
+parameters (``accounting.dpsgd_spend``, the function that computed it): NaiveGaussian every task and
+memory stream so far, the bounded learner the one task whose account spends most.
 """
 
 from __future__ import annotations
@@ -41,9 +45,10 @@ import torch
 
 from beam_dp.core.guarantee import Guarantee
 from beam_dp.core.noise import NoiseSource
+from beam_dp.core.noise_declaration import account, declaration_json
 from beam_dp.mechanisms.lifelong.accounting import (
-    dpsgd_epsilon,
     dpsgd_noise_multiplier,
+    dpsgd_spend,
     example_event,
 )
 from beam_dp.mechanisms.lifelong.agem import project
@@ -111,11 +116,23 @@ class _SGDLearner(Learner):
             in_dims=(None, 0, 0))
 
     def _plan(self, state: LifelongState, q: float, steps: int, memory_batches: int) -> tuple:
-        """``(z_task, z_memory, (epsilon_spent, delta_spent), meta)`` for the next task."""
-        return None, None, (0.0, 0.0), {}
+        """``(z_task, z_memory, (epsilon_spent, delta_spent, noise declaration), meta)`` for the next task."""
+        return None, None, (0.0, 0.0, ""), {}
 
     def _public_size(self, task_id: str, n_rows: int) -> int:
         return self.config.public_size(task_id)
+
+    def _shape(self, task_id: str, n_rows: int) -> tuple[int, int, int, float]:
+        """``(size, epochs, steps, q)`` of a task: its public size (``_public_size``), the epochs and steps
+        it sets and the Poisson rate ``q = λ/size``."""
+        lam = self.config.batch_size
+        size = self._public_size(task_id, n_rows)
+        epochs, steps = self._steps_for(task_id, size, max(1, round(size / lam)) if size else 0)
+        return size, epochs, steps, (min(1.0, lam / size) if size else 0.0)
+
+    def _past_shapes(self, state: LifelongState) -> list[tuple[int, float]]:
+        """``(steps, q)`` of every task trained so far (public: declared sizes and the task order)."""
+        return [self._shape(task, 0)[2:] for task in state.seen_tasks]
 
     def _memory_masks(self, rng: np.random.Generator, sizes: list[int], uses: list[int],
                       steps: int) -> tuple[np.ndarray, np.ndarray]:
@@ -226,9 +243,7 @@ class _SGDLearner(Learner):
     def _train_task(self, state, task_id, x, y, noise):
         cfg, lam = self.config, self.config.batch_size
         stream, task_index, n = state.stream, state.tasks_done + 1, x.shape[0]
-        size = self._public_size(task_id, n)
-        epochs, steps = self._steps_for(task_id, size, max(1, round(size / lam)) if size else 0)
-        q = min(1.0, lam / size) if size else 0.0
+        size, epochs, steps, q = self._shape(task_id, n)
         sizes = [len(m) for m in state.memory_y]
         z, z_mem, spent, meta = self._plan(state, q, steps, len(sizes))
         dev, dt = self.device, self.dtype
@@ -288,6 +303,15 @@ class NaiveGaussian(_SGDLearner):
             return float(self.config.noise_multiplier)
         return dpsgd_noise_multiplier(q, steps, self.stream_epsilon, self.stream_delta)
 
+    def _task_accounts(self, memory_batches: int, q: float, steps: int) -> list[dict]:
+        """The ``"dpsgd"`` accounts of one task: its task stream and, with ``memory_batches`` stored batches,
+        its memory stream (Poisson at ``1/B``), each at ε/(2m), δ/(2m); none for a task without steps."""
+        if not steps:
+            return []
+        rates = [q] + ([1.0 / memory_batches] if memory_batches else [])
+        return [dict(sampling_rate=r, noise_multiplier=self.noise_multiplier(r, steps), steps=steps,
+                     delta=self.stream_delta) for r in rates]
+
     def _memory_masks(self, rng, sizes, uses, steps):
         """Poisson rows over the whole memory at the public rate ``1/B`` (B stored batches of nominal size λ);
         every step has a (possibly empty) reference batch."""
@@ -298,22 +322,20 @@ class NaiveGaussian(_SGDLearner):
         cfg = self.config
         if state.tasks_done >= cfg.num_tasks:
             raise BudgetExhausted(f"budget_exhausted: the budget covers {cfg.num_tasks} tasks")
-        eps, delta, meta = state.epsilon_spent, state.delta_spent, {}
-        z = z_mem = None
-        if steps:
-            z = self.noise_multiplier(q, steps)
-            eps += dpsgd_epsilon(q, z, steps, self.stream_delta)
-            delta += self.stream_delta
-            if memory_batches:
-                q_mem = 1.0 / memory_batches
-                z_mem = self.noise_multiplier(q_mem, steps)
-                eps += dpsgd_epsilon(q_mem, z_mem, steps, self.stream_delta)
-                delta += self.stream_delta
-                meta["memory_sampling_rate"] = q_mem
+        # basic composition of every stream of every task so far (task i had i stored batches)
+        current = self._task_accounts(memory_batches, q, steps)
+        accounts = [a for i, (s, r) in enumerate(self._past_shapes(state)) for a in self._task_accounts(i, r, s)]
+        accounts += current
+        spends = [dpsgd_spend(**a) for a in accounts]
+        eps, delta = sum(e for e, _ in spends), sum(d for _, d in spends)
         if eps > cfg.epsilon * (1 + 1e-9):
             raise BudgetExhausted(f"budget_exhausted: epsilon {eps:.4g} would exceed {cfg.epsilon:g}")
+        z = current[0]["noise_multiplier"] if current else None
+        z_mem = current[1]["noise_multiplier"] if len(current) > 1 else None
+        meta = {"memory_sampling_rate": current[1]["sampling_rate"]} if len(current) > 1 else {}
         meta.update(noise_multiplier=z, noise_multiplier_memory=z_mem, accountant="dp-accounting RDP")
-        return z, z_mem, (min(eps, cfg.epsilon), min(delta, cfg.delta)), meta
+        declared = declaration_json((), tuple(account("dpsgd", **a) for a in accounts))
+        return z, z_mem, (min(eps, cfg.epsilon), min(delta, cfg.delta), declared), meta
 
 
 class BoundedDPAGEM(_SGDLearner):
@@ -335,15 +357,26 @@ class BoundedDPAGEM(_SGDLearner):
         """Everything one example of a task can take part in: its task's steps and K memory uses."""
         return example_event(q, z, steps, self.memory_noise_multiplier, self._cap)
 
+    def _task_account(self, q: float, steps: int) -> dict:
+        """The ``"dpsgd"`` account of one example of a task: its ``steps`` Poisson(q) steps at the calibrated
+        ``z_τ`` and its K memory uses at ``z_M``."""
+        cfg = self.config
+        z = dpsgd_noise_multiplier(q, steps, cfg.epsilon, cfg.delta, self.memory_noise_multiplier, self._cap)
+        return dict(sampling_rate=q, noise_multiplier=z, steps=steps, delta=cfg.delta,
+                    memory_noise_multiplier=self.memory_noise_multiplier, memory_uses=self._cap)
+
     def _plan(self, state, q, steps, memory_batches):
         cfg = self.config
-        z, eps = None, state.epsilon_spent
-        if steps:
-            z = dpsgd_noise_multiplier(q, steps, cfg.epsilon, cfg.delta, self.memory_noise_multiplier, self._cap)
-            eps = max(eps, dpsgd_epsilon(q, z, steps, cfg.delta, self.memory_noise_multiplier, self._cap))
+        # tasks are disjoint: the worst example is that of the task whose account spends most
+        accounts = [self._task_account(r, s) for s, r in self._past_shapes(state) + [(steps, q)] if s]
+        spends = [dpsgd_spend(**a)[0] for a in accounts]
+        worst = max(range(len(accounts)), key=spends.__getitem__, default=None)
+        eps = state.epsilon_spent if worst is None else max(state.epsilon_spent, spends[worst])
+        declared = "" if worst is None else declaration_json((), (account("dpsgd", **accounts[worst]),))
+        z = accounts[-1]["noise_multiplier"] if steps else None
         meta = {"noise_multiplier": z, "noise_multiplier_memory": self.memory_noise_multiplier,
                 "memory_uses_cap": self._cap, "accountant": "dp-accounting RDP"}
-        return z, self.memory_noise_multiplier, (eps, cfg.delta), meta
+        return z, self.memory_noise_multiplier, (eps, cfg.delta, declared), meta
 
 
 class NonPrivateAGEM(_SGDLearner):

@@ -2,7 +2,8 @@
 
 Guarantee — **the paper's claim** (Theorem 2), not a standard proof:
 ``ε = ε_1 + ε_1/γ_x + ε_1/γ + ε_2``-Lifelong DP for any number of tasks, under lifelong neighbours
-(Def. 2: one tuple per task set and per memory set). ``epsilon_spent = ε`` on every release. The
+(Def. 2: one tuple per task set and per memory set). ``epsilon_spent = ε`` on every release (Theorem 2
+of the draws' Laplace scales, declared as the account ``"l2dp_ml"``, capped at ε against rounding). The
 caveat: ``χ_1`` is one vector shared by all tuples, so ``x̄_r − x̄_r' = x_r − x_r'`` are noise-free,
 and G's batch-statistics normalisation cancels the constant ``χ_2`` offset; the claim rests on the
 paper's functional-mechanism reasoning. For a standard per-example accounting use
@@ -25,8 +26,10 @@ import torch
 
 from beam_dp.core.guarantee import Guarantee
 from beam_dp.core.noise import NoiseSource
+from beam_dp.core.noise_declaration import account, declaration_json
 from beam_dp.mechanisms.lifelong.accounting import (
     l2dp_budget,
+    l2dp_claim,
     sensitivity_label,
     sensitivity_reconstruction,
 )
@@ -99,6 +102,17 @@ class L2DPML(Learner):
         self.w1_bound = cfg.b_theta / max(cfg.input_dim, cfg.hidden)
         self.guarantee = Guarantee(cfg.epsilon, 0.0, NEIGHBOURING)
         self.encoder_norm = cfg.encoder_batch_norm
+        self.spent = self._declared_spend()
+
+    def _declared_spend(self) -> tuple[float, float, str]:
+        """``(epsilon_spent, 0, noise declaration)`` of every release: Theorem 2 (``l2dp_claim``) of the
+        one-time draws' Laplace scales, declared as the account ``"l2dp_ml"`` (the paper's claim)."""
+        scales = self.noise_scales
+        params = dict(delta_r=self.delta_r, delta_l=self.delta_l, scale_chi1=scales["l2dp-chi1"],
+                      scale_chi2=scales["l2dp-chi2"], scale_chi3=scales["l2dp-chi3"],
+                      batch_size=self.config.batch_size, b_theta=self.config.b_theta)
+        epsilon, delta = l2dp_claim(**params)
+        return min(epsilon, self.guarantee.epsilon), delta, declaration_json((), (account("l2dp_ml", **params),))
 
     @property
     def noise_scales(self) -> dict[str, float]:
@@ -194,4 +208,4 @@ class L2DPML(Learner):
                 "encoder_batch_norm": cfg.encoder_batch_norm,
                 "noise": "laplace, drawn once per stream", "noise_scale_chi1": self.noise_scales["l2dp-chi1"],
                 "noise_scale_chi3": self.noise_scales["l2dp-chi3"]}
-        return state, meta, (self.guarantee.epsilon, 0.0)
+        return state, meta, self.spent

@@ -137,7 +137,8 @@ class Learner(abc.ABC):
         meta = {**meta, **self._accuracy_meta(params, seen), "task": task_id, "task_index": state.tasks_done,
                 "optimizer": self.config.optimizer, "learning_rate": self.config.learning_rate,
                 "batch_size": self.config.batch_size, "guarantee_basis": self.guarantee_basis}
-        release = Release(state.stream, state.tasks_done, self.name, dict(state.params), spent[0], spent[1], meta)
+        release = Release(state.stream, state.tasks_done, self.name, dict(state.params), spent[0], spent[1], meta,
+                          noise=spent[2])
         return state, [release]
 
     # -- helpers for subclasses ----------------------------------------------------------------------
@@ -208,6 +209,7 @@ class Learner(abc.ABC):
 
     @abc.abstractmethod
     def _train_task(self, state: LifelongState, task_id: str, x: np.ndarray, y: np.ndarray,
-                    noise: NoiseSource) -> tuple[LifelongState, dict[str, Any], tuple[float, float]]:
+                    noise: NoiseSource) -> tuple[LifelongState, dict[str, Any], tuple[float, float, str]]:
         """Train on one task (x clipped to [−1, 1]); return the new state (params, opt, memory), extra
-        meta and the ``(epsilon_spent, delta_spent)`` of the release."""
+        meta and the ``(epsilon_spent, delta_spent, noise declaration)`` of the release (the declaration
+        ``""`` for a learner that is not private)."""
