@@ -16,6 +16,7 @@ what happens to items carried across steps when a call ends (``begin`` / ``end``
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Iterable
 
 import numpy as np
@@ -26,7 +27,7 @@ from beam_dp.steps.driver import SNAPSHOTS, Output
 from beam_dp.steps.events import DEAD_LETTER, DeadLetter, Reason
 from beam_dp.steps.schema import release_to_row
 
-__all__ = ["BlockPolicy", "GroupPolicy", "GrowingPolicy", "TaskPolicy", "plan_block"]
+__all__ = ["BlockPolicy", "GroupPolicy", "GrowingPolicy", "TaskPolicy", "plan_block", "split_rows"]
 
 
 class BlockPolicy:
@@ -39,6 +40,10 @@ class BlockPolicy:
 
     def count(self, item: Any) -> int:
         return self.mechanism.block_count(item)
+
+    def split(self, item: Any, k: int) -> tuple[Any, Any]:
+        """The first ``k`` contributions of a block of rows (count steps) and the rest."""
+        return split_rows(item, k)
 
     def late(self, step: int) -> tuple[str, str]:
         return Reason.LATE, f"step {step} was already released"
@@ -99,6 +104,17 @@ class TaskPolicy(BlockPolicy):
         items = items or [TaskData(task_id, np.zeros((0, self.input_dim)), np.zeros(0, np.int64))]
         state, releases = self.mechanism.step(state, self.mechanism.merge_blocks(items), self.noise)
         return state, releases, []
+
+
+def split_rows(item: Any, k: int) -> tuple[Any, Any]:
+    """A block of rows (a frozen dataclass of arrays sharing their first axis, e.g. ``LabelledRows``)
+    cut after row ``k``: ``(rows[:k], rows[k:])``. A block that is not rows (a sum) cannot be cut:
+    ``TypeError``."""
+    if not dataclasses.is_dataclass(item) or not hasattr(item, "__len__"):
+        raise TypeError(f"a {type(item).__name__} is not a block of rows: it cannot be split across count steps")
+    parts = {f.name: getattr(item, f.name) for f in dataclasses.fields(item)}
+    return (type(item)(**{name: value[:k] for name, value in parts.items()}),
+            type(item)(**{name: value[k:] for name, value in parts.items()}))
 
 
 def plan_block(size: int, items: Iterable[tuple[int, int]], queries: Iterable[tuple]) -> tuple[Any, list, list]:

@@ -1,0 +1,50 @@
+"""Per-record families fed in blocks: a parse stage's valid records of one bundle, gathered per stream.
+
+A family whose steps need the records themselves (ERM's labelled examples, an online learner's
+records) cannot pre-aggregate like the sums, but it need not send the keyed stage one element per
+record either: :class:`BundleBlocks` keeps, for one bundle, each (stream, window)'s validated rows in
+arrival order and hands them on as one block — at most ``max_rows`` rows, the rest at the end of
+the bundle — so the keyed stage decodes a key's state once per block and closes every count step
+the block completes in one call (:meth:`beam_dp.steps.driver.StepDriver.add`).
+
+Nothing here is state: the lists live for one bundle (``start_bundle`` to ``finish_bundle``) and a
+retried bundle rebuilds them from its own elements. The order of rows inside a block is their arrival
+order in the bundle, as the per-element path fed them; which records share a block depends only on
+the bundle, never on their values. A block's ``original`` is the tuple of its elements (for the
+keyed stage's dead letters: a stream that ended keeps every element of the refused block).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+from apache_beam.utils.timestamp import MIN_TIMESTAMP
+from apache_beam.utils.windowed_value import WindowedValue
+
+__all__ = ["BundleBlocks"]
+
+
+class BundleBlocks:
+    """Rows of one bundle by (stream, window); ``make(stream, rows)`` turns a list of rows into the
+    keyed stage's block. ``add`` returns a full block (``max_rows`` rows) when one is ready, else None."""
+
+    def __init__(self, make: Callable[[str, list], Any], max_rows: int):
+        self._make, self._max = make, max_rows
+        self._open: dict[tuple[str, Any], tuple[list, list, list]] = {}
+
+    def add(self, stream: str, row: Any, element: Any, timestamp: Any, window: Any) -> tuple | None:
+        rows, originals, latest = self._open.setdefault((stream, window), ([], [], [MIN_TIMESTAMP]))
+        rows.append(row)
+        originals.append(element)
+        if timestamp is not None and timestamp > latest[0]:
+            latest[0] = timestamp
+        if len(rows) < self._max:
+            return None
+        del self._open[(stream, window)]
+        return stream, (None, self._make(stream, rows), tuple(originals))
+
+    def flush(self) -> Iterator[WindowedValue]:
+        """Every open block, as windowed values stamped with their latest element's timestamp."""
+        for (stream, window), (rows, originals, latest) in self._open.items():
+            yield WindowedValue((stream, (None, self._make(stream, rows), tuple(originals))), latest[0], (window,))
+        self._open = {}
