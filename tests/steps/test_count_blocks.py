@@ -1,0 +1,83 @@
+"""Count steps fed blocks of rows (issue 26.3): a block split across steps releases what one row at a time
+releases, the mechanism state is decoded once per block, and the bundle's blocks keep arrival order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from apache_beam.transforms.window import GlobalWindow
+
+from beam_dp.beam.blocks import BundleBlocks
+from beam_dp.core import NoiseSource
+from beam_dp.mechanisms.erm import ContinualReleaseMechanism, LabelledRows, SoftmaxRegression
+from beam_dp.steps.driver import RELEASE, ListBuffer, StepDriver
+from beam_dp.steps.policies import BlockPolicy, split_rows
+
+KEY = bytes(range(32))
+
+
+def _mechanism() -> ContinualReleaseMechanism:
+    model = SoftmaxRegression(n_features=2, clip_bound=1.0, n_classes=3, labels=("a", "b", "c"))
+    return ContinualReleaseMechanism(model=model, lam=1.0, epsilon=1.0, update=2, base=4)
+
+
+def _rows(n: int, seed: int = 0) -> LabelledRows:
+    rng = np.random.default_rng(seed)
+    return LabelledRows(rng.normal(size=(n, 2)) / 2, rng.integers(0, 3, n))
+
+
+def _feed(sizes: list[int], rows: LabelledRows, counter: list | None = None):
+    """Feed ``rows`` cut into blocks of ``sizes`` rows; returns (releases, final key state, buffer)."""
+    mech = _mechanism()
+    if counter is not None:
+        decode = mech.decode_state
+        mech.decode_state = lambda data: (counter.append(1), decode(data))[1]
+    driver = StepDriver(BlockPolicy(mech, NoiseSource(KEY)), block_size=2)
+    state, buffer, out, lo = driver.open("s"), ListBuffer(), [], 0
+    for size in sizes:
+        out += driver.add(state, buffer, None, LabelledRows(rows.features[lo:lo + size], rows.labels[lo:lo + size]))
+        lo += size
+    return [o.value for o in out if o.tag == RELEASE], state, buffer
+
+
+def test_a_block_split_across_count_steps_releases_what_single_rows_release():
+    rows = _rows(11)
+    single, s1, b1 = _feed([1] * 11, rows)
+    blocks, s2, b2 = _feed([3, 1, 5, 2], rows)
+    assert len(single) == 4  # steps 2..5 release (the base at t = B = 4 rows, then every 2 rows)
+    assert [(r.stream, r.step) for r in blocks] == [(r.stream, r.step) for r in single]
+    for a, b in zip(blocks, single):
+        # the same rows in the same order reach the same code: equal up to float reordering (none expected)
+        np.testing.assert_allclose(a.value, b.value, rtol=1e-12, atol=1e-15)
+        assert a.epsilon_spent == b.epsilon_spent
+    assert (s2.next_step, s2.buffered) == (s1.next_step, s1.buffered) == (6, 1)
+    (step, left), = b2.read()  # the block's tail waits in the buffer: the 11th row
+    assert step == 6 and np.array_equal(left.features, rows.features[10:])
+
+
+def test_the_mechanism_state_is_decoded_once_per_block():
+    calls: list = []
+    _feed([11], _rows(11), calls)
+    assert len(calls) == 1  # five steps closed by one block: one decode (the per-row path: one per step)
+
+
+def test_split_rows_cuts_rows_and_refuses_a_sum():
+    head, tail = split_rows(_rows(5), 2)
+    assert (len(head), len(tail)) == (2, 3)
+    from beam_dp.mechanisms.base import ClippedSum
+
+    with pytest.raises(TypeError, match="not a block of rows"):
+        split_rows(ClippedSum(np.zeros(2), 3, 0), 1)
+
+
+def test_bundle_blocks_keep_arrival_order_per_stream_and_cap_their_size():
+    blocks = BundleBlocks(lambda stream, rows: list(rows), max_rows=3)
+    window, full = GlobalWindow(), []
+    for i, stream in enumerate("abaabaa"):
+        out = blocks.add(stream, i, ("el", i), None, window)
+        if out is not None:
+            full.append(out)
+    assert full == [("a", (None, [0, 2, 3], (("el", 0), ("el", 2), ("el", 3))))]
+    rest = {wv.value[0]: wv.value[1] for wv in blocks.flush()}
+    assert rest == {"a": (None, [5, 6], (("el", 5), ("el", 6))), "b": (None, [1, 4], (("el", 1), ("el", 4)))}
+    assert list(blocks.flush()) == []  # a flushed bundle holds nothing
