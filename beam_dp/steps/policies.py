@@ -17,6 +17,7 @@ what happens to items carried across steps when a call ends (``begin`` / ``end``
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 import numpy as np
@@ -27,11 +28,29 @@ from beam_dp.steps.driver import SNAPSHOTS, Output
 from beam_dp.steps.events import DEAD_LETTER, DeadLetter, Reason
 from beam_dp.steps.schema import release_to_row
 
-__all__ = ["BlockPolicy", "GroupPolicy", "GrowingPolicy", "TaskPolicy", "plan_block", "split_rows"]
+__all__ = ["BlockPolicy", "GroupPolicy", "GrowingPolicy", "RecordRows", "TaskPolicy", "plan_block", "split_rows"]
+
+
+@dataclass(frozen=True)
+class RecordRows:
+    """Records of one stream in arrival order, each already validated by the mechanism's ``record``:
+    features ``(k, d)`` and labels ``(k,)``. A block of ``k`` count-step contributions for a mechanism
+    that takes one record per contribution (the online learners, incremental regression): the driver
+    cuts it at step boundaries and :class:`BlockPolicy` hands each step its records one by one."""
+
+    features: np.ndarray
+    labels: np.ndarray
+
+    def __len__(self) -> int:
+        return int(np.shape(self.labels)[0])
+
+    def records(self) -> list:
+        return list(zip(self.features, self.labels.tolist()))
 
 
 class BlockPolicy:
-    """A continual mechanism fed one merged block per step (``None`` for an empty step)."""
+    """A continual mechanism fed one merged block per step (``None`` for an empty step); a
+    :class:`RecordRows` item counts one contribution per record and is fed as its records."""
 
     timed_rows = True  # rows carry the step's public event-time interval
 
@@ -39,7 +58,7 @@ class BlockPolicy:
         self.mechanism, self.noise = mechanism, noise
 
     def count(self, item: Any) -> int:
-        return self.mechanism.block_count(item)
+        return len(item) if isinstance(item, RecordRows) else self.mechanism.block_count(item)
 
     def split(self, item: Any, k: int) -> tuple[Any, Any]:
         """The first ``k`` contributions of a block of rows (count steps) and the rest."""
@@ -49,6 +68,9 @@ class BlockPolicy:
         return Reason.LATE, f"step {step} was already released"
 
     def close(self, key: str, state: Any, step: int, items: list, context: Any) -> tuple[Any, list, list]:
+        if any(isinstance(item, RecordRows) for item in items):
+            items = [record for item in items for record in (
+                [self.mechanism.record(*r) for r in item.records()] if isinstance(item, RecordRows) else [item])]
         block = self.mechanism.merge_blocks(items) if items else None
         state, releases = self.mechanism.step(state, block, self.noise)
         return state, releases, []
