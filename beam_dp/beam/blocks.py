@@ -10,8 +10,9 @@ the block completes in one call (:meth:`beam_dp.steps.driver.StepDriver.add`).
 Nothing here is state: the lists live for one bundle (``start_bundle`` to ``finish_bundle``) and a
 retried bundle rebuilds them from its own elements. The order of rows inside a block is their arrival
 order in the bundle, as the per-element path fed them; which records share a block depends only on
-the bundle, never on their values. A block's ``original`` is the tuple of its elements (for the
-keyed stage's dead letters: a stream that ended keeps every element of the refused block).
+the bundle, never on their values. A block's ``original`` is :class:`BlockOriginals`, the tuple of its
+elements: a dead letter the keyed stage writes for a whole block (its stream ended, its step was
+already released) leaves as one dead letter per element (:meth:`BlockOriginals.letters`), as before.
 """
 
 from __future__ import annotations
@@ -21,30 +22,41 @@ from typing import Any, Callable, Iterator
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
-__all__ = ["BundleBlocks"]
+from beam_dp.steps.events import DeadLetter
+
+__all__ = ["BlockOriginals", "BundleBlocks"]
+
+
+class BlockOriginals(tuple):
+    """The elements of one block, in its order (the ``original`` the keyed stage gets with the block)."""
+
+    def letters(self, letter: DeadLetter) -> list[DeadLetter]:
+        """A dead letter written for the whole block, as one letter per element."""
+        return [letter._replace(element=element) for element in self]
 
 
 class BundleBlocks:
-    """Rows of one bundle by (stream, window); ``make(stream, rows)`` turns a list of rows into the
-    keyed stage's block. ``add`` returns a full block (``max_rows`` rows) when one is ready, else None."""
+    """Rows of one bundle by (key, window), ``key`` a stream or a (stream, step); ``make(key, rows,
+    originals)`` turns a list of rows and their :class:`BlockOriginals` into the keyed stage's element.
+    ``add`` returns a full block's element (``max_rows`` rows) when one is ready, else None."""
 
-    def __init__(self, make: Callable[[str, list], Any], max_rows: int):
+    def __init__(self, make: Callable[[Any, list, BlockOriginals], Any], max_rows: int):
         self._make, self._max = make, max_rows
-        self._open: dict[tuple[str, Any], tuple[list, list, list]] = {}
+        self._open: dict[tuple[Any, Any], tuple[list, list, list]] = {}
 
-    def add(self, stream: str, row: Any, element: Any, timestamp: Any, window: Any) -> tuple | None:
-        rows, originals, latest = self._open.setdefault((stream, window), ([], [], [MIN_TIMESTAMP]))
+    def add(self, key: Any, row: Any, element: Any, timestamp: Any, window: Any) -> Any | None:
+        rows, originals, latest = self._open.setdefault((key, window), ([], [], [MIN_TIMESTAMP]))
         rows.append(row)
         originals.append(element)
         if timestamp is not None and timestamp > latest[0]:
             latest[0] = timestamp
         if len(rows) < self._max:
             return None
-        del self._open[(stream, window)]
-        return stream, (None, self._make(stream, rows), tuple(originals))
+        del self._open[(key, window)]
+        return self._make(key, rows, BlockOriginals(originals))
 
     def flush(self) -> Iterator[WindowedValue]:
         """Every open block, as windowed values stamped with their latest element's timestamp."""
-        for (stream, window), (rows, originals, latest) in self._open.items():
-            yield WindowedValue((stream, (None, self._make(stream, rows), tuple(originals))), latest[0], (window,))
+        for (key, window), (rows, originals, latest) in self._open.items():
+            yield WindowedValue(self._make(key, rows, BlockOriginals(originals)), latest[0], (window,))
         self._open = {}

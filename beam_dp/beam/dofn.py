@@ -59,6 +59,7 @@ from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateS
 from apache_beam.transforms.window import GlobalWindow, TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 
+from beam_dp.beam.blocks import BlockOriginals
 from beam_dp.steps.coder import (KeyState, UnreadableState, decode_entry, decode_key_state, encode_entry,
                                  encode_key_state, join_entries, split_entries)
 from beam_dp.mechanisms.base import ClippedSum
@@ -269,10 +270,12 @@ class DriverDoFn(beam.DoFn):
                 self._releases.inc(len(value.batch) if isinstance(value, ReleaseColumns) else 1)
                 when = self._driver.release_time(release_step(value))
                 yield value if when is None else TimestampedValue(value, Timestamp(micros=when))
-            else:
-                if tag == DEAD_LETTER:
+            elif tag == DEAD_LETTER:  # a letter for a whole block: one per element of the block
+                for letter in value.element.letters(value) if isinstance(value.element, BlockOriginals) else [value]:
                     self._dead.inc()
-                    Metrics.counter(self._namespace, f"dead_letters/{value.reason}").inc()
+                    Metrics.counter(self._namespace, f"dead_letters/{letter.reason}").inc()
+                    yield beam.pvalue.TaggedOutput(tag, letter)
+            else:
                 yield beam.pvalue.TaggedOutput(tag, value)
 
     def add(self, state: KeyState, key_state, buffer, step: int | None, item: Any, original: Any,

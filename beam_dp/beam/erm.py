@@ -254,9 +254,9 @@ class ParseLabelledExamples(beam.DoFn):
             yield full
 
 
-def _labelled_rows(stream: str, rows: list) -> LabelledRows:
+def _labelled_rows(stream: str, rows: list, originals: tuple) -> tuple:
     """The validated ``(features, label)`` rows of one stream as one block, in arrival order."""
-    return LabelledRows(np.stack([x for x, _ in rows]), np.array([y for _, y in rows]))
+    return stream, (None, LabelledRows(np.stack([x for x, _ in rows]), np.array([y for _, y in rows])), originals)
 
 
 class _ERMRelease(beam.PTransform):

@@ -41,6 +41,7 @@ import numpy as np
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import PCollection
 
+from beam_dp.beam.blocks import BundleBlocks
 from beam_dp.beam.dofn import DriverDoFn
 from beam_dp.beam.domains import bind_noise_domain, release_labels
 from beam_dp.core.budget import BudgetShare, check_params_budget
@@ -168,10 +169,20 @@ def replay_growing_database(params: GrowingDatabaseParams, stream: str, elements
 
 # -- parsing -------------------------------------------------------------------------------------
 class _ParseGrowing(beam.DoFn):
-    """Validate elements (``kind="element"``) or queries (``"query"``); dead-letter the bad ones."""
+    """Validate elements (``kind="element"``) or queries (``"query"``); dead-letter the bad ones. A
+    bundle's valid elements of one (stream, step) leave as one block ``(stream, ("b", step, micros,
+    indices, elements))`` (:class:`~beam_dp.beam.blocks.BundleBlocks`)."""
+
+    MAX_ROWS = 4096  # elements per block
 
     def __init__(self, params: GrowingDatabaseParams, kind: str):
         self._params, self._kind = params, kind
+
+    def start_bundle(self) -> None:
+        self._blocks = BundleBlocks(_element_block, self.MAX_ROWS)
+
+    def finish_bundle(self) -> Iterator:
+        yield from self._blocks.flush()
 
     def setup(self) -> None:
         self._universe = self._params.universe
@@ -192,13 +203,13 @@ class _ParseGrowing(beam.DoFn):
             return None, self._dead_letter(checked)
         return checked, None
 
-    def process(self, element: Any) -> Iterator:
+    def process(self, element: Any, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam) -> Iterator:
         if self._kind == "element":
-            yield from self._element(element)
+            yield from self._element(element, timestamp, window)
         else:
             yield from self._query(element)
 
-    def _element(self, element: Any) -> Iterator:
+    def _element(self, element: Any, timestamp: Any, window: Any) -> Iterator:
         head = split_event(element, ("value",), self._params.clock, self._streams)
         if isinstance(head, DeadLetter):
             yield self._dead_letter(head)
@@ -212,7 +223,8 @@ class _ParseGrowing(beam.DoFn):
             yield self._letter(reason, detail or "record not in the universe", stream, element)
             return
         self._count.inc()
-        yield stream, ("e", step, micros, index, element)
+        if (full := self._blocks.add((stream, step), (micros, index), element, timestamp, window)) is not None:
+            yield full
 
     def _query(self, element: Any) -> Iterator:
         try:
@@ -262,9 +274,16 @@ class _ParseGrowing(beam.DoFn):
         yield stream, ("q", int(t), str(qid), weights, element)
 
 
+def _element_block(key: tuple[str, int], rows: list, originals: tuple) -> tuple:
+    """One (stream, step)'s validated elements ``(micros, index)`` as two arrays, in arrival order."""
+    stream, step = key
+    return stream, ("b", step, np.array([m for m, _ in rows], dtype=np.int64),
+                    np.array([i for _, i in rows], dtype=np.int64), originals)
+
+
 # -- the stateful DoFn -------------------------------------------------------------------------
 class GrowingDatabaseDoFn(DriverDoFn):
-    """Input ``(stream, ("e", step, micros, index, original) | ("q", t, query_id, weights, original)
+    """Input ``(stream, ("b", step, micros, indices, originals) | ("q", t, query_id, weights, original)
     | ("declare",))``. Main output: release rows; tagged ``snapshots`` and ``dead_letter``. A shell over
     the step driver with a :class:`~beam_dp.steps.policies.GrowingPolicy`: elements wait by step,
     queries are carried until the database reaches their size (a passed size is ``late``)."""
@@ -280,7 +299,7 @@ class GrowingDatabaseDoFn(DriverDoFn):
                 end=beam.DoFn.TimerParam(DriverDoFn.END)) -> Iterator:
         stream, item = element
         state = self.key_state(stream, key_state, close, end, buffer)
-        if item[0] == "e":
+        if item[0] in ("b", "e"):  # a block of elements of one step ("e": one element, from earlier versions)
             _, step, micros, index, original = item
             yield from self.add(state, key_state, buffer, step, (micros, index), original)
         elif item[0] == "q":

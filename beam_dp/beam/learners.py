@@ -240,11 +240,11 @@ class ParseRecords(beam.DoFn):
             self._clipped_labels.inc()
 
 
-def _record_rows(stream: str, records: list) -> RecordRows:
+def _record_rows(stream: str, records: list, originals: tuple) -> tuple:
     """Validated records (``OnlineRecord`` s or ``(x, y)`` pairs) of one stream as one block, in arrival order."""
     pairs = [(r.a, r.b) if hasattr(r, "a") else r for r in records]
-    return RecordRows(np.stack([np.asarray(x, dtype=np.float64) for x, _ in pairs]),
-                      np.array([float(y) for _, y in pairs]))
+    return stream, (None, RecordRows(np.stack([np.asarray(x, dtype=np.float64) for x, _ in pairs]),
+                                     np.array([float(y) for _, y in pairs])), originals)
 
 
 class _LearnerTransform(beam.PTransform):

@@ -140,13 +140,16 @@ def split_rows(item: Any, k: int) -> tuple[Any, Any]:
 
 
 def plan_block(size: int, items: Iterable[tuple[int, int]], queries: Iterable[tuple]) -> tuple[Any, list, list]:
-    """One closed step of a growing database: elements ``(micros, index)`` sorted by time then index;
-    the queries ``(t, query_id, weights, ...)`` with ``size ≤ t ≤ size + len(elements)`` in
-    ``(t, query_id)`` order. Returns the block, the queries kept for later and those already passed."""
+    """One closed step of a growing database: elements ``(micros, index)`` (one element, or a block:
+    two equal-length arrays) sorted by time then index; the queries ``(t, query_id, weights, ...)``
+    with ``size ≤ t ≤ size + len(elements)`` in ``(t, query_id)`` order. Returns the block, the queries
+    kept for later and those already passed."""
     from beam_dp.mechanisms.pmwg import GrowingBlock, Query
 
-    ordered = sorted(items)
-    elements = np.array([index for _, index in ordered], dtype=np.int64)
+    items = list(items)
+    micros = np.concatenate([np.atleast_1d(np.asarray(m, dtype=np.int64)) for m, _ in items]) if items else np.zeros(0)
+    index = np.concatenate([np.atleast_1d(np.asarray(i, dtype=np.int64)) for _, i in items]) if items else np.zeros(0)
+    elements = index[np.lexsort((index, micros))].astype(np.int64)  # by time, ties by index
     top = size + len(elements)
     now, later, passed = [], [], []
     for q in queries:

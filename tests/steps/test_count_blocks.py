@@ -71,7 +71,7 @@ def test_split_rows_cuts_rows_and_refuses_a_sum():
 
 
 def test_bundle_blocks_keep_arrival_order_per_stream_and_cap_their_size():
-    blocks = BundleBlocks(lambda stream, rows: list(rows), max_rows=3)
+    blocks = BundleBlocks(lambda stream, rows, originals: (stream, (None, list(rows), tuple(originals))), max_rows=3)
     window, full = GlobalWindow(), []
     for i, stream in enumerate("abaabaa"):
         out = blocks.add(stream, i, ("el", i), None, window)
