@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
+from apache_beam.pvalue import TaggedOutput
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
@@ -37,26 +38,31 @@ class BlockOriginals(tuple):
 
 class BundleBlocks:
     """Rows of one bundle by (key, window), ``key`` a stream or a (stream, step); ``make(key, rows,
-    originals)`` turns a list of rows and their :class:`BlockOriginals` into the keyed stage's element.
-    ``add`` returns a full block's element (``max_rows`` rows) when one is ready, else None."""
+    originals)`` turns a list of rows and their :class:`BlockOriginals` into the keyed stage's outputs
+    (the block's element, and any ``TaggedOutput`` dead letters of rows a block-wide check refused).
+    ``add`` returns a full block's outputs (``max_rows`` rows) when one is ready, else nothing."""
 
-    def __init__(self, make: Callable[[Any, list, BlockOriginals], Any], max_rows: int):
+    def __init__(self, make: Callable[[Any, list, BlockOriginals], list], max_rows: int):
         self._make, self._max = make, max_rows
         self._open: dict[tuple[Any, Any], tuple[list, list, list]] = {}
 
-    def add(self, key: Any, row: Any, element: Any, timestamp: Any, window: Any) -> Any | None:
+    def add(self, key: Any, row: Any, element: Any, timestamp: Any, window: Any) -> list:
         rows, originals, latest = self._open.setdefault((key, window), ([], [], [MIN_TIMESTAMP]))
         rows.append(row)
         originals.append(element)
         if timestamp is not None and timestamp > latest[0]:
             latest[0] = timestamp
         if len(rows) < self._max:
-            return None
+            return []
         del self._open[(key, window)]
         return self._make(key, rows, BlockOriginals(originals))
 
-    def flush(self) -> Iterator[WindowedValue]:
-        """Every open block, as windowed values stamped with their latest element's timestamp."""
+    def flush(self) -> Iterator[Any]:
+        """Every open block's outputs, as windowed values stamped with their latest element's timestamp."""
         for (key, window), (rows, originals, latest) in self._open.items():
-            yield WindowedValue(self._make(key, rows, BlockOriginals(originals)), latest[0], (window,))
+            for out in self._make(key, rows, BlockOriginals(originals)):
+                if isinstance(out, TaggedOutput):
+                    yield TaggedOutput(out.tag, WindowedValue(out.value, latest[0], (window,)))
+                else:
+                    yield WindowedValue(out, latest[0], (window,))
         self._open = {}

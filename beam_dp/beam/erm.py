@@ -249,14 +249,12 @@ class ParseLabelledExamples(beam.DoFn):
             yield self._dead_letter(BAD_LABEL, str(exc), stream, element)
             return
         self._elements.inc()
-        full = self._blocks.add(stream, (x, y), element, timestamp, window)
-        if full is not None:
-            yield full
+        yield from self._blocks.add(stream, (x, y), element, timestamp, window)
 
 
-def _labelled_rows(stream: str, rows: list, originals: tuple) -> tuple:
+def _labelled_rows(stream: str, rows: list, originals: tuple) -> list:
     """The validated ``(features, label)`` rows of one stream as one block, in arrival order."""
-    return stream, (None, LabelledRows(np.stack([x for x, _ in rows]), np.array([y for _, y in rows])), originals)
+    return [(stream, (None, LabelledRows(np.stack([x for x, _ in rows]), np.array([y for _, y in rows])), originals))]
 
 
 class _ERMRelease(beam.PTransform):

@@ -41,7 +41,7 @@ import numpy as np
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import PCollection
 
-from beam_dp.beam.blocks import BundleBlocks
+from beam_dp.beam.blocks import BlockOriginals, BundleBlocks
 from beam_dp.beam.dofn import DriverDoFn
 from beam_dp.beam.domains import bind_noise_domain, release_labels
 from beam_dp.core.budget import BudgetShare, check_params_budget
@@ -179,7 +179,7 @@ class _ParseGrowing(beam.DoFn):
         self._params, self._kind = params, kind
 
     def start_bundle(self) -> None:
-        self._blocks = BundleBlocks(_element_block, self.MAX_ROWS)
+        self._blocks = BundleBlocks(self._element_block, self.MAX_ROWS)
 
     def finish_bundle(self) -> Iterator:
         yield from self._blocks.flush()
@@ -215,16 +215,31 @@ class _ParseGrowing(beam.DoFn):
             yield self._dead_letter(head)
             return
         stream, micros, step, (record,) = head
+        yield from self._blocks.add((stream, step), (micros, record), element, timestamp, window)
+
+    def _element_block(self, key: tuple[str, int], rows: list, originals: BlockOriginals) -> list:
+        """One (stream, step)'s elements: their records placed in the universe in one vectorised pass
+        (:meth:`Universe.encode_records`); those outside it or malformed are dead-lettered one by one,
+        the rest leave as one block ``(stream, ("b", step, micros, indices, elements))`` in arrival order."""
+        stream, step = key
         try:
-            index = self._universe.encode_one(record)
-        except (ValueError, TypeError) as exc:
-            reason, _, detail = str(exc).partition(": ")
-            reason = reason if reason in (GrowingReason.OUTSIDE_UNIVERSE, Reason.MALFORMED) else Reason.MALFORMED
-            yield self._letter(reason, detail or "record not in the universe", stream, element)
-            return
-        self._count.inc()
-        if (full := self._blocks.add((stream, step), (micros, index), element, timestamp, window)) is not None:
-            yield full
+            index, reasons = self._universe.encode_records([record for _, record in rows])
+        except (ValueError, TypeError):  # a value no column can hold: place the records one at a time
+            index, reasons = np.zeros(len(rows), dtype=np.int64), np.full(len(rows), "", dtype=object)
+            for i, (_, record) in enumerate(rows):
+                try:
+                    index[i] = self._universe.encode_one(record)
+                except (ValueError, TypeError) as exc:
+                    reason = str(exc).partition(": ")[0]
+                    reasons[i] = reason if reason == GrowingReason.OUTSIDE_UNIVERSE else Reason.MALFORMED
+        out: list = [self._letter(reasons[i], _ENCODE_DETAIL[reasons[i]], stream, originals[i])
+                     for i in np.flatnonzero(reasons != "")]
+        good = np.flatnonzero(reasons == "")
+        self._count.inc(len(good))
+        if len(good):
+            micros = np.array([rows[i][0] for i in good], dtype=np.int64)
+            out.append((stream, ("b", step, micros, index[good], BlockOriginals(originals[i] for i in good))))
+        return out
 
     def _query(self, element: Any) -> Iterator:
         try:
@@ -274,11 +289,9 @@ class _ParseGrowing(beam.DoFn):
         yield stream, ("q", int(t), str(qid), weights, element)
 
 
-def _element_block(key: tuple[str, int], rows: list, originals: tuple) -> tuple:
-    """One (stream, step)'s validated elements ``(micros, index)`` as two arrays, in arrival order."""
-    stream, step = key
-    return stream, ("b", step, np.array([m for m, _ in rows], dtype=np.int64),
-                    np.array([i for _, i in rows], dtype=np.int64), originals)
+#: the detail of a record the universe refused (never its value)
+_ENCODE_DETAIL = {GrowingReason.OUTSIDE_UNIVERSE: "the record is not in the declared universe",
+                  Reason.MALFORMED: "a record is a mapping or a tuple with one value per field"}
 
 
 # -- the stateful DoFn -------------------------------------------------------------------------

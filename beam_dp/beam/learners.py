@@ -229,8 +229,8 @@ class ParseRecords(beam.DoFn):
         self._elements.inc()
         if step is not None:
             yield stream, (step, record, element)
-        elif (full := self._blocks.add(stream, record, element, timestamp, window)) is not None:
-            yield full
+        else:
+            yield from self._blocks.add(stream, record, element, timestamp, window)
 
     def _count_clipping(self, features: Any, label: Any) -> None:
         # operator metrics only (never in releases): how often the declared bounds bind
@@ -240,11 +240,11 @@ class ParseRecords(beam.DoFn):
             self._clipped_labels.inc()
 
 
-def _record_rows(stream: str, records: list, originals: tuple) -> tuple:
+def _record_rows(stream: str, records: list, originals: tuple) -> list:
     """Validated records (``OnlineRecord`` s or ``(x, y)`` pairs) of one stream as one block, in arrival order."""
     pairs = [(r.a, r.b) if hasattr(r, "a") else r for r in records]
-    return stream, (None, RecordRows(np.stack([np.asarray(x, dtype=np.float64) for x, _ in pairs]),
-                                     np.array([float(y) for _, y in pairs])), originals)
+    return [(stream, (None, RecordRows(np.stack([np.asarray(x, dtype=np.float64) for x, _ in pairs]),
+                                      np.array([float(y) for _, y in pairs])), originals))]
 
 
 class _LearnerTransform(beam.PTransform):

@@ -71,15 +71,22 @@ def test_split_rows_cuts_rows_and_refuses_a_sum():
 
 
 def test_bundle_blocks_keep_arrival_order_per_stream_and_cap_their_size():
-    blocks = BundleBlocks(lambda stream, rows, originals: (stream, (None, list(rows), tuple(originals))), max_rows=3)
+    from apache_beam.pvalue import TaggedOutput
+
+    def make(stream, rows, originals):  # the block, and a letter for each odd row (a block-wide check)
+        return [TaggedOutput("dead", o) for o in originals if o[1] % 2] + [(stream, (None, list(rows), tuple(originals)))]
+
+    blocks = BundleBlocks(make, max_rows=3)
     window, full = GlobalWindow(), []
     for i, stream in enumerate("abaabaa"):
-        out = blocks.add(stream, i, ("el", i), None, window)
-        if out is not None:
-            full.append(out)
-    assert full == [("a", (None, [0, 2, 3], (("el", 0), ("el", 2), ("el", 3))))]
-    rest = {wv.value[0]: wv.value[1] for wv in blocks.flush()}
-    assert rest == {"a": (None, [5, 6], (("el", 5), ("el", 6))), "b": (None, [1, 4], (("el", 1), ("el", 4)))}
+        full += blocks.add(stream, i, ("el", i), None, window)
+    assert full[-1] == ("a", (None, [0, 2, 3], (("el", 0), ("el", 2), ("el", 3))))
+    assert [o.value for o in full[:-1]] == [("el", 3)]
+    rest = list(blocks.flush())
+    assert {wv.value[0]: wv.value[1] for wv in rest if not isinstance(wv, TaggedOutput)} == {
+        "a": (None, [5, 6], (("el", 5), ("el", 6))), "b": (None, [1, 4], (("el", 1), ("el", 4)))}
+    letters = [o for o in rest if isinstance(o, TaggedOutput)]  # tagged letters leave windowed too
+    assert sorted(o.value.value for o in letters) == [("el", 1), ("el", 5)] and letters[0].value.windows == (window,)
     assert list(blocks.flush()) == []  # a flushed bundle holds nothing
 
 
