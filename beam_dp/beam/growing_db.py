@@ -51,7 +51,7 @@ from beam_dp.core.clock import StepClock
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
 from beam_dp.steps.driver import CARRIED, SNAPSHOTS, StepDriver
-from beam_dp.steps.events import DEAD_LETTER, DeadLetter, Reason, checked_stream, named_fields, split_event, to_micros
+from beam_dp.steps.events import DEAD_LETTER, DETAIL, DeadLetter, Reason, checked_stream, named_fields, split_event, to_micros
 from beam_dp.steps.params import NoiseKey, check_schedule, check_streams
 from beam_dp.steps.policies import GrowingPolicy, plan_block
 from beam_dp.steps.schema import ReleaseRow
@@ -170,7 +170,7 @@ def replay_growing_database(params: GrowingDatabaseParams, stream: str, elements
 # -- parsing -------------------------------------------------------------------------------------
 class _ParseGrowing(beam.DoFn):
     """Validate elements (``kind="element"``) or queries (``"query"``); dead-letter the bad ones. A
-    bundle's valid elements of one (stream, step) leave as one block ``(stream, ("b", step, micros,
+    bundle's valid elements of one stream leave as one block per step ``(stream, ("b", step, micros,
     indices, elements))`` (:class:`~beam_dp.beam.blocks.BundleBlocks`)."""
 
     MAX_ROWS = 4096  # elements per block
@@ -210,36 +210,51 @@ class _ParseGrowing(beam.DoFn):
             yield from self._query(element)
 
     def _element(self, element: Any, timestamp: Any, window: Any) -> Iterator:
-        head = split_event(element, ("value",), self._params.clock, self._streams)
+        # the head checked here, its place in the schedule and the universe for the whole block
+        head = split_event(element, ("value",), None, self._streams, timestamp=True)
         if isinstance(head, DeadLetter):
             yield self._dead_letter(head)
             return
-        stream, micros, step, (record,) = head
-        yield from self._blocks.add((stream, step), (micros, record), element, timestamp, window)
+        stream, micros, _, (record,) = head
+        yield from self._blocks.add(stream, (micros, record), element, timestamp, window)
 
-    def _element_block(self, key: tuple[str, int], rows: list, originals: BlockOriginals) -> list:
-        """One (stream, step)'s elements: their records placed in the universe in one vectorised pass
-        (:meth:`Universe.encode_records`); those outside it or malformed are dead-lettered one by one,
-        the rest leave as one block ``(stream, ("b", step, micros, indices, elements))`` in arrival order."""
-        stream, step = key
+    def _element_block(self, stream: str, rows: list, originals: BlockOriginals) -> list:
+        """One stream's elements of a bundle, checked in vectorised passes: their place in the public
+        schedule (``before_start``, ``after_end``), then in the universe (:meth:`Universe.encode_records`:
+        ``outside_universe``, ``malformed``), each refused element dead-lettered on its own; the rest
+        leave as one block per step ``(stream, ("b", step, micros, indices, elements))`` in arrival order."""
+        clock = self._params.clock
+        micros = np.array([m for m, _ in rows], dtype=np.int64)
+        where = clock.classify_micros(micros)
+        reasons = np.full(len(rows), "", dtype=object)
+        reasons[where < 0], reasons[where > 0] = Reason.BEFORE_START, Reason.AFTER_END
+        placed = np.flatnonzero(where == 0)
+        index = np.zeros(len(rows), dtype=np.int64)
+        index[placed], reasons[placed] = self._encode([rows[i][1] for i in placed])
+        out: list = [self._letter(reasons[i], _DETAIL[reasons[i]], stream, originals[i])
+                     for i in np.flatnonzero(reasons != "")]
+        good = np.flatnonzero(reasons == "")
+        self._count.inc(len(good))
+        steps = clock.step_of_micros(micros[good])
+        for step in np.unique(steps).tolist():
+            rows_of = good[steps == step]
+            out.append((stream, ("b", step, micros[rows_of], index[rows_of],
+                                 BlockOriginals(originals[i] for i in rows_of.tolist()))))
+        return out
+
+    def _encode(self, records: list) -> tuple[np.ndarray, np.ndarray]:
+        """``Universe.encode_records``, or one record at a time when a value fits no column."""
         try:
-            index, reasons = self._universe.encode_records([record for _, record in rows])
-        except (ValueError, TypeError):  # a value no column can hold: place the records one at a time
-            index, reasons = np.zeros(len(rows), dtype=np.int64), np.full(len(rows), "", dtype=object)
-            for i, (_, record) in enumerate(rows):
+            return self._universe.encode_records(records)
+        except (ValueError, TypeError):
+            index, reasons = np.zeros(len(records), dtype=np.int64), np.full(len(records), "", dtype=object)
+            for i, record in enumerate(records):
                 try:
                     index[i] = self._universe.encode_one(record)
                 except (ValueError, TypeError) as exc:
                     reason = str(exc).partition(": ")[0]
                     reasons[i] = reason if reason == GrowingReason.OUTSIDE_UNIVERSE else Reason.MALFORMED
-        out: list = [self._letter(reasons[i], _ENCODE_DETAIL[reasons[i]], stream, originals[i])
-                     for i in np.flatnonzero(reasons != "")]
-        good = np.flatnonzero(reasons == "")
-        self._count.inc(len(good))
-        if len(good):
-            micros = np.array([rows[i][0] for i in good], dtype=np.int64)
-            out.append((stream, ("b", step, micros, index[good], BlockOriginals(originals[i] for i in good))))
-        return out
+            return index, reasons
 
     def _query(self, element: Any) -> Iterator:
         try:
@@ -289,9 +304,10 @@ class _ParseGrowing(beam.DoFn):
         yield stream, ("q", int(t), str(qid), weights, element)
 
 
-#: the detail of a record the universe refused (never its value)
-_ENCODE_DETAIL = {GrowingReason.OUTSIDE_UNIVERSE: "the record is not in the declared universe",
-                  Reason.MALFORMED: "a record is a mapping or a tuple with one value per field"}
+#: the detail of an element refused by the schedule or the universe (never its value)
+_DETAIL = {Reason.BEFORE_START: DETAIL[Reason.BEFORE_START], Reason.AFTER_END: DETAIL[Reason.AFTER_END],
+           GrowingReason.OUTSIDE_UNIVERSE: "the record is not in the declared universe",
+           Reason.MALFORMED: "a record is a mapping or a tuple with one value per field"}
 
 
 # -- the stateful DoFn -------------------------------------------------------------------------
