@@ -114,3 +114,31 @@ def test_record_rows_feed_an_online_learner_one_record_per_step():
     for a, b in zip(blocks, single):  # the same records reach the same step code: equal to rounding (none expected)
         np.testing.assert_allclose(a.value, b.value, rtol=1e-12, atol=1e-15)
     assert s1.next_step == s2.next_step == 10 and np.array_equal(s1.mechanism, s2.mechanism)
+
+
+def test_a_block_of_records_is_placed_in_the_universe_as_one_at_a_time():
+    from beam_dp.mechanisms.universe import Bucketed, Categorical, Universe
+
+    universe = Universe([Categorical("colour", ("red", "blue")), Bucketed("size", (0, 1, 5))])
+    records = [{"colour": "blue", "size": 3.0}, ("red", 0.5), {"colour": "green", "size": 1}, "red",
+               {"colour": "red", "size": 7}, ("blue", 4.99)]
+    index, reasons = universe.encode_records(records)
+    assert reasons.tolist() == ["", "", "outside_universe", "malformed", "outside_universe", ""]
+    for i, record in enumerate(records):  # the vectorised pass agrees with encode_one, record by record
+        if reasons[i]:
+            with pytest.raises(ValueError, match=reasons[i]):
+                universe.encode_one(record)
+        else:
+            assert index[i] == universe.encode_one(record)
+    assert index[[0, 1, 5]].tolist() == [3, 0, 3]  # (colour, size bucket) -> colour * 2 + bucket
+
+
+def test_a_letter_for_a_whole_block_is_one_letter_per_element():
+    from beam_dp.beam.blocks import BlockOriginals
+    from beam_dp.steps.events import DeadLetter
+
+    letter = DeadLetter("late", "step 3 was already absorbed", "s", BlockOriginals([("s", 1.0, "x"), ("s", 2.0, "y")]))
+    letters = letter.element.letters(letter)
+    assert [(x.reason, x.detail, x.stream, x.element) for x in letters] == [
+        ("late", "step 3 was already absorbed", "s", ("s", 1.0, "x")),
+        ("late", "step 3 was already absorbed", "s", ("s", 2.0, "y"))]
