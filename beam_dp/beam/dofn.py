@@ -194,10 +194,12 @@ class DriverDoFn(beam.DoFn):
 
     def buffer(self, bag, sums=None) -> EncodedBuffer:
         """The driver's buffer over the key's bag (and, given, its pre-aggregated ``sums``)."""
-        # a batch replay's items are already one per step; a subclass's process may not pass ``sums``
-        if not self._per_step_timers or not hasattr(sums, "read"):
+        # a batch replay's items are already one per step; a subclass's process may not pass ``sums``;
+        # a mechanism without ``merge_blocks`` (a growing database's) never merges items
+        merge = getattr(self._driver.policy.mechanism, "merge_blocks", None)
+        if not self._per_step_timers or not hasattr(sums, "read") or merge is None:
             return EncodedBuffer(bag, self._buffered)
-        return SummingBuffer(bag, sums, self._driver.policy.mechanism.merge_blocks, self._buffered)
+        return SummingBuffer(bag, sums, merge, self._buffered)
 
     def read_state(self, key: str, key_state, buffer, sums=None) -> tuple[KeyState, list[Output]]:
         """The key's stored state, or (state this version cannot read, or written under another group
