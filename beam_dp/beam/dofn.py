@@ -60,6 +60,7 @@ from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateS
 from apache_beam.transforms.window import GlobalWindow, TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 
+from beam_dp.beam.blocks import BlockOriginals
 from beam_dp.steps.coder import (KeyState, UnreadableState, decode_entry, decode_key_state, encode_entry,
                                  encode_key_state, join_entries, split_entries)
 from beam_dp.mechanisms.base import ClippedSum
@@ -194,10 +195,12 @@ class DriverDoFn(beam.DoFn):
 
     def buffer(self, bag, sums=None) -> EncodedBuffer:
         """The driver's buffer over the key's bag (and, given, its pre-aggregated ``sums``)."""
-        # a batch replay's items are already one per step; a subclass's process may not pass ``sums``
-        if not self._per_step_timers or not hasattr(sums, "read"):
+        # a batch replay's items are already one per step; a subclass's process may not pass ``sums``;
+        # a mechanism without ``merge_blocks`` (a growing database's) never merges items
+        merge = getattr(self._driver.policy.mechanism, "merge_blocks", None)
+        if not self._per_step_timers or not hasattr(sums, "read") or merge is None:
             return EncodedBuffer(bag, self._buffered)
-        return SummingBuffer(bag, sums, self._driver.policy.mechanism.merge_blocks, self._buffered)
+        return SummingBuffer(bag, sums, merge, self._buffered)
 
     def read_state(self, key: str, key_state, buffer, sums=None) -> tuple[KeyState, list[Output]]:
         """The key's stored state, or (state this version cannot read, or written under another group
@@ -273,10 +276,12 @@ class DriverDoFn(beam.DoFn):
                 self._releases.inc(len(value.batch) if isinstance(value, ReleaseColumns) else 1)
                 when = self._driver.release_time(release_step(value))
                 yield value if when is None else TimestampedValue(value, Timestamp(micros=when))
-            else:
-                if tag == DEAD_LETTER:
+            elif tag == DEAD_LETTER:  # a letter for a whole block: one per element of the block
+                for letter in value.element.letters(value) if isinstance(value.element, BlockOriginals) else [value]:
                     self._dead.inc()
-                    Metrics.counter(self._namespace, f"dead_letters/{value.reason}").inc()
+                    Metrics.counter(self._namespace, f"dead_letters/{letter.reason}").inc()
+                    yield beam.pvalue.TaggedOutput(tag, letter)
+            else:
                 yield beam.pvalue.TaggedOutput(tag, value)
 
     def add(self, state: KeyState, key_state, buffer, step: int | None, item: Any, original: Any,

@@ -30,6 +30,7 @@ import numpy as np
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import PCollection
 
+from beam_dp.beam.blocks import BundleBlocks
 from beam_dp.beam.dofn import ContinualReleaseDoFn
 from beam_dp.beam.domains import bind_noise_domain, release_labels
 from beam_dp.core.limits import (EPSILON_RANGE, LAMBDA_RANGE, MAX_DIM, MAX_SCALE, MIN_SCALE, check_count,
@@ -186,8 +187,11 @@ def _fields(element: Any) -> tuple[Any, Any, Any]:
 
 
 class ParseLabelledExamples(beam.DoFn):
-    """Validate one labelled example; emit ``(stream, (None, LabelledRows, element))`` or a dead letter.
-    The value never appears in a dead letter's ``detail``."""
+    """Validate labelled examples; emit their blocks ``(stream, (None, LabelledRows, elements))`` (a
+    bundle's valid examples of one stream in arrival order, :class:`~beam_dp.beam.blocks.BundleBlocks`)
+    or a dead letter per bad one. The value never appears in a dead letter's ``detail``."""
+
+    MAX_ROWS = 4096  # rows per block: a bundle's examples of one stream leave in blocks of at most this
 
     def __init__(self, params: _ERMParams):
         self._params = params
@@ -199,6 +203,12 @@ class ParseLabelledExamples(beam.DoFn):
         namespace = f"beam_dp/{self._params.build_mechanism().name}"
         self._elements = Metrics.counter(namespace, "elements")
         self._dead = Metrics.counter(namespace, "dead_letters")
+
+    def start_bundle(self) -> None:
+        self._blocks = BundleBlocks(_labelled_rows, self.MAX_ROWS)
+
+    def finish_bundle(self) -> Iterator:
+        yield from self._blocks.flush()
 
     def _dead_letter(self, reason: str, detail: str, stream: str | None, element: Any, source: str | None = None):
         self._dead.inc()
@@ -217,7 +227,7 @@ class ParseLabelledExamples(beam.DoFn):
             raise ValueError("label is not finite")
         return value
 
-    def process(self, element: Any) -> Iterator:
+    def process(self, element: Any, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam) -> Iterator:
         try:
             stream, features, label = _fields(element)
         except ValueError as exc:
@@ -239,7 +249,12 @@ class ParseLabelledExamples(beam.DoFn):
             yield self._dead_letter(BAD_LABEL, str(exc), stream, element)
             return
         self._elements.inc()
-        yield stream, (None, LabelledRows(x[None, :], np.array([y])), element)
+        yield from self._blocks.add(stream, (x, y), element, timestamp, window)
+
+
+def _labelled_rows(stream: str, rows: list, originals: tuple) -> list:
+    """The validated ``(features, label)`` rows of one stream as one block, in arrival order."""
+    return [(stream, (None, LabelledRows(np.stack([x for x, _ in rows]), np.array([y for _, y in rows])), originals))]
 
 
 class _ERMRelease(beam.PTransform):

@@ -41,6 +41,7 @@ import numpy as np
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import PCollection
 
+from beam_dp.beam.blocks import BlockOriginals, BundleBlocks
 from beam_dp.beam.dofn import DriverDoFn
 from beam_dp.beam.domains import bind_noise_domain, release_labels
 from beam_dp.core.budget import BudgetShare, check_params_budget
@@ -50,7 +51,7 @@ from beam_dp.core.clock import StepClock
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
 from beam_dp.steps.driver import CARRIED, SNAPSHOTS, StepDriver
-from beam_dp.steps.events import DEAD_LETTER, DeadLetter, Reason, checked_stream, named_fields, split_event, to_micros
+from beam_dp.steps.events import DEAD_LETTER, DETAIL, DeadLetter, Reason, checked_stream, named_fields, split_event, to_micros
 from beam_dp.steps.params import NoiseKey, check_schedule, check_streams
 from beam_dp.steps.policies import GrowingPolicy, plan_block
 from beam_dp.steps.schema import ReleaseRow
@@ -168,10 +169,20 @@ def replay_growing_database(params: GrowingDatabaseParams, stream: str, elements
 
 # -- parsing -------------------------------------------------------------------------------------
 class _ParseGrowing(beam.DoFn):
-    """Validate elements (``kind="element"``) or queries (``"query"``); dead-letter the bad ones."""
+    """Validate elements (``kind="element"``) or queries (``"query"``); dead-letter the bad ones. A
+    bundle's valid elements of one stream leave as one block per step ``(stream, ("b", step, micros,
+    indices, elements))`` (:class:`~beam_dp.beam.blocks.BundleBlocks`)."""
+
+    MAX_ROWS = 4096  # elements per block
 
     def __init__(self, params: GrowingDatabaseParams, kind: str):
         self._params, self._kind = params, kind
+
+    def start_bundle(self) -> None:
+        self._blocks = BundleBlocks(self._element_block, self.MAX_ROWS)
+
+    def finish_bundle(self) -> Iterator:
+        yield from self._blocks.flush()
 
     def setup(self) -> None:
         self._universe = self._params.universe
@@ -192,27 +203,58 @@ class _ParseGrowing(beam.DoFn):
             return None, self._dead_letter(checked)
         return checked, None
 
-    def process(self, element: Any) -> Iterator:
+    def process(self, element: Any, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam) -> Iterator:
         if self._kind == "element":
-            yield from self._element(element)
+            yield from self._element(element, timestamp, window)
         else:
             yield from self._query(element)
 
-    def _element(self, element: Any) -> Iterator:
-        head = split_event(element, ("value",), self._params.clock, self._streams)
+    def _element(self, element: Any, timestamp: Any, window: Any) -> Iterator:
+        # the head checked here, its place in the schedule and the universe for the whole block
+        head = split_event(element, ("value",), None, self._streams, timestamp=True)
         if isinstance(head, DeadLetter):
             yield self._dead_letter(head)
             return
-        stream, micros, step, (record,) = head
+        stream, micros, _, (record,) = head
+        yield from self._blocks.add(stream, (micros, record), element, timestamp, window)
+
+    def _element_block(self, stream: str, rows: list, originals: BlockOriginals) -> list:
+        """One stream's elements of a bundle, checked in vectorised passes: their place in the public
+        schedule (``before_start``, ``after_end``), then in the universe (:meth:`Universe.encode_records`:
+        ``outside_universe``, ``malformed``), each refused element dead-lettered on its own; the rest
+        leave as one block per step ``(stream, ("b", step, micros, indices, elements))`` in arrival order."""
+        clock = self._params.clock
+        micros = np.array([m for m, _ in rows], dtype=np.int64)
+        where = clock.classify_micros(micros)
+        reasons = np.full(len(rows), "", dtype=object)
+        reasons[where < 0], reasons[where > 0] = Reason.BEFORE_START, Reason.AFTER_END
+        placed = np.flatnonzero(where == 0)
+        index = np.zeros(len(rows), dtype=np.int64)
+        index[placed], reasons[placed] = self._encode([rows[i][1] for i in placed])
+        out: list = [self._letter(reasons[i], _DETAIL[reasons[i]], stream, originals[i])
+                     for i in np.flatnonzero(reasons != "")]
+        good = np.flatnonzero(reasons == "")
+        self._count.inc(len(good))
+        steps = clock.step_of_micros(micros[good])
+        for step in np.unique(steps).tolist():
+            rows_of = good[steps == step]
+            out.append((stream, ("b", step, micros[rows_of], index[rows_of],
+                                 BlockOriginals(originals[i] for i in rows_of.tolist()))))
+        return out
+
+    def _encode(self, records: list) -> tuple[np.ndarray, np.ndarray]:
+        """``Universe.encode_records``, or one record at a time when a value fits no column."""
         try:
-            index = self._universe.encode_one(record)
-        except (ValueError, TypeError) as exc:
-            reason, _, detail = str(exc).partition(": ")
-            reason = reason if reason in (GrowingReason.OUTSIDE_UNIVERSE, Reason.MALFORMED) else Reason.MALFORMED
-            yield self._letter(reason, detail or "record not in the universe", stream, element)
-            return
-        self._count.inc()
-        yield stream, ("e", step, micros, index, element)
+            return self._universe.encode_records(records)
+        except (ValueError, TypeError):
+            index, reasons = np.zeros(len(records), dtype=np.int64), np.full(len(records), "", dtype=object)
+            for i, record in enumerate(records):
+                try:
+                    index[i] = self._universe.encode_one(record)
+                except (ValueError, TypeError) as exc:
+                    reason = str(exc).partition(": ")[0]
+                    reasons[i] = reason if reason == GrowingReason.OUTSIDE_UNIVERSE else Reason.MALFORMED
+            return index, reasons
 
     def _query(self, element: Any) -> Iterator:
         try:
@@ -262,9 +304,15 @@ class _ParseGrowing(beam.DoFn):
         yield stream, ("q", int(t), str(qid), weights, element)
 
 
+#: the detail of an element refused by the schedule or the universe (never its value)
+_DETAIL = {Reason.BEFORE_START: DETAIL[Reason.BEFORE_START], Reason.AFTER_END: DETAIL[Reason.AFTER_END],
+           GrowingReason.OUTSIDE_UNIVERSE: "the record is not in the declared universe",
+           Reason.MALFORMED: "a record is a mapping or a tuple with one value per field"}
+
+
 # -- the stateful DoFn -------------------------------------------------------------------------
 class GrowingDatabaseDoFn(DriverDoFn):
-    """Input ``(stream, ("e", step, micros, index, original) | ("q", t, query_id, weights, original)
+    """Input ``(stream, ("b", step, micros, indices, originals) | ("q", t, query_id, weights, original)
     | ("declare",))``. Main output: release rows; tagged ``snapshots`` and ``dead_letter``. A shell over
     the step driver with a :class:`~beam_dp.steps.policies.GrowingPolicy`: elements wait by step,
     queries are carried until the database reaches their size (a passed size is ``late``)."""
@@ -280,7 +328,7 @@ class GrowingDatabaseDoFn(DriverDoFn):
                 end=beam.DoFn.TimerParam(DriverDoFn.END)) -> Iterator:
         stream, item = element
         state = self.key_state(stream, key_state, close, end, buffer)
-        if item[0] == "e":
+        if item[0] in ("b", "e"):  # a block of elements of one step ("e": one element, from earlier versions)
             _, step, micros, index, original = item
             yield from self.add(state, key_state, buffer, step, (micros, index), original)
         elif item[0] == "q":

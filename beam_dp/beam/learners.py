@@ -34,6 +34,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
+from beam_dp.beam.blocks import BundleBlocks
 from beam_dp.beam.dofn import ContinualReleaseDoFn
 from beam_dp.beam.domains import bind_noise_domain, release_labels
 from beam_dp.steps.events import DeadLetter, Reason, numeric_array, split_event
@@ -44,6 +45,7 @@ from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.beam.transforms import ContinualOutputs
 from beam_dp.core.budget import BudgetShare, check_params_budget
 from beam_dp.core.clock import StepClock
+from beam_dp.steps.policies import RecordRows
 from beam_dp.steps.schema import ReleaseRow
 
 __all__ = ["IncrementalRegression", "IncrementalRegressionParams", "OnlineLearner", "OnlineLearnerParams"]
@@ -180,10 +182,20 @@ class IncrementalRegressionParams:
 
 class ParseRecords(beam.DoFn):
     """Validate ``(stream, [timestamp,] features, label)`` records; emit
-    ``(stream, (step | None, record, original))`` for ``ContinualReleaseDoFn`` or a dead letter."""
+    ``(stream, (step, record, original))`` for ``ContinualReleaseDoFn`` or a dead letter. With count steps
+    (no clock) a bundle's valid records of one stream leave as one block ``(stream, (None, RecordRows,
+    elements))`` in arrival order (:class:`~beam_dp.beam.blocks.BundleBlocks`)."""
+
+    MAX_ROWS = 4096  # records per block
 
     def __init__(self, params: Any):
         self._params = params
+
+    def start_bundle(self) -> None:
+        self._blocks = BundleBlocks(_record_rows, self.MAX_ROWS)
+
+    def finish_bundle(self) -> Iterator:
+        yield from self._blocks.flush()
 
     def setup(self) -> None:
         self._mechanism = self._params.build_mechanism()
@@ -199,7 +211,7 @@ class ParseRecords(beam.DoFn):
         self._dead.inc()
         return beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(reason, detail, stream, element, source))
 
-    def process(self, element: Any) -> Iterator:
+    def process(self, element: Any, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam) -> Iterator:
         head = split_event(element, ("features", "label"), self._clock, self._streams)
         if isinstance(head, DeadLetter):
             yield self._dead_letter(*head)
@@ -215,7 +227,10 @@ class ParseRecords(beam.DoFn):
             return
         self._count_clipping(features, label)
         self._elements.inc()
-        yield stream, (step, record, element)
+        if step is not None:
+            yield stream, (step, record, element)
+        else:
+            yield from self._blocks.add(stream, record, element, timestamp, window)
 
     def _count_clipping(self, features: Any, label: Any) -> None:
         # operator metrics only (never in releases): how often the declared bounds bind
@@ -223,6 +238,13 @@ class ParseRecords(beam.DoFn):
             self._clipped_features.inc()
         if abs(float(label)) > 1.0:
             self._clipped_labels.inc()
+
+
+def _record_rows(stream: str, records: list, originals: tuple) -> list:
+    """Validated records (``OnlineRecord`` s or ``(x, y)`` pairs) of one stream as one block, in arrival order."""
+    pairs = [(r.a, r.b) if hasattr(r, "a") else r for r in records]
+    return [(stream, (None, RecordRows(np.stack([np.asarray(x, dtype=np.float64) for x, _ in pairs]),
+                                      np.array([float(y) for _, y in pairs])), originals))]
 
 
 class _LearnerTransform(beam.PTransform):

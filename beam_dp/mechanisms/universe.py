@@ -240,18 +240,38 @@ class Universe:
 
         Raises ``ValueError("outside_universe: …")`` / ``("malformed: …")``; never echoes the value.
         """
-        if isinstance(record, Mapping):
-            columns = {name: [record.get(name)] for name in (f.name for f in self.fields)}
-        elif len(self.fields) == 1 and not (isinstance(record, (tuple, list)) and len(record) == 1):
-            columns = {self.fields[0].name: [record]}
-        elif isinstance(record, (tuple, list)) and len(record) == len(self.fields):
-            columns = {f.name: [v] for f, v in zip(self.fields, record)}
-        else:
+        index, reasons = self.encode_records([record])
+        if reasons[0] == "malformed":
             raise ValueError("malformed: a record is a mapping or a tuple with one value per field")
-        index, valid = self.encode(_object_columns(columns))
-        if not valid[0]:
+        if reasons[0]:
             raise ValueError("outside_universe: the record is not in the declared universe")
         return int(index[0])
+
+    def encode_records(self, records: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+        """Indices of many records (each as :meth:`encode_one` takes it) in one vectorised pass:
+        ``(index int64, reason)``, ``reason`` per record ``""`` (in the universe), ``"malformed"`` or
+        ``"outside_universe"`` (its index is then meaningless)."""
+        names = [f.name for f in self.fields]
+        columns: dict[str, list] = {name: [] for name in names}
+        reasons = np.full(len(records), "", dtype=object)
+        for i, record in enumerate(records):
+            if isinstance(record, Mapping):
+                values = [record.get(name) for name in names]
+            elif len(names) == 1 and not (isinstance(record, (tuple, list)) and len(record) == 1):
+                values = [record]
+            elif isinstance(record, (tuple, list)) and len(record) == len(names):
+                values = list(record)
+            else:
+                reasons[i] = "malformed"
+                continue
+            for name, value in zip(names, values):
+                columns[name].append(value)
+        formed = np.flatnonzero(reasons == "")
+        index = np.zeros(len(records), dtype=np.int64)
+        if len(formed):
+            index[formed], valid = self.encode(_object_columns(columns))
+            reasons[formed[~valid]] = "outside_universe"
+        return index, reasons
 
     def decode(self, index: int) -> tuple:
         """Labels of the cell ``index`` (categories, bucket intervals or codes)."""

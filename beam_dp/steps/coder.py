@@ -44,6 +44,7 @@ KINDS = {
     "online_record": "beam_dp.mechanisms.online:OnlineRecord",
     "labelled_rows": "beam_dp.mechanisms.erm.base:LabelledRows",
     "task_data": "beam_dp.mechanisms.lifelong.config:TaskData",
+    "record_rows": "beam_dp.steps.policies:RecordRows",
 }
 _TUPLE = "tuple"  # plain tuples of numbers, strings and arrays (growing databases' elements and queries)
 _classes: dict[str, type] = {}

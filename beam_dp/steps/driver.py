@@ -233,21 +233,40 @@ class StepDriver:
         state.lowest = CARRIED
 
     def _add_count(self, state: KeyState, buffer: Buffer, item: Any) -> list[Output]:
-        buffer.add((state.next_step, item))
-        state.buffered += self.policy.count(item)
-        if state.buffered < self.block_size:
-            return []
-        items = [it for _, it in buffer.read()]
-        buffer.clear()
-        state.buffered = 0
-        mechanism = self.policy.mechanism
+        """Count steps: ``item`` may hold many contributions (a block of rows in arrival order). Every
+        step it completes is closed here, in order, with the mechanism state decoded once and encoded
+        once for the whole item; a block that overfills a step is split (``policy.split``) and its
+        rest carried into the next steps, its tail left in the buffer."""
         out: list[Output] = []
-        new = self._close_one(state, buffer, self._decode(_as_bytes(state.mechanism)), state.next_step,
-                              items, None, out)
-        if new is not None:
-            state.mechanism = _as_array(mechanism.encode_state(new))
+        mech_state = None
+        while item is not None:
+            count, need = self.policy.count(item), self.block_size - state.buffered
+            if count < need:
+                buffer.add((state.next_step, item))
+                state.buffered += count
+                break
+            head, item = (item, None) if count == need else self._split(item, need)
+            items = [head]
+            if state.buffered:
+                items = [it for _, it in buffer.read()] + items
+                buffer.clear()
+                state.buffered = 0
+            if mech_state is None:
+                mech_state = self._decode(_as_bytes(state.mechanism))
+            mech_state = self._close_one(state, buffer, mech_state, state.next_step, items, None, out)
+            if mech_state is None:  # the stream ended at its public end: the rest is discarded
+                return out
             state.next_step += 1
+        if mech_state is not None:
+            state.mechanism = _as_array(self.policy.mechanism.encode_state(mech_state))
         return out
+
+    def _split(self, item: Any, k: int) -> tuple[Any, Any]:
+        """``item`` cut after ``k`` contributions; an item that is not rows (a sum) closes a step whole."""
+        try:
+            return self.policy.split(item, k)
+        except TypeError:
+            return item, None
 
     # -- closing --------------------------------------------------------------------------------
     def advance(self, state: KeyState, buffer: Buffer, watermark: int) -> list[Output]:

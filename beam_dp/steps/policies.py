@@ -16,6 +16,8 @@ what happens to items carried across steps when a call ends (``begin`` / ``end``
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 import numpy as np
@@ -26,11 +28,29 @@ from beam_dp.steps.driver import SNAPSHOTS, Output
 from beam_dp.steps.events import DEAD_LETTER, DeadLetter, Reason
 from beam_dp.steps.schema import release_to_row
 
-__all__ = ["BlockPolicy", "GroupPolicy", "GrowingPolicy", "TaskPolicy", "plan_block"]
+__all__ = ["BlockPolicy", "GroupPolicy", "GrowingPolicy", "RecordRows", "TaskPolicy", "plan_block", "split_rows"]
+
+
+@dataclass(frozen=True)
+class RecordRows:
+    """Records of one stream in arrival order, each already validated by the mechanism's ``record``:
+    features ``(k, d)`` and labels ``(k,)``. A block of ``k`` count-step contributions for a mechanism
+    that takes one record per contribution (the online learners, incremental regression): the driver
+    cuts it at step boundaries and :class:`BlockPolicy` hands each step its records one by one."""
+
+    features: np.ndarray
+    labels: np.ndarray
+
+    def __len__(self) -> int:
+        return int(np.shape(self.labels)[0])
+
+    def records(self) -> list:
+        return list(zip(self.features, self.labels.tolist()))
 
 
 class BlockPolicy:
-    """A continual mechanism fed one merged block per step (``None`` for an empty step)."""
+    """A continual mechanism fed one merged block per step (``None`` for an empty step); a
+    :class:`RecordRows` item counts one contribution per record and is fed as its records."""
 
     timed_rows = True  # rows carry the step's public event-time interval
 
@@ -38,12 +58,19 @@ class BlockPolicy:
         self.mechanism, self.noise = mechanism, noise
 
     def count(self, item: Any) -> int:
-        return self.mechanism.block_count(item)
+        return len(item) if isinstance(item, RecordRows) else self.mechanism.block_count(item)
+
+    def split(self, item: Any, k: int) -> tuple[Any, Any]:
+        """The first ``k`` contributions of a block of rows (count steps) and the rest."""
+        return split_rows(item, k)
 
     def late(self, step: int) -> tuple[str, str]:
         return Reason.LATE, f"step {step} was already released"
 
     def close(self, key: str, state: Any, step: int, items: list, context: Any) -> tuple[Any, list, list]:
+        if any(isinstance(item, RecordRows) for item in items):
+            items = [record for item in items for record in (
+                [self.mechanism.record(*r) for r in item.records()] if isinstance(item, RecordRows) else [item])]
         block = self.mechanism.merge_blocks(items) if items else None
         state, releases = self.mechanism.step(state, block, self.noise)
         return state, releases, []
@@ -101,14 +128,28 @@ class TaskPolicy(BlockPolicy):
         return state, releases, []
 
 
+def split_rows(item: Any, k: int) -> tuple[Any, Any]:
+    """A block of rows (a frozen dataclass of arrays sharing their first axis, e.g. ``LabelledRows``)
+    cut after row ``k``: ``(rows[:k], rows[k:])``. A block that is not rows (a sum) cannot be cut:
+    ``TypeError``."""
+    if not dataclasses.is_dataclass(item) or not hasattr(item, "__len__"):
+        raise TypeError(f"a {type(item).__name__} is not a block of rows: it cannot be split across count steps")
+    parts = {f.name: getattr(item, f.name) for f in dataclasses.fields(item)}
+    return (type(item)(**{name: value[:k] for name, value in parts.items()}),
+            type(item)(**{name: value[k:] for name, value in parts.items()}))
+
+
 def plan_block(size: int, items: Iterable[tuple[int, int]], queries: Iterable[tuple]) -> tuple[Any, list, list]:
-    """One closed step of a growing database: elements ``(micros, index)`` sorted by time then index;
-    the queries ``(t, query_id, weights, ...)`` with ``size ≤ t ≤ size + len(elements)`` in
-    ``(t, query_id)`` order. Returns the block, the queries kept for later and those already passed."""
+    """One closed step of a growing database: elements ``(micros, index)`` (one element, or a block:
+    two equal-length arrays) sorted by time then index; the queries ``(t, query_id, weights, ...)``
+    with ``size ≤ t ≤ size + len(elements)`` in ``(t, query_id)`` order. Returns the block, the queries
+    kept for later and those already passed."""
     from beam_dp.mechanisms.pmwg import GrowingBlock, Query
 
-    ordered = sorted(items)
-    elements = np.array([index for _, index in ordered], dtype=np.int64)
+    items = list(items)
+    micros = np.concatenate([np.atleast_1d(np.asarray(m, dtype=np.int64)) for m, _ in items]) if items else np.zeros(0)
+    index = np.concatenate([np.atleast_1d(np.asarray(i, dtype=np.int64)) for _, i in items]) if items else np.zeros(0)
+    elements = index[np.lexsort((index, micros))].astype(np.int64)  # by time, ties by index
     top = size + len(elements)
     now, later, passed = [], [], []
     for q in queries:

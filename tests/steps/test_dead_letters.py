@@ -5,11 +5,14 @@ family."""
 from __future__ import annotations
 
 import datetime as dt
+import inspect
 import json
 
 import apache_beam as beam
 import numpy as np
 import pytest
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.timestamp import Timestamp
 
 from beam_dp.beam import ContinualSumParams, GrowingDatabaseParams, IncrementalRegressionParams
 from beam_dp.beam.growing_db import _ParseGrowing
@@ -70,8 +73,15 @@ BAD_HEADS = [  # (stream_id, timestamp) -> reason
 
 
 def _letters(parser, element) -> list[DeadLetter]:
+    """The dead letters of a bundle of one element (a parser that builds blocks writes some at the bundle's end)."""
     parser.setup()
-    return [out.value for out in parser.process(element) if isinstance(out, beam.pvalue.TaggedOutput)]
+    parser.start_bundle()
+    context = {"timestamp": Timestamp(0), "window": GlobalWindow()}  # what Beam passes a process that asks
+    asks = inspect.signature(parser.process).parameters
+    outs = list(parser.process(element, **{k: v for k, v in context.items() if k in asks}))
+    outs += list(parser.finish_bundle() or ())
+    return [getattr(out.value, "windows", None) and out.value.value or out.value
+            for out in outs if isinstance(out, beam.pvalue.TaggedOutput)]
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
