@@ -95,3 +95,23 @@ def test_compacting_frees_the_live_accumulator():
     assert acc.sums is None and acc.seen is None  # freed
     with pytest.raises(RuntimeError, match="after it was compacted"):
         fn.add_input(acc, blocks[0])
+
+
+@pytest.mark.parametrize("names", [("a", "b\x00c", "d"), ("only",), ()])
+def test_group_blocks_pickle_names_that_cannot_be_joined_as_a_tuple(names):
+    block = GroupBlock.declaring(names, D)
+    back = pickle.loads(pickle.dumps(block))
+    assert back.streams == block.streams and back.sums.shape == (len(names), D)
+
+
+def test_unpickled_group_blocks_share_one_string_per_stream():
+    """The shuffle pickles each (group, step) block; read back, the blocks of a group share their stream names'
+    string objects (one per stream, not one per cell: ~56 bytes a cell less)."""
+    rng = np.random.default_rng(6)
+    names = [f"stream-{i:04d}" for i in range(200)]
+    a, b = (pickle.loads(pickle.dumps(_block(rng, names))) for _ in range(2))
+    assert a.streams == tuple(sorted(names)) and all(x is y for x, y in zip(a.streams, b.streams))
+    original = _block(rng, names)
+    back = pickle.loads(pickle.dumps(original))
+    np.testing.assert_array_equal(back.sums, original.sums)  # the same bytes, pickled and read back
+    np.testing.assert_array_equal(back.counts, original.counts)
