@@ -7,6 +7,8 @@ stream → row map shared by every step of the group on this worker: memory grow
 with the events or the blocks that carried them (issue 26.1). Nothing private leaves it but the sums
 themselves (the same clipped sums the blocks held); the row maps are a worker-local index of stream
 names, never state, and the output does not depend on them (rows are sorted by name on the way out).
+Beam compacts every live accumulator when the bundle ends but drops them only after the last, so each
+frees its arrays as it is compacted (the bundle's accumulators and their output do not coexist).
 """
 
 from __future__ import annotations
