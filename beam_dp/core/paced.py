@@ -32,10 +32,6 @@ class Paced(Generic[T]):
         self._units: Generator[None, None, T] | None = units
         self._result: T | None = None
 
-    @property
-    def done(self) -> bool:
-        return self._units is None
-
     def advance(self, units: int = 1) -> bool:
         """Run up to ``units`` more units; ``True`` once the computation is done."""
         for _ in range(units):
