@@ -205,22 +205,43 @@ def toeplitz_steps(dim: int, t0: int = 2**17, steps: int = 65536) -> dict:
 def toeplitz_stalls(dim: int, t0: int = 2**17, window: int = 4096) -> dict:
     """CPU of each step of one square-root Toeplitz stream (empty data) from ``t0 / 2 + 1`` (the first step of the
     span before ``t0``: that span's noise is computed there, at once) to ``t0 + window``; the median and the max
-    over the steps ``t0 − window .. t0 + window`` (the span boundary at ``t0`` in the middle) and the max over all
-    steps after the first."""
+    over the steps ``t0 − window .. t0 + window`` (the span boundary at ``t0`` in the middle), the max over those
+    steps during which Python's cyclic garbage collector made no full (generation 2) collection, the slowest
+    steps, and the max over all steps after the first."""
+    import gc
+
     from beam_dp.mechanisms.counters.toeplitz import ToeplitzSqrtState
 
     mech = make_counter("toeplitz", noise="gaussian", horizon=2 * t0, dim=dim, epsilon=EPSILON, delta=DELTA, clip_bound=CLIP)
     state, noise = ToeplitzSqrtState("s", t0 // 2, np.zeros(dim)), NoiseSource(KEY)
     times = np.empty(t0 // 2 + window, np.int64)
-    for i in range(len(times)):
-        cpu = time.process_time_ns()
-        state, _ = mech.step(state, None, noise)
-        times[i] = time.process_time_ns() - cpu
+    full_gc = np.zeros(len(times), bool)
+    collections = [0]
+
+    def count_full(phase: str, info: dict) -> None:
+        collections[0] += phase == "start" and info["generation"] == 2
+
+    gc.callbacks.append(count_full)
+    try:
+        for i in range(len(times)):
+            seen, cpu = collections[0], time.process_time_ns()
+            state, _ = mech.step(state, None, noise)
+            times[i] = time.process_time_ns() - cpu
+            full_gc[i] = collections[0] > seen
+    finally:
+        gc.callbacks.remove(count_full)
     steps = np.arange(t0 // 2 + 1, t0 + window + 1)
-    near = times[(steps >= t0 - window) & (steps <= t0 + window)] / 1e3
-    return {"dim": dim, "median_us": round(float(np.median(near)), 1), "max_us": round(float(near.max()), 1),
-            "max_over_median": round(float(near.max() / np.median(near)), 1),
-            "slowest_step": int(steps[1 + np.argmax(times[1:])]), "max_after_first_us": round(float(times[1:].max()) / 1e3, 1)}
+    sel = (steps >= t0 - window) & (steps <= t0 + window)
+    near, median = times[sel] / 1e3, float(np.median(times[sel] / 1e3))
+    no_gc = near[~full_gc[sel]]
+    slowest = np.argsort(near)[::-1][:5]
+    return {"dim": dim, "median_us": round(median, 1), "max_us": round(float(near.max()), 1),
+            "max_over_median": round(float(near.max() / median), 1),
+            "max_without_full_gc_us": round(float(no_gc.max()), 1),
+            "max_without_full_gc_over_median": round(float(no_gc.max() / median), 1),
+            "full_gc_steps": int(full_gc[sel].sum()),
+            "slowest_steps": [(int(steps[sel][i]), round(float(near[i]))) for i in slowest],
+            "max_after_first_us": round(float(times[1:].max()) / 1e3, 1)}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -329,6 +329,10 @@ def _launch(argv: list[str], job: Job, where: list) -> int:
     params_or_usage_error(lambda: spec.validate(job.name, opts), "flags")
     check_noise_key(opts, runner_name(options), streaming)
     local = is_local_runner(runner_name(options))
+    if local:  # this process runs the pipeline: give freed memory back (pipelines.heap)
+        from pipelines.heap import limit_heap_retention
+
+        limit_heap_retention()
     with RunOutputs(opts.output, private_dir(opts), staged=local and not streaming) as outputs:
         where.append(outputs)
         opts.output, opts.dead_letter_output = outputs.output, outputs.private

@@ -7,6 +7,8 @@ stream → row map shared by every step of the group on this worker: memory grow
 with the events or the blocks that carried them (issue 26.1). Nothing private leaves it but the sums
 themselves (the same clipped sums the blocks held); the row maps are a worker-local index of stream
 names, never state, and the output does not depend on them (rows are sorted by name on the way out).
+Beam compacts every live accumulator when the bundle ends but drops them only after the last, so each
+frees its arrays as it is compacted (the bundle's accumulators and their output do not coexist).
 """
 
 from __future__ import annotations
@@ -65,9 +67,11 @@ class _GroupSums:
         self.clipped, self.seen = np.zeros(cap, np.int64), np.zeros(cap, bool)
 
     def add(self, block: GroupBlock) -> None:
+        if self.sums is None:
+            raise RuntimeError("MergeClippedSums: an accumulator was used after it was compacted")
         idx = self.rows.rows_of(block.streams)  # distinct: a block's streams are distinct
-        if len(self.rows.names) > len(self.seen):
-            self._grow(max(len(self.rows.names), 2 * len(self.seen)))
+        if len(self.rows.names) > len(self.seen):  # grow by a quarter: at most 25% unused rows
+            self._grow(max(len(self.rows.names), len(self.seen) + len(self.seen) // 4))
         self.sums[idx] += block.sums
         self.counts[idx] += block.counts
         self.clipped[idx] += block.clipped
@@ -81,12 +85,21 @@ class _GroupSums:
         self.counts, self.clipped, self.seen = (np.concatenate([a, np.zeros(cap - n, a.dtype)])
                                                 for a in (self.counts, self.clipped, self.seen))
 
-    def block(self) -> GroupBlock:
-        """The rows seen, sorted by stream name (a ``GroupBlock``)."""
+    def take_block(self) -> GroupBlock:
+        """The rows seen, sorted by stream name (a ``GroupBlock``); the accumulator's arrays are freed
+        (Beam outputs every live accumulator of a bundle at its end and drops them only after the last:
+        freeing each as it leaves keeps the bundle's accumulators and their output from coexisting).
+        A taken accumulator is never used again (Beam's contract for ``compact``, ``extract_output`` and
+        the inputs of ``merge_accumulators``); using one raises."""
+        if self.sums is None:
+            raise RuntimeError("MergeClippedSums: an accumulator was used after it was compacted")
         rows = np.flatnonzero(self.seen)
         rows = rows[np.argsort(self.rows.rank()[rows])]
         names = self.rows.names
-        return GroupBlock(tuple(names[r] for r in rows.tolist()), self.sums[rows], self.counts[rows], self.clipped[rows])
+        block = GroupBlock(tuple(names[r] for r in rows.tolist()), self.sums[rows], self.counts[rows],
+                           self.clipped[rows])
+        self.sums = self.counts = self.clipped = self.seen = None
+        return block
 
 
 class MergeClippedSums(beam.CombineFn):
@@ -124,11 +137,11 @@ class MergeClippedSums(beam.CombineFn):
             if isinstance(acc, ClippedSum):
                 merged = acc if merged is None else merged.merge(acc)
                 continue
-            merged = self.add_input(merged, acc.block() if isinstance(acc, _GroupSums) else acc)
+            merged = self.add_input(merged, acc.take_block() if isinstance(acc, _GroupSums) else acc)
         return merged
 
     def compact(self, acc: Any) -> Any:
-        return acc.block() if isinstance(acc, _GroupSums) else acc
+        return acc.take_block() if isinstance(acc, _GroupSums) else acc
 
     def extract_output(self, acc: Any) -> Any:
         return self.compact(acc)

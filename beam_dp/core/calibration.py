@@ -14,14 +14,18 @@ accurate for large epsilon and tiny delta. The two closed-form calibrations quot
 from __future__ import annotations
 
 import math
+from typing import Generator
 
 import numpy as np
 from scipy.special import log_ndtr
+
+from beam_dp.core.paced import run_to_end
 
 __all__ = [
     "analytic_gaussian_delta",
     "analytic_gaussian_epsilon",
     "analytic_gaussian_epsilons",
+    "analytic_gaussian_epsilons_paced",
     "analytic_gaussian_sigma",
     "certify_gaussian",
     "sigma_tree_004",
@@ -76,6 +80,13 @@ def analytic_gaussian_epsilon(mu: float, delta: float) -> float:
 def analytic_gaussian_epsilons(mu: np.ndarray, delta: float) -> np.ndarray:
     """``analytic_gaussian_epsilon`` of every entry of ``mu`` in one vectorised bisection (the same
     bracket, halvings and tolerance per entry; agrees with the scalar to its tolerance 1e-12)."""
+    return run_to_end(analytic_gaussian_epsilons_paced(mu, delta))
+
+
+def analytic_gaussian_epsilons_paced(mu: np.ndarray, delta: float) -> Generator[None, None, np.ndarray]:
+    """``analytic_gaussian_epsilons`` as a paced computation (``beam_dp.core.paced``): it yields after
+    each vectorised evaluation of ``delta_A`` (one bracket doubling or one halving: O(len(mu))) and
+    returns the epsilons. Each entry's result does not depend on the other entries or on the pacing."""
     _check_delta(delta)
     mu = np.asarray(mu, dtype=np.float64)
     m = np.where(mu > 0, mu, 1.0)  # placeholders for mu <= 0 (epsilon 0), masked out below
@@ -86,13 +97,16 @@ def analytic_gaussian_epsilons(mu: np.ndarray, delta: float) -> np.ndarray:
         return np.where(b >= a, 0.0, np.exp(a) * -np.expm1(np.minimum(b - a, 0.0)))
 
     live = (mu > 0) & (deltas(np.zeros_like(m)) > delta)
+    yield
     hi = np.ones_like(m)
     over = live & (deltas(hi) > delta)
+    yield
     while over.any():
         hi = np.where(over, 2.0 * hi, hi)
         if np.any(hi > 1e6):
             raise ValueError(f"no finite epsilon reaches delta={delta} for mu={float(mu[hi > 1e6].max())}")
         over &= deltas(hi) > delta
+        yield
     lo = np.zeros_like(m)
     active = live & (hi - lo > 1e-12 * hi)
     while active.any():
@@ -100,6 +114,7 @@ def analytic_gaussian_epsilons(mu: np.ndarray, delta: float) -> np.ndarray:
         up = deltas(mid) > delta
         lo, hi = np.where(active & up, mid, lo), np.where(active & ~up, mid, hi)
         active &= hi - lo > 1e-12 * hi
+        yield
     return np.where(live, hi, 0.0)
 
 

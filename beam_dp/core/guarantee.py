@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Generator, Iterable, Sequence
 
 import numpy as np
 
-from beam_dp.core.calibration import analytic_gaussian_epsilon, analytic_gaussian_epsilons
+from beam_dp.core.calibration import analytic_gaussian_epsilon, analytic_gaussian_epsilons_paced
 from beam_dp.core.noise_declaration import GAUSSIAN_LAWS, NoiseTerm, declaration_json, merge_terms
+from beam_dp.core.paced import run_to_end
 
-__all__ = ["Charge", "ElementLoss", "Guarantee", "PrivacyLedger", "require_within_budget", "spends"]
+__all__ = ["Charge", "ElementLoss", "Guarantee", "PrivacyLedger", "require_within_budget", "spends", "spends_paced"]
 
 EVENT_LEVEL = "event-level: replace one contribution"
 
@@ -120,10 +121,15 @@ class ElementLoss:
 def spends(losses: Sequence[ElementLoss], delta: float) -> list[tuple[float, float]]:
     """``[loss.spend(delta) for loss in losses]`` with one vectorised analytic-Gaussian bisection for
     all the Gaussian parts (entry for entry the value a loss gets alone)."""
+    return run_to_end(spends_paced(losses, delta))
+
+
+def spends_paced(losses: Sequence[ElementLoss], delta: float) -> Generator[None, None, list[tuple[float, float]]]:
+    """``spends`` as a paced computation (``beam_dp.core.paced``): one unit per step of the bisection."""
     out = [loss.spend(delta) if loss.gaussian_mu_sq == 0.0 or delta <= 0.0 else None for loss in losses]
     gaussian = [i for i, spent in enumerate(out) if spent is None]
     if gaussian:
-        eps = analytic_gaussian_epsilons(np.sqrt([losses[i].gaussian_mu_sq for i in gaussian]), delta)
+        eps = yield from analytic_gaussian_epsilons_paced(np.sqrt([losses[i].gaussian_mu_sq for i in gaussian]), delta)
         for i, e in zip(gaussian, eps.tolist()):
             out[i] = (losses[i].pure_epsilon + e, delta)
     return out

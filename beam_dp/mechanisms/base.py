@@ -19,6 +19,7 @@ clipped to L2 norm ``R``, node values move by at most ``Δ₂ = 2R`` in total.
 from __future__ import annotations
 
 import abc
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -234,11 +235,16 @@ class ContinualSumMechanism(abc.ABC, Generic[StateT]):
         """Memoise ``spend`` for many losses at once (one vectorised bisection, ``guarantee.spends``):
         a lone stream then pays no bisection per new step."""
         cache = self.__dict__.setdefault("_spend_cache", {})
-        todo = list({(loss.pure_epsilon, loss.gaussian_mu_sq): loss for loss in losses}.items())
-        todo = [(key, loss) for key, loss in todo if key not in cache]
-        if len(cache) + len(todo) > 1024:
-            cache.clear()
-        cache.update(zip((key for key, _ in todo), spends([loss for _, loss in todo], self.delta)))
+        todo = [loss for key, loss in {(loss.pure_epsilon, loss.gaussian_mu_sq): loss for loss in losses}.items()
+                if key not in cache]
+        self.remember_spends(todo, spends(todo, self.delta))
+
+    def remember_spends(self, losses: Sequence[ElementLoss], spent: Sequence[tuple[float, float]]) -> None:
+        """Memoise ``spend`` of ``losses`` as ``spent`` (computed by ``guarantee.spends`` or its paced form)."""
+        cache = self.__dict__.setdefault("_spend_cache", {})
+        for key in list(itertools.islice(cache, max(len(cache) + len(losses) - 1024, 0))):
+            del cache[key]  # the oldest first
+        cache.update(zip(((loss.pure_epsilon, loss.gaussian_mu_sq) for loss in losses), spent))
 
     # -- blocks -------------------------------------------------------------------------------
     def clip_and_sum(self, contributions: np.ndarray) -> ClippedSum:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import hashlib
+import sys
 from dataclasses import dataclass
 from typing import ClassVar, Iterable, Sequence
 
@@ -71,6 +72,15 @@ class GroupBlock:
     counts: np.ndarray
     clipped: np.ndarray
 
+    def __reduce__(self):
+        """Pickled compactly (engines shuffle blocks by pickle): the names as one NUL-joined string (a
+        tuple when a name holds a NUL), read back as interned strings, so that the blocks of a group
+        decoded on one worker share one string object per stream instead of one per (stream, step) cell
+        (about 56 bytes each; issue 26.1)."""
+        joined = "\0".join(self.streams)
+        names = joined if len(self.streams) > 1 and joined.count("\0") == len(self.streams) - 1 else self.streams
+        return _unpickle_group_block, (names, self.sums, self.counts, self.clipped)
+
     @classmethod
     def declaring(cls, streams: Iterable[str], dim: int) -> "GroupBlock":
         """A block that only declares ``streams`` (no contributions)."""
@@ -113,6 +123,12 @@ class GroupBlock:
             return GroupBlock(self.streams, sums, counts, clipped)
         return GroupBlock(self.streams[:i] + (stream,) + self.streams[i:], np.insert(self.sums, i, row.sums[0], axis=0),
                           np.insert(self.counts, i, row.counts[0]), np.insert(self.clipped, i, row.clipped[0]))
+
+
+def _unpickle_group_block(names: str | tuple[str, ...], sums: np.ndarray, counts: np.ndarray,
+                          clipped: np.ndarray) -> GroupBlock:
+    streams = tuple(map(sys.intern, names.split("\0"))) if isinstance(names, str) else names
+    return GroupBlock(streams, sums, counts, clipped)
 
 
 @dataclass(frozen=True)

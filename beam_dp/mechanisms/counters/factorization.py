@@ -20,19 +20,24 @@ Error: ``noise_var(t) = σ² Σ_{j<t} b_j²`` per coordinate, exactly (increasin
 from __future__ import annotations
 
 import abc
+import itertools
 import math
-from typing import Any
+from typing import Any, Generator
 
 import numpy as np
 
 from beam_dp.core.calibration import analytic_gaussian_sigma, certify_gaussian
-from beam_dp.core.guarantee import Charge, ElementLoss, Guarantee, require_within_budget
+from beam_dp.core.guarantee import Charge, ElementLoss, Guarantee, require_within_budget, spends_paced
+from beam_dp.core.paced import Paced, run_to_end
 from beam_dp.mechanisms.base import GroupState, GroupSteppedSum
 from beam_dp.mechanisms.tree import MAX_STEP, _check_purpose, _check_step_number
 
 __all__ = ["ToeplitzFactorizationSum"]
 
 _FACTS_CHUNK = 256  # steps whose facts (noise std, worst loss, epsilon_spent) are computed together
+_FACTS_PER_UNIT = 4  # steps' closed forms per unit of paced work (~5-10 µs each)
+_MEMO_STEPS = 4096  # steps whose facts stay memoised
+_AHEAD_JOBS = 4  # paced chunks kept at once (groups at different steps)
 
 
 def _chunk_of(t: int) -> tuple[int, int]:
@@ -126,20 +131,71 @@ class ToeplitzFactorizationSum(GroupSteppedSum):
 
     def _step_facts(self, t: int) -> tuple[float, ElementLoss]:
         """``(noise_std, worst loss)`` of step ``t``: closed forms, memoised per step (every stream, or
-        every group, at step ``t`` shares them). A miss computes the chunk of steps around ``t``
-        (``_chunk_of``) and primes their ``epsilon_spent`` in one vectorised bisection."""
+        every group, at step ``t`` shares them). The facts of a chunk of steps (``_chunk_of``: noise std,
+        loss, and ``epsilon_spent`` primed in one vectorised bisection) are computed while the steps of
+        the chunk before it run, one small unit per call (``_facts_units``), so that no step pays for a
+        whole chunk (issue 26.4); a miss (first chunk, fresh worker, jump) computes its chunk at once,
+        with the same floats."""
         memo = self.__dict__.setdefault("_facts_memo", {})
         hit = memo.get(t)
         if hit is None:
-            if len(memo) >= 4096:
-                memo.clear()
-            first, last = _chunk_of(int(t))
-            last = min(last, MAX_STEP if self.horizon is None else self.horizon)
-            for s in range(first, last + 1):
-                memo[s] = (math.sqrt(self.noise_var(s)), self._loss(self.col_norm_sq(s)))
-            self.prime_spends([memo[s][1] for s in range(first, last + 1)])
+            chunk = self._facts_chunk(int(t))
+            job = self.__dict__.setdefault("_facts_ahead", {}).pop(chunk, None)
+            if job is None:
+                run_to_end(self._facts_units(memo, *chunk))
+            else:
+                job.finish()
             hit = memo[t]
+        self._pace_next_facts(memo, int(t))
         return hit
+
+    def _facts_chunk(self, t: int) -> tuple[int, int]:
+        first, last = _chunk_of(t)
+        return first, min(last, MAX_STEP if self.horizon is None else self.horizon)
+
+    def _pace_next_facts(self, memo: dict, t: int) -> None:
+        """One unit of work on the facts of the chunk after ``t``'s (a worker-local cache of at most
+        ``_AHEAD_JOBS`` jobs, for groups that lag one another)."""
+        last = self._facts_chunk(t)[1]
+        if last >= (MAX_STEP if self.horizon is None else self.horizon):
+            return
+        chunk = self._facts_chunk(last + 1)
+        jobs = self.__dict__.setdefault("_facts_ahead", {})
+        job = jobs.get(chunk)
+        if job is None:
+            if chunk[0] in memo:  # done (its steps are memoised)
+                return
+            if len(jobs) >= _AHEAD_JOBS:
+                jobs.pop(next(iter(jobs)))
+            job = jobs[chunk] = Paced(self._facts_units(memo, *chunk))
+        if job.advance():
+            del jobs[chunk]
+
+    def _facts_units(self, memo: dict, first: int, last: int) -> Generator[None, None, None]:
+        """Memoise the facts of steps ``first..last`` as a paced computation (``beam_dp.core.paced``):
+        units of ``_FACTS_PER_UNIT`` steps' closed forms, one per bisection step of their spends, then
+        units of ``_FACTS_PER_UNIT · 8`` steps memoised (the oldest steps evicted first), the first step
+        last (its presence marks the chunk done)."""
+        entries = []
+        for s in range(first, last + 1):
+            entries.append((math.sqrt(self.noise_var(s)), self._loss(self.col_norm_sq(s))))
+            if len(entries) % _FACTS_PER_UNIT == 0:
+                yield
+        losses = [loss for _, loss in entries]
+        spent = yield from spends_paced(losses, self.delta)
+        step = 8 * _FACTS_PER_UNIT
+        for lo in reversed(range(0, len(entries), step)):
+            hi = min(lo + step, len(entries))
+            for s in list(itertools.islice(memo, max(len(memo) + hi - lo - _MEMO_STEPS, 0))):
+                del memo[s]
+            memo.update(zip(range(first + lo, first + hi), entries[lo:hi]))
+            self.remember_spends(losses[lo:hi], spent[lo:hi])
+            yield
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_facts_ahead", None)  # worker-local paced jobs (generators), recomputed on demand
+        return state
 
     def _worst_loss(self, t: int) -> ElementLoss:
         return self._step_facts(t)[1]

@@ -151,7 +151,7 @@ class ToeplitzSqrtSum(ToeplitzFactorizationSum):
         return GroupState(group.streams, t, {"prefix": prefix}), estimate, self._meta(t), self._worst_loss(t)
 
     def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
+        state = super().__getstate__()
         state.pop("_cache", None)  # worker-local (weakly keyed by noise source), rebuilt on demand
         return state
 
