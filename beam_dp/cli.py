@@ -31,14 +31,15 @@ def guarded(prog: str, verbose: bool, body: Callable[[], int], user_errors: tupl
             kept: Callable[[], str] = lambda: "", command: bool = False) -> int:
     """``body()``, with every failure as one line on stderr: ``user_errors`` exit 2, Ctrl-C 130, any
     other exception 1 (re-raised with its traceback when ``verbose``). ``kept()``: a clause saying
-    what a failed run left in place (``"; the previous output ... is kept"``), or empty.
+    what a failed run left in place (``"; the previous output ... is kept"``), or empty; it ends
+    every one of these lines.
     ``command``: this is the process's own command line: Ctrl-C ends it with exit code 130 at once
     (CPython exits by SIGINT instead when the interrupt landed in code run by ``exec``, e.g. while a
     dataclass was being built)."""
     try:
         return body()
     except user_errors as exc:
-        print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
+        print(f"{prog}: error: {one_line(exc)}{kept()}", file=sys.stderr)
         raise SystemExit(2) from None
     except KeyboardInterrupt:
         return _interrupted(prog, kept(), command)
