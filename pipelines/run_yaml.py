@@ -47,15 +47,33 @@ PROG = "python -m pipelines.run_yaml"
 _VARIABLES = "--jinja_variables"
 
 
+@contextlib.contextmanager
+def _argparse_errors():
+    """Beam's entry point parses its flags with argparse, which prints a usage block and exits 2 on a
+    bad flag (e.g. ``--jinja_variables`` that is not JSON): make that a ``ValueError`` of its message."""
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            yield
+    except SystemExit as exc:
+        lines = said.getvalue().strip().splitlines()
+        if exc.code in (0, None) or not lines:
+            sys.stderr.write(said.getvalue())
+            raise
+        raise ValueError(lines[-1].split(": error: ", 1)[-1]) from None
+    sys.stderr.write(said.getvalue())
+
+
 def _jinja_variables(argv: list[str]) -> tuple[list[str], dict]:
     """``argv`` without its Jinja variables (``--jinja_variables`` JSON and any ``--jinja_variable_flags``,
     as Beam's entry point reads them) and those variables (``ValueError`` when not a JSON object)."""
     from apache_beam.yaml import main as yaml_main
 
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    parser.add_argument(_VARIABLES, default="{}")
-    known, rest = parser.parse_known_args(yaml_main._preparse_jinja_flags(argv))
-    variables = json.loads(known.jinja_variables)
+    parser.add_argument(_VARIABLES, default={}, type=json.loads)
+    with _argparse_errors():
+        known, rest = parser.parse_known_args(yaml_main._preparse_jinja_flags(argv))
+    variables = known.jinja_variables
     if not isinstance(variables, dict):
         raise ValueError(f"{_VARIABLES} must be a JSON object of variables")
     return rest, variables
@@ -78,7 +96,8 @@ def _plan(argv: list[str]) -> tuple[list[str], Any, set[str]]:
     from pipelines.yaml_transforms import PLANNING, ReleaseRecord, yaml_budget_plan
 
     planning = argv + [f"--beam_dp_budget_plan={PLANNING}"]
-    options, constructor, _ = yaml_main.build_pipeline_components_from_argv(planning)
+    with _argparse_errors():
+        options, constructor, _ = yaml_main.build_pipeline_components_from_argv(planning)
     pipeline = beam.Pipeline(options=options)
     constructor(pipeline)
     plan = yaml_budget_plan(pipeline)

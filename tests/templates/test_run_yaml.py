@@ -150,3 +150,18 @@ def test_an_interrupted_yaml_rerun_keeps_the_previous_output_and_a_second_run_is
         f"python -m pipelines.run_yaml: interrupted; the previous output under {tmp_path / 'out'} is kept unchanged"]
     assert {name: _tree(tmp_path / name) for name in ("out", "out.private")} == before
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("out")) == ["out", "out.private"]
+
+
+@pytest.mark.parametrize("flags,fix", [(["--jinja_variables={"], "invalid loads value"),
+                                       (["--jinja_variables=[1]"], "must be a JSON object"),
+                                       (["--yaml_pipeline_file"], "expected one argument")])
+def test_a_bad_runner_flag_is_one_line_not_a_usage_block(flags, fix, capsys):
+    """Found by the fuzz campaign (seed 11): Beam's argparse printed its usage block. Mutant checked:
+    without ``_argparse_errors`` the first case prints three lines."""
+    from pipelines.run_yaml import main
+
+    with pytest.raises(SystemExit) as ended:
+        main(["--yaml_pipeline_file=continual_sum.yaml", '--jinja_variables={"output": "/x"}', *flags])
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("python -m pipelines.run_yaml: error:") and fix in err, err
