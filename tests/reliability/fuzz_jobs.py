@@ -7,7 +7,7 @@ Three kinds of case:
 
 * ``launch`` (the bulk, in this process): ``main(argv)`` of ``pipelines.<job>`` up to the point where
   the pipeline would be built (``pipelines.runner.run`` is replaced by a stop; for ``run_yaml``, a
-  twentieth of the cases as each builds the pipeline once to plan it, ``_build_and_run``): every case must end as
+  fiftieth of the cases as each builds the pipeline once to plan it, ``_build_and_run``): every case must end as
   "would run" or one line ``<prog>: error: ...`` with exit 2, within a few seconds, and leave a
   previous output byte for byte, with no staging folder or lock left behind;
 * ``full``: a real run in a subprocess: exit 0, or one line and exit 2; never a traceback;
@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = ("continual_stats", "model_release", "growing_db_queries", "online_learning", "lifelong")
 YAML = "run_yaml"  # python -m pipelines.run_yaml with the continual_sum template
-YAML_SHARE = 0.05  # of the launch cases (each plans the pipeline: about a second of CPU)
+YAML_SHARE = 0.02  # of the launch cases (each plans the pipeline: about a second of CPU, 7 s on a loaded machine)
 YAML_TEMPLATE = ROOT / "templates" / "yaml" / "continual_sum.yaml"
 KEY_HEX = "5f" * 32
 CASE_SECONDS = 60  # a launch case slower than this is a hang (a loaded shared machine: generous)
