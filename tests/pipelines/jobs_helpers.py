@@ -5,8 +5,21 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+
+
+class FakeSecretManager:
+    """Answers ``access_secret_version`` like google-cloud-secret-manager; records the names asked for
+    (install it with ``monkeypatch.setattr(beam_dp.io.keys, "secret_manager_client", lambda: fake)``)."""
+
+    def __init__(self, payload: bytes):
+        self.payload, self.asked = payload, []
+
+    def access_secret_version(self, request):
+        self.asked.append(request["name"])
+        return SimpleNamespace(payload=SimpleNamespace(data=self.payload))
 
 
 def dead_letters(out: Path) -> Counter:

@@ -16,7 +16,7 @@ from beam_dp.io import keys
 from pipelines import continual_stats
 from pipelines.runner import UsageError, check_noise_key
 from tests.conftest import TEST_KEY
-from tests.pipelines.jobs_helpers import assert_usage_error, user_functions
+from tests.pipelines.jobs_helpers import FakeSecretManager, assert_usage_error, user_functions
 from tests.pipelines.memfs import MemFileSystem
 
 pytestmark = pytest.mark.pipeline
@@ -25,17 +25,6 @@ PROG = "python -m pipelines.continual_stats"
 SECRET = "projects/my-project/secrets/beam-dp-noise-key/versions/3"
 STREAM = ["--source=pubsub", "--streaming", "--pubsub-topic=projects/my-project/topics/events", "--dim=1",
           "--start=0", "--period=10"]
-
-
-class FakeSecretManager:
-    """Answers ``access_secret_version`` like google-cloud-secret-manager; records the names asked for."""
-
-    def __init__(self, payload: bytes):
-        self.payload, self.asked = payload, []
-
-    def access_secret_version(self, request):
-        self.asked.append(request["name"])
-        return SimpleNamespace(payload=SimpleNamespace(data=self.payload))
 
 
 def _draw(source: NoiseSource) -> np.ndarray:
