@@ -164,11 +164,19 @@ def main(argv: list[str] | None = None) -> int:
                     OutputError), lambda: f"; {where[0].kept()}" if where else "", command=command)
 
 
-def _run(argv: list[str], verbose: bool, where: list) -> int:
+def _staged(options: Any) -> bool:
+    """Whether the run is staged and published: a local batch run (the launcher waits for it); no
+    runner named is Beam's local default."""
     from apache_beam.options.pipeline_options import StandardOptions
 
-    from pipelines.outputs import RunOutputs
     from pipelines.runner import is_local_runner, runner_name
+
+    standard = options.view_as(StandardOptions)
+    return (standard.runner is None or is_local_runner(runner_name(options))) and not standard.streaming
+
+
+def _run(argv: list[str], verbose: bool, where: list) -> int:
+    from pipelines.outputs import RunOutputs
 
     argv, variables = _jinja_variables(argv)
     said = io.StringIO()
@@ -178,8 +186,7 @@ def _run(argv: list[str], verbose: bool, where: list) -> int:
         if locations is None:
             _build_and_run(_with(argv, variables) + budget)
         else:
-            staged = is_local_runner(runner_name(options)) and not options.view_as(StandardOptions).streaming
-            with RunOutputs(*locations, staged=staged, flags=("output", "dead_letter_output")) as outputs:
+            with RunOutputs(*locations, staged=_staged(options), flags=("output", "dead_letter_output")) as outputs:
                 where.append(outputs)
                 _build_and_run(_with(argv, dict(variables, output=outputs.output,
                                                  dead_letter_output=outputs.private)) + budget)

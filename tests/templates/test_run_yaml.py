@@ -165,3 +165,15 @@ def test_a_bad_runner_flag_is_one_line_not_a_usage_block(flags, fix, capsys):
     err = capsys.readouterr().err
     assert ended.value.code == 2 and len(err.strip().splitlines()) == 1, err
     assert err.startswith("python -m pipelines.run_yaml: error:") and fix in err, err
+
+
+@pytest.mark.parametrize("flags,staged", [([], True), (["--runner=FnApiRunner"], True), (["--runner=DirectRunner"], True),
+                                          (["--runner=DataflowRunner"], False), (["--streaming"], False)])
+def test_a_local_batch_run_is_staged_and_others_write_in_place(flags, staged):
+    """No runner named is Beam's local default: staged too (mutant checked: without the ``None`` case
+    a template with no runner wrote in place)."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipelines.run_yaml import _staged
+
+    assert _staged(PipelineOptions(flags)) is staged
