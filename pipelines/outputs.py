@@ -250,7 +250,8 @@ class RunOutputs:
 
 
 def normal_location(path: str) -> str:
-    """A location as compared and staged: a local path made absolute (``.`` or ``out/`` name a folder with siblings); others without a trailing /."""
+    """A location as compared and staged: a local path made absolute (``.`` or ``out/`` name a folder
+    with siblings); others without a trailing /."""
     return display(path) if is_local(path) else (path.rstrip("/") or path)
 
 

@@ -102,7 +102,8 @@ def _plan(argv: list[str]) -> tuple[list[str], Any, set[str]]:
     constructor(pipeline)
     plan = yaml_budget_plan(pipeline)
     release_folder(pipeline, lambda pcoll: pcoll.element_type is ReleaseRecord)
-    folders = {posixpath.dirname(prefix) for _, prefix in release_file_writes(pipeline, lambda pcoll: True)}  # all sinks
+    every_sink = release_file_writes(pipeline, lambda pcoll: True)  # each sink's input counts as "releases"
+    folders = {posixpath.dirname(prefix) for _, prefix in every_sink}
     return [] if plan is None else [f"--beam_dp_budget_plan={plan}"], options, folders
 
 

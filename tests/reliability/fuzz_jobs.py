@@ -1,15 +1,16 @@
 """Fuzz campaign over every job's flags and input files (issue 25): random flag sets (valid, extreme
-and junk values; for ``pipelines.run_yaml`` random Jinja variables of ``continual_sum.yaml``), random input files (good, mixed-width globs, BOM, repeated columns, empty, folders),
-random key files and output locations (fresh, a previous output, a file, a foreign folder, a folder in
-use, object stores without their extra).
+and junk values; for ``pipelines.run_yaml`` random Jinja variables of ``continual_sum.yaml``), random
+input files (good, mixed-width globs, BOM, repeated columns, empty, folders), random key files and
+output locations (fresh, a previous output, a file, a foreign folder, a folder in use, object stores
+without their extra).
 
 Three kinds of case:
 
 * ``launch`` (the bulk, in this process): ``main(argv)`` of ``pipelines.<job>`` up to the point where
   the pipeline would be built (``pipelines.runner.run`` is replaced by a stop; for ``run_yaml``, a
-  fiftieth of the cases as each builds the pipeline once to plan it, ``_build_and_run``): every case must end as
-  "would run" or one line ``<prog>: error: ...`` with exit 2, within a few seconds, and leave a
-  previous output byte for byte, with no staging folder or lock left behind;
+  fiftieth of the cases as each builds the pipeline once to plan it, ``_build_and_run``): every case
+  must end as "would run" or one line ``<prog>: error: ...`` with exit 2, within a few seconds, and
+  leave a previous output byte for byte, with no staging folder or lock left behind;
 * ``full``: a real run in a subprocess: exit 0, or one line and exit 2; never a traceback;
 * ``interrupted``: a real run sent SIGINT after a random delay: exit 0, 2 or 130 (one line); the
   previous output is either untouched or replaced by a complete new one.
