@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,6 +23,21 @@ class FakeSecretManager:
     def access_secret_version(self, request):
         self.asked.append(request["name"])
         return SimpleNamespace(payload=SimpleNamespace(data=self.payload))
+
+
+def tree(folder: Path) -> dict[str, str]:
+    """Every file under ``folder`` -> sha256 of its bytes (byte-for-byte comparison)."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def wait_for(path_glob: str, folder: Path, proc: subprocess.Popen, seconds: float = 120) -> None:
+    """Wait until ``folder`` holds a match of ``path_glob`` while ``proc`` runs (fails if it ended)."""
+    deadline = time.monotonic() + seconds
+    while not list(folder.glob(path_glob)):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"{path_glob} never appeared"
+        time.sleep(0.05)
 
 
 def dead_letters(out: Path) -> Counter:

@@ -5,7 +5,6 @@ re-run keeps the previous output byte for byte, a second run while one holds the
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TEST_KEY
+from tests.pipelines.jobs_helpers import tree, wait_for
 from tests.templates.yaml_expectations import TEST_VARIABLES
 
 pytestmark = pytest.mark.pipeline
@@ -36,12 +36,6 @@ def _env(key: str = TEST_KEY.hex()) -> dict:
 def _run(tmp_path, variables: dict, *extra: str, key: str = TEST_KEY.hex()) -> subprocess.CompletedProcess:
     return subprocess.run(_command(variables, *extra), cwd=ROOT / "templates" / "yaml", env=_env(key),
                           capture_output=True, text=True, timeout=300)
-
-
-def _tree(folder: Path) -> dict[str, str]:
-    """Every file under ``folder`` -> sha256 of its bytes (byte-for-byte comparison)."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def test_a_template_runs_quiet_and_verbose_brings_the_logs_back(tmp_path):
@@ -77,7 +71,7 @@ def _first_run(tmp_path: Path) -> tuple[dict, dict]:
     variables = dict(TEST_VARIABLES, input=str(tmp_path / "e.csv"), output=str(tmp_path / "out"))
     done = _run(tmp_path, variables)
     assert done.returncode == 0, done.stderr[-2000:]
-    before = {name: _tree(tmp_path / name) for name in ("out", "out.private")}
+    before = {name: tree(tmp_path / name) for name in ("out", "out.private")}
     assert "sum-00000-of-00001.parquet" in before["out"] and "dead_letter-00000-of-00001.jsonl" in before["out.private"]
     return variables, before
 
@@ -87,7 +81,7 @@ def test_a_failing_yaml_rerun_keeps_the_previous_output_byte_for_byte(tmp_path):
     done = _run(tmp_path, dict(variables, epsilon=0.5), key="abcd")  # a 2-byte key: the workers refuse it
     assert done.returncode == 2 and "at least 32 hex characters" in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr[-2000:]
     assert "kept unchanged" in done.stderr, done.stderr
-    assert {name: _tree(tmp_path / name) for name in ("out", "out.private")} == before
+    assert {name: tree(tmp_path / name) for name in ("out", "out.private")} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e.csv", "out", "out.private"]  # no staging, no lock
 
 
@@ -126,18 +120,10 @@ def _start(variables: dict) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)
 
 
-def _wait_for(path_glob: str, folder: Path, proc: subprocess.Popen, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while not list(folder.glob(path_glob)):
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, f"{path_glob} never appeared"
-        time.sleep(0.05)
-
-
 def test_an_interrupted_yaml_rerun_keeps_the_previous_output_and_a_second_run_is_refused(tmp_path, big_variables):
     _, before = _first_run(tmp_path)
     proc = _start(big_variables)
-    _wait_for("out.staging-*", tmp_path, proc)
+    wait_for("out.staging-*", tmp_path, proc)
     second = _run(tmp_path, dict(big_variables, epsilon=0.5))  # while the first holds the folder
     assert second.returncode == 2, second.stderr[-2000:]
     assert "held by a running job" in second.stderr and len(second.stderr.strip().splitlines()) == 1, second.stderr
@@ -148,7 +134,7 @@ def test_an_interrupted_yaml_rerun_keeps_the_previous_output_and_a_second_run_is
     assert proc.returncode == 130, stderr[-3000:]
     assert stderr.strip().splitlines() == [
         f"python -m pipelines.run_yaml: interrupted; the previous output under {tmp_path / 'out'} is kept unchanged"]
-    assert {name: _tree(tmp_path / name) for name in ("out", "out.private")} == before
+    assert {name: tree(tmp_path / name) for name in ("out", "out.private")} == before
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("out")) == ["out", "out.private"]
 
 
