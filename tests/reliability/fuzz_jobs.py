@@ -291,7 +291,13 @@ FULL = {  # small real runs (flags known to start; the fuzz adds one random flag
 def _process(job: str, argv: list[str]) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT), BEAM_DP_NOISE_KEY=KEY_HEX)
     return subprocess.Popen([sys.executable, "-m", f"pipelines.{job}", *argv], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
+
+
+def _default_sigint() -> None:
+    """A campaign started in the background (``nohup ... &``) ignores SIGINT, and so would its runs,
+    which then never see the interrupt: each run gets Python's default Ctrl-C back."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def subprocess_cases(n_full: int, n_interrupted: int, seed: int, root: Path, tally: Tally) -> None:
