@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from typing import Callable
 
@@ -31,14 +32,17 @@ def guarded(prog: str, verbose: bool, body: Callable[[], int], user_errors: tupl
             kept: Callable[[], str] = lambda: "", command: bool = False) -> int:
     """``body()``, with every failure as one line on stderr: ``user_errors`` exit 2, Ctrl-C 130, any
     other exception 1 (re-raised with its traceback when ``verbose``). ``kept()``: a clause saying
-    what a failed run left in place (``"; the previous output ... is kept"``), or empty.
+    what a failed run left in place (``"; the previous output ... is kept"``), or empty; it ends
+    every one of these lines.
     ``command``: this is the process's own command line: Ctrl-C ends it with exit code 130 at once
     (CPython exits by SIGINT instead when the interrupt landed in code run by ``exec``, e.g. while a
     dataclass was being built)."""
+    if command and getattr(signal.getsignal(signal.SIGINT), "while_loading", False):
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # see pipelines/__init__.py
     try:
         return body()
     except user_errors as exc:
-        print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
+        print(f"{prog}: error: {one_line(exc)}{kept()}", file=sys.stderr)
         raise SystemExit(2) from None
     except KeyboardInterrupt:
         return _interrupted(prog, kept(), command)

@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 
 from pipelines.paths import FileSystems, display, is_local, join, write_text
 
-__all__ = ["BEAM_DP_FILES", "PRIVATE_README", "OutputError", "RunOutputs", "check_location", "private_default",
-           "private_dir"]
+__all__ = ["BEAM_DP_FILES", "PRIVATE_README", "OutputError", "RunOutputs", "check_location", "normal_location",
+           "private_default", "private_dir"]
 
 #: Names an earlier beam_dp run leaves in its folders: only a folder holding nothing else is replaced.
 BEAM_DP_FILES = ("*-of-*", "*-????????????????????????????????.parquet", "*-????????????????????????????????.jsonl",
@@ -138,14 +138,15 @@ class RunOutputs:
     private: str
     staged: bool = True
     run_id: str = field(default_factory=lambda: time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8])
+    flags: tuple[str, str] = ("--output", "--dead-letter-output")  # how the user names the two (in messages)
     _targets: list[_Target] = field(default_factory=list)
     published: bool = False
 
     def __post_init__(self) -> None:
-        self._targets = [_Target("--output", _normal(self.output)),
-                         _Target("--dead-letter-output", _normal(self.private))]
+        self._targets = [_Target(self.flags[0], normal_location(self.output)),
+                         _Target(self.flags[1], normal_location(self.private))]
         if self._targets[0].final == self._targets[1].final:
-            raise OutputError("--dead-letter-output must differ from --output: dead letters are raw data")
+            raise OutputError(f"{self.flags[1]} must differ from {self.flags[0]}: dead letters are raw data")
 
     # -- entering --------------------------------------------------------------------------------
     def __enter__(self) -> "RunOutputs":
@@ -248,8 +249,9 @@ class RunOutputs:
         return self._targets[1].final
 
 
-def _normal(path: str) -> str:
-    """A local path made absolute (``.`` or ``out/`` name a folder with siblings); others without a trailing /."""
+def normal_location(path: str) -> str:
+    """A location as compared and staged: a local path made absolute (``.`` or ``out/`` name a folder
+    with siblings); others without a trailing /."""
     return display(path) if is_local(path) else (path.rstrip("/") or path)
 
 

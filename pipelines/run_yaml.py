@@ -20,35 +20,112 @@ Manifest: before it runs, the pipeline's manifest (``beam_dp.io.manifest``: its 
 domains, shares, total and release files) is written as ``_beam_dp_manifest.json`` into the folder its
 releases are written to, so that ``python -m beam_dp.verify <folder>`` checks the job; a pipeline
 writing releases to several folders is refused (exit 2), one writing none to files gets none.
+
+Outputs (as the five jobs, ``pipelines.outputs``): every file the pipeline writes goes under its Jinja
+variable ``output`` (the releases and the manifest) or ``dead_letter_output`` (raw data; default: the
+sibling ``<output>.private``); a pipeline writing files elsewhere is refused (exit 2). A local batch
+run writes into staging folders (the two variables are replaced by them for the run) and publishes
+them at success: a failed or interrupted run leaves the previous output byte for byte; a second run
+into a folder a running one holds (``<output>.lock``) is refused, as is a folder holding files
+beam_dp did not write. A streaming or remote run writes in place and is refused when its folders
+already hold files.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
+import json
+import posixpath
 import sys
+from typing import Any
 
 from pipelines.runner import configure_logging
 
 PROG = "python -m pipelines.run_yaml"
+_VARIABLES = "--jinja_variables"
 
 
-def _budget_plan(argv: list[str]) -> list[str]:
-    """Build the pipeline once without running it, collecting every beam_dp transform's share of the
+@contextlib.contextmanager
+def _argparse_errors():
+    """Beam's entry point parses its flags with argparse, which prints a usage block and exits 2 on a
+    bad flag (e.g. ``--jinja_variables`` that is not JSON): make that a ``ValueError`` of its message."""
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            yield
+    except SystemExit as exc:
+        lines = said.getvalue().strip().splitlines()
+        if exc.code in (0, None) or not lines:
+            sys.stderr.write(said.getvalue())
+            raise
+        raise ValueError(lines[-1].split(": error: ", 1)[-1]) from None
+    sys.stderr.write(said.getvalue())
+
+
+def _jinja_variables(argv: list[str]) -> tuple[list[str], dict]:
+    """``argv`` without its Jinja variables (``--jinja_variables`` JSON and any ``--jinja_variable_flags``,
+    as Beam's entry point reads them) and those variables (``ValueError`` when not a JSON object)."""
+    from apache_beam.yaml import main as yaml_main
+
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument(_VARIABLES, default={}, type=json.loads)
+    with _argparse_errors():
+        known, rest = parser.parse_known_args(yaml_main._preparse_jinja_flags(argv))
+    variables = known.jinja_variables
+    if not isinstance(variables, dict):
+        raise ValueError(f"{_VARIABLES} must be a JSON object of variables")
+    return rest, variables
+
+
+def _with(argv: list[str], variables: dict) -> list[str]:
+    return argv + [f"{_VARIABLES}={json.dumps(variables)}"]
+
+
+def _plan(argv: list[str]) -> tuple[list[str], Any, set[str]]:
+    """Build the pipeline once without running it: collect every beam_dp transform's share of the
     declared job total (``options: job_epsilon, job_delta``; ``ValueError`` when they compose above it
-    or are several with no total), and return the flag that gives each transform its share in the
-    real build (none without a declared total)."""
+    or are several with no total, or when releases go to several folders). Returns the flag that gives
+    each transform its share in the real build (none without a declared total), the pipeline options
+    and the folders of every file sink."""
     import apache_beam as beam
     from apache_beam.yaml import main as yaml_main
 
-    from pipelines.yaml_transforms import PLANNING, yaml_budget_plan
+    from beam_dp.beam.manifest import release_file_writes, release_folder
+    from pipelines.yaml_transforms import PLANNING, ReleaseRecord, yaml_budget_plan
 
     planning = argv + [f"--beam_dp_budget_plan={PLANNING}"]
-    options, constructor, _ = yaml_main.build_pipeline_components_from_argv(planning)
+    with _argparse_errors():
+        options, constructor, _ = yaml_main.build_pipeline_components_from_argv(planning)
     pipeline = beam.Pipeline(options=options)
     constructor(pipeline)
     plan = yaml_budget_plan(pipeline)
-    return [] if plan is None else [f"--beam_dp_budget_plan={plan}"]
+    release_folder(pipeline, lambda pcoll: pcoll.element_type is ReleaseRecord)
+    every_sink = release_file_writes(pipeline, lambda pcoll: True)  # each sink's input counts as "releases"
+    folders = {posixpath.dirname(prefix) for _, prefix in every_sink}
+    return [] if plan is None else [f"--beam_dp_budget_plan={plan}"], options, folders
+
+
+def _locations(variables: dict, folders: set[str]) -> tuple[str, str] | None:
+    """``(output, dead_letter_output)`` of a pipeline writing files (None when it writes none);
+    ``ValueError`` when a file sink writes outside both (it could not be staged)."""
+    from pipelines.outputs import normal_location, private_default
+
+    if not folders:
+        return None
+    output = variables.get("output")
+    if not isinstance(output, str) or not output:
+        raise ValueError(f"the pipeline writes files under {sorted(folders)[0]} but has no Jinja variable output: "
+                         "write every file under {{ output }} (releases) or {{ dead_letter_output }} (dead letters)")
+    private = variables.get("dead_letter_output") or private_default(output)
+    roots = [normal_location(output), normal_location(str(private))]
+    for folder in sorted(folders):
+        place = normal_location(folder)
+        if not any(place == root or place.startswith(root.rstrip("/") + "/") for root in roots):
+            raise ValueError(f"the pipeline writes files under {place}, outside its output ({roots[0]}) and "
+                             f"dead_letter_output ({roots[1]}): write every file under one of them")
+    return output, str(private)
 
 
 def _build_and_run(argv: list[str]) -> None:
@@ -72,6 +149,7 @@ def _build_and_run(argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from beam_dp.cli import guarded
+    from pipelines.outputs import OutputError
 
     command = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -81,15 +159,39 @@ def main(argv: list[str] | None = None) -> int:
     import jinja2
     import yaml
 
-    return guarded(PROG, verbose, lambda: _run(argv, verbose),
-                   (ValueError, KeyError, jinja2.TemplateError, yaml.YAMLError, FileNotFoundError, IsADirectoryError),
-                   command=command)
+    where: list = []  # the run's RunOutputs once opened: a failure says what it kept
+    return guarded(PROG, verbose, lambda: _run(argv, verbose, where),
+                   (ValueError, KeyError, jinja2.TemplateError, yaml.YAMLError, FileNotFoundError, IsADirectoryError,
+                    OutputError), lambda: f"; {where[0].kept()}" if where else "", command=command)
 
 
-def _run(argv: list[str], verbose: bool) -> int:
+def _staged(options: Any) -> bool:
+    """Whether the run is staged and published: a local batch run (the launcher waits for it); no
+    runner named is Beam's local default."""
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    from pipelines.runner import is_local_runner, runner_name
+
+    standard = options.view_as(StandardOptions)
+    return (standard.runner is None or is_local_runner(runner_name(options))) and not standard.streaming
+
+
+def _run(argv: list[str], verbose: bool, where: list) -> int:
+    from pipelines.outputs import RunOutputs
+
+    argv, variables = _jinja_variables(argv)
     said = io.StringIO()
     with contextlib.redirect_stdout(sys.stdout if verbose else said):
-        _build_and_run(argv + _budget_plan(argv))
+        budget, options, folders = _plan(_with(argv, variables))
+        locations = _locations(variables, folders)
+        if locations is None:
+            _build_and_run(_with(argv, variables) + budget)
+        else:
+            with RunOutputs(*locations, staged=_staged(options), flags=("output", "dead_letter_output")) as outputs:
+                where.append(outputs)
+                _build_and_run(_with(argv, dict(variables, output=outputs.output,
+                                                 dead_letter_output=outputs.private)) + budget)
+                outputs.publish()
     print(f"beam_dp yaml: ran {next((a.split('=', 1)[1] for a in argv if a.startswith('--yaml_pipeline_file=')), '')}")
     return 0
 

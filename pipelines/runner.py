@@ -147,15 +147,18 @@ def is_local_runner(name: str) -> bool:
 
 # -- noise key -------------------------------------------------------------------------------------
 def noise_key_of(opts) -> Any:
-    """The key *location* (never the key) from the flags, checked here: the secret is a version
-    resource name; a key file (on any Beam filesystem) or a key env var set here is read and
-    validated now (at least 16 bytes), so a bad key is one line at launch, not a worker failure."""
+    """The key *location* (never the key) from the flags, checked here: the secret (a version
+    resource name, read through the ``gcp`` extra's client with the launcher's credentials), a key
+    file (on any Beam filesystem) or a key env var set here is read and validated now (at least 16
+    bytes), as the workers will read it, so a bad key is one line at launch, not a worker failure."""
     from beam_dp.beam import NoiseKey
     from beam_dp.io.keys import is_secret_version
 
     if opts.noise_key_secret and not is_secret_version(opts.noise_key_secret):
         raise UsageError("--noise-key-secret must be a secret version projects/P/secrets/S/versions/V")
-    if opts.noise_key_file:
+    if opts.noise_key_secret:  # the workers read the secret first (beam_dp.io.keys.load_noise_source)
+        _check_key("--noise-key-secret", secret=opts.noise_key_secret)
+    elif opts.noise_key_file:
         _check_key("--noise-key-file", key_file=opts.noise_key_file)
     elif not opts.noise_key_secret and os.environ.get(opts.noise_key_env or KEY_ENV_VAR):
         _check_key(f"the env var {opts.noise_key_env or KEY_ENV_VAR}", env_var=opts.noise_key_env or KEY_ENV_VAR)
@@ -163,11 +166,11 @@ def noise_key_of(opts) -> Any:
                     secret=opts.noise_key_secret)
 
 
-def _check_key(what: str, key_file: str | None = None, env_var: str | None = None) -> None:
+def _check_key(what: str, key_file: str | None = None, env_var: str | None = None, secret: str | None = None) -> None:
     """Read the key the workers will read and refuse it now if it cannot be used (never shown)."""
     from beam_dp.cli import one_line
     from beam_dp.core.noise import NoiseSource, load_key
-    from beam_dp.io.keys import read_key_file
+    from beam_dp.io.keys import read_key_file, read_secret
     from pipelines.paths import FileSystems, is_local
 
     if key_file:
@@ -180,12 +183,12 @@ def _check_key(what: str, key_file: str | None = None, env_var: str | None = Non
         if is_local(key_file) and os.path.isdir(display(key_file)):
             raise UsageError(f"{what} {key_file} is a folder: give the key file")
     try:
-        key = load_key(env_var, key_file, read_key_file)
+        key = load_key(env_var, secret, read_secret) if secret else load_key(env_var, key_file, read_key_file)
         NoiseSource(key)
-    except ValueError as exc:
-        raise UsageError(f"{what}: {exc}") from None
-    except Exception as exc:  # unreadable: permissions, I/O
-        raise UsageError(f"cannot read {what} {key_file or ''}: {type(exc).__name__}".rstrip()) from None
+    except (ValueError, ImportError) as exc:  # ImportError: the client library's extra is not installed
+        raise UsageError(f"{what}: {one_line(exc)}") from None
+    except Exception as exc:  # unreadable: permissions, I/O, a missing secret
+        raise UsageError(f"cannot read {what} {secret or key_file or ''}: {type(exc).__name__}".rstrip()) from None
 
 
 @contextlib.contextmanager

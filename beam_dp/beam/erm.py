@@ -38,7 +38,7 @@ from beam_dp.core.limits import (EPSILON_RANGE, LAMBDA_RANGE, MAX_DIM, MAX_SCALE
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.beam.transforms import ContinualOutputs
 from beam_dp.core.budget import BudgetShare, check_params_budget
-from beam_dp.steps.events import DeadLetter, Reason, checked_stream, coerce_value, named_fields
+from beam_dp.steps.events import DeadLetter, coerce_value, split_event, value_letter
 from beam_dp.steps.params import NoiseKey, check_streams
 from beam_dp.steps.schema import ReleaseRow
 from beam_dp.mechanisms.erm import (ContinualReleaseMechanism, HuberRegression, LabelledRows, LinearModel,
@@ -178,14 +178,6 @@ class SlidingWindowModelParams(_ERMParams):
         return SlidingWindowMechanism(block=self.block, levels=levels, sampling=self.sampling, **self._common())
 
 
-def _fields(element: Any) -> tuple[Any, Any, Any]:
-    if isinstance(element, tuple) and not hasattr(element, "_fields"):
-        if len(element) != 3:
-            raise ValueError(f"expected (stream_id, features, label), got a {len(element)}-tuple")
-        return element
-    return named_fields(element, ("stream_id", "features", "label"))
-
-
 class ParseLabelledExamples(beam.DoFn):
     """Validate labelled examples; emit their blocks ``(stream, (None, LabelledRows, elements))`` (a
     bundle's valid examples of one stream in arrival order, :class:`~beam_dp.beam.blocks.BundleBlocks`)
@@ -228,20 +220,15 @@ class ParseLabelledExamples(beam.DoFn):
         return value
 
     def process(self, element: Any, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam) -> Iterator:
-        try:
-            stream, features, label = _fields(element)
-        except ValueError as exc:
-            yield self._dead_letter(Reason.MALFORMED, str(exc), None, element)
+        head = split_event(element, ("features", "label"), None, self._streams)  # count steps: no timestamp
+        if isinstance(head, DeadLetter):
+            yield self._dead_letter(*head)
             return
-        stream = checked_stream(stream, self._streams, element)
-        if isinstance(stream, DeadLetter):
-            yield self._dead_letter(*stream)
-            return
+        stream, _, _, (features, label) = head
         try:
             x = coerce_value(features, self._n_features, "features")
         except ValueError as exc:
-            reason, _, detail = str(exc).partition(": ")
-            yield self._dead_letter(reason, detail, stream, element)
+            yield self._dead_letter(*value_letter(exc, stream, element))
             return
         try:
             y = self._label(label)

@@ -42,7 +42,7 @@ from beam_dp.beam.transforms import ContinualOutputs
 from beam_dp.core.budget import BudgetShare, check_share
 from beam_dp.steps.coder import encode_key_state
 from beam_dp.steps.driver import StepDriver
-from beam_dp.steps.events import DEAD_LETTER, DeadLetter, Reason, checked_stream, coerce_value
+from beam_dp.steps.events import DEAD_LETTER, DeadLetter, Reason, coerce_value, numeric_array, split_event, value_letter
 from beam_dp.steps.params import NoiseKey, check_streams
 from beam_dp.steps.policies import TaskPolicy
 from beam_dp.steps.schema import ReleaseRow
@@ -120,41 +120,38 @@ class _ParseTaskRows(beam.DoFn):
         return _dead(reason, detail, stream, element, source)
 
     def process(self, element: Any) -> Iterator:
-        if not isinstance(element, tuple) or len(element) not in (3, 4):
-            yield self._reject(Reason.MALFORMED, "expected (stream_id, task_id, x, y) or an end marker", None, element)
+        marker = isinstance(element, tuple) and len(element) == 3  # (stream_id, task_id, END_OF_TASK)
+        head = split_event(element, ("task_id", "marker") if marker else ("task_id", "x", "y"), None, self._streams)
+        if isinstance(head, DeadLetter):
+            yield self._reject(*head)
             return
-        stream, task = element[0], element[1]
-        stream = checked_stream(stream, self._streams, element)
-        if isinstance(stream, DeadLetter):
-            yield self._reject(*stream)
-            return
+        stream, _, _, (task, *payload) = head
         index = self._tasks.get(str(task)) if isinstance(task, (str, int, np.integer)) else None
         if index is None:
             yield self._reject(UNKNOWN_TASK, "task id is not among the declared task_ids", stream, element)
             return
-        if len(element) == 3:
-            if isinstance(element[2], str) and element[2] == END_OF_TASK:
+        if marker:
+            if isinstance(payload[0], str) and payload[0] == END_OF_TASK:
                 yield stream, (index, None, None, element)
             else:
                 yield self._reject(Reason.MALFORMED, "a 3-tuple must be an END_OF_TASK marker", stream, element)
             return
-        yield from self._rows_of(stream, index, element)
+        yield from self._rows_of(stream, index, element, *payload)
 
-    def _rows_of(self, stream: str, index: int, element) -> Iterator:
-        x_raw, y_raw = element[2], element[3]
+    def _rows_of(self, stream: str, index: int, element, x_raw, y_raw) -> Iterator:
         try:
-            arr = np.asarray(x_raw)
+            arr = numeric_array(x_raw, "x")
             if arr.ndim == 2 and (arr.shape[1] != self._dim or arr.shape[0] == 0):
                 raise ValueError(f"{Reason.WRONG_SHAPE}: a block of rows must have shape (n >= 1, {self._dim})")
-            x = (np.stack([coerce_value(r, self._dim) for r in arr]) if arr.ndim == 2
-                 else coerce_value(x_raw, self._dim)[None, :])
-            y = np.asarray(y_raw).reshape(-1)
-        except (ValueError, TypeError) as exc:  # ragged nesting raises from numpy itself: no reason prefix
-            reason, _, detail = str(exc).partition(": ")
-            if not detail or reason not in (Reason.WRONG_SHAPE, Reason.BAD_VALUE, Reason.BAD_DTYPE, Reason.NON_FINITE):
-                reason, detail = Reason.BAD_VALUE, "unusable input"
-            yield self._reject(reason, detail, stream, element)
+            x = (np.stack([coerce_value(r, self._dim, "x") for r in arr]) if arr.ndim == 2
+                 else coerce_value(arr, self._dim, "x")[None, :])
+        except ValueError as exc:  # "<reason>: <detail>" (beam_dp.steps.events)
+            yield self._reject(*value_letter(exc, stream, element))
             return
+        try:
+            y = np.asarray(y_raw).reshape(-1)
+        except (ValueError, TypeError):  # ragged labels
+            y = np.zeros(0, dtype=object)
         if y.shape != (x.shape[0],) or y.dtype.kind not in "iu" or (y.size and (y.min() < 0 or y.max() >= self._classes)):
             yield self._reject(BAD_LABEL, f"labels must be {x.shape[0]} integer(s) in [0, {self._classes})", stream,
                                element)

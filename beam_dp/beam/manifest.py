@@ -20,7 +20,8 @@ from beam_dp.beam.domains import bound_domains
 from beam_dp.core.budget import COMPOSITIONS, compose, composition_of
 from beam_dp.io.manifest import JobManifest, ManifestTransform, write_manifest
 
-__all__ = ["job_manifest", "params_composition", "record_release_files", "release_file_writes", "write_pipeline_manifest"]
+__all__ = ["job_manifest", "params_composition", "record_release_files", "release_file_writes", "release_folder",
+           "write_pipeline_manifest"]
 
 _FILES_ATTR = "_beam_dp_release_files"
 
@@ -133,13 +134,20 @@ def write_pipeline_manifest(pipeline: Any, job: str, is_release: Callable[[Any],
     :func:`release_file_writes`) beside its release files; returns its path. None when it writes no
     release to files (e.g. to Pub/Sub only). ``ValueError`` when the releases go to several folders:
     one manifest declares one folder's files."""
-    writes = release_file_writes(pipeline, is_release)
-    folders = sorted({posixpath.dirname(prefix) for _, prefix in writes})
-    if not folders:
+    folder = release_folder(pipeline, is_release)
+    if folder is None:
         return None
+    for pcoll, prefix in release_file_writes(pipeline, is_release):
+        record_release_files(pcoll, posixpath.basename(prefix))
+    return write_manifest(folder, job_manifest(pipeline, job))
+
+
+def release_folder(pipeline: Any, is_release: Callable[[Any], bool]) -> str | None:
+    """The one folder a built ``pipeline`` writes its release files to (see :func:`release_file_writes`);
+    None when it writes none to files. ``ValueError`` when they go to several folders: one manifest
+    declares one folder's files."""
+    folders = sorted({posixpath.dirname(prefix) for _, prefix in release_file_writes(pipeline, is_release)})
     if len(folders) > 1:
         raise ValueError(f"releases written to several folders {folders}: write them to one folder, where the "
                          "job's manifest goes (python -m beam_dp.verify reads it)")
-    for pcoll, prefix in writes:
-        record_release_files(pcoll, posixpath.basename(prefix))
-    return write_manifest(folders[0], job_manifest(pipeline, job))
+    return folders[0] if folders else None

@@ -4,6 +4,7 @@ job's true spend (2 at the end) and total; two transforms without a declared tot
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,9 @@ pytestmark = pytest.mark.pipeline
 PROVIDERS = Path(__file__).resolve().parents[2] / "templates" / "yaml" / "providers.yaml"
 
 
-def _pipeline(tmp_path: Path, total: float | None, sum_epsilon: float = 1.0, count: bool = True) -> str:
+def _pipeline(tmp_path: Path, total: float | None, sum_epsilon: float = 1.0, count: bool = True) -> list[str]:
+    """The arguments running a pipeline of a sum and (``count``) a count writing under ``tmp_path/out``
+    (its Jinja variable ``output``: ``run_yaml`` stages what is written there)."""
     options = "  runner: FnApiRunner\n" + (f"  job_epsilon: {total}\n" if total is not None else "")
     text = f"""pipeline:
   transforms:
@@ -42,11 +45,11 @@ def _pipeline(tmp_path: Path, total: float | None, sum_epsilon: float = 1.0, cou
     - type: WriteToJson
       name: WriteSum
       input: Sum.releases
-      config: {{path: "{tmp_path}/out/sum"}}
+      config: {{path: "{{{{ output }}}}/sum"}}
     - type: WriteToJson
       name: WriteCount
       input: Count.releases
-      config: {{path: "{tmp_path}/out/count"}}
+      config: {{path: "{{{{ output }}}}/count"}}
 providers:
   - include: {PROVIDERS}
 options:
@@ -56,7 +59,7 @@ options:
         text = text[:text.index("    - type: WriteToJson\n      name: WriteCount")] + text[text.index("providers:"):]
     path = tmp_path / "two.yaml"
     path.write_text(text)
-    return f"--yaml_pipeline_file={path}"
+    return [f"--yaml_pipeline_file={path}", f"--jinja_variables={json.dumps({'output': str(tmp_path / 'out')})}"]
 
 
 @pytest.fixture(autouse=True)
@@ -66,7 +69,7 @@ def _key(monkeypatch):
 
 def test_two_transforms_over_the_declared_total_are_refused_at_build(tmp_path, capsys):
     with pytest.raises(SystemExit) as ended:  # one line, exit 2 (beam_dp.cli.guarded)
-        run_yaml([_pipeline(tmp_path, 1.0)])
+        run_yaml(_pipeline(tmp_path, 1.0))
     assert ended.value.code == 2
     err = capsys.readouterr().err
     assert "compose to epsilon 2" in err and "more than the job's total epsilon 1" in err, err
@@ -75,13 +78,13 @@ def test_two_transforms_over_the_declared_total_are_refused_at_build(tmp_path, c
 
 def test_two_transforms_without_a_declared_total_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as ended:
-        run_yaml([_pipeline(tmp_path, None)])
+        run_yaml(_pipeline(tmp_path, None))
     assert ended.value.code == 2
     assert "declare the job's total" in capsys.readouterr().err
 
 
 def test_under_a_total_of_two_every_row_carries_the_jobs_spend(tmp_path):
-    assert run_yaml([_pipeline(tmp_path, 2.0)]) == 0
+    assert run_yaml(_pipeline(tmp_path, 2.0)) == 0
     rows = read_releases(str(tmp_path / "out" / "*-0*"))  # the release files, not the manifest beside them
     assert {r["noise_domain"] for r in rows} == {"Sum/Release", "Count/Release/Sum"}
     assert {(r["job_epsilon_budget"], r["job_delta_budget"]) for r in rows} == {(2.0, 0.0)}
@@ -103,11 +106,11 @@ def test_plain_beam_yaml_refuses_two_transforms_it_cannot_budget(tmp_path):
     from apache_beam.yaml import main as yaml_main
 
     with pytest.raises(ValueError, match="run it with python -m pipelines.run_yaml"):
-        yaml_main.run([_pipeline(tmp_path, 2.0)])
+        yaml_main.run(_pipeline(tmp_path, 2.0))
 
 
 def test_one_transform_above_the_declared_total_is_refused_by_plain_beam_yaml_too(tmp_path):
     from apache_beam.yaml import main as yaml_main
 
     with pytest.raises(ValueError, match="more than the job's total epsilon 1"):
-        yaml_main.run([_pipeline(tmp_path, 1.0, sum_epsilon=2.0, count=False)])
+        yaml_main.run(_pipeline(tmp_path, 1.0, sum_epsilon=2.0, count=False))

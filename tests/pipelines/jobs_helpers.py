@@ -2,11 +2,42 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import subprocess
+import time
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+
+
+class FakeSecretManager:
+    """Answers ``access_secret_version`` like google-cloud-secret-manager; records the names asked for
+    (install it with ``monkeypatch.setattr(beam_dp.io.keys, "secret_manager_client", lambda: fake)``)."""
+
+    def __init__(self, payload: bytes):
+        self.payload, self.asked = payload, []
+
+    def access_secret_version(self, request):
+        self.asked.append(request["name"])
+        return SimpleNamespace(payload=SimpleNamespace(data=self.payload))
+
+
+def tree(folder: Path) -> dict[str, str]:
+    """Every file under ``folder`` -> sha256 of its bytes (byte-for-byte comparison)."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def wait_for(path_glob: str, folder: Path, proc: subprocess.Popen, seconds: float = 120) -> None:
+    """Wait until ``folder`` holds a match of ``path_glob`` while ``proc`` runs (fails if it ended)."""
+    deadline = time.monotonic() + seconds
+    while not list(folder.glob(path_glob)):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"{path_glob} never appeared"
+        time.sleep(0.05)
 
 
 def dead_letters(out: Path) -> Counter:

@@ -16,7 +16,7 @@ from beam_dp.io import keys
 from pipelines import continual_stats
 from pipelines.runner import UsageError, check_noise_key
 from tests.conftest import TEST_KEY
-from tests.pipelines.jobs_helpers import assert_usage_error, user_functions
+from tests.pipelines.jobs_helpers import FakeSecretManager, assert_usage_error, user_functions
 from tests.pipelines.memfs import MemFileSystem
 
 pytestmark = pytest.mark.pipeline
@@ -25,17 +25,6 @@ PROG = "python -m pipelines.continual_stats"
 SECRET = "projects/my-project/secrets/beam-dp-noise-key/versions/3"
 STREAM = ["--source=pubsub", "--streaming", "--pubsub-topic=projects/my-project/topics/events", "--dim=1",
           "--start=0", "--period=10"]
-
-
-class FakeSecretManager:
-    """Answers ``access_secret_version`` like google-cloud-secret-manager; records the names asked for."""
-
-    def __init__(self, payload: bytes):
-        self.payload, self.asked = payload, []
-
-    def access_secret_version(self, request):
-        self.asked.append(request["name"])
-        return SimpleNamespace(payload=SimpleNamespace(data=self.payload))
 
 
 def _draw(source: NoiseSource) -> np.ndarray:
@@ -70,7 +59,9 @@ def test_key_file_on_a_remote_filesystem(monkeypatch):
     MemFileSystem.clear()
 
 
-def test_secret_manager_without_the_gcp_extra_says_what_to_install(monkeypatch):
+@pytest.fixture
+def without_google_cloud(monkeypatch):
+    """Importing ``google.cloud.*`` fails, as without the ``gcp`` extra."""
     import builtins
 
     real_import = builtins.__import__
@@ -81,8 +72,52 @@ def test_secret_manager_without_the_gcp_extra_says_what_to_install(monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_google)
+
+
+@pytest.mark.usefixtures("without_google_cloud")
+def test_secret_manager_without_the_gcp_extra_says_what_to_install():
     with pytest.raises(ImportError, match=r"beam_dp\[gcp\]"):
         keys.read_secret(SECRET)
+
+
+class NotFound(Exception):
+    """Stands for google.api_core.exceptions.NotFound (a secret version that does not exist)."""
+
+
+class MissingSecret(FakeSecretManager):
+    def access_secret_version(self, request):
+        self.asked.append(request["name"])
+        raise NotFound(f"Secret [{request['name']}] not found or has no versions.")
+
+
+def _job(tmp_path) -> list[str]:
+    (tmp_path / "e.csv").write_text("stream_id,timestamp,value\na,1,0.5\nb,12,0.25\n")
+    return [f"--input={tmp_path / 'e.csv'}", f"--output={tmp_path / 'out'}", "--start=0", "--period=10", "--end=30",
+            f"--noise-key-secret={SECRET}"]
+
+
+@pytest.mark.parametrize("client,fix", [(FakeSecretManager(b"abcd"), "at least 16 bytes"),
+                                        (MissingSecret(b""), f"cannot read --noise-key-secret {SECRET}: NotFound")])
+def test_a_missing_or_short_secret_is_one_line_at_launch(tmp_path, monkeypatch, capsys, client, fix):
+    """Read at launch, as the workers would read it: exit 2 and one line before the pipeline starts
+    (a worker's failure would be exit 1), the payload never shown."""
+    monkeypatch.setattr(keys, "secret_manager_client", lambda: client)
+    assert_usage_error(continual_stats.main, PROG, _job(tmp_path), fix, capsys)
+    assert client.asked == [SECRET] and not (tmp_path / "out").exists()
+
+
+@pytest.mark.usefixtures("without_google_cloud")
+def test_a_secret_without_the_gcp_extra_is_one_line_naming_the_extra(tmp_path, capsys):
+    assert_usage_error(continual_stats.main, PROG, _job(tmp_path), "pip install 'beam_dp[gcp]'", capsys)
+
+
+def test_a_good_secret_is_read_at_launch_and_by_the_workers(tmp_path, monkeypatch, capsys):
+    fake = FakeSecretManager(TEST_KEY.hex().encode())
+    monkeypatch.setattr(keys, "secret_manager_client", lambda: fake)
+    monkeypatch.delenv("BEAM_DP_NOISE_KEY")
+    assert continual_stats.main(_job(tmp_path)) == 0
+    assert len(fake.asked) >= 2 and set(fake.asked) == {SECRET}  # the launch check, then each worker's setup
+    assert TEST_KEY.hex() not in capsys.readouterr().out
 
 
 def test_a_bad_secret_name_is_a_usage_error(capsys):

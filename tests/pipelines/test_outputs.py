@@ -4,7 +4,6 @@ mixes the previous output; bad locations, keys and inputs are one line at launch
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import subprocess
@@ -16,7 +15,7 @@ import pytest
 
 from pipelines import continual_stats, growing_db_queries, lifelong, model_release, online_learning
 from tests.conftest import TEST_KEY
-from tests.pipelines.jobs_helpers import assert_usage_error
+from tests.pipelines.jobs_helpers import assert_usage_error, tree, wait_for
 
 pytestmark = pytest.mark.pipeline
 
@@ -24,12 +23,6 @@ ROOT = Path(__file__).resolve().parents[2]
 PROG = "python -m pipelines.continual_stats"
 MARKER = "zq7Xmarker"  # a value only a bad row holds
 SCHEDULE = ["--start=0", "--period=10", "--end=40"]
-
-
-def _tree(folder: Path) -> dict[str, str]:
-    """Every file under ``folder`` -> sha256 of its bytes (byte-for-byte comparison)."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def _holds(folder: Path, text: str) -> list[str]:
@@ -105,7 +98,7 @@ def test_a_failing_rerun_keeps_the_previous_output_byte_for_byte(tmp_path, capsy
     events = _events(tmp_path / "e.csv")
     argv = [f"--input={events}", f"--output={tmp_path / 'out'}", *SCHEDULE]
     assert continual_stats.main(argv) == 0
-    before = {name: _tree(tmp_path / name) for name in ("out", "out.private")}
+    before = {name: tree(tmp_path / name) for name in ("out", "out.private")}
     assert any(n.startswith("sum-") for n in before["out"])
     capsys.readouterr()
 
@@ -120,7 +113,7 @@ def test_a_failing_rerun_keeps_the_previous_output_byte_for_byte(tmp_path, capsy
     assert exc.value.code == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "RuntimeError: disk full" in err and "kept unchanged" in err, err
-    assert {name: _tree(tmp_path / name) for name in ("out", "out.private")} == before
+    assert {name: tree(tmp_path / name) for name in ("out", "out.private")} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e.csv", "out", "out.private"]  # no staging, no lock
 
 
@@ -128,7 +121,7 @@ def test_a_bad_key_on_rerun_is_one_line_at_launch_and_keeps_the_output(tmp_path,
     events = _events(tmp_path / "e.csv")
     argv = [f"--input={events}", f"--output={tmp_path / 'out'}", *SCHEDULE]
     assert continual_stats.main(argv) == 0
-    before = _tree(tmp_path / "out")
+    before = tree(tmp_path / "out")
     capsys.readouterr()
     for i, (content, fix) in enumerate(((b"", "at least 16 bytes"), (b"abcd", "at least 16 bytes"),
                                         (None, "is a folder"))):
@@ -138,7 +131,7 @@ def test_a_bad_key_on_rerun_is_one_line_at_launch_and_keeps_the_output(tmp_path,
         else:
             key.write_bytes(content)
         assert_usage_error(continual_stats.main, PROG, [*argv, f"--noise-key-file={key}"], fix, capsys)
-        assert _tree(tmp_path / "out") == before
+        assert tree(tmp_path / "out") == before
 
 
 def test_a_run_is_refused_while_another_holds_the_folder_and_a_dead_holder_is_taken_over(tmp_path, capsys):
@@ -217,14 +210,6 @@ def _start(tmp_path: Path, out: Path, *extra: str) -> subprocess.Popen:
                              *extra], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _wait_for(path_glob: str, folder: Path, proc: subprocess.Popen, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while not list(folder.glob(path_glob)):
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, f"{path_glob} never appeared"
-        time.sleep(0.05)
-
-
 @pytest.fixture
 def big_input(tmp_path):
     """Events enough for a run of several seconds (many streams and steps)."""
@@ -241,15 +226,15 @@ def big_input(tmp_path):
 def test_ctrl_c_keeps_the_previous_output_byte_for_byte_and_exits_130(big_input, tmp_path, capsys):
     out = tmp_path / "out"
     assert continual_stats.main([f"--input={_events(tmp_path / 'e.csv')}", f"--output={out}", *SCHEDULE]) == 0
-    before = {name: _tree(tmp_path / name) for name in ("out", "out.private")}
+    before = {name: tree(tmp_path / name) for name in ("out", "out.private")}
     proc = _start(tmp_path, out)
-    _wait_for("out.staging-*", tmp_path, proc)
+    wait_for("out.staging-*", tmp_path, proc)
     time.sleep(1.5)  # inside the run
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, (stdout, stderr[-3000:])
     assert stderr.strip().splitlines() == [f"{PROG}: interrupted; the previous output under {out} is kept unchanged"]
-    assert {name: _tree(tmp_path / name) for name in ("out", "out.private")} == before
+    assert {name: tree(tmp_path / name) for name in ("out", "out.private")} == before
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("out")) == ["out", "out.private"]
 
 
@@ -260,7 +245,7 @@ def test_two_runs_into_one_folder_never_mix(big_input, tmp_path):
 
     out = tmp_path / "out"
     first = _start(tmp_path, out, "--epsilon=1")
-    _wait_for("out.lock", tmp_path, first)
+    wait_for("out.lock", tmp_path, first)
     second = _start(tmp_path, out, "--epsilon=0.5", "--count")
     _, err2 = second.communicate(timeout=300)
     _, err1 = first.communicate(timeout=300)

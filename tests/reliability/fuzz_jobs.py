@@ -1,14 +1,16 @@
 """Fuzz campaign over every job's flags and input files (issue 25): random flag sets (valid, extreme
-and junk values), random input files (good, mixed-width globs, BOM, repeated columns, empty, folders),
-random key files and output locations (fresh, a previous output, a file, a foreign folder, a folder in
-use, object stores without their extra).
+and junk values; for ``pipelines.run_yaml`` random Jinja variables of ``continual_sum.yaml``), random
+input files (good, mixed-width globs, BOM, repeated columns, empty, folders), random key files and
+output locations (fresh, a previous output, a file, a foreign folder, a folder in use, object stores
+without their extra).
 
 Three kinds of case:
 
 * ``launch`` (the bulk, in this process): ``main(argv)`` of ``pipelines.<job>`` up to the point where
-  the pipeline would be built (``pipelines.runner.run`` is replaced by a stop): every case must end as
-  "would run" or one line ``<prog>: error: ...`` with exit 2, within a few seconds, and leave a
-  previous output byte for byte, with no staging folder or lock left behind;
+  the pipeline would be built (``pipelines.runner.run`` is replaced by a stop; for ``run_yaml``, a
+  fiftieth of the cases as each builds the pipeline once to plan it, ``_build_and_run``): every case
+  must end as "would run" or one line ``<prog>: error: ...`` with exit 2, within a few seconds, and
+  leave a previous output byte for byte, with no staging folder or lock left behind;
 * ``full``: a real run in a subprocess: exit 0, or one line and exit 2; never a traceback;
 * ``interrupted``: a real run sent SIGINT after a random delay: exit 0, 2 or 130 (one line); the
   previous output is either untouched or replaced by a complete new one.
@@ -41,6 +43,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = ("continual_stats", "model_release", "growing_db_queries", "online_learning", "lifelong")
+YAML = "run_yaml"  # python -m pipelines.run_yaml with the continual_sum template
+YAML_SHARE = 0.02  # of the launch cases (each plans the pipeline: about a second of CPU, 7 s on a loaded machine)
+YAML_TEMPLATE = ROOT / "templates" / "yaml" / "continual_sum.yaml"
 KEY_HEX = "5f" * 32
 CASE_SECONDS = 60  # a launch case slower than this is a hang (a loaded shared machine: generous)
 
@@ -159,6 +164,29 @@ def random_argv(rng: random.Random, job: str, world: dict, out: str) -> list[str
     return argv
 
 
+def yaml_argv(rng: random.Random, world: dict, out: str, most: int = 4) -> list[str]:
+    """``run_yaml``'s flags: the continual_sum template with up to ``most`` of its Jinja variables
+    random (valid, extreme, junk, missing) and now and then a junk flag."""
+    folder = str(Path(world["input"][0]).parent)
+    variables: dict = {"input": f"{folder}/events.csv", "output": out, "start": 0, "period": 10, "end": 80}
+    choices = {"input": world["input"], "noise_key_file": world["key"], "dim": INTS,
+               "dead_letter_output": [out, out + ".raw", "/proc/forbidden/x", "s3://b/raw", ""],
+               **{name: FLOATS for name in ("epsilon", "clip_bound", "start", "period", "end")}}
+    for name in rng.sample(sorted(choices), rng.randint(0, most)):
+        if rng.random() < 0.1:
+            variables.pop(name, None)
+        else:
+            variables[name] = rng.choice(list(choices[name]))
+    argv = [f"--yaml_pipeline_file={YAML_TEMPLATE}", f"--jinja_variables={json.dumps(variables)}"]
+    if rng.random() < 0.05:
+        argv.append(rng.choice(["--bogus=1", "positional", "--jinja_variables={", "--runner=NoSuchRunner"]))
+    return argv
+
+
+def job_argv(rng: random.Random, job: str, world: dict, out: str) -> list[str]:
+    return yaml_argv(rng, world, out) if job == YAML else random_argv(rng, job, world, out)
+
+
 # -- the three kinds of case -------------------------------------------------------------------------
 @contextlib.contextmanager
 def _deadline(seconds: int):
@@ -175,23 +203,26 @@ def _deadline(seconds: int):
 
 
 def launch_cases(n: int, seed: int, root: Path, tally: Tally) -> None:
+    import pipelines.run_yaml
     import pipelines.runner
 
     world = make_world(root)
-    mains = {job: importlib.import_module(f"pipelines.{job}").main for job in JOBS}
+    mains = {job: importlib.import_module(f"pipelines.{job}").main for job in JOBS + (YAML,)}
 
     def stop(*args, **kwargs):
         raise _WouldRun()
 
     real_run, pipelines.runner.run = pipelines.runner.run, stop
+    real_yaml_run, pipelines.run_yaml._build_and_run = pipelines.run_yaml._build_and_run, stop
     real_key, os.environ["BEAM_DP_NOISE_KEY"] = os.environ.get("BEAM_DP_NOISE_KEY"), KEY_HEX
     rng = random.Random(seed)
     prev = root / "prev"
     try:
         for job in JOBS:  # warm-up, not counted: the first call of each job pays its imports (seconds)
             _one_launch(mains[job], job, [f"--output={root / 'warm'}", "--output=s3://b/x"], Tally(), 600)
+        _one_launch(mains[YAML], YAML, yaml_argv(random.Random(0), world, "s3://b/x"), Tally(), 600)
         for i in range(n):
-            job = rng.choice(JOBS)
+            job = YAML if rng.random() < YAML_SHARE else rng.choice(JOBS)
             kind = rng.choice(["fresh", "prev", "prev", "file", "foreign", "locked", "gs", "s3"])
             want = previous_output(prev) if kind in ("prev", "locked") else None
             out = {"fresh": str(root / f"new{i % 7}"), "prev": str(prev), "locked": str(prev),
@@ -199,7 +230,7 @@ def launch_cases(n: int, seed: int, root: Path, tally: Tally) -> None:
                    "gs": "gs://bucket/out", "s3": "s3://bucket/out"}[kind]
             if kind == "locked":
                 Path(str(prev) + ".lock").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
-            argv = random_argv(rng, job, world, out)
+            argv = job_argv(rng, job, world, out)
             _one_launch(mains[job], job, argv, tally)
             if kind == "locked":
                 os.remove(str(prev) + ".lock")
@@ -214,8 +245,10 @@ def launch_cases(n: int, seed: int, root: Path, tally: Tally) -> None:
                 for folder in (Path(out), Path(out + ".private"), Path(out + ".raw")):
                     shutil.rmtree(folder, ignore_errors=True)
             tally.kinds["launch"] += 1
+            tally.kinds[f"launch {job}"] += 1
     finally:
         pipelines.runner.run = real_run
+        pipelines.run_yaml._build_and_run = real_yaml_run
         if real_key is None:
             del os.environ["BEAM_DP_NOISE_KEY"]
         else:
@@ -251,26 +284,37 @@ FULL = {  # small real runs (flags known to start; the fuzz adds one random flag
                            '--universe={{"color": ["red", "blue"]}}', "--n=5", "--start=0", "--period=10", "--end=40"],
     "lifelong": ["--input={in}/tasks.csv", "--tasks=0,1", "--classes=0,1", "--steps-per-task=1", "--task-size=8", "--device=cpu",
                  "--torch-threads=1"],
+    YAML: [],  # yaml_argv
 }
 
 
 def _process(job: str, argv: list[str]) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT), BEAM_DP_NOISE_KEY=KEY_HEX)
     return subprocess.Popen([sys.executable, "-m", f"pipelines.{job}", *argv], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
+
+
+def _default_sigint() -> None:
+    """A campaign started in the background (``nohup ... &``) ignores SIGINT, and so would its runs,
+    which then never see the interrupt: each run gets Python's default Ctrl-C back."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def subprocess_cases(n_full: int, n_interrupted: int, seed: int, root: Path, tally: Tally) -> None:
     world = make_world(root)
     rng = random.Random(seed + 1)
+    jobs = JOBS + (YAML,)
     for i in range(n_full + n_interrupted):
         interrupted = i >= n_full
-        job = JOBS[i % len(JOBS)]
+        job = jobs[i % len(jobs)]
         prev = root / f"run{i}"
         want = previous_output(prev)
-        argv = [a.format(**{"in": str(root / "in")}) for a in FULL[job]] + [f"--output={prev}"]
-        extra = random_argv(rng, job, world, str(prev))
-        argv += [a for a in extra if not a.startswith(("--output", "--input", "--queries", "--dead-letter"))][:1]
+        if job == YAML:  # the template's good variables, one of them random
+            argv = yaml_argv(rng, {**world, "input": [str(root / "in" / "events.csv")]}, str(prev), most=1)
+        else:
+            argv = [a.format(**{"in": str(root / "in")}) for a in FULL[job]] + [f"--output={prev}"]
+            extra = random_argv(rng, job, world, str(prev))
+            argv += [a for a in extra if not a.startswith(("--output", "--input", "--queries", "--dead-letter"))][:1]
         proc = _process(job, argv)
         if interrupted:
             time.sleep(rng.uniform(0.2, 8.0))

@@ -106,3 +106,46 @@ def test_a_rejected_event_batch_row_names_its_file_and_record():
                        "/in/e.csv", np.array([1, 3, 4]))
     letters = _letters(_sum_parser(), batch)
     assert [(x.reason, x.stream, x.source) for x in letters] == [(Reason.AFTER_END, "a", "/in/e.csv#record=3")]
+
+
+def _erm_parser():
+    from beam_dp.beam.erm import ContinualModelParams, ParseLabelledExamples
+
+    return ParseLabelledExamples(ContinualModelParams(update=2, base=4, n_features=1, classes=(0, 1), streams=STREAMS))
+
+
+def _lifelong_parser():
+    from beam_dp.beam.lifelong import LifelongParams, _ParseTaskRows
+    from beam_dp.mechanisms.lifelong.config import L2DPConfig
+
+    config = L2DPConfig(input_dim=1, n_classes=2, hidden=4, g_layers=(4,), batch_size=2, epochs=1, task_ids=("0",),
+                        device="cpu", epsilon=1.0)
+    return _ParseTaskRows(LifelongParams(config, allow_cuda=False, streams=STREAMS))
+
+
+# count-step families (no timestamp): (parser, the payload after stream_id, the value's field name)
+COUNT_FAMILIES = {"erm": (_erm_parser, ([0.5], 1), "features"), "lifelong": (_lifelong_parser, ("0", [0.5], 1), "x")}
+
+
+@pytest.mark.parametrize("family", list(COUNT_FAMILIES))
+def test_the_count_step_families_share_the_head_and_value_checks(family):
+    """ERM and lifelong validate through the same path (split_event, coerce_value): the same bad
+    stream id, tuple width, element type or value gives the reason and message of every family.
+    Mutant checked: lifelong's own tuple check ("or an end marker") fails the malformed detail."""
+    make, payload, field = COUNT_FAMILIES[family]
+    for stream, reason in ((b"a", Reason.BAD_STREAM_ID), ("", Reason.BAD_STREAM_ID), ("z", Reason.UNDECLARED_STREAM)):
+        (letter,) = _letters(make(), (stream, *payload))
+        assert (letter.reason, letter.detail) == (reason, DETAIL[reason]), (family, stream)
+        assert letter.stream == (None if reason == Reason.BAD_STREAM_ID else stream)
+    assert _letters(make(), ("a", *payload)) == []  # the valid element passes
+    names = ", ".join(("stream_id", "task_id", "x", "y") if family == "lifelong" else ("stream_id", "features", "label"))
+    (letter,) = _letters(make(), ("a", *payload, 9, 9))
+    assert (letter.reason, letter.detail) == (Reason.MALFORMED, f"expected ({names}), got a {len(payload) + 3}-tuple")
+    (letter,) = _letters(make(), 7)
+    assert (letter.reason, letter.detail, letter.stream) == (Reason.MALFORMED, "unsupported element type int", None)
+    for value, reason, detail in (("abc", Reason.BAD_VALUE, f"{field} is missing or text"),
+                                  ([float("nan")], Reason.NON_FINITE, DETAIL[Reason.NON_FINITE])):
+        bad = ("a", *payload[:-2], value, payload[-1])  # the value comes just before the label
+        (letter,) = _letters(make(), bad)
+        assert (letter.reason, letter.detail, letter.stream) == (reason, detail, "a"), (family, value)
+        assert json.loads(json.dumps(letter.to_json("parse"), allow_nan=False))["element"][0] == "a"

@@ -16,7 +16,7 @@ from pipelines import continual_stats, growing_db_queries, lifelong, model_relea
 from pipelines.runner import options_class
 from pipelines.runner import run as run_job
 from tests.conftest import TEST_KEY
-from tests.pipelines.jobs_helpers import user_functions
+from tests.pipelines.jobs_helpers import FakeSecretManager, user_functions
 from tests.pipelines.memfs import MemFileSystem
 
 pytestmark = pytest.mark.pipeline
@@ -52,6 +52,14 @@ JOBS = {
     "lifelong": (lifelong, ["--input=memfs://bucket/in/tasks.csv", "--tasks=0", "--classes=0,1", "--task-size=64"],
                  ["--dim=2", "--tasks=0", "--classes=0,1", "--task-size=64"], ("models",), ("LifelongLearner",)),
 }
+
+
+@pytest.fixture(autouse=True)
+def _secret(monkeypatch):
+    """The launch reads --noise-key-secret (as the workers will): a fake Secret Manager holds the key."""
+    from beam_dp.io import keys
+
+    monkeypatch.setattr(keys, "secret_manager_client", lambda: FakeSecretManager(TEST_KEY))
 
 
 @pytest.fixture(autouse=True)
