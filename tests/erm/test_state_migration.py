@@ -10,19 +10,12 @@ import pytest
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.noise_declaration import loss_of_declaration, recomputed_epsilon
 from beam_dp.core.state import decode_state
-from beam_dp.mechanisms.erm import ContinualReleaseMechanism, MultiResolutionMechanism, SlidingWindowMechanism
 from tests.conftest import TEST_KEY
-from tests.erm.util import TINY, blocks
+from tests.erm.fixtures.make_erm_v1_states import BLOCKS, CASES
+from tests.erm.util import blocks
 from tests.release_checks import assert_close_values
 
 FIXTURES = Path(__file__).parent / "fixtures"
-COMMON = dict(model=TINY, lam=1.0, epsilon=0.8)
-GAUSS = dict(noise="gaussian", delta=1e-6)
-CASES = {
-    "continual_gauss": (ContinualReleaseMechanism(update=2, base=4, base_fraction=0.3, **COMMON, **GAUSS), 2),
-    "multires_sampled": (MultiResolutionMechanism(block=4, sampling=True, **COMMON), 4),
-    "sliding": (SlidingWindowMechanism(block=2, levels=3, **COMMON), 2),
-}
 # the stated and recomputed spends sum the same per-block losses (restated as one key per block) by
 # different float arithmetic: ~1e-15 apart; 1e-9 is far below any real under-report
 REL = 1e-9
@@ -31,16 +24,16 @@ REL = 1e-9
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_a_version_1_state_goes_on_as_if_it_never_stopped(name):
     mechanism, size = CASES[name]
-    data = blocks(24, size)
+    data = blocks(2 * BLOCKS, size)
     state, noise = mechanism.init_state("s"), NoiseSource(TEST_KEY)
     uninterrupted = []
     for i, block in enumerate(data):
         state, releases = mechanism.step(state, block, noise)
-        if i >= 12:
+        if i >= BLOCKS:
             uninterrupted += releases
     restored = decode_state(type(state), (FIXTURES / f"erm_v1_{name}.state").read_bytes())
     after = []
-    for block in data[12:]:
+    for block in data[BLOCKS:]:
         restored, releases = mechanism.step(restored, block, NoiseSource(TEST_KEY))
         after += releases
     assert len(after) == len(uninterrupted) > 0
