@@ -7,6 +7,11 @@ clipping, step clock; no Beam), ``beam_dp.mechanisms`` (pure state machines), ``
 
 __version__ = "0.1.0"
 
+from beam_dp.loading import install_while_loading  # noqa: E402  (signal, os, sys only)
+
+install_while_loading("beam_dp")  # `python -m beam_dp.verify` etc.: Ctrl-C while loading is one line, exit 130
+del install_while_loading
+
 
 def _quiet_third_party_import_noise() -> None:
     """Drop the one warning Beam logs on the root logger when imported without its gcp extra

@@ -37,8 +37,8 @@ def guarded(prog: str, verbose: bool, body: Callable[[], int], user_errors: tupl
     ``command``: this is the process's own command line: Ctrl-C ends it with exit code 130 at once
     (CPython exits by SIGINT instead when the interrupt landed in code run by ``exec``, e.g. while a
     dataclass was being built)."""
-    if command and getattr(signal.getsignal(signal.SIGINT), "while_loading", False):
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # see pipelines/__init__.py
+    if getattr(signal.getsignal(signal.SIGINT), "while_loading", False):
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # see beam_dp/loading.py
     try:
         return body()
     except user_errors as exc:
