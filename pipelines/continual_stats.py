@@ -80,6 +80,10 @@ def plan(options) -> Plan:
     if opts.source != "files" and opts.input:
         raise UsageError(f"--input reads files: drop it with --source {opts.source}")
     if demo:
+        given = [f for f, v in (("--start", opts.start), ("--period", opts.period), ("--end", opts.end)) if v is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} describe --input's clock; the embedded demo dataset has its own "
+                             "(drop them, or give --input)")
         start, period, end = demo_data.DEMO_START, demo_data.DEMO_PERIOD, demo_data.DEMO_END
         pattern = join(private_dir(opts), "demo_events.csv")
         streams = split_list(opts.streams, "--streams") or demo_data.DEMO_STREAMS

@@ -113,6 +113,7 @@ def test_input_needs_a_public_schedule(tmp_path):
     (["--source=kafka", "--streaming", "--kafka-topic=t"], "--kafka-bootstrap-servers"),
     (["--source=kafka", "--streaming", "--kafka-topic=t", "--kafka-bootstrap-servers=h:9092", "--start=0",
       "--period=1"], "--dim is required"),
+    (["--period=60", "--end=600"], "--period, --end describe --input's clock"),  # the demo has its own clock
 ])
 def test_usage_errors_are_one_line_with_exit_code_2(argv, fix, capsys, tmp_path):
     with pytest.raises(SystemExit) as exc:
