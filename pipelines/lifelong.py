@@ -273,9 +273,10 @@ def summary(job: Plan, opts) -> list[str]:
                      f"{reference:.3f}; chance: {chance:.2f}")
         verdict = ("learns well above chance" if average >= 2 * chance else
                    "does NOT learn visibly above chance at this size")
+        rows_per_task = min(len(task) for task in demo_tasks()[0])  # public: the demo data set is (any learner)
         lines.append(f"  The private model (epsilon {job.params.learner.epsilon:g} for each example over all tasks) "
                      f"{verdict}; the gap to the non-private reference is the price of privacy with ~"
-                     f"{min(job.params.learner.task_size.values())} rows per task (more rows per task narrow it).")
+                     f"{rows_per_task} rows per task (more rows per task narrow it).")
     return lines
 
 

@@ -57,12 +57,13 @@ class BundleBlocks:
         del self._open[(key, window)]
         return self._make(key, rows, BlockOriginals(originals))
 
-    def flush(self) -> Iterator[Any]:
-        """Every open block's outputs, as windowed values stamped with their latest element's timestamp."""
-        for (key, window), (rows, originals, latest) in self._open.items():
+    def flush(self, where: Callable[[Any], bool] | None = None) -> Iterator[Any]:
+        """Every open block's outputs (or those whose key satisfies ``where``: a marker that must follow
+        its stream's rows), as windowed values stamped with their latest element's timestamp."""
+        for (key, window) in [k for k in self._open if where is None or where(k[0])]:
+            rows, originals, latest = self._open.pop((key, window))
             for out in self._make(key, rows, BlockOriginals(originals)):
                 if isinstance(out, TaggedOutput):
                     yield TaggedOutput(out.tag, WindowedValue(out.value, latest[0], (window,)))
                 else:
                     yield WindowedValue(out, latest[0], (window,))
-        self._open = {}

@@ -36,6 +36,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
+from beam_dp.beam.blocks import BundleBlocks
 from beam_dp.beam.dofn import DriverDoFn, EncodedBuffer
 from beam_dp.beam.domains import bind_noise_domain, release_labels
 from beam_dp.beam.transforms import ContinualOutputs
@@ -102,7 +103,14 @@ def _dead(reason: str, detail: str, stream, element, source=None) -> beam.pvalue
 
 
 class _ParseTaskRows(beam.DoFn):
-    """Validate rows and markers; emit ``(stream, (task_index, x (k, d) | None, y (k,) | None, element))``."""
+    """Validate rows and markers; emit ``(stream, (task_index, x (k, d) | None, y (k,) | None, original))``.
+
+    A bundle's valid rows of one (stream, task) leave as one block (:class:`~beam_dp.beam.blocks.BundleBlocks`,
+    at most :attr:`MAX_ROWS` elements, ``original`` their :class:`~beam_dp.beam.blocks.BlockOriginals`), so
+    the keyed stage buffers one entry per block, not per row; a marker leaves after its stream's open blocks.
+    The learner trains on a task's rows in a canonical order, so the blocks do not change a release."""
+
+    MAX_ROWS = 1024  # elements per block (a row of MNIST is 784 floats: a full block is ~6 MB)
 
     def __init__(self, params: LifelongParams):
         self._params = params
@@ -115,11 +123,17 @@ class _ParseTaskRows(beam.DoFn):
         self._dead = Metrics.counter("beam_dp/lifelong", "dead_letters")
         self._rows = Metrics.counter("beam_dp/lifelong", "elements")  # accepted rows: the jobs sum "elements"
 
+    def start_bundle(self) -> None:
+        self._blocks = BundleBlocks(_task_rows, self.MAX_ROWS)
+
+    def finish_bundle(self) -> Iterator:
+        yield from self._blocks.flush()
+
     def _reject(self, reason, detail, stream, element, source=None):
         self._dead.inc()
         return _dead(reason, detail, stream, element, source)
 
-    def process(self, element: Any) -> Iterator:
+    def process(self, element: Any, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam) -> Iterator:
         marker = isinstance(element, tuple) and len(element) == 3  # (stream_id, task_id, END_OF_TASK)
         head = split_event(element, ("task_id", "marker") if marker else ("task_id", "x", "y"), None, self._streams)
         if isinstance(head, DeadLetter):
@@ -132,13 +146,14 @@ class _ParseTaskRows(beam.DoFn):
             return
         if marker:
             if isinstance(payload[0], str) and payload[0] == END_OF_TASK:
+                yield from self._blocks.flush(lambda key: key[0] == stream)  # the stream's rows before its marker
                 yield stream, (index, None, None, element)
             else:
                 yield self._reject(Reason.MALFORMED, "a 3-tuple must be an END_OF_TASK marker", stream, element)
             return
-        yield from self._rows_of(stream, index, element, *payload)
+        yield from self._rows_of(stream, index, element, *payload, timestamp, window)
 
-    def _rows_of(self, stream: str, index: int, element, x_raw, y_raw) -> Iterator:
+    def _rows_of(self, stream: str, index: int, element, x_raw, y_raw, timestamp, window) -> Iterator:
         try:
             arr = numeric_array(x_raw, "x")
             if arr.ndim == 2 and (arr.shape[1] != self._dim or arr.shape[0] == 0):
@@ -157,7 +172,13 @@ class _ParseTaskRows(beam.DoFn):
                                element)
             return
         self._rows.inc(x.shape[0])
-        yield stream, (index, x, y.astype(np.int64), element)
+        yield from self._blocks.add((stream, index), (x, y.astype(np.int64)), element, timestamp, window)
+
+
+def _task_rows(key: tuple[str, int], rows: list, originals: tuple) -> list:
+    """The validated rows of one (stream, task) as one block ``x (n, d)``, ``y (n,)``, in arrival order."""
+    stream, index = key
+    return [(stream, (index, np.concatenate([x for x, _ in rows]), np.concatenate([y for _, y in rows]), originals))]
 
 
 class _LifelongDoFn(DriverDoFn):

@@ -86,3 +86,46 @@ def test_params_validation():
         LifelongParams(L2DPConfig(**small_common(task_ids=None)))  # the task order must be declared
     with pytest.raises(TypeError):
         LifelongLearner(object())
+
+
+def _parse_bundle(params, elements, max_rows=1024):
+    """One bundle through the lifelong parse stage: its outputs in order (windowed values unwrapped)."""
+    from apache_beam.transforms.window import GlobalWindow
+    from apache_beam.utils.timestamp import Timestamp
+    from apache_beam.utils.windowed_value import WindowedValue
+
+    from beam_dp.beam.lifelong import _ParseTaskRows
+
+    parse = _ParseTaskRows(params)
+    parse.MAX_ROWS = max_rows
+    parse.setup()
+    parse.start_bundle()
+    out = [o for e in elements for o in parse.process(e, Timestamp(0), GlobalWindow())]
+    out += list(parse.finish_bundle())
+    return [o.value if isinstance(o, WindowedValue) else o for o in out]
+
+
+def test_a_bundle_s_rows_leave_as_one_block_per_stream_and_task_and_a_marker_after_them():
+    params = LifelongParams(L2DPConfig(**small_common(steps_per_task=1), epsilon=1.0), allow_cuda=False)
+    rng = np.random.default_rng(0)
+    rows = [(s, t, rng.uniform(-1, 1, 64), int(rng.integers(10))) for t in ("0", "1") for s in ("a", "b")
+            for _ in range(5)]
+    marker = ("a", "0", END_OF_TASK)
+    out = _parse_bundle(params, rows[:5] + [marker] + rows[5:])
+    assert [(stream, index, None if x is None else len(x)) for stream, (index, x, _, _) in out] == [
+        ("a", 0, 5), ("a", 0, None), ("b", 0, 5), ("a", 1, 5), ("b", 1, 5)]  # the marker after a's rows
+    (stream, (index, x, y, originals)) = out[0]
+    assert np.array_equal(x, np.stack([r[2] for r in rows[:5]])) and list(y) == [r[3] for r in rows[:5]]
+    assert tuple(originals) == tuple(rows[:5])  # each row's element, for a per-row dead letter later
+    split = _parse_bundle(params, rows[:5], max_rows=2)  # full blocks leave at once, the rest at the end
+    assert [len(x) for _, (_, x, _, _) in split] == [2, 2, 1]
+
+
+def test_rows_after_their_task_closed_are_dead_lettered_one_per_row(digits):
+    tasks, _ = digits
+    params = LifelongParams(L2DPConfig(**small_common(steps_per_task=1), epsilon=1.0), allow_cuda=False)
+    row = tasks[0].x[0]
+    elements = [("s", "0", row, 1), ("s", "0", END_OF_TASK), ("s", "0", row, 2), ("s", "0", row, 3)]
+    letters = run(lambda p: (p | beam.Create(elements, reshuffle=False) | LifelongLearner(params)).dead_letter)
+    assert sorted((letter.reason, letter.element[3]) for letter in letters) == [
+        ("task_backwards", 2), ("task_backwards", 3)]

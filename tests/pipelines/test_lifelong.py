@@ -121,3 +121,12 @@ def test_demo_is_permuted_digits_with_demo_settings_unless_a_flag_says_otherwise
     assert learner.learner.task_size == {t.task_id: len(t) for t in tasks} and learner.torch_threads == 1
     mine = job.plan(PipelineOptions([f"--output={tmp_path}", "--epochs=2", "--torch-threads=2"])).params
     assert mine.learner.epochs == 2 and mine.torch_threads == 2
+
+
+def test_the_demo_runs_and_explains_itself_with_every_learner(tmp_path, capsys, monkeypatch):
+    """The demo's closing lines name the public rows per task whatever the learner (L2DP-ML has no
+    declared task size: its summary used to fail with an AttributeError after the releases were written)."""
+    monkeypatch.setenv("BEAM_DP_NOISE_KEY", TEST_KEY.hex())
+    assert job.main([f"--output={tmp_path / 'out'}", "--learner=l2dp", "--steps-per-task=1"]) == 0
+    rows_per_task = min(len(task) for task in job.demo_tasks()[0])
+    assert f"~{rows_per_task} rows per task" in capsys.readouterr().out
