@@ -77,8 +77,9 @@ def plan(options) -> Plan:
         raise UsageError(f"--input reads files: drop it with --source {opts.source}")
     algorithm = opts.algorithm or ALGORITHMS[opts.learner][0]
     if algorithm not in ALGORITHMS[opts.learner]:
-        raise UsageError(f"--algorithm {algorithm} is not a {opts.learner} learner: use one of "
-                         f"{', '.join(ALGORITHMS[opts.learner])}")
+        owner = next(learner for learner, names in ALGORITHMS.items() if algorithm in names)  # argparse's choices
+        raise UsageError(f"--algorithm {algorithm} needs --learner {owner} (--learner {opts.learner} takes "
+                         f"{', '.join(ALGORITHMS[opts.learner])})")
     out_dir = opts.output
     demo = opts.input is None and opts.source == "files"
     pattern = join(private_dir(opts), f"demo_{opts.learner}.csv") if demo else opts.input

@@ -94,7 +94,8 @@ def test_incremental_regression_event_time_cli_equals_the_pure_mechanism(tmp_pat
 
 @pytest.mark.parametrize("argv, fix", [
     (["--bogus=1"], "unknown flag --bogus"),
-    (["--algorithm=privincreg1"], "not a online learner"),
+    (["--algorithm=privincreg1"], "--algorithm privincreg1 needs --learner regression"),
+    (["--learner=regression", "--algorithm=cocop"], "--algorithm cocop needs --learner online"),
     (["--window=0"], "cocop"),
     (["--learner=regression", "--start=0"], "--period"),
     (["--learner=regression", "--block-size=4", "--start=0", "--period=1", "--end=5"], "not both"),

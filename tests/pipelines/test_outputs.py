@@ -210,23 +210,28 @@ def _start(tmp_path: Path, out: Path, *extra: str) -> subprocess.Popen:
                              *extra], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-@pytest.fixture
-def big_input(tmp_path):
-    """Events enough for a run of several seconds (many streams and steps)."""
+def _big_csv(folder: Path, n: int) -> None:
+    """``n`` events over 200 streams and 200 steps, as ``big.csv`` (what :func:`_start` reads)."""
     import numpy as np
 
     rng = np.random.default_rng(0)
-    n = 60_000
     ts = np.sort(rng.uniform(0, 200_000, n))
-    (tmp_path / "big.csv").write_text("stream_id,timestamp,value\n" + "".join(
+    (folder / "big.csv").write_text("stream_id,timestamp,value\n" + "".join(
         f"s{s},{t:.3f},{v:.3f}\n" for s, t, v in zip(rng.integers(0, 200, n), ts, rng.normal(size=n))))
+
+
+@pytest.fixture
+def big_input(tmp_path):
+    """Events enough for a run of several seconds (many streams and steps)."""
+    _big_csv(tmp_path, 60_000)
     return tmp_path
 
 
-def test_ctrl_c_keeps_the_previous_output_byte_for_byte_and_exits_130(big_input, tmp_path, capsys):
+def test_ctrl_c_keeps_the_previous_output_byte_for_byte_and_exits_130(tmp_path, capsys):
     out = tmp_path / "out"
     assert continual_stats.main([f"--input={_events(tmp_path / 'e.csv')}", f"--output={out}", *SCHEDULE]) == 0
     before = {name: tree(tmp_path / name) for name in ("out", "out.private")}
+    _big_csv(tmp_path, 600_000)  # several seconds of work after staging begins (60k once ended within the 1.5 s)
     proc = _start(tmp_path, out)
     wait_for("out.staging-*", tmp_path, proc)
     time.sleep(1.5)  # inside the run
