@@ -93,16 +93,16 @@ def _tree_child(argv: list[str]) -> tuple[float, float, float]:
 
 
 def run_flink(python: str, events: Path, out: Path, steps: int, dim: int, groups: int, backend: str, domain: str,
-              parallelism: int, file_input: str) -> tuple[float, float, float]:
+              parallelism: int, file_input: str, split_mib: int) -> tuple[float, float, float]:
     return _tree_child([python, "-m", "beam_dp.flink.run", "--input", str(events), "--output", str(out),
                         "--start", "0", "--period", "1", "--end", str(steps), "--dim", str(dim), "--noise",
                         "gaussian", "--delta", "1e-6", "--epsilon", "1", "--clip-bound", "1", "--stream-groups",
                         str(groups), "--state-backend", backend, "--noise-domain", domain,
-                        "--parallelism", str(parallelism), "--file-input", file_input])
+                        "--parallelism", str(parallelism), "--file-input", file_input, "--split-mib", str(split_mib)])
 
 
 def flink_releases(out: Path) -> dict[tuple[str, int], list[float]]:
-    rows = (json.loads(line) for f in sorted(out.rglob("*")) if f.is_file() and not f.name.startswith(".")
+    rows = (json.loads(line) for f in sorted(out.rglob("*")) if f.is_file() and not f.name.startswith((".", "_"))
             for line in f.read_text().splitlines() if line)
     return {(r["stream"], r["step"]): r["value"] for r in rows}
 
@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallelism", type=int, default=1)
     parser.add_argument("--file-input", default="blocks", choices=("blocks", "lines"),
                         help="the Flink job's file input (beam_dp.flink.run --file-input)")
+    parser.add_argument("--split-mib", type=int, default=64, help="the block input's split size (run.py --split-mib)")
     parser.add_argument("--flink-python", default=str(FLINK_PYTHON), help="the Python of the PyFlink venv")
     parser.add_argument("--skip-beam", action="store_true", help="Flink only (no release check)")
     parser.add_argument("--out", default=None, help="Markdown file to append the results to")
@@ -142,9 +143,10 @@ def main(argv: list[str] | None = None) -> int:
             domain = pc.unique(pq.read_table(first, columns=["noise_domain"]).column("noise_domain"))[0].as_py()
         write_csv(tmp / "events.csv", ids, ts, values)
         wall, cpu, rss = run_flink(args.flink_python, tmp / "events.csv", tmp / "flink", args.steps, args.dim,
-                                   args.stream_groups, args.state_backend, domain, args.parallelism, args.file_input)
+                                   args.stream_groups, args.state_backend, domain, args.parallelism, args.file_input,
+                                   args.split_mib)
         lines.append(f"| Flink replay (beam_dp.flink.run, MiniCluster, parallelism {args.parallelism}, "
-                     f"{args.state_backend}, --file-input {args.file_input}) | {wall:.1f} | {cpu:.1f} | "
+                     f"{args.state_backend}, --file-input {args.file_input}, --split-mib {args.split_mib}) | {wall:.1f} | {cpu:.1f} | "
                      f"{1e6 * cpu / releases:.1f} | {args.events / cpu:,.0f} | {rss:,.0f} (the process tree) |")
         got = flink_releases(tmp / "flink")
         if len(got) != releases:

@@ -35,7 +35,9 @@ from beam_dp.steps.events import DETAIL, DeadLetter, parse_contribution
 
 __all__ = ["SPLIT_BYTES", "BlockParser", "StepBlock", "file_splits", "parse_line", "read_split"]
 
-SPLIT_BYTES = 8 << 20  # bytes of input per split: what one parse holds in memory at a time
+#: bytes of input per split: what one parse holds in memory at a time (a few times this), and how many
+#: records a key and step gets (one per split touching it: each costs the keyed function a state merge)
+SPLIT_BYTES = 64 << 20
 
 
 def parse_line(line: str) -> tuple:
@@ -76,9 +78,9 @@ def file_splits(path: str, split_bytes: int = SPLIT_BYTES) -> list[tuple[str, in
             for size in [os.path.getsize(name)] for start in range(0, size, split_bytes)]
 
 
-def read_split(path: str, start: int, end: int) -> list[str]:
-    """The lines that start in bytes ``[start, end)`` of ``path`` (decoded as UTF-8, bad bytes replaced),
-    without their line ends; a line that starts in the range is read to its end."""
+def read_split(path: str, start: int, end: int) -> pa.Array:
+    """The lines that start in bytes ``[start, end)`` of ``path`` (an Arrow string array: UTF-8, bad bytes
+    replaced), without their line ends; a line that starts in the range is read to its end."""
     with open(path, "rb") as fh:
         fh.seek(max(start - 1, 0))
         data = fh.read(end - start + (start > 0))
@@ -87,13 +89,22 @@ def read_split(path: str, start: int, end: int) -> list[str]:
             data = b"" if cut < 0 else data[cut + 1:]
         if data and not data.endswith(b"\n"):
             data += fh.readline()  # the last line, to its end
-    text = data.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
-    lines = text.split("\n")
-    return lines[:-1] if lines and not lines[-1] else lines
+    if b"\r" in data:
+        data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    try:
+        text = pa.array([data], type=pa.binary()).cast(pa.string())  # validates UTF-8 without a Python str
+    except pa.ArrowInvalid:
+        text = pa.array([data.decode("utf-8", "replace")], type=pa.string())
+    lines = pc.list_flatten(pc.split_pattern(text, "\n"))
+    return lines.slice(0, len(lines) - 1) if not data or data.endswith(b"\n") else lines
 
 
 _SPACE = "".join(f"\\x{{{ord(c):x}}}" for c in map(chr, range(0x110000)) if c.isspace())  # what str.strip strips
 _NUMBER = r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?"
+
+
+def _numpy(array: "pa.Array") -> np.ndarray:
+    return np.asarray(array.to_numpy(zero_copy_only=False))
 
 
 class BlockParser:
@@ -107,40 +118,38 @@ class BlockParser:
         self._plain = f"^[^,{_SPACE}][^,]*(,{_NUMBER}){{{mechanism.dim + 1}}}$"
         self._group_of: dict[str, int] = {}  # stream -> its group (hashed once per stream and worker)
 
-    def parse(self, lines: list[str]) -> tuple[list[tuple[str, float, StepBlock]], list[DeadLetter]]:
-        """``(records, dead letters)``: each record ``(a stream of the block, its step's start in seconds,
-        StepBlock)``, keyed downstream by that stream's key; each dead letter with its raw line."""
-        text = pa.array(lines, type=pa.string())
-        plain = pc.match_substring_regex(text, self._plain).to_numpy(zero_copy_only=False)
-        streams, seconds, values = self._columns(text.filter(pa.array(plain)))
+    def parse(self, lines: "pa.Array | list[str]") -> tuple[list[tuple[str, float, StepBlock]], list[DeadLetter]]:
+        """``(records, dead letters)`` of ``lines`` (Arrow strings or a list): each record ``(a stream of
+        the block, its step's start in seconds, StepBlock)``, keyed downstream by that stream's key; each
+        dead letter with its raw line."""
+        lines = lines if isinstance(lines, pa.Array) else pa.array(lines, type=pa.string())
+        plain = _numpy(pc.match_substring_regex(lines, self._plain))
+        at = np.flatnonzero(plain)
+        streams, seconds, values = self._columns(lines if len(at) == len(lines) else lines.take(pa.array(at)))
         letters: list[DeadLetter] = []
         if len(streams):
-            reasons, good_id, _ = row_reasons(streams, np.round(seconds * 1e6), values, self._clock, self._streams)
-            line_of = np.flatnonzero(plain)
-            for i in np.flatnonzero(reasons != ""):  # rejected rows only
-                reason = reasons[i]
-                letters.append(DeadLetter(reason, DETAIL[reason], streams[i] if good_id[i] else None,
-                                          lines[line_of[i]]))
+            reasons, _, _ = row_reasons(streams, np.round(seconds * 1e6), values, self._clock, self._streams)
+            for i in np.flatnonzero(reasons != ""):  # rejected rows only (a plain line's stream id is valid)
+                letters.append(DeadLetter(reasons[i], DETAIL[reasons[i]], streams[int(i)].as_py(),
+                                          lines[int(at[i])].as_py()))
             ok = reasons == ""
-            streams, seconds, values = streams[ok], seconds[ok], values[ok]
-        rest = [self._one(lines[i], letters) for i in np.flatnonzero(~plain) if lines[i].strip()]
+            streams, seconds, values = streams.filter(pa.array(ok)), seconds[ok], values[ok]
+        rest = [self._one(line, letters) for line in lines.filter(pa.array(~plain)).to_pylist() if line.strip()]
         rest = [event for event in rest if event is not None]
         if rest:  # lines the bulk parse left to the per-line path, valid there
-            streams = np.concatenate([streams, np.array([e[0] for e in rest], dtype=object)])
+            streams = pa.concat_arrays([streams, pa.array([e[0] for e in rest], type=pa.string())])
             seconds = np.concatenate([seconds, [e[1] for e in rest]])
             values = np.concatenate([values, np.array([e[2] for e in rest], dtype=np.float64)])
         return (list(self._records(streams, seconds, values)) if len(streams) else []), letters
 
-    def _columns(self, text: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The plain lines' ``(streams (n,) object, seconds (n,), values (n, dim))``."""
+    def _columns(self, text: pa.Array) -> tuple[pa.Array, np.ndarray, np.ndarray]:
+        """The plain lines' ``(streams (n,) Arrow strings, seconds (n,), values (n, dim))``."""
         width = self._mechanism.dim + 2
         tokens = pc.list_flatten(pc.split_pattern(text, ","))
         first = np.zeros(len(tokens), dtype=bool)
         first[::width] = True
-        numbers = pc.cast(tokens.filter(pa.array(~first)), pa.float64()).to_numpy(zero_copy_only=False)
-        numbers = numbers.reshape(len(text), width - 1)
-        streams = np.asarray(tokens.filter(pa.array(first)).to_pylist(), dtype=object).reshape(len(text))
-        return streams, numbers[:, 0].copy(), numbers[:, 1:]
+        numbers = _numpy(pc.cast(tokens.filter(pa.array(~first)), pa.float64())).reshape(len(text), width - 1)
+        return tokens.filter(pa.array(first)), numbers[:, 0].copy(), numbers[:, 1:]
 
     def _one(self, line: str, letters: list[DeadLetter]) -> tuple | None:
         """A line through the per-line path: ``(stream, seconds, value)`` when valid, else its dead letter."""
@@ -151,8 +160,8 @@ class BlockParser:
             return None
         return parsed[0], event[1], event[2]
 
-    def _records(self, streams: np.ndarray, seconds: np.ndarray, values: np.ndarray) -> Iterator[tuple]:
-        sums = step_sums(self._mechanism, self._clock, streams, None, np.round(seconds * 1e6), values)
+    def _records(self, streams: pa.Array, seconds: np.ndarray, values: np.ndarray) -> Iterator[tuple]:
+        sums = step_sums(self._mechanism, self._clock, None, streams, np.round(seconds * 1e6), values)
         names = sums.names.tolist()
         if self._groups is None:
             for i, name in enumerate(names[s] for s in sums.stream.tolist()):

@@ -43,7 +43,7 @@ import sys
 
 from beam_dp.core.budget import composition_of
 from beam_dp.core.clock import StepClock
-from beam_dp.flink.blocks import file_splits, parse_line
+from beam_dp.flink.blocks import SPLIT_BYTES, file_splits, parse_line
 from beam_dp.io.manifest import JobManifest, ManifestTransform, write_manifest
 from beam_dp.mechanisms.counters import make_counter
 from beam_dp.mechanisms.stream_groups import groups_for
@@ -110,6 +110,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                    help="a bounded replay of local files: blocks (default: byte-range splits parsed and summed per "
                         "key and step in numpy, beam_dp.flink.blocks) or lines (one Flink record per CSV line, "
                         "as --streaming and URIs other than file:// always are)")
+    p.add_argument("--split-mib", type=int, default=SPLIT_BYTES >> 20,
+                   help="MiB of input per split of the block input: each split is parsed in memory at once and "
+                        "sends one record per key and step it touches")
     p.add_argument("--checkpoint-ms", type=int, default=60_000)
     p.add_argument("--checkpoint-dir", default=None,
                    help="durable checkpoint storage (a path or URI; shared storage on a cluster); default the "
@@ -138,6 +141,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                 p.error(f"{flag} {path} overlaps --output {args.output}: --output holds the private releases only")
     if args.stream_groups < 0:
         p.error(f"--stream-groups must be >= 0, got {args.stream_groups}")
+    if args.split_mib < 1:
+        p.error(f"--split-mib must be >= 1, got {args.split_mib}")
     if args.checkpoint_ms < 10:
         p.error(f"--checkpoint-ms must be >= 10, got {args.checkpoint_ms}")
     return args
@@ -252,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         events = lines.filter(lambda line: bool(line.strip())).map(parse_line, output_type=EVENT_TYPE)
         parse_dead = None
     else:
-        events, parse_dead = block_events(env, file_splits(blocks), params)
+        events, parse_dead = block_events(env, file_splits(blocks, args.split_mib << 20), params)
     releases, dead = release_stream(env, events, params, uid=UID, max_delay_ms=args.max_delay_ms,
                                     idle_ms=args.idle_ms)
     if parse_dead is not None:

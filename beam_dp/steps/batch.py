@@ -30,14 +30,18 @@ def row_reasons(streams: np.ndarray, micros: np.ndarray, values: np.ndarray, clo
     """``(reasons, good_id, arrow_ids)``: each row's dead-letter reason (``""`` for a valid row),
     whether its stream id is valid, and the ids as one Arrow string array when every id is a string.
 
-    ``streams`` (n,) object, ``micros`` (n,) float event times in µs (rounded; NaN where unusable),
-    ``values`` (n, d) float, ``clock`` a ``StepClock``, ``declared`` the declared streams or None."""
+    ``streams`` (n,) object (or an Arrow string array), ``micros`` (n,) float event times in µs (rounded;
+    NaN where unusable), ``values`` (n, d) float, ``clock`` a ``StepClock``, ``declared`` the declared
+    streams or None."""
     n = len(streams)
     reasons = np.full(n, "", dtype=object)
     good_id, arrow_ids = _good_stream_ids(streams)
     reasons[~good_id] = Reason.BAD_STREAM_ID
     if declared is not None:
-        known = np.array([s in declared for s in streams], dtype=bool)
+        if arrow_ids is not None:
+            known = _numpy(pc.is_in(arrow_ids, value_set=pa.array(sorted(declared), type=pa.string())))
+        else:
+            known = np.array([s in declared for s in streams], dtype=bool)
         reasons[good_id & ~known] = Reason.UNDECLARED_STREAM
     finite_ts = np.isfinite(micros)
     reasons[(reasons == "") & ~finite_ts] = Reason.BAD_TIMESTAMP
@@ -66,10 +70,11 @@ class StepSums(NamedTuple):
     row_block: np.ndarray
 
 
-def step_sums(mechanism: Any, clock: Any, streams: np.ndarray, arrow_ids: "pa.Array | None",
+def step_sums(mechanism: Any, clock: Any, streams: np.ndarray | None, arrow_ids: "pa.Array | None",
               micros: np.ndarray, values: np.ndarray) -> StepSums:
-    """The valid rows ``(streams, micros, values)`` (``arrow_ids``: the same ids as Arrow, or None)
-    clipped and summed per (stream, step) by ``mechanism.clip_and_sum_groups`` (at least one row)."""
+    """The valid rows ``(streams, micros, values)`` (``arrow_ids``: the same ids as Arrow, or None; with
+    them ``streams`` is not read) clipped and summed per (stream, step) by ``mechanism.clip_and_sum_groups``
+    (at least one row)."""
     steps = clock.step_of_micros(micros.astype(np.int64))
     names, codes = _sorted_codes(streams, arrow_ids)
     width = int(steps.max()) + 1
@@ -122,14 +127,20 @@ def _unique_codes(codes: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray
     return unique, position[codes]
 
 
-def _good_stream_ids(streams: np.ndarray) -> tuple[np.ndarray, "pa.Array | None"]:
+def _numpy(array: "pa.Array") -> np.ndarray:
+    return np.asarray(array.to_numpy(zero_copy_only=False))
+
+
+def _good_stream_ids(streams: "np.ndarray | pa.Array") -> tuple[np.ndarray, "pa.Array | None"]:
     """Which ids are non-empty UTF-8 strings, and the ids as one Arrow string array when every id is a
     string (the usual case: one conversion), else ``None`` (one check per row)."""
-    try:
-        ids = pa.array(streams, from_pandas=False)
-    except (pa.ArrowException, UnicodeError):
-        ids = None
+    if isinstance(streams, pa.Array):
+        ids = streams
+    else:
+        try:
+            ids = pa.array(streams, from_pandas=False)
+        except (pa.ArrowException, UnicodeError):
+            ids = None
     if ids is not None and pa.types.is_string(ids.type):
-        good = np.asarray(pc.fill_null(pc.greater(pc.utf8_length(ids), 0), False).to_numpy(zero_copy_only=False))
-        return good, ids
+        return _numpy(pc.fill_null(pc.greater(pc.utf8_length(ids), 0), False)), ids
     return np.array([isinstance(s, str) and bool(s) and is_utf8(s) for s in streams], dtype=bool), None
