@@ -66,7 +66,9 @@ class StepBlock:
 def file_splits(path: str, split_bytes: int = SPLIT_BYTES) -> list[tuple[str, int, int]]:
     """``(file, start, end)`` byte ranges of at most ``split_bytes`` covering the files of ``path`` (a file or
     a directory, walked recursively; names starting with ``.`` or ``_`` are skipped, as Flink's FileSource
-    skips them), in name order."""
+    skips them), in name order. A path that does not exist raises ``FileNotFoundError``."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"--input {path} does not exist")
     if os.path.isfile(path):
         files = [path]
     else:

@@ -218,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     try:
         params = _params(args)
-    except ValueError as exc:
+        blocks = block_input(args)
+        splits = None if blocks is None else file_splits(blocks, args.split_mib << 20)
+    except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from pyflink.common import Encoder, WatermarkStrategy
@@ -227,7 +229,6 @@ def main(argv: list[str] | None = None) -> int:
     from beam_dp.flink.job import EVENT_TYPE, block_events, local_environment, release_stream
 
     streaming = args.streaming or bool(args.kafka_brokers)
-    blocks = block_input(args)
     env = local_environment(args.parallelism, replay=not streaming,
                             settings=checkpoint_settings(args.checkpoint_ms, args.checkpoint_dir, args.state_backend))
     if args.kafka_brokers:
@@ -248,16 +249,16 @@ def main(argv: list[str] | None = None) -> int:
                 .set_value_serialization_schema(SimpleStringSchema()).build()).build())
         release_sink, dead_sink = sink(args.kafka_output_topic), sink(args.kafka_dead_letter_topic)
     else:
-        if blocks is None:
+        if splits is None:
             source = FileSource.for_record_stream_format(StreamFormat.text_line_format(), args.input).build()
             lines = env.from_source(source, WatermarkStrategy.no_watermarks(), "event-files")
         release_sink = FileSink.for_row_format(args.output, Encoder.simple_string_encoder()).build()
         dead_sink = FileSink.for_row_format(args.dead_letter_output, Encoder.simple_string_encoder()).build()
-    if blocks is None:
+    if splits is None:
         events = lines.filter(lambda line: bool(line.strip())).map(parse_line, output_type=EVENT_TYPE)
         parse_dead = None
     else:
-        events, parse_dead = block_events(env, file_splits(blocks, args.split_mib << 20), params)
+        events, parse_dead = block_events(env, splits, params)
     releases, dead = release_stream(env, events, params, uid=UID, max_delay_ms=args.max_delay_ms,
                                     idle_ms=args.idle_ms)
     if parse_dead is not None:

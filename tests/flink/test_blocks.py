@@ -116,3 +116,5 @@ def test_splits_cover_every_line_once(tmp_path):
         got = [line for path, start, end in splits if path.endswith("x.csv") for line in read_split(path, start, end).to_pylist()]
         assert got == want, size
     assert file_splits(str(folder / "x.csv"), 10**6) == [(str(folder / "x.csv"), 0, len(text.encode()))]
+    with pytest.raises(FileNotFoundError):
+        file_splits(str(folder / "missing"))
