@@ -4,7 +4,9 @@
     env = local_environment(parallelism=2)
     releases, dead = release_stream(env, env.from_collection(events, type_info=EVENT_TYPE), params, uid="sums")
 
-``events`` are ``(stream_id, timestamp seconds, value)``; ``params`` a
+``events`` are ``(stream_id, timestamp seconds, value)``, or for a file replay the block records of
+:func:`block_events` (a :class:`~beam_dp.flink.blocks.StepBlock`: the clipped sums of one key and step,
+added to the step's state as one contribution would be); ``params`` a
 :class:`~beam_dp.flink.params.FlinkReleaseParams` (or a Beam params object of the continual sums);
 ``uid`` names the release function and its noise domain (:mod:`beam_dp.flink.domains`).
 With ``params.stream_groups`` the function is keyed by groups of streams
