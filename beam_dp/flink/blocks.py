@@ -20,7 +20,6 @@ rejected line gets exactly the reason it gets there. A dead letter's element is 
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from typing import Any, Iterator
 
