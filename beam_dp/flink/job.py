@@ -4,7 +4,9 @@
     env = local_environment(parallelism=2)
     releases, dead = release_stream(env, env.from_collection(events, type_info=EVENT_TYPE), params, uid="sums")
 
-``events`` are ``(stream_id, timestamp seconds, value)``; ``params`` a
+``events`` are ``(stream_id, timestamp seconds, value)``, or for a file replay the block records of
+:func:`block_events` (a :class:`~beam_dp.flink.blocks.StepBlock`: the clipped sums of one key and step,
+added to the step's state as one contribution would be); ``params`` a
 :class:`~beam_dp.flink.params.FlinkReleaseParams` (or a Beam params object of the continual sums);
 ``uid`` names the release function and its noise domain (:mod:`beam_dp.flink.domains`).
 With ``params.stream_groups`` the function is keyed by groups of streams
@@ -35,10 +37,11 @@ import numpy as np
 from pyflink.common import Configuration, Duration, Types, WatermarkStrategy
 from pyflink.common.watermark_strategy import TimestampAssigner
 from pyflink.datastream import OutputTag, RuntimeExecutionMode, StreamExecutionEnvironment
-from pyflink.datastream.functions import KeyedProcessFunction, RuntimeContext
+from pyflink.datastream.functions import KeyedProcessFunction, ProcessFunction, RuntimeContext
 from pyflink.datastream.state import MapStateDescriptor, ValueStateDescriptor
 
 from beam_dp.core.budget import composition_of
+from beam_dp.flink.blocks import BlockParser, StepBlock, read_split
 from beam_dp.flink.domains import bind_noise_domain
 from beam_dp.flink.rows import json_rows
 from beam_dp.mechanisms.stream_groups import GroupBlock, GroupedSum, group_key, group_of
@@ -48,8 +51,8 @@ from beam_dp.steps.events import DEAD_LETTER, DeadLetter, parse_contribution
 from beam_dp.steps.policies import BlockPolicy, GroupPolicy
 from beam_dp.steps.schema import ReleaseLabels
 
-__all__ = ["DEAD_LETTERS", "EVENT_TYPE", "ContinualReleaseFunction", "local_environment", "release_stream",
-           "to_event"]
+__all__ = ["DEAD_LETTERS", "EVENT_TYPE", "ContinualReleaseFunction", "block_events", "local_environment",
+           "release_stream", "to_event"]
 
 EVENT_TYPE = Types.TUPLE([Types.STRING(), Types.DOUBLE(), Types.PICKLED_BYTE_ARRAY()])
 DEAD_LETTERS = OutputTag(DEAD_LETTER, Types.STRING())
@@ -103,6 +106,7 @@ class ContinualReleaseFunction(KeyedProcessFunction):
         self._driver = StepDriver.for_params(params, policy)
         self._labels = ReleaseLabels(params.noise_key.domain, composition_of(self._mechanism), params.budget)
         self._streams = frozenset(params.streams) if params.streams is not None else None
+        self._step_records = getattr(params, "step_records", False)
         self._key = runtime_context.get_state(ValueStateDescriptor("beam_dp_key_state", _BYTES))
         self._mechanism_state = runtime_context.get_state(ValueStateDescriptor("beam_dp_mechanism", _BYTES))
         self._buffer = _StepSums(runtime_context.get_map_state(MapStateDescriptor("beam_dp_step_sums", Types.LONG(),
@@ -110,11 +114,17 @@ class ContinualReleaseFunction(KeyedProcessFunction):
                                  policy.mechanism.merge_blocks)
 
     def _emit(self, outputs: list[Output]) -> Iterator:
+        """Release rows as JSON text: one record per row, or with ``params.step_records`` one record per
+        release (a key's step: all its rows joined by newlines); dead letters to the side output."""
         for tag, value in outputs:
-            if tag == RELEASE:
-                yield from json_rows(value, self._labels)
-            else:
+            if tag != RELEASE:
                 yield DEAD_LETTERS, _dead_json(value)
+            elif self._step_records:
+                rows = json_rows(value, self._labels)
+                if rows:
+                    yield "\n".join(rows)
+            else:
+                yield from json_rows(value, self._labels)
 
     def _timer(self, ctx, state) -> None:
         timer = self._driver.timer(state)
@@ -165,6 +175,9 @@ class ContinualReleaseFunction(KeyedProcessFunction):
 
     def process_element(self, value, ctx: KeyedProcessFunction.Context):
         stream, seconds, payload = value
+        if isinstance(payload, StepBlock):  # a file replay's block: the clipped sums of one key and step
+            yield from self._add(ctx, stream, payload.step, payload.block, None, None)
+            return
         if payload == _DECLARE:
             if not (isinstance(stream, str) and stream):
                 return
@@ -185,10 +198,15 @@ class ContinualReleaseFunction(KeyedProcessFunction):
         stream, step, block = parsed
         if self._grouped:
             block = GroupBlock((stream,), block.vector[None, :], np.array([block.count]), np.array([block.clipped]))
+        yield from self._add(ctx, stream, step, block, (stream, seconds, payload), stream)
+
+    def _add(self, ctx, stream: str, step: int, block: Any, original: Any, letter_key: str | None) -> Iterator:
+        """Adds one block (an event's, or a file replay's per key and step) to the key's step ``step``;
+        ``letter_key``: the key of a dead letter (a stream; None: the engine key)."""
         counted = self._driver.block_size is not None  # a count step may close here: it needs the mechanism
         state = self._state(ctx.get_current_key() if self._grouped else stream, ctx, counted)
         lowest, first = state.lowest, state.next_step
-        outputs = self._driver.add(state, self._buffer, step, block, (stream, seconds, payload), stream)
+        outputs = self._driver.add(state, self._buffer, step, block, original, letter_key)
         if counted or state.lowest != lowest or state.next_step != first:  # else nothing but the buffer changed
             self._store(state, counted)
         if state.provisional and state.next_step != first:  # a provisional key placed lower: its timer follows
@@ -205,6 +223,36 @@ class ContinualReleaseFunction(KeyedProcessFunction):
             self._timer(ctx, state)
         self._store(state, True)
         yield from self._emit(outputs)
+
+
+class _ParseBlocks(ProcessFunction):
+    """A file split ``(path, start, end)`` -> block records of :data:`EVENT_TYPE` (one per key and step,
+    :class:`~beam_dp.flink.blocks.BlockParser`) and the dead letters of its rejected lines."""
+
+    def __init__(self, params: Any):
+        self._params = params
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        params = self._params
+        streams = frozenset(params.streams) if params.streams is not None else None
+        self._parser = BlockParser(params.build_mechanism(), params.clock, streams,
+                                   getattr(params, "stream_groups", None))
+
+    def process_element(self, value, ctx: ProcessFunction.Context):
+        records, letters = self._parser.parse(read_split(*value))
+        for letter in letters:
+            yield DEAD_LETTERS, _dead_json(letter)
+        yield from records
+
+
+def block_events(env: StreamExecutionEnvironment, splits: list[tuple[str, int, int]], params: Any):
+    """A bounded file replay as blocks: ``splits`` (:func:`beam_dp.flink.blocks.file_splits`: files on a
+    filesystem every worker reads) -> ``(events, dead_letters)``: ``events`` a DataStream of
+    :data:`EVENT_TYPE` block records for :func:`release_stream` (one per key and step of each split),
+    ``dead_letters`` the JSON dead letters of the rejected lines (each with its raw line)."""
+    source = env.from_collection(splits, type_info=Types.TUPLE([Types.STRING(), Types.LONG(), Types.LONG()]))
+    events = source.rebalance().process(_ParseBlocks(params), output_type=EVENT_TYPE).name("parse-blocks")
+    return events, events.get_side_output(DEAD_LETTERS)
 
 
 class _EventTime(TimestampAssigner):

@@ -21,13 +21,16 @@ class FlinkReleaseParams(StepParams):
     the grace must be whole milliseconds. A Beam params object of the continual sums works in its place.
     ``stream_groups``: key the function by this many groups of streams (event time, a mechanism that
     steps groups; see ``beam_dp.mechanisms.stream_groups``); None keys by stream. ``idle_steps`` /
-    ``idle_threshold``: the idle rule of a prefix sum, as on ``ContinualSumParams``.
+    ``idle_threshold``: the idle rule of a prefix sum, as on ``ContinualSumParams``. ``step_records``: one
+    release record per key and step (the step's JSON rows joined by newlines: a file sink writes the same
+    lines) instead of one per row (a Kafka topic's records).
     """
 
     build: Callable[[], Any] | None = None
     stream_groups: int | None = None
     idle_steps: int | None = None
     idle_threshold: float | None = None
+    step_records: bool = False
 
     def __post_init__(self) -> None:
         if not callable(self.build):

@@ -16,7 +16,11 @@ marked NOT private. Files use PyFlink's built-in ``FileSource``/``FileSink``; ``
 ``--kafka-topic``, ``--kafka-output-topic`` and ``--kafka-dead-letter-topic`` read and write Kafka
 instead (needs the Kafka connector jar: ``--kafka-jar`` or ``flink run --jarfile``; see docs/running.md).
 A bounded file input is a replay (no finite watermark: every step of the public schedule releases at
-the end); ``--streaming`` or Kafka follows the event-time watermark. Checkpoints (every
+the end); ``--streaming`` or Kafka follows the event-time watermark. A replay of local files is read as
+blocks (``--file-input blocks``, :mod:`beam_dp.flink.blocks`): byte-range splits parsed, validated and
+summed per (stream group, step) in numpy, so one record per key and step reaches the keyed state, not
+one per line (the same releases and the same dead-letter reasons); on files, each release record is a
+key's step (its JSON rows joined by newlines), on Kafka one row. Checkpoints (every
 ``--checkpoint-ms``) go to ``--checkpoint-dir`` (default the sibling ``<output>.checkpoints``; they hold
 un-noised sums: as private as the input) with the ``--state-backend`` (``rocksdb`` by default: state
 beyond memory, incremental checkpoints); the file sinks commit on checkpoints. The release function's
@@ -34,33 +38,18 @@ import collections
 import dataclasses
 import functools
 import json
-import math
 import os
 import sys
 
 from beam_dp.core.budget import composition_of
 from beam_dp.core.clock import StepClock
+from beam_dp.flink.blocks import SPLIT_BYTES, file_splits, parse_line
 from beam_dp.io.manifest import JobManifest, ManifestTransform, write_manifest
 from beam_dp.mechanisms.counters import make_counter
 from beam_dp.mechanisms.stream_groups import groups_for
 from beam_dp.steps.params import NoiseKey
 
 __all__ = ["checkpoint_settings", "exact_counts", "main", "parse_line", "private_default"]
-
-
-def parse_line(line: str) -> tuple:
-    """A CSV line -> ``(stream_id, seconds, value)``; what does not parse stays text (dead-lettered on the worker)."""
-    parts = line.strip().split(",")
-    stream = parts[0] if parts else ""
-    try:
-        seconds = float(parts[1])
-    except (IndexError, ValueError):
-        seconds = math.nan
-    try:
-        value = [float(x) for x in parts[2:]] or line
-    except ValueError:
-        value = line
-    return stream, seconds, value
 
 
 UID = "continual-sums"  # the release function's uid: its default noise domain
@@ -117,6 +106,13 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"the release function's noise domain (default {UID!r}): give each job under one key its own")
     p.add_argument("--parallelism", type=int, default=1)
     p.add_argument("--streaming", action="store_true", help="STREAMING mode for a file input too")
+    p.add_argument("--file-input", default="blocks", choices=("blocks", "lines"),
+                   help="a bounded replay of local files: blocks (default: byte-range splits parsed and summed per "
+                        "key and step in numpy, beam_dp.flink.blocks) or lines (one Flink record per CSV line, "
+                        "as --streaming and URIs other than file:// always are)")
+    p.add_argument("--split-mib", type=int, default=SPLIT_BYTES >> 20,
+                   help="MiB of input per split of the block input: each split is parsed in memory at once and "
+                        "sends one record per key and step it touches")
     p.add_argument("--checkpoint-ms", type=int, default=60_000)
     p.add_argument("--checkpoint-dir", default=None,
                    help="durable checkpoint storage (a path or URI; shared storage on a cluster); default the "
@@ -145,6 +141,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                 p.error(f"{flag} {path} overlaps --output {args.output}: --output holds the private releases only")
     if args.stream_groups < 0:
         p.error(f"--stream-groups must be >= 0, got {args.stream_groups}")
+    if args.split_mib < 1:
+        p.error(f"--split-mib must be >= 1, got {args.split_mib}")
     if args.checkpoint_ms < 10:
         p.error(f"--checkpoint-ms must be >= 10, got {args.checkpoint_ms}")
     return args
@@ -161,7 +159,16 @@ def _params(args: argparse.Namespace):
     if args.noise_domain is not None:
         key = dataclasses.replace(key, domain=args.noise_domain)
     return FlinkReleaseParams(build=build, clock=clock, streams=streams, allowed_lateness=args.allowed_lateness,
-                              noise_key=key, stream_groups=groups_for(build(), args.stream_groups))
+                              noise_key=key, stream_groups=groups_for(build(), args.stream_groups),
+                              step_records=not args.kafka_brokers)
+
+
+def block_input(args: argparse.Namespace) -> str | None:
+    """The local path of a replay's input read as blocks (``--file-input blocks``), else None (one record per line)."""
+    if args.kafka_brokers or args.streaming or args.file_input != "blocks":
+        return None
+    path = args.input[len("file://"):] if args.input.startswith("file://") else args.input
+    return None if "://" in path else path
 
 
 #: where the FileSink puts release files under --output: ``<bucket, e.g. 2026-01-31--12>/part-<uuid>-<n>``
@@ -211,13 +218,15 @@ def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     try:
         params = _params(args)
-    except ValueError as exc:
+        blocks = block_input(args)
+        splits = None if blocks is None else file_splits(blocks, args.split_mib << 20)
+    except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from pyflink.common import Encoder, WatermarkStrategy
     from pyflink.datastream.connectors.file_system import FileSink, FileSource, StreamFormat
 
-    from beam_dp.flink.job import EVENT_TYPE, local_environment, release_stream
+    from beam_dp.flink.job import EVENT_TYPE, block_events, local_environment, release_stream
 
     streaming = args.streaming or bool(args.kafka_brokers)
     env = local_environment(args.parallelism, replay=not streaming,
@@ -240,13 +249,20 @@ def main(argv: list[str] | None = None) -> int:
                 .set_value_serialization_schema(SimpleStringSchema()).build()).build())
         release_sink, dead_sink = sink(args.kafka_output_topic), sink(args.kafka_dead_letter_topic)
     else:
-        source = FileSource.for_record_stream_format(StreamFormat.text_line_format(), args.input).build()
-        lines = env.from_source(source, WatermarkStrategy.no_watermarks(), "event-files")
+        if splits is None:
+            source = FileSource.for_record_stream_format(StreamFormat.text_line_format(), args.input).build()
+            lines = env.from_source(source, WatermarkStrategy.no_watermarks(), "event-files")
         release_sink = FileSink.for_row_format(args.output, Encoder.simple_string_encoder()).build()
         dead_sink = FileSink.for_row_format(args.dead_letter_output, Encoder.simple_string_encoder()).build()
-    events = lines.filter(lambda line: bool(line.strip())).map(parse_line, output_type=EVENT_TYPE)
+    if splits is None:
+        events = lines.filter(lambda line: bool(line.strip())).map(parse_line, output_type=EVENT_TYPE)
+        parse_dead = None
+    else:
+        events, parse_dead = block_events(env, splits, params)
     releases, dead = release_stream(env, events, params, uid=UID, max_delay_ms=args.max_delay_ms,
                                     idle_ms=args.idle_ms)
+    if parse_dead is not None:
+        dead = dead.union(parse_dead)
     releases.sink_to(release_sink)
     dead.sink_to(dead_sink)
     if not args.kafka_brokers:

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from beam_dp.beam import ContinualSumParams, EventBatch
-from beam_dp.beam.parse import ParseEvents, _rows_by_group
+from beam_dp.beam.parse import ParseEvents
+from beam_dp.steps.batch import rows_by_group
 from beam_dp.core import StepClock
 
 CLOCK = StepClock(start=1000.0, period=10.0, end=1000.0 + 10 * 37)
@@ -18,7 +19,7 @@ def test_rows_by_group_equals_one_mask_per_group(seed):
     n_groups = int(rng.integers(1, 60))
     groups = rng.integers(0, n_groups, int(rng.integers(1, 2000)))
     n_groups = int(groups.max()) + 1  # np.unique's inverse: every label up to the largest is used or not
-    members = _rows_by_group(groups, n_groups)
+    members = rows_by_group(groups, n_groups)
     assert len(members) == n_groups
     for g in range(n_groups):
         assert np.array_equal(members[g], np.flatnonzero(groups == g))

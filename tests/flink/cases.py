@@ -40,8 +40,9 @@ BAD = [
 
 
 def csv_lines(events: list[tuple]) -> str:
-    """Events as the entry point's CSV lines ``stream,seconds,v0,v1`` (``repr``: the floats round-trip)."""
-    return "".join(f"{s},{t!r},{v[0]!r},{v[1]!r}\n" for s, t, v in events)
+    """Events as the entry point's CSV lines ``stream,seconds,v0,v1`` (``repr``: the floats round-trip; a
+    text value as it is)."""
+    return "".join(f"{s},{t!r},{v if isinstance(v, str) else ','.join(map(repr, v))}\n" for s, t, v in events)
 
 
 def entry_args(input_path, output, *extra: str) -> list[str]:

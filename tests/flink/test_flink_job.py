@@ -14,7 +14,8 @@ import pytest
 pytest.importorskip("pyflink")
 
 from beam_dp.core import StepClock  # noqa: E402
-from beam_dp.flink.job import EVENT_TYPE, local_environment, release_stream, to_event  # noqa: E402
+from beam_dp.flink.blocks import file_splits  # noqa: E402
+from beam_dp.flink.job import EVENT_TYPE, block_events, local_environment, release_stream, to_event  # noqa: E402
 from beam_dp.flink.params import FlinkReleaseParams  # noqa: E402
 from beam_dp.mechanisms.tree import make_tree_sum  # noqa: E402
 from beam_dp.steps.driver import END_RUNG  # noqa: E402
@@ -29,10 +30,17 @@ def _workers_see_beam_dp(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
 
 
-def _run(params, events, parallelism=2, replay=True):
+def _run(params, events, parallelism=2, replay=True, csv=None):
+    """The job's release rows and dead letters; with ``csv`` (a path) ``events`` go through that file
+    and the block input (``block_events``), else one record each (``from_collection``)."""
     env = local_environment(parallelism, replay=replay)
-    source = env.from_collection([to_event(*e) for e in events], type_info=EVENT_TYPE)
+    if csv is None:
+        source, parse_dead = env.from_collection([to_event(*e) for e in events], type_info=EVENT_TYPE), None
+    else:
+        csv.write_text(csv_lines(events))
+        source, parse_dead = block_events(env, file_splits(str(csv)), params)
     releases, dead = release_stream(env, source, params, uid=DOMAIN)
+    dead = dead if parse_dead is None else dead.union(parse_dead)
     tagged = releases.map(lambda j: "release\t" + j).union(dead.map(lambda j: "dead\t" + j))
     with tagged.execute_and_collect() as results:
         outputs = [r.split("\t", 1) for r in results]
@@ -54,10 +62,11 @@ def _beam_path(tmp_path) -> dict:
 def test_parallelism_2_releases_equal_the_beam_path_and_bad_rows_are_dead_letters(tmp_path):
     """The same events (good and bad rows) and key through Flink at parallelism 2 and through the Beam
     transform (``ContinualSum`` on the FnApiRunner): the same releases within float summation
-    tolerance, the same dead-letter reasons; both also equal the pure replay."""
+    tolerance, the same dead-letter reasons; both also equal the pure replay. Flink reads them as a
+    file replay does: CSV lines in blocks (``block_events``)."""
     events = good_events()
     stream = sorted(events + [e for e, _ in BAD], key=lambda e: e[1])
-    rows, dead = _run(FlinkReleaseParams(build=BUILD, clock=CLOCK, streams=STREAMS), stream)
+    rows, dead = _run(FlinkReleaseParams(build=BUILD, clock=CLOCK, streams=STREAMS), stream, csv=tmp_path / "in.csv")
     beam = _beam_path(tmp_path)
     assert len(beam["releases"]) == len(STREAMS) * CLOCK.last_step
     assert_rows_equal(rows, beam["releases"])
