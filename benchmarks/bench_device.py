@@ -147,7 +147,8 @@ def run(args) -> list[str]:
         unit = "steps" if name.startswith("PRIVINCREG") else ("example-gradients" if name.startswith("ERM") else "examples")
         check = agreement(rows, name, checks[name]) if name in checks and dev == "cuda" else ""
         rate = f"{r['rate']:,.0f}" if r["rate"] >= 100 else f"{r['rate']:.3g}"
-        lines.append(f"| {name} | {dev} | {r['done']} | {r['seconds']:.2f} | {rate} {unit} | {check} |")
+        seconds = f"{r['seconds']:.2f}" if r["seconds"] >= 0.1 else f"{r['seconds']:.2g}"  # a quick row: ms
+        lines.append(f"| {name} | {dev} | {r['done']} | {seconds} | {rate} {unit} | {check} |")
     if "cuda" not in devices:
         lines += ["", "No CUDA device here: CPU rows only (CUDA rows and agreement checks need a GPU machine)."]
     lines += ["", END]
