@@ -30,9 +30,10 @@ install-test: $(VENV)/.installed-test
 demo: install
 	$(PY) -m pipelines.continual_stats --output output/demo
 
-## Run the whole test suite.
+## Run the whole test suite (TESTS selects: .ci/run passes -m 'not long').
+TESTS ?=
 test: install-test
-	$(PY) -m pytest -q -n $(JOBS) tests
+	$(PY) -m pytest -q -n $(JOBS) $(TESTS) tests
 
 ## Native Flink: its own venv (PyFlink pins apache-beam<=2.61, pyarrow<21), then a real local Flink job.
 FLINK_VENV ?= .venv-flink
