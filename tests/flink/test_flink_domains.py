@@ -46,7 +46,7 @@ def test_a_domain_is_claimed_once_per_job_and_never_by_default():
     with pytest.raises(ValueError, match="already claimed"):
         release_stream(env, events, _params(1.0, noise_key=NoiseKey(domain="sum")), uid="count")
     release_stream(env, events, _params(1.0), uid="count")  # a new job (a new environment) starts empty
-    fresh = local_environment(1)
+    fresh = local_environment(1)  # with its own events: a stream belongs to the job that built it
     assert release_stream(fresh, fresh.from_collection([to_event("a", 1.0, [0.5])], type_info=EVENT_TYPE),
                           _params(1.0), uid="sum")
 
