@@ -13,6 +13,11 @@ With ``params.stream_groups`` the function is keyed by groups of streams
 (:mod:`beam_dp.mechanisms.stream_groups`: the same public hash, join rule and releases as on Beam).
 ``releases`` is a DataStream of release rows as JSON (the columns of ``beam_dp.io.ReleaseRow``),
 ``dead`` the dead-letter side output (JSON ``reason``, ``detail``, ``stream``, ``element``).
+With a clock every release record of step ``s`` has the Flink record timestamp
+``StepDriver.release_time(s) // 1000`` (ms, exact: the step start, period and grace are whole ms),
+``end(s) + allowed_lateness``, whichever firing closed the step (docs/steps.md rule 9), and the
+watermarks flow on, so a downstream event-time window per step keeps each release (docs/running.md,
+"Windowing releases").
 
 Per key the function keeps the driver's state in Flink keyed state, checkpointed with the job: two
 ``ValueState`` s of the driver's versioned bytes (the key's step bookkeeping, read for every element,
@@ -34,11 +39,12 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from pyflink.common import Configuration, Duration, Types, WatermarkStrategy
+from pyflink.common import Configuration, Duration, Row, Types, WatermarkStrategy
 from pyflink.common.watermark_strategy import TimestampAssigner
 from pyflink.datastream import OutputTag, RuntimeExecutionMode, StreamExecutionEnvironment
 from pyflink.datastream.functions import KeyedProcessFunction, ProcessFunction, RuntimeContext
 from pyflink.datastream.state import MapStateDescriptor, ValueStateDescriptor
+from pyflink.table import DataTypes, Schema, StreamTableEnvironment
 
 from beam_dp.core.budget import composition_of
 from beam_dp.flink.blocks import BlockParser, StepBlock, read_split
@@ -46,7 +52,7 @@ from beam_dp.flink.domains import bind_noise_domain
 from beam_dp.flink.rows import json_rows
 from beam_dp.mechanisms.stream_groups import GroupBlock, GroupedSum, group_key, group_of
 from beam_dp.steps.coder import KeyState, decode_entry, decode_key_state, encode_entry, encode_key_state
-from beam_dp.steps.driver import RELEASE, Output, StepDriver
+from beam_dp.steps.driver import RELEASE, Output, StepDriver, release_step
 from beam_dp.steps.events import DEAD_LETTER, DeadLetter, parse_contribution
 from beam_dp.steps.policies import BlockPolicy, GroupPolicy
 from beam_dp.steps.schema import ReleaseLabels
@@ -60,6 +66,7 @@ _BYTES = Types.PRIMITIVE_ARRAY(Types.BYTE())
 _DECLARE = "beam_dp:declare-stream"  # Flink cannot carry a null value: the marker of a declared stream
 _MIN_WATERMARK, _MAX_WATERMARK = -(2 ** 63), 2 ** 63 - 1
 _NO_BYTES = np.zeros(0, dtype=np.uint8)
+_STAMPED = Types.ROW_NAMED(["release_ms", "row"], [Types.LONG(), Types.STRING()])  # a release and its time
 
 
 class _StepSums:
@@ -93,9 +100,10 @@ def _dead_json(letter: DeadLetter) -> str:
 class ContinualReleaseFunction(KeyedProcessFunction):
     """Keyed by stream (or group of streams); moves state and timers between Flink and the driver, nothing else."""
 
-    def __init__(self, params: Any, provisional: bool = False):
+    def __init__(self, params: Any, provisional: bool = False, stamp: bool = True):
         self._params = params
         self._provisional = provisional  # streaming: a key opened before any watermark waits for its first timer
+        self._stamp = stamp  # emit Row(release_ms, text) for release_stream to stamp (with a clock)
 
     def open(self, runtime_context: RuntimeContext) -> None:
         params = self._params
@@ -115,16 +123,17 @@ class ContinualReleaseFunction(KeyedProcessFunction):
 
     def _emit(self, outputs: list[Output]) -> Iterator:
         """Release rows as JSON text: one record per row, or with ``params.step_records`` one record per
-        release (a key's step: all its rows joined by newlines); dead letters to the side output."""
+        release (a key's step: all its rows joined by newlines); with a clock each record is
+        ``Row(release_ms, text)``, stamped downstream (:func:`release_stream`); dead letters to the side output."""
         for tag, value in outputs:
             if tag != RELEASE:
                 yield DEAD_LETTERS, _dead_json(value)
-            elif self._step_records:
-                rows = json_rows(value, self._labels)
-                if rows:
-                    yield "\n".join(rows)
-            else:
-                yield from json_rows(value, self._labels)
+                continue
+            rows = json_rows(value, self._labels)
+            if self._step_records:
+                rows = ["\n".join(rows)] if rows else []
+            when = self._driver.release_time(release_step(value)) if self._stamp else None
+            yield from rows if when is None else (Row(when // 1000, row) for row in rows)
 
     def _timer(self, ctx, state) -> None:
         timer = self._driver.timer(state)
@@ -300,8 +309,12 @@ def watermarks(max_delay_ms: int = 0, idle_ms: int | None = None) -> WatermarkSt
 
 
 def release_stream(env: StreamExecutionEnvironment, events, params: Any, *, uid: str | None = None,
-                   max_delay_ms: int = 0, idle_ms: int | None = None):
+                   max_delay_ms: int = 0, idle_ms: int | None = None, stamp: bool = True):
     """``events`` (a DataStream of :data:`EVENT_TYPE`) -> ``(releases, dead_letters)``, JSON strings.
+
+    With a clock each release record of step s carries the Flink timestamp ``end(s) + allowed_lateness``
+    (ms; :func:`_restamped`); ``stamp=False`` skips that for a sink that never reads record timestamps
+    (a ``FileSink`` of text), saving the Table planner's start and a map per record.
 
     ``uid`` names this release function in the job: its noise domain unless ``params.noise_key.domain``
     is set (one of them is required), and, as ``beam_dp/<domain>``, its Flink operator uid. A domain
@@ -323,11 +336,39 @@ def release_stream(env: StreamExecutionEnvironment, events, params: Any, *, uid:
         return group_key(group_of(stream, groups)) if groups is not None else stream
 
     streaming = env.get_config().get_auto_watermark_interval() > 0  # else a replay: new keys start at step 1
+    stamped = stamp and params.clock is not None
     releases = (events
                 .key_by(key, key_type=Types.STRING())
-                .process(ContinualReleaseFunction(params, provisional=streaming), output_type=Types.STRING())
+                .process(ContinualReleaseFunction(params, provisional=streaming, stamp=stamped),
+                         output_type=_STAMPED if stamped else Types.STRING())
                 .uid(operator).name(uid or params.noise_key.domain))
-    return releases, releases.get_side_output(DEAD_LETTERS)
+    dead = releases.get_side_output(DEAD_LETTERS)
+    return (_restamped(env, releases) if stamped else releases), dead
+
+
+def _restamped(env: StreamExecutionEnvironment, stamped):
+    """``(release_ms, row)`` records -> the ``row`` texts, each with the Flink record timestamp
+    ``release_ms``, the release function's watermarks kept. A PyFlink function cannot set its outputs'
+    timestamps (they carry the input's, or the firing timer's); the Table API can: ``rt``, a rowtime
+    from ``release_ms``, is written into each record's timestamp by ``toChangelogStream`` (its
+    ``rowtime`` metadata column: the rows reach Python as the text alone), and ``SOURCE_WATERMARK()``
+    forwards the upstream watermarks unchanged, each after the records emitted before it (a release
+    is never behind the downstream watermark: its step was open at the previous one). Stateless (Java
+    conversions and one Python map, no uid needed for a restore); it costs a one-off ~5 s when the job
+    is built (the Table planner) and ~16 µs CPU per release (docs/running.md, "Windowing releases")."""
+    t_env = StreamTableEnvironment.create(env)
+    schema = (Schema.new_builder().column("release_ms", DataTypes.BIGINT()).column("row", DataTypes.STRING())
+              .column_by_expression("rt", "TO_TIMESTAMP_LTZ(release_ms, 3)").watermark("rt", "SOURCE_WATERMARK()")
+              .build())
+    table = t_env.from_data_stream(stamped, schema)
+    texts = (Schema.new_builder().column("row", DataTypes.STRING())
+             .column_by_metadata("rowtime", DataTypes.TIMESTAMP_LTZ(3)).build())
+    return (t_env.to_changelog_stream(table.select(table.row, table.rt), texts)  # inserts only
+            .map(_text, output_type=Types.STRING()).name("release rows"))
+
+
+def _text(record: Row) -> str:
+    return record[0]  # the release row's text
 
 
 def _claimed_uids(env: StreamExecutionEnvironment) -> list[str]:

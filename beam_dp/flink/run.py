@@ -259,8 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         parse_dead = None
     else:
         events, parse_dead = block_events(env, splits, params)
+    # a FileSink writes the text and never reads a record's timestamp: only Kafka records carry it
     releases, dead = release_stream(env, events, params, uid=UID, max_delay_ms=args.max_delay_ms,
-                                    idle_ms=args.idle_ms)
+                                    idle_ms=args.idle_ms, stamp=bool(args.kafka_brokers))
     if parse_dead is not None:
         dead = dead.union(parse_dead)
     releases.sink_to(release_sink)

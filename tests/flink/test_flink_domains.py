@@ -46,7 +46,9 @@ def test_a_domain_is_claimed_once_per_job_and_never_by_default():
     with pytest.raises(ValueError, match="already claimed"):
         release_stream(env, events, _params(1.0, noise_key=NoiseKey(domain="sum")), uid="count")
     release_stream(env, events, _params(1.0), uid="count")  # a new job (a new environment) starts empty
-    assert release_stream(local_environment(1), events, _params(1.0), uid="sum")
+    fresh = local_environment(1)  # with its own events: a stream belongs to the job that built it
+    assert release_stream(fresh, fresh.from_collection([to_event("a", 1.0, [0.5])], type_info=EVENT_TYPE),
+                          _params(1.0), uid="sum")
 
 
 def test_a_sum_and_a_count_in_one_job_draw_independent_noise():

@@ -105,8 +105,12 @@ class ScriptedFlink:
         for out in outputs or ():
             if isinstance(out, tuple) and out[0] is DEAD_LETTERS:
                 self.dead.append(json.loads(out[1]))
-            else:
-                self.releases.append(json.loads(out))
+            else:  # a release: (release_ms, row), its step's public release time (rule 9), in Flink ms
+                release_ms, text = out
+                row = json.loads(text)
+                grace = round(self.params.allowed_lateness * 1_000_000)
+                assert release_ms * 1000 == self.params.clock.step_end_micros(row["step"]) + grace
+                self.releases.append(row)
 
     def element(self, stream, seconds, value):
         self.key = stream
