@@ -30,7 +30,7 @@ install-test: $(VENV)/.installed-test
 demo: install
 	$(PY) -m pipelines.continual_stats --output output/demo
 
-## Run the whole test suite (TESTS selects: .ci/run passes -m 'not long').
+## Run the whole test suite (TESTS selects a part by hand, e.g. TESTS="-m 'not slow'").
 TESTS ?=
 test: install-test
 	$(PY) -m pytest -q -n $(JOBS) $(TESTS) tests
@@ -44,8 +44,8 @@ $(FLINK_VENV)/.installed: beam_dp/flink/requirements.txt
 	touch $@
 
 # the parity test runs the Beam path in the main venv (Beam 2.77) beside the Flink job; the slow cluster
-# test (tests/flink/test_flink_cluster.py) starts a standalone JobManager + TaskManager (needs Java).
-# FLINK_TESTS selects (.ci/run passes -m 'not slow': the cluster test's ~6 minutes break CI's budget).
+# test (tests/flink/test_flink_cluster.py) starts a standalone JobManager + TaskManager (needs Java; ~1 min).
+# FLINK_TESTS selects a part by hand (e.g. FLINK_TESTS="-m 'not slow'").
 FLINK_TESTS ?=
 flink-test: $(FLINK_VENV)/.installed install-test
 	PYTHONPATH=$(CURDIR) $(FLINK_VENV)/bin/python -m pytest -q -p no:cacheprovider $(FLINK_TESTS) tests/flink

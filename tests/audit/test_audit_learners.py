@@ -101,8 +101,7 @@ REGRESSIONS = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.long) if n.startswith("privincreg2") else n
-                                  for n in REGRESSIONS])  # privincreg2: ~2.5 minutes
+@pytest.mark.parametrize("name", list(REGRESSIONS))
 def test_incremental_regression_audit(name):
     make, x = REGRESSIONS[name]
     sample = llr_samples(regression_run(make(), 2, x), REG_RUNS)
@@ -118,7 +117,6 @@ def test_incremental_regression_audit(name):
 
 
 @pytest.mark.slow
-@pytest.mark.long  # ~2.5 minutes
 def test_privincerm_audit():
     mech = PrivIncERM(dim=1, constraint={"kind": "l2_ball", "radius": 0.01}, epsilon=10.5, delta=1e-2, horizon=3,
                       tau=1, iterations=8)

@@ -69,8 +69,7 @@ def test_gaussian_mechanism_audit(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.long) if n == "window tree (pure, W=4)" else n
-                                  for n in PURE_CASES])  # W = 4: 20,000 runs a side (above), ~3 minutes
+@pytest.mark.parametrize("name", list(PURE_CASES))
 def test_pure_mechanism_audit(name):
     make, steps, runs = PURE_CASES[name]
     report = audit_with_mutant(name, per_run_samples(make, steps, 1, runs), EPSILON)

@@ -22,7 +22,7 @@ RUN_HERE = [b for b in BLOCKS if any(not not_here(c) for c in commands(b))]
 #: the blocks that run the lifelong job or five jobs in a row (about 40-60 s each on 2 shared cores)
 #: blocks of a minute or more (every job's example command, the lifelong one included), known by what they run
 #: (not by line: lines move as the docs grow)
-LONG = ("python -m pipelines.lifelong --input tasks.csv",)
+SLOW = ("python -m pipelines.lifelong --input tasks.csv",)
 
 
 def test_every_command_runs_here_or_has_a_stated_reason():
@@ -42,8 +42,8 @@ def test_no_command_hides_in_an_unlabelled_block():
     assert not hidden, hidden
 
 
-@pytest.mark.parametrize("block", [pytest.param(b, marks=[pytest.mark.slow, pytest.mark.long]
-                                                 if any(text in b.code for text in LONG) else [], id=b.id)
+@pytest.mark.parametrize("block", [pytest.param(b, marks=[pytest.mark.slow]
+                                                 if any(text in b.code for text in SLOW) else [], id=b.id)
                                    for b in RUN_HERE])
 def test_shell_block_runs_as_shown(block, tmp_path):
     shutil.copytree(ROOT / "templates", tmp_path / "templates")  # the blocks `cd templates/yaml`
