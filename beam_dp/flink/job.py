@@ -35,6 +35,7 @@ import json
 import os
 import pickle
 import sys
+import time
 from typing import Any, Iterator
 
 import numpy as np
@@ -51,7 +52,8 @@ from beam_dp.flink.blocks import BlockParser, StepBlock, read_split
 from beam_dp.flink.domains import bind_noise_domain
 from beam_dp.flink.rows import json_rows
 from beam_dp.mechanisms.stream_groups import GroupBlock, GroupedSum, group_key, group_of
-from beam_dp.steps.coder import KeyState, decode_entry, decode_key_state, encode_entry, encode_key_state
+from beam_dp.steps.coder import (KeyState, UnreadableState, decode_entry, decode_key_state, encode_entry,
+                                 encode_key_state)
 from beam_dp.steps.driver import RELEASE, Output, StepDriver, release_step
 from beam_dp.steps.events import DEAD_LETTER, DeadLetter, parse_contribution
 from beam_dp.steps.policies import BlockPolicy, GroupPolicy
@@ -73,23 +75,44 @@ class _StepSums:
     """The driver's :class:`~beam_dp.steps.driver.Buffer` over a Flink ``MapState`` of step -> one merged
     item (entry bytes): each item added to a step is merged into that step's item (``merge``: the
     mechanism's ``merge_blocks``: clipped sums and counts), so state per open step holds sums, O(d) per
-    stream with data, not one entry per event."""
+    stream with data, not one entry per event. ``held``: the ``buffered_items`` counter (entries held)."""
 
-    def __init__(self, state, merge) -> None:
-        self._state, self._merge = state, merge
+    def __init__(self, state, merge, held) -> None:
+        self._state, self._merge, self._held, self._read = state, merge, held, 0
 
     def add(self, entry: tuple[int, Any]) -> None:
         step, item = entry
         held = self._state.get(step)
         if held is not None:
             item = self._merge([decode_entry(bytes(held))[1], item])
+        else:
+            self._held.inc()
         self._state.put(step, encode_entry(step, item))
 
     def read(self) -> list[tuple[int, Any]]:
-        return [decode_entry(bytes(data)) for data in self._state.values()]
+        entries = [decode_entry(bytes(data)) for data in self._state.values()]
+        self._read = len(entries)  # the driver reads before it clears: what a clear removes
+        return entries
 
     def clear(self) -> None:
         self._state.clear()
+        if self._read:
+            self._held.dec(self._read)
+        self._read = 0
+
+
+class _LetterCounts:
+    """An operator's dead-letter metrics: ``dead_letters`` and ``dead_letters.<reason>`` (the Beam shell's
+    ``dead_letters/<reason>``) in its ``beam_dp`` metric group."""
+
+    def __init__(self, metrics) -> None:
+        self._all, self._group, self._by_reason = metrics.counter("dead_letters"), metrics.add_group("dead_letters"), {}
+
+    def __call__(self, reason: str) -> None:
+        self._all.inc()
+        if reason not in self._by_reason:
+            self._by_reason[reason] = self._group.counter(reason)
+        self._by_reason[reason].inc()
 
 
 def _dead_json(letter: DeadLetter) -> str:
@@ -117,9 +140,15 @@ class ContinualReleaseFunction(KeyedProcessFunction):
         self._step_records = getattr(params, "step_records", False)
         self._key = runtime_context.get_state(ValueStateDescriptor("beam_dp_key_state", _BYTES))
         self._mechanism_state = runtime_context.get_state(ValueStateDescriptor("beam_dp_mechanism", _BYTES))
+        metrics = runtime_context.get_metrics_group().add_group("beam_dp")  # the Beam shell's names (README)
+        self._releases, self._count_letter = metrics.counter("releases"), _LetterCounts(metrics)
+        self._firings, self._unreadable = metrics.counter("timer_firings"), metrics.counter("unreadable_states")
+        self._closed = [0, 0]  # the last step a firing closed, and its release time's lag behind the wall clock (ms)
+        metrics.gauge("last_closed_step", lambda: self._closed[0])
+        metrics.gauge("last_closed_step_lag_ms", lambda: self._closed[1])
         self._buffer = _StepSums(runtime_context.get_map_state(MapStateDescriptor("beam_dp_step_sums", Types.LONG(),
                                                                                   _BYTES)),
-                                 policy.mechanism.merge_blocks)
+                                 policy.mechanism.merge_blocks, metrics.counter("buffered_items"))
 
     def _emit(self, outputs: list[Output]) -> Iterator:
         """Release rows as JSON text: one record per row, or with ``params.step_records`` one record per
@@ -127,13 +156,23 @@ class ContinualReleaseFunction(KeyedProcessFunction):
         ``Row(release_ms, text)``, stamped downstream (:func:`release_stream`); dead letters to the side output."""
         for tag, value in outputs:
             if tag != RELEASE:
+                self._count_letter(value.reason)
                 yield DEAD_LETTERS, _dead_json(value)
                 continue
             rows = json_rows(value, self._labels)
+            self._releases.inc(len(rows))
             if self._step_records:
                 rows = ["\n".join(rows)] if rows else []
             when = self._driver.release_time(release_step(value)) if self._stamp else None
             yield from rows if when is None else (Row(when // 1000, row) for row in rows)
+
+    def _ended_unreadable(self, key: str, exc: UnreadableState) -> Iterator:
+        """A key whose state this version cannot read ends (as on Beam, :meth:`StepDriver.unreadable`): one
+        ``unreadable_state`` dead letter and the metric, never a failure that Flink would retry forever."""
+        self._unreadable.inc()
+        state, outputs = self._driver.unreadable(key, self._buffer, str(exc))
+        self._store(state, True)
+        yield from self._emit(outputs)
 
     def _timer(self, ctx, state) -> None:
         timer = self._driver.timer(state)
@@ -183,6 +222,13 @@ class ContinualReleaseFunction(KeyedProcessFunction):
             self._timer(ctx, state)
 
     def process_element(self, value, ctx: KeyedProcessFunction.Context):
+        try:
+            outputs = list(self._process(value, ctx))
+        except UnreadableState as exc:
+            outputs = list(self._ended_unreadable(ctx.get_current_key(), exc))
+        yield from outputs
+
+    def _process(self, value, ctx) -> Iterator:
         stream, seconds, payload = value
         if isinstance(payload, StepBlock):  # a file replay's block: the clipped sums of one key and step
             yield from self._add(ctx, stream, payload.step, payload.block, None, None)
@@ -202,6 +248,7 @@ class ContinualReleaseFunction(KeyedProcessFunction):
             return
         parsed = parse_contribution((stream, seconds, payload), self._mechanism, self._driver.clock, self._streams)
         if isinstance(parsed, DeadLetter):
+            self._count_letter(parsed.reason)
             yield DEAD_LETTERS, _dead_json(parsed)
             return
         stream, step, block = parsed
@@ -223,15 +270,27 @@ class ContinualReleaseFunction(KeyedProcessFunction):
         yield from self._emit(outputs)
 
     def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext):
-        state = self._load(True)
-        watermark = ctx.timer_service().current_watermark()
-        if watermark >= _MAX_WATERMARK:
-            outputs = self._driver.finish(state, self._buffer)
-        else:
-            outputs = self._driver.advance(state, self._buffer, (max(watermark, timestamp) + 1) * 1000)
-            self._timer(ctx, state)
+        self._firings.inc()
+        try:
+            state = self._load(True)
+            first = state.next_step
+            watermark = ctx.timer_service().current_watermark()
+            if watermark >= _MAX_WATERMARK:
+                outputs = self._driver.finish(state, self._buffer)
+            else:
+                outputs = self._driver.advance(state, self._buffer, (max(watermark, timestamp) + 1) * 1000)
+                self._timer(ctx, state)
+        except UnreadableState as exc:
+            yield from self._ended_unreadable(ctx.get_current_key(), exc)
+            return
         self._store(state, True)
+        if state.next_step > first:
+            self._closed_gauges(state.next_step - 1)
         yield from self._emit(outputs)
+
+    def _closed_gauges(self, step: int) -> None:
+        when = self._driver.release_time(step)
+        self._closed[:] = step, (0 if when is None else int(time.time() * 1000 - when / 1000))
 
 
 class _ParseBlocks(ProcessFunction):
@@ -246,10 +305,12 @@ class _ParseBlocks(ProcessFunction):
         streams = frozenset(params.streams) if params.streams is not None else None
         self._parser = BlockParser(params.build_mechanism(), params.clock, streams,
                                    getattr(params, "stream_groups", None))
+        self._count_letter = _LetterCounts(runtime_context.get_metrics_group().add_group("beam_dp"))
 
     def process_element(self, value, ctx: ProcessFunction.Context):
         records, letters = self._parser.parse(read_split(*value))
         for letter in letters:
+            self._count_letter(letter.reason)
             yield DEAD_LETTERS, _dead_json(letter)
         yield from records
 

@@ -44,6 +44,39 @@ class _Value:
         self.data = data
 
 
+class Metrics:
+    """PyFlink's MetricGroup as far as the function uses it: counters and gauges by dotted name."""
+
+    def __init__(self, prefix="", store=None):
+        self.prefix, self.store = prefix, ({"counters": {}, "gauges": {}} if store is None else store)
+
+    def add_group(self, name):
+        return Metrics(f"{self.prefix}{name}.", self.store)
+
+    def counter(self, name):
+        return self.store["counters"].setdefault(self.prefix + name, _Counter())
+
+    def gauge(self, name, read):
+        self.store["gauges"][self.prefix + name] = read
+
+    def value(self, name):
+        """A counter's count or a gauge's reading (``beam_dp.`` prefix implied)."""
+        name = "beam_dp." + name
+        counters = self.store["counters"]
+        return counters[name].count if name in counters else self.store["gauges"][name]()
+
+
+class _Counter:
+    def __init__(self):
+        self.count = 0
+
+    def inc(self, n=1):
+        self.count += n
+
+    def dec(self, n=1):
+        self.count -= n
+
+
 class _Map:
     def __init__(self):
         self.items = {}
@@ -75,6 +108,7 @@ class ScriptedFlink:
         self.firings = 0
         self.releases: list[dict] = []
         self.dead: list[dict] = []
+        self.metrics = Metrics()  # kept across restores, as Flink's reporters keep a job's metrics
         self.function.open(self)  # the runtime context: get_state / get_list_state follow the current key
 
     def restore(self):
@@ -85,11 +119,17 @@ class ScriptedFlink:
         self.watermark = MIN_WATERMARK
 
     # RuntimeContext: handles that follow the current key, as Flink's keyed state does
+    def get_metrics_group(self):
+        return self.metrics
+
     def get_state(self, descriptor):
         return _KeyedHandle(self, descriptor.get_name())
 
     def get_map_state(self, descriptor):
         return _KeyedHandle(self, descriptor.get_name())
+
+    def get_current_key(self):  # Context
+        return self.key
 
     # TimerService
     def timer_service(self):
