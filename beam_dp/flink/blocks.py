@@ -19,6 +19,7 @@ rejected line gets exactly the reason it gets there. A dead letter's element is 
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -100,8 +101,13 @@ def read_split(path: str, start: int, end: int) -> pa.Array:
     return lines.slice(0, len(lines) - 1) if not data or data.endswith(b"\n") else lines
 
 
-_SPACE = "".join(f"\\x{{{ord(c):x}}}" for c in map(chr, range(0x110000)) if c.isspace())  # what str.strip strips
 _NUMBER = r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?"
+
+
+@functools.cache
+def _space() -> str:
+    """What ``str.strip`` strips, as RE2 escapes (built on first use, not at import: a scan of every code point)."""
+    return "".join(f"\\x{{{ord(c):x}}}" for c in map(chr, range(0x110000)) if c.isspace())
 
 
 def _numpy(array: "pa.Array") -> np.ndarray:
@@ -116,7 +122,7 @@ class BlockParser:
 
     def __init__(self, mechanism: Any, clock: Any, streams: frozenset[str] | None, groups: int | None):
         self._mechanism, self._clock, self._streams, self._groups = mechanism, clock, streams, groups
-        self._plain = f"^[^,{_SPACE}][^,]*(,{_NUMBER}){{{mechanism.dim + 1}}}$"
+        self._plain = f"^[^,{_space()}][^,]*(,{_NUMBER}){{{mechanism.dim + 1}}}$"
         self._group_of: dict[str, int] = {}  # stream -> its group (hashed once per stream and worker)
 
     def parse(self, lines: "pa.Array | list[str]") -> tuple[list[tuple[str, float, StepBlock]], list[DeadLetter]]:
