@@ -51,33 +51,56 @@ _WEYL = np.array([[0x9E3779B97F4A7C15], [0xBB67AE8584CAA73B]], dtype=np.uint64) 
 _SMALL_BATCH = 4  # at most this many cells: numpy's C Philox per cell (the same words, less overhead)
 _LONG_CELL = 2048  # words per cell from which the C Philox per cell wins at any cell count (~4x at 10^5 words)
 _TWO_PI = 2.0 * math.pi
+_CHUNK = 1 << 15  # counters per pass of philox4x64: a round's temporaries (~4 MiB) stay in cache (4-7x faster)
 
 
 def philox4x64(counter: np.ndarray, key: np.ndarray) -> np.ndarray:
     """Philox-4x64-10 (Random123, as numpy's ``Philox``) on arrays: ``counter (..., 4)`` and ``key (..., 2)``
-    uint64, broadcast against each other. The 64x64->128-bit products are done on 32-bit limbs."""
+    uint64, broadcast against each other. The 64x64->128-bit products are done on 32-bit limbs, in place,
+    :data:`_CHUNK` counters at a time."""
     ctr = np.asarray(counter, dtype=np.uint64)
     k = np.asarray(key, dtype=np.uint64)
     shape = np.broadcast_shapes(ctr.shape[:-1], k.shape[:-1])
-    x = np.broadcast_to(ctr, shape + (4,)).reshape(-1, 4).T
-    keys = np.broadcast_to(k, shape + (2,)).reshape(-1, 2).T.copy()  # (k0, k1) rows
-    mult = x[0::2].copy()  # (v0, v2): the words multiplied
-    other = x[1::2].copy()  # (v1, v3)
+    x = np.broadcast_to(ctr, shape + (4,)).reshape(-1, 4)
+    keys_all = np.broadcast_to(k, shape + (2,)).reshape(-1, 2)
+    out = np.empty((len(x), 4), dtype=np.uint64)
+    for start in range(0, len(x), _CHUNK):
+        stop = min(len(x), start + _CHUNK)
+        out[start:stop] = _philox_rounds(x[start:stop], keys_all[start:stop])
+    return out.reshape(shape + (4,))
+
+
+def _philox_rounds(x: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """The ten rounds on ``x (n, 4)`` counters and ``key (n, 2)`` keys (``philox4x64`` on one chunk)."""
+    keys = key.T.copy()  # (k0, k1) rows
+    mult, other = x[:, 0::2].T.copy(), x[:, 1::2].T.copy()  # (v0, v2): the words multiplied; (v1, v3)
+    a_lo, a_hi, low, lh, hl, mid, high = (np.empty_like(mult) for _ in range(7))
     for r in range(10):
         if r:
             keys += _WEYL
-        a_lo, a_hi = mult & _MASK32, mult >> _U32
-        low = mult * _MULT  # the low 64 bits of the product (uint64 multiplication wraps)
-        p_lh, p_hl = a_lo * _MULT_HI, a_hi * _MULT_LO
-        mid = ((a_lo * _MULT_LO) >> _U32) + (p_lh & _MASK32) + (p_hl & _MASK32)
-        high = a_hi * _MULT_HI + (p_lh >> _U32) + (p_hl >> _U32) + (mid >> _U32)
+        np.bitwise_and(mult, _MASK32, out=a_lo)
+        np.right_shift(mult, _U32, out=a_hi)
+        np.multiply(mult, _MULT, out=low)  # the low 64 bits of the product (uint64 multiplication wraps)
+        np.multiply(a_lo, _MULT_HI, out=lh)
+        np.multiply(a_hi, _MULT_LO, out=hl)
+        np.multiply(a_lo, _MULT_LO, out=mid)
+        np.right_shift(mid, _U32, out=mid)
+        np.multiply(a_hi, _MULT_HI, out=high)
+        for part in (lh, hl):  # high += part >> 32; mid += part & mask (a_lo is scratch now)
+            np.right_shift(part, _U32, out=a_lo)
+            high += a_lo
+            np.bitwise_and(part, _MASK32, out=part)
+            mid += part
+        np.right_shift(mid, _U32, out=mid)
+        high += mid
         # new (v0, v2) = (hi1 ^ v1 ^ k0, hi0 ^ v3 ^ k1); new (v1, v3) = (lo1, lo0)
-        mult = high[::-1] ^ other ^ keys
-        other = low[::-1]
-    out = np.empty((x.shape[1], 4), dtype=np.uint64)
+        np.bitwise_xor(high[::-1], other, out=mult)
+        mult ^= keys
+        other[0], other[1] = low[1], low[0]
+    out = np.empty((x.shape[0], 4), dtype=np.uint64)
     out[:, 0::2] = mult.T
     out[:, 1::2] = other.T
-    return out.reshape(shape + (4,))
+    return out
 
 
 class CellKeys:
