@@ -71,7 +71,8 @@ from beam_dp.steps.policies import BlockPolicy, GroupPolicy
 from beam_dp.steps.schema import ReleaseColumns
 from beam_dp.io.keys import load_noise_source
 
-__all__ = ["BufferCoder", "ContinualReleaseDoFn", "DriverDoFn", "EncodedBuffer", "SummingBuffer"]
+__all__ = ["BufferCoder", "ContinualReleaseDoFn", "DriverDoFn", "DriverShell", "EncodedBuffer", "SummingBuffer",
+           "continual_driver"]
 
 _END_OF_INPUT = GlobalWindow().max_timestamp()
 LADDER = (1, 4, END_RUNG)  # rungs of close timers: every k-th step (dynamic timer tags); the top is the end rule's
@@ -165,19 +166,11 @@ class SummingBuffer(EncodedBuffer):
         super().clear()
 
 
-class DriverDoFn(beam.DoFn):
-    """The shared shell: state and timer plumbing; subclasses build the driver and read elements."""
+class DriverShell(beam.DoFn):
+    """What every shell shares, state or none: the driver, the metrics and turning outputs into Beam's."""
 
-    KEY_STATE = ReadModifyWriteStateSpec("key_state", BytesCoder())
-    BUFFER = BagStateSpec("buffer", BufferCoder())
-    SUMS = ReadModifyWriteStateSpec("sums", BytesCoder())  # SummingBuffer: one merged sum per open step
-    CLOSE = TimerSpec("close", TimeDomain.WATERMARK)
-    END = TimerSpec("end", TimeDomain.WATERMARK)
-
-    def __init__(self, params: Any, per_step_timers: bool):
+    def __init__(self, params: Any):
         self._params = params
-        self._per_step_timers = per_step_timers
-        self._groups = getattr(params, "stream_groups", None) or 0  # recorded in every key's state
 
     def make_driver(self) -> StepDriver:
         raise NotImplementedError
@@ -192,6 +185,43 @@ class DriverDoFn(beam.DoFn):
         self._unreadable = Metrics.counter(namespace, "unreadable_states")
         self._last_step = Metrics.gauge(namespace, "last_closed_step")
         self._lag = Metrics.gauge(namespace, "last_closed_step_lag_ms")
+
+    def emit(self, outputs: list[Output]) -> Iterator:
+        """Outputs as Beam outputs: a release stamped with its step's public time (event-time steps)."""
+        outputs, self._pending = list(getattr(self, "_pending", ())) + list(outputs), []
+        for tag, value in outputs:
+            if tag == RELEASE:
+                self._releases.inc(len(value.batch) if isinstance(value, ReleaseColumns) else 1)
+                when = self._driver.release_time(release_step(value))
+                yield value if when is None else TimestampedValue(value, Timestamp(micros=when))
+            elif tag == DEAD_LETTER:  # a letter for a whole block: one per element of the block
+                for letter in value.element.letters(value) if isinstance(value.element, BlockOriginals) else [value]:
+                    self._dead.inc()
+                    Metrics.counter(self._namespace, f"dead_letters/{letter.reason}").inc()
+                    yield beam.pvalue.TaggedOutput(tag, letter)
+            else:
+                yield beam.pvalue.TaggedOutput(tag, value)
+
+    def closed(self, step: int) -> None:
+        """Gauges of the last step a firing closed: its number and how far its release time trails the wall clock."""
+        self._last_step.set(step)
+        if (when := self._driver.release_time(step)) is not None:
+            self._lag.set(int(time.time() * 1000 - when / 1000))
+
+
+class DriverDoFn(DriverShell):
+    """The stateful shell: state and timer plumbing; subclasses build the driver and read elements."""
+
+    KEY_STATE = ReadModifyWriteStateSpec("key_state", BytesCoder())
+    BUFFER = BagStateSpec("buffer", BufferCoder())
+    SUMS = ReadModifyWriteStateSpec("sums", BytesCoder())  # SummingBuffer: one merged sum per open step
+    CLOSE = TimerSpec("close", TimeDomain.WATERMARK)
+    END = TimerSpec("end", TimeDomain.WATERMARK)
+
+    def __init__(self, params: Any, per_step_timers: bool):
+        super().__init__(params)
+        self._per_step_timers = per_step_timers
+        self._groups = getattr(params, "stream_groups", None) or 0  # recorded in every key's state
 
     def buffer(self, bag, sums=None) -> EncodedBuffer:
         """The driver's buffer over the key's bag (and, given, its pre-aggregated ``sums``)."""
@@ -268,22 +298,6 @@ class DriverDoFn(beam.DoFn):
             if every == 1:
                 state.first_rung = state.next_step
 
-    def emit(self, outputs: list[Output]) -> Iterator:
-        """Outputs as Beam outputs: a release stamped with its step's public time (event-time steps)."""
-        outputs, self._pending = list(getattr(self, "_pending", ())) + list(outputs), []
-        for tag, value in outputs:
-            if tag == RELEASE:
-                self._releases.inc(len(value.batch) if isinstance(value, ReleaseColumns) else 1)
-                when = self._driver.release_time(release_step(value))
-                yield value if when is None else TimestampedValue(value, Timestamp(micros=when))
-            elif tag == DEAD_LETTER:  # a letter for a whole block: one per element of the block
-                for letter in value.element.letters(value) if isinstance(value.element, BlockOriginals) else [value]:
-                    self._dead.inc()
-                    Metrics.counter(self._namespace, f"dead_letters/{letter.reason}").inc()
-                    yield beam.pvalue.TaggedOutput(tag, letter)
-            else:
-                yield beam.pvalue.TaggedOutput(tag, value)
-
     def add(self, state: KeyState, key_state, buffer, step: int | None, item: Any, original: Any,
             stream: str | None = None, sums=None) -> Iterator:
         """Hand one item to the driver (``step`` ``CARRIED``: an item that waits across steps); the key's
@@ -326,12 +340,6 @@ class DriverDoFn(beam.DoFn):
                 key_state.write(encode_key_state(state))
         yield from self.emit(outputs)
 
-    def closed(self, step: int) -> None:
-        """Gauges of the last step a firing closed: its number and how far its release time trails the wall clock."""
-        self._last_step.set(step)
-        if (when := self._driver.release_time(step)) is not None:
-            self._lag.set(int(time.time() * 1000 - when / 1000))
-
     @on_timer(END)
     def on_end(self, key=beam.DoFn.KeyParam, key_state=beam.DoFn.StateParam(KEY_STATE),
                buffer=beam.DoFn.StateParam(BUFFER), sums=beam.DoFn.StateParam(SUMS)) -> Iterator:
@@ -352,13 +360,7 @@ class ContinualReleaseDoFn(DriverDoFn):
     (with stream groups: ``(group, ...)`` and ``GroupBlock`` s, see the module docstring)."""
 
     def make_driver(self) -> StepDriver:
-        noise = self._params.noise_key.load(load_noise_source)  # the key is read here, on the worker
-        mechanism = self._params.build_mechanism()
-        if getattr(self._params, "stream_groups", None) is not None:
-            policy = GroupPolicy(GroupedSum(mechanism), noise)
-        else:
-            policy = BlockPolicy(mechanism, noise)
-        return StepDriver.for_params(self._params, policy)
+        return continual_driver(self._params)
 
     def process(self, element, key_state=beam.DoFn.StateParam(DriverDoFn.KEY_STATE),
                 buffer=beam.DoFn.StateParam(DriverDoFn.BUFFER), close=beam.DoFn.TimerParam(DriverDoFn.CLOSE),
@@ -373,3 +375,12 @@ class ContinualReleaseDoFn(DriverDoFn):
         streams = getattr(block, "streams", None)  # a group's block: late letters carry the stream if one
         yield from self.add(state, key_state, buffer, step, block, original,
                             streams[0] if streams is not None and len(streams) == 1 else None, sums)
+
+
+def continual_driver(params: Any) -> StepDriver:
+    """The driver of a family fed blocks or records per key (sums, stream groups, learners, ERM), on a worker."""
+    noise = params.noise_key.load(load_noise_source)  # the key is read here, on the worker
+    mechanism = params.build_mechanism()
+    if getattr(params, "stream_groups", None) is not None:
+        return StepDriver.for_params(params, GroupPolicy(GroupedSum(mechanism), noise))
+    return StepDriver.for_params(params, BlockPolicy(mechanism, noise))

@@ -31,7 +31,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.pvalue import PCollection
 
 from beam_dp.beam.blocks import BundleBlocks
-from beam_dp.beam.dofn import ContinualReleaseDoFn
+from beam_dp.beam.batch_release import release_stage
 from beam_dp.beam.domains import bind_noise_domain, release_labels
 from beam_dp.core.limits import (EPSILON_RANGE, LAMBDA_RANGE, MAX_DIM, MAX_SCALE, MIN_SCALE, check_count,
                                  check_delta, check_number)
@@ -262,8 +262,8 @@ class _ERMRelease(beam.PTransform):
             declared = events.pipeline | "DeclareStreams" >> beam.Create(
                 [(s, (0, None, None)) for s in params.streams]).with_output_types(Tuple[str, Any])
             examples = (examples, declared) | "WithDeclared" >> beam.Flatten()
-        released = examples | "Release" >> beam.ParDo(
-            ContinualReleaseDoFn(params, per_step_timers=False)).with_outputs(DEAD_LETTER, main="rows")
+        released = release_stage(examples, params, "Release", bool(getattr(events, "is_bounded", True)),
+                                 per_step_timers=False)
         rows = released.rows | "Rows" >> beam.Map(release_labels(params)).with_output_types(ReleaseRow)
         dead = (parsed[DEAD_LETTER], released[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
         return ContinualOutputs(rows, dead)

@@ -1,7 +1,7 @@
 """Beam transforms for private learners: ``OnlineLearner`` and ``IncrementalRegression``.
 
-Both reuse the generic :class:`~beam_dp.beam.dofn.ContinualReleaseDoFn` (keyed by stream; encoded
-mechanism state; count steps or event-time steps closed by watermark timers) behind their own
+Both reuse the generic release stage (:func:`~beam_dp.beam.batch_release.release_stage`: keyed by
+stream; encoded mechanism state; count steps or event-time steps closed by watermark timers) behind their own
 parse stage, which validates records and dead-letters bad ones. There is no privacy arithmetic
 here: clipping, noise and accounting happen in the mechanisms (``beam_dp.mechanisms.online`` and
 ``beam_dp.mechanisms.regression``). Model snapshots leave as mapping-valued releases
@@ -35,7 +35,7 @@ import numpy as np
 from apache_beam.metrics import Metrics
 
 from beam_dp.beam.blocks import BundleBlocks
-from beam_dp.beam.dofn import ContinualReleaseDoFn
+from beam_dp.beam.batch_release import release_stage
 from beam_dp.beam.domains import bind_noise_domain, release_labels
 from beam_dp.steps.events import DeadLetter, Reason, numeric_array, split_event
 from beam_dp.steps.params import NoiseKey, check_schedule, check_streams
@@ -248,7 +248,7 @@ def _record_rows(stream: str, records: list, originals: tuple) -> list:
 
 
 class _LearnerTransform(beam.PTransform):
-    """Parse → (declared streams) → ContinualReleaseDoFn, as the continual-sum transforms."""
+    """Parse → (declared streams) → the release stage (`release_stage`), as the continual-sum transforms."""
 
     params_type: type = object
 
@@ -270,8 +270,7 @@ class _LearnerTransform(beam.PTransform):
             declared = records.pipeline | "DeclareStreams" >> beam.Create(
                 [(s, (0, None, None)) for s in params.streams]).with_output_types(Tuple[str, Any])
             items = (items, declared) | "WithDeclared" >> beam.Flatten()
-        released = items | "Release" >> beam.ParDo(
-            ContinualReleaseDoFn(params, per_step_timers=not bounded)).with_outputs(DEAD_LETTER, main="rows")
+        released = release_stage(items, params, "Release", bounded)
         rows = released.rows | "Rows" >> beam.Map(release_labels(params)).with_output_types(ReleaseRow)
         dead = (parsed[DEAD_LETTER], released[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
         return ContinualOutputs(rows, dead)

@@ -31,13 +31,15 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.pvalue import PCollection
 
-from beam_dp.beam.dofn import ContinualReleaseDoFn
+from beam_dp.beam.batch_release import KeyReleaseDoFn, release_stage
+from beam_dp.beam.combine import KeySteps, MergeKeySteps
 from beam_dp.beam.domains import bind_noise_domain, release_labels
 from beam_dp.steps.events import EventBatch
 from beam_dp.beam.params import ContinualCountParams, ContinualSumParams, WindowedSumParams
 from beam_dp.beam.parse import DEAD_LETTER, MergeClippedSums, ParseEvents
 from beam_dp.mechanisms.stream_groups import GroupBlock, group_key, group_of
-from beam_dp.steps.schema import ReleaseRow
+from beam_dp.mechanisms.base import ClippedSum
+from beam_dp.steps.schema import ReleaseColumns, ReleaseRow
 
 __all__ = ["ContinualCount", "ContinualOutputs", "ContinualSum", "WindowedSum"]
 
@@ -54,6 +56,11 @@ def _by_stream(keyed_block):
     return stream, (step, block, None)
 
 
+def _by_key(keyed_block):
+    (key, step), block = keyed_block
+    return key, (step, block)
+
+
 class _ContinualRelease(beam.PTransform):
     """Shared expansion of the continual transforms (see the module docstring)."""
 
@@ -68,34 +75,46 @@ class _ContinualRelease(beam.PTransform):
         if params.event_time and bounded and params.clock.last_step is None:
             raise ValueError("a batch replay with event-time steps needs a public end: StepClock(..., end=...)")
         aggregate = params.event_time and (bounded if self.pre_aggregate is None else self.pre_aggregate)
-        key_type = Tuple[str, int] if aggregate else str  # typed keys get deterministic coders
+        groups = getattr(params, "stream_groups", None)
+        block_type = ClippedSum if groups is None else GroupBlock
+        # typed keys get deterministic coders; typed blocks the block coder (beam_dp.io.coders)
+        out_type = Tuple[Tuple[str, int], block_type] if aggregate else Tuple[str, Any]
         parsed = events | "Parse" >> beam.ParDo(ParseEvents(params, aggregate)).with_output_types(
-            Tuple[key_type, Any]).with_outputs(DEAD_LETTER, main="blocks")
+            out_type).with_outputs(DEAD_LETTER, main="blocks")
         blocks = parsed.blocks
-        if aggregate:
-            blocks = (
-                blocks
-                | "PreAggregate" >> beam.CombinePerKey(MergeClippedSums())
-                | "ByStream" >> beam.Map(_by_stream).with_output_types(Tuple[str, Any])
-            )
         restored = [stream for stream, _ in (getattr(params, "restore_states", None) or ())]
         declared_streams = sorted(set(params.streams or ()) | set(restored))
-        groups = getattr(params, "stream_groups", None)
+        declared = None
         if declared_streams:  # declared and restored streams release every step, data or not
             declared = events.pipeline | "DeclareStreams" >> beam.Create(
                 _declarations(declared_streams, groups, params.dim)).with_output_types(Tuple[str, Any])
-            blocks = (blocks, declared) | "WithDeclared" >> beam.Flatten()
         # the group count is in the stateful step's label: Dataflow refuses an --update that drops a
         # step (a changed count) unless mapped; a mapped one meets the count recorded in each key's state
         release = "Release" if groups is None else f"Release {groups} stream groups"
-        released = blocks | release >> beam.ParDo(
-            ContinualReleaseDoFn(params, per_step_timers=not bounded)
-        ).with_outputs(DEAD_LETTER, main="rows")
+        if aggregate and bounded:  # a batch replay: one combine per key over its steps, then its release
+            blocks = blocks | "ByKey" >> beam.Map(_by_key).with_output_types(Tuple[str, Tuple[int, block_type]])
+            if declared is not None:
+                blocks = (blocks, declared) | "WithDeclared" >> beam.Flatten()
+            steps = blocks | "PreAggregate" >> beam.CombinePerKey(MergeKeySteps()).with_output_types(
+                Tuple[str, KeySteps])
+            released = steps | release >> beam.ParDo(KeyReleaseDoFn(params)).with_output_types(
+                Any if groups is None else ReleaseColumns).with_outputs(DEAD_LETTER, main="rows")
+        else:
+            if aggregate:
+                blocks = (
+                    blocks
+                    | "PreAggregate" >> beam.CombinePerKey(MergeClippedSums())
+                    | "ByStream" >> beam.Map(_by_stream).with_output_types(Tuple[str, Any])
+                )
+            if declared is not None:
+                blocks = (blocks, declared) | "WithDeclared" >> beam.Flatten()
+            released = release_stage(blocks, params, release, bounded)
         labels = release_labels(params)
         if groups is None:
             rows = released.rows | "Rows" >> beam.Map(labels).with_output_types(ReleaseRow)
         else:
-            rows = released.rows | "Labels" >> beam.Map(lambda columns: columns._replace(labels=labels))
+            rows = released.rows | "Labels" >> beam.Map(lambda columns: columns._replace(labels=labels)).with_output_types(
+                ReleaseColumns)
         dead = (parsed[DEAD_LETTER], released[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
         return ContinualOutputs(rows, dead)
 

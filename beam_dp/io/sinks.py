@@ -15,6 +15,7 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam.transforms.window import GlobalWindows
 
+from beam_dp.io.coders import register_block_coders
 from beam_dp.steps.schema import RELEASE_SCHEMA, ReleaseColumns, ReleaseRow, release_table
 
 __all__ = ["RELEASE_ID", "ROWS_PER_TABLE", "GatherReleaseTables", "WriteReleasesToJsonLines",
@@ -22,6 +23,7 @@ __all__ = ["RELEASE_ID", "ROWS_PER_TABLE", "GatherReleaseTables", "WriteReleases
 
 ROWS_PER_TABLE = 65_536  # releases per table (a Parquet row group) when gathering release columns
 RELEASE_ID = "release_id"  # the Pub/Sub attribute naming a release: its (stream, step)
+register_block_coders(ReleaseColumns, pa.Table)  # tables of 65,536 releases: sized, not pickled, by Beam's sampler
 
 
 def _as_dict(row: ReleaseRow) -> dict:
@@ -92,7 +94,7 @@ class WriteReleasesToParquet(_ReleaseSink):
         if self.columnar:
             return (
                 releases
-                | "Gather" >> beam.ParDo(GatherReleaseTables())
+                | "Gather" >> beam.ParDo(GatherReleaseTables()).with_output_types(pa.Table)
                 | "Write" >> beam.io.WriteToParquetBatched(
                     self.file_path_prefix, RELEASE_SCHEMA, file_name_suffix=".parquet", num_shards=self.num_shards)
             )

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from apache_beam.io.filesystems import FileSystems
 
+from beam_dp.io.coders import register_block_coders
 from beam_dp.io.tables import iter_parquet_batches, read_csv_batches
 from beam_dp.steps.events import DEAD_LETTER, DETAIL, DeadLetter, EventBatch, Reason, to_micros
 
@@ -35,6 +36,7 @@ class StructuralInputError(ValueError):
         super().__init__(f"{STRUCTURAL}: {path}: {problem}")
 
 _VALUE_COLUMN = re.compile(r"^value(_(\d+))?$")
+register_block_coders(EventBatch)  # blocks of 262,144 events: Beam's size sampling must not pickle them
 
 
 def value_columns(names: list[str]) -> list[str]:
@@ -213,7 +215,8 @@ class ReadEventFiles(beam.PTransform):
             | "Match" >> beam.FlatMap(lambda p: sorted(m.path for m in FileSystems.match([p])[0].metadata_list))
             | "Spread" >> beam.Reshuffle()
         )
-        out = paths | "Read" >> beam.ParDo(_ReadEventFile(self.batch_rows, self.timestamps)).with_outputs(
+        out = paths | "Read" >> beam.ParDo(_ReadEventFile(self.batch_rows, self.timestamps)).with_output_types(
+            EventBatch).with_outputs(
             DEAD_LETTER, main="batches"
         )
         return out.batches, out[DEAD_LETTER]

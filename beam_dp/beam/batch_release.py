@@ -1,0 +1,88 @@
+"""The release stage of a bounded input (a batch replay): one key's items at once, after a ``GroupByKey``.
+
+On a bounded input the stateful shell (:class:`~beam_dp.beam.dofn.ContinualReleaseDoFn`) does nothing a
+grouping does not: every key opens at step 1 (or after its restored snapshot), buffers all its items in
+Beam state and closes every step through the public end at one timer, when the input has ended. Here
+the same :class:`~beam_dp.steps.driver.StepDriver` gets a key's items from a ``GroupByKey`` in one call,
+buffered in memory (``ListBuffer``), and closes the same steps with the same call:
+
+* event-time steps: :meth:`StepDriver.advance` to :meth:`StepDriver.final_timer` (the close of the
+  public last step), exactly the stateful shell's one timer; with no public end, :meth:`StepDriver.finish`;
+* marker steps: :meth:`StepDriver.finish` (the stateful shell's end-of-input timer);
+* count steps: each block closes the steps it completes as it is added (as in the stateful shell).
+
+So the releases, the dead letters and their order per key are the stateful shell's, while no item is
+encoded into a state bag and decoded back, and the runner holds each block once (the grouped input)
+instead of twice (its input and its state store). Nothing is kept after the call: a bounded input has
+no later element and no ``--update``. Unbounded inputs keep the stateful shell (:func:`release_stage`).
+Metrics are the stateful shell's (``releases``, ``dead_letters``, ``unreadable_states``,
+``last_closed_step``); a key is one call, so ``timer_firings`` and ``buffered_items`` stay 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator
+
+import apache_beam as beam
+
+from beam_dp.beam.dofn import ContinualReleaseDoFn, DriverShell, continual_driver
+from beam_dp.steps.coder import KeyState, UnreadableState
+from beam_dp.steps.driver import CARRIED, ListBuffer, Output, StepDriver
+from beam_dp.steps.events import DEAD_LETTER
+
+__all__ = ["KeyReleaseDoFn", "release_stage"]
+
+
+class KeyReleaseDoFn(DriverShell):
+    """Input ``(key, [(step | None, item | None, original), ...])`` (a ``GroupByKey`` of what
+    :class:`~beam_dp.beam.dofn.ContinualReleaseDoFn` takes one by one); ``item=None`` declares the key."""
+
+    def make_driver(self) -> StepDriver:
+        return continual_driver(self._params)
+
+    def process(self, element: tuple[str, Iterable[tuple[int | None, Any, Any]]]) -> Iterator:
+        key, items = element
+        driver, buffer = self._driver, ListBuffer()
+        try:
+            state = driver.open(key)
+        except UnreadableState as exc:  # a restored snapshot this version cannot read: the key ends
+            self._unreadable.inc()
+            state, outputs = driver.unreadable(key, buffer, str(exc))
+            yield from self.emit(outputs)
+        for step, item, original in items:
+            if item is None:  # a declaration: a batch key releases from step 1 anyway
+                continue
+            if step == CARRIED:
+                driver.carry(state, buffer, item)
+                continue
+            streams = getattr(item, "streams", None)  # a group's block: late letters carry the stream if one
+            yield from self.emit(driver.add(state, buffer, step, item, original,
+                                            streams[0] if streams is not None and len(streams) == 1 else None))
+        yield from self.emit(self._close(state, buffer))
+
+    def _close(self, state: KeyState, buffer: ListBuffer) -> list[Output]:
+        """What the stateful shell's timers close on a bounded input (module docstring)."""
+        driver, before = self._driver, state.next_step
+        if driver.clock is not None:
+            final = driver.final_timer()
+            outputs = driver.finish(state, buffer) if final is None else driver.advance(state, buffer, final)
+        elif driver.block_size is None:
+            outputs = driver.finish(state, buffer)
+        else:
+            return []
+        if state.next_step > before:
+            self.closed(state.next_step - 1)
+        return outputs
+
+
+def release_stage(items: beam.PCollection, params: Any, label: str, bounded: bool,
+                  per_step_timers: bool | None = None) -> beam.pvalue.DoOutputsTuple:
+    """``items`` keyed for the driver → ``(rows, dead_letter)`` outputs: on a bounded input a
+    ``GroupByKey`` and :class:`KeyReleaseDoFn`, else the stateful :class:`ContinualReleaseDoFn`
+    (``per_step_timers``: default ``not bounded``). ``label`` names the release step."""
+    if bounded:
+        grouped = items | f"{label}: by key" >> beam.GroupByKey()
+        return grouped | label >> beam.ParDo(KeyReleaseDoFn(params)).with_outputs(DEAD_LETTER, main="rows")
+    timers = not bounded if per_step_timers is None else per_step_timers
+    return items | label >> beam.ParDo(ContinualReleaseDoFn(params, per_step_timers=timers)).with_outputs(
+        DEAD_LETTER, main="rows")
