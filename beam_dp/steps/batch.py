@@ -116,8 +116,9 @@ def _sorted_codes(streams: np.ndarray, ids: "pa.Array | None") -> tuple[np.ndarr
 
 def _unique_codes(codes: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(codes, return_inverse=True)`` for integer codes in ``[0, bound)``: by a presence
-    table when ``bound`` is at most a few times the number of rows (O(n + bound), no sort)."""
-    if bound > 4 * len(codes) + 4096:
+    table (O(n + bound), no sort) unless ``bound`` is much larger than the number of rows (a table of
+    ``bound`` booleans and int64 positions costs about what sorting ``bound / 16`` codes does)."""
+    if bound > 16 * len(codes) + (1 << 20):
         unique, inverse = np.unique(codes, return_inverse=True)
         return unique, inverse.astype(np.int64)
     present = np.zeros(bound, dtype=bool)
