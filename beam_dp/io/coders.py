@@ -73,6 +73,12 @@ class BlockCoder(beam.coders.Coder):
     def _create_impl(self):
         return CallbackCoderImpl(_dumps, pickle.loads, estimated_bytes)
 
+    def encode(self, value: Any) -> bytes:
+        return _dumps(value)
+
+    def decode(self, encoded: bytes) -> Any:
+        return pickle.loads(encoded)
+
     def is_deterministic(self) -> bool:
         return False
 
