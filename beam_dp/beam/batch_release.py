@@ -30,7 +30,9 @@ from beam_dp.steps.coder import KeyState, UnreadableState
 from beam_dp.steps.driver import CARRIED, ListBuffer, Output, StepDriver
 from beam_dp.steps.events import DEAD_LETTER
 
-__all__ = ["KeyReleaseDoFn", "release_stage"]
+__all__ = ["CHUNK", "KeyReleaseDoFn", "release_stage"]
+
+CHUNK = 32  # event-time steps a key closes per driver call (its releases leave between calls)
 
 
 class KeyReleaseDoFn(DriverShell):
@@ -58,21 +60,28 @@ class KeyReleaseDoFn(DriverShell):
             streams = getattr(item, "streams", None)  # a group's block: late letters carry the stream if one
             yield from self.emit(driver.add(state, buffer, step, item, original,
                                             streams[0] if streams is not None and len(streams) == 1 else None))
-        yield from self.emit(self._close(state, buffer))
-
-    def _close(self, state: KeyState, buffer: ListBuffer) -> list[Output]:
-        """What the stateful shell's timers close on a bounded input (module docstring)."""
-        driver, before = self._driver, state.next_step
-        if driver.clock is not None:
-            final = driver.final_timer()
-            outputs = driver.finish(state, buffer) if final is None else driver.advance(state, buffer, final)
-        elif driver.block_size is None:
-            outputs = driver.finish(state, buffer)
-        else:
-            return []
+        before = state.next_step
+        for outputs in self._close(state, buffer):
+            yield from self.emit(outputs)
         if state.next_step > before:
             self.closed(state.next_step - 1)
-        return outputs
+
+    def _close(self, state: KeyState, buffer: ListBuffer) -> Iterator[list[Output]]:
+        """What the stateful shell's timers close on a bounded input (module docstring); event-time steps
+        :data:`CHUNK` at a time, so a key's releases leave as they are made (the same steps, the same
+        releases: closing is step by step, and the keyed noise of a step does not depend on the chunk)."""
+        driver = self._driver
+        if driver.clock is not None:
+            final = driver.final_timer()
+            if final is None:
+                yield driver.finish(state, buffer)
+                return
+            last = int(driver.clock.step_of_micros(final - driver.grace)) - 1  # what advance(final) closes
+            while state.next_step + CHUNK <= last and not state.ended:
+                yield driver.close_through(state, buffer, state.next_step + CHUNK - 1)
+            yield driver.advance(state, buffer, final)
+        elif driver.block_size is None:
+            yield driver.finish(state, buffer)
 
 
 def release_stage(items: beam.PCollection, params: Any, label: str, bounded: bool,
