@@ -13,7 +13,8 @@ frees its arrays as it is compacted (the bundle's accumulators and their output 
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
 
 import apache_beam as beam
 import numpy as np
@@ -22,14 +23,37 @@ from beam_dp.io.coders import BlockCoder, register_block_coders
 from beam_dp.mechanisms.base import ClippedSum
 from beam_dp.mechanisms.stream_groups import GroupBlock
 
-__all__ = ["KeySteps", "MergeClippedSums", "MergeKeySteps"]
+__all__ = ["GroupSteps", "KeySteps", "MergeClippedSums", "MergeKeySteps"]
 
 
 class KeySteps(list):
     """One key's items for the release stage, ``[(step, block, None), ...]`` by step (:class:`MergeKeySteps`)."""
 
 
-register_block_coders(ClippedSum, GroupBlock, KeySteps)  # array blocks: Beam's size sampling must not pickle them
+@dataclass(frozen=True)
+class GroupSteps:
+    """The clipped sums of one group's cells in one input block, all steps at once (a batch replay's
+    parse output, :class:`MergeKeySteps`'s input): cell ``i`` is stream ``names[stream[i]]`` at
+    ``step[i]``; ``names`` are distinct. Nothing here is released: it is summed per step into the
+    blocks the release stage steps."""
+
+    names: tuple[str, ...]
+    stream: np.ndarray  # (cells,) int index into names
+    step: np.ndarray  # (cells,) int
+    sums: np.ndarray  # (cells, d) float
+    counts: np.ndarray  # (cells,) int
+    clipped: np.ndarray  # (cells,) int
+
+    def by_step(self) -> Iterator[tuple[int, np.ndarray]]:
+        """``(step, cell indices)`` for each step present, in step order."""
+        order = np.argsort(self.step, kind="stable")
+        steps = self.step[order]
+        bounds = np.flatnonzero(np.diff(steps)) + 1
+        for part in np.split(order, bounds):
+            yield int(self.step[part[0]]), part
+
+
+register_block_coders(ClippedSum, GroupBlock, GroupSteps, KeySteps)  # array blocks: Beam's size sampling must not pickle them
 
 
 class _RowMap:
@@ -77,12 +101,15 @@ class _GroupSums:
     def add(self, block: GroupBlock) -> None:
         if self.sums is None:
             raise RuntimeError("MergeClippedSums: an accumulator was used after it was compacted")
-        idx = self.rows.rows_of(block.streams)  # distinct: a block's streams are distinct
+        self.add_rows(self.rows.rows_of(block.streams), block.sums, block.counts, block.clipped)
+
+    def add_rows(self, idx: np.ndarray, sums: np.ndarray, counts: np.ndarray, clipped: np.ndarray) -> None:
+        """Add cells at rows ``idx`` of the row map (distinct, already in it)."""
         if len(self.rows.names) > len(self.seen):  # grow by a quarter: at most 25% unused rows
             self._grow(max(len(self.rows.names), len(self.seen) + len(self.seen) // 4))
-        self.sums[idx] += block.sums
-        self.counts[idx] += block.counts
-        self.clipped[idx] += block.clipped
+        self.sums[idx] += sums
+        self.counts[idx] += counts
+        self.clipped[idx] += clipped
         self.seen[idx] = True
 
     def _grow(self, cap: int) -> None:
@@ -159,10 +186,20 @@ class MergeClippedSums(beam.CombineFn):
 
     def _live(self, acc: GroupBlock | None, block: GroupBlock) -> _GroupSums:
         """A live accumulator on the row map of ``block``'s group (holding ``acc``'s sums, if any)."""
-        rows = next((self._maps[name] for name in block.streams if name in self._maps), None)
-        live = _GroupSums(_RowMap(self._maps) if rows is None else rows, block.sums.shape[1])
+        return self.live_on(self.row_map(block.streams), acc, block.sums.shape[1])
+
+    def row_map(self, streams: tuple[str, ...]) -> _RowMap:
+        """The row map of the group these streams belong to on this worker (a new one for a new group)."""
+        return next((self._maps[name] for name in streams if name in self._maps), None) or _RowMap(self._maps)
+
+    @staticmethod
+    def live_on(rows: _RowMap, acc: Any, dim: int) -> _GroupSums:
+        """``acc`` (None, a live accumulator or a ``GroupBlock``) as a live accumulator on ``rows``."""
+        if isinstance(acc, _GroupSums) and acc.rows is rows:
+            return acc
+        live = _GroupSums(rows, dim)
         if acc is not None:
-            live.add(acc)
+            live.add(acc.take_block() if isinstance(acc, _GroupSums) else acc)
         return live
 
 
@@ -186,12 +223,25 @@ class MergeKeySteps(beam.CombineFn):
     def get_accumulator_coder(self) -> BlockCoder:
         return BlockCoder()
 
-    def add_input(self, acc: dict, item: tuple) -> dict:
+    def add_input(self, acc: dict, item: "tuple | GroupSteps") -> dict:
+        if isinstance(item, GroupSteps):
+            return self._add_steps(acc, item)
         step, block = item[0], item[1]  # (step, block) or a declaration's (step, block, None)
         if block is None:
             acc.setdefault(self._DECLARED, None)
         else:
             acc[step] = self._steps.add_input(acc.get(step), block)
+        return acc
+
+    def _add_steps(self, acc: dict, item: GroupSteps) -> dict:
+        """All steps of one group's cells: the row of each distinct name looked up once, then per step one
+        fancy add of its cells into that step's live accumulator."""
+        rows = self._steps.row_map(item.names)
+        cell_rows = rows.rows_of(item.names)[item.stream]
+        dim = item.sums.shape[1]
+        for step, part in item.by_step():
+            live = acc[step] = self._steps.live_on(rows, acc.get(step), dim)
+            live.add_rows(cell_rows[part], item.sums[part], item.counts[part], item.clipped[part])
         return acc
 
     def merge_accumulators(self, accs: Iterable[dict]) -> dict:

@@ -10,13 +10,14 @@ and the block a ``GroupBlock`` of every stream of that group and step in the inp
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Iterator
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from beam_dp.beam.combine import MergeClippedSums  # the lifted combiner of this stage's output
+from beam_dp.beam.combine import GroupSteps, MergeClippedSums  # the lifted combiners take this stage's output
 from beam_dp.steps.batch import StepSums, key_step_parts, row_reasons, rows_by_group, step_sums
 from beam_dp.steps.events import DEAD_LETTER, DETAIL, DeadLetter, EventBatch, Reason, parse_contribution
 from beam_dp.mechanisms.base import ClippedSum
@@ -26,9 +27,13 @@ __all__ = ["DEAD_LETTER", "MergeClippedSums", "ParseEvents"]
 
 
 class ParseEvents(beam.DoFn):
-    def __init__(self, params: Any, pre_aggregate: bool):
+    """``by_key`` (with ``pre_aggregate`` and stream groups: a batch replay): an ``EventBatch`` leaves as one
+    ``(group, GroupSteps)`` per group, all its steps at once, for ``MergeKeySteps``."""
+
+    def __init__(self, params: Any, pre_aggregate: bool, by_key: bool = False):
         self._params = params
         self._pre_aggregate = pre_aggregate
+        self._by_key = by_key and pre_aggregate
 
     def setup(self) -> None:
         self._mechanism = self._params.build_mechanism()
@@ -52,6 +57,10 @@ class ParseEvents(beam.DoFn):
         return key
 
     def _emit(self, stream: str, step: int | None, block: ClippedSum, original: Any):
+        if self._groups is not None and self._by_key:
+            return self._key_of(stream), GroupSteps((stream,), np.zeros(1, np.int32), np.array([step]),
+                                                    block.vector[None, :], np.array([block.count]),
+                                                    np.array([block.clipped]))
         if self._groups is not None:
             block = GroupBlock((stream,), block.vector[None, :], np.array([block.count]), np.array([block.clipped]))
             stream = self._key_of(stream)
@@ -110,6 +119,9 @@ class ParseEvents(beam.DoFn):
         if sums.clipped.sum():
             self._clipped.inc(int(sums.clipped.sum()))
         seconds_ok = None if self._pre_aggregate else micros[ok] / 1e6
+        if self._groups is not None and self._by_key:
+            yield from self._emit_group_steps(sums)
+            return
         if self._groups is not None:
             yield from self._emit_groups(sums, streams_ok, seconds_ok, values_ok)
             return
@@ -123,9 +135,25 @@ class ParseEvents(beam.DoFn):
                 original = EventBatch(streams_ok[rows], seconds_ok[rows], values_ok[rows])
             yield self._emit(str(names[g]), int(sums.step[g]), block, original)
 
+    def _emit_group_steps(self, sums: StepSums) -> Iterator:
+        """One ``(group key, GroupSteps)`` per group of the per-(stream, step) ``sums``."""
+        names = list(map(sys.intern, sums.names.tolist()))  # one str object per name (see _emit_groups)
+        stream_keys = [self._key_of(name) for name in names]
+        key_names, key_of_stream = np.unique(np.array(stream_keys, dtype=str), return_inverse=True)
+        key_of_cell = key_of_stream[sums.stream]
+        order = np.argsort(key_of_cell, kind="stable")  # within a group: cells stay in (stream, step) order
+        for part in np.split(order, np.flatnonzero(np.diff(key_of_cell[order])) + 1):
+            distinct, local = np.unique(sums.stream[part], return_inverse=True)
+            yield str(key_names[key_of_cell[part[0]]]), GroupSteps(
+                tuple(map(names.__getitem__, distinct.tolist())), local.astype(np.int32), sums.step[part],
+                sums.sums[part], sums.counts[part].astype(np.int64), sums.clipped[part].astype(np.int64))
+
     def _emit_groups(self, sums: StepSums, streams_ok, seconds_ok, values_ok) -> Iterator:
         """One ``GroupBlock`` per (group, step) from the per-(stream, step) ``sums``."""
-        stream_keys = [self._key_of(name) for name in sums.names.tolist()]
+        # one str object per stream name (interned): blocks share them, and the combiner's row lookups
+        # compare identities and reuse cached hashes instead of hashing a fresh string per cell
+        names = list(map(sys.intern, sums.names.tolist()))
+        stream_keys = [self._key_of(name) for name in names]
         key_names, key_of_stream = np.unique(np.array(stream_keys, dtype=str), return_inverse=True)
         key_idx = key_of_stream[sums.stream]
         parts = key_step_parts(key_idx, sums.step)
@@ -136,7 +164,7 @@ class ParseEvents(beam.DoFn):
             members = rows_by_group(part_of_block[sums.row_block], len(parts))
         for i, part in enumerate(parts):
             key, step = str(key_names[key_idx[part[0]]]), int(sums.step[part[0]])
-            block = GroupBlock(tuple(sums.names[sums.stream[part]].tolist()), sums.sums[part],
+            block = GroupBlock(tuple(map(names.__getitem__, sums.stream[part].tolist())), sums.sums[part],
                                sums.counts[part].astype(np.int64), sums.clipped[part].astype(np.int64))
             original = None
             if members is not None:

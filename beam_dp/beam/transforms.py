@@ -32,7 +32,7 @@ import numpy as np
 from apache_beam.pvalue import PCollection
 
 from beam_dp.beam.batch_release import KeyReleaseDoFn, release_stage
-from beam_dp.beam.combine import KeySteps, MergeKeySteps
+from beam_dp.beam.combine import GroupSteps, KeySteps, MergeKeySteps
 from beam_dp.beam.domains import bind_noise_domain, release_labels
 from beam_dp.steps.events import EventBatch
 from beam_dp.beam.params import ContinualCountParams, ContinualSumParams, WindowedSumParams
@@ -77,9 +77,11 @@ class _ContinualRelease(beam.PTransform):
         aggregate = params.event_time and (bounded if self.pre_aggregate is None else self.pre_aggregate)
         groups = getattr(params, "stream_groups", None)
         block_type = ClippedSum if groups is None else GroupBlock
+        by_key = aggregate and bounded and groups is not None  # a batch replay by groups: all steps at once
         # typed keys get deterministic coders; typed blocks the block coder (beam_dp.io.coders)
-        out_type = Tuple[Tuple[str, int], block_type] if aggregate else Tuple[str, Any]
-        parsed = events | "Parse" >> beam.ParDo(ParseEvents(params, aggregate)).with_output_types(
+        out_type = (Tuple[str, GroupSteps] if by_key else Tuple[Tuple[str, int], block_type] if aggregate
+                    else Tuple[str, Any])
+        parsed = events | "Parse" >> beam.ParDo(ParseEvents(params, aggregate, by_key)).with_output_types(
             out_type).with_outputs(DEAD_LETTER, main="blocks")
         blocks = parsed.blocks
         restored = [stream for stream, _ in (getattr(params, "restore_states", None) or ())]
@@ -92,7 +94,8 @@ class _ContinualRelease(beam.PTransform):
         # step (a changed count) unless mapped; a mapped one meets the count recorded in each key's state
         release = "Release" if groups is None else f"Release {groups} stream groups"
         if aggregate and bounded:  # a batch replay: one combine per key over its steps, then its release
-            blocks = blocks | "ByKey" >> beam.Map(_by_key).with_output_types(Tuple[str, Tuple[int, block_type]])
+            if not by_key:
+                blocks = blocks | "ByKey" >> beam.Map(_by_key).with_output_types(Tuple[str, Tuple[int, block_type]])
             if declared is not None:
                 blocks = (blocks, declared) | "WithDeclared" >> beam.Flatten()
             steps = blocks | "PreAggregate" >> beam.CombinePerKey(MergeKeySteps()).with_output_types(
