@@ -1,6 +1,7 @@
 """Faults and replay (issue 8, item 3).
 
-* A stateful DoFn that raises once, after processing (and writing state for) the k-th element: the
+* A release stage that raises once, after processing (and, for the stateful shell, writing state for)
+  the k-th element — the stateful shell, and the key shell a batch replay uses (docs/steps.md): the
   BundleBasedDirectRunner retries the bundle and the releases are byte-identical to a failure-free
   run (state of the failed attempt is discarded, every noise draw is a pure function of (key,
   stream, purpose, node)). The FnApiRunner does not retry (the pipeline fails); re-running it —
@@ -21,9 +22,12 @@ import apache_beam as beam
 import numpy as np
 import pytest
 
+import beam_dp.beam.batch_release as batch_release_module
 import beam_dp.beam.transforms as transforms_module
 from beam_dp.beam import ContinualSum, ContinualSumParams
+from beam_dp.beam.batch_release import KeyReleaseDoFn
 from beam_dp.beam.dofn import ContinualReleaseDoFn
+from beam_dp.steps.events import DEAD_LETTER
 from beam_dp.core import NoiseSource, StepClock
 from beam_dp.mechanisms.counters import make_counter
 from beam_dp.mechanisms.erm import (ContinualReleaseMechanism, HuberRegression, LabelledRows,
@@ -63,6 +67,37 @@ class FlakyReleaseDoFn(ContinualReleaseDoFn):
         yield from outputs
 
 
+class FlakyKeyReleaseDoFn(KeyReleaseDoFn):
+    """The key shell, raising once after releasing its k-th key (``marker`` file: 'once' across copies)."""
+
+    def __init__(self, params, marker: str, k: int = 2):
+        super().__init__(params)
+        self._marker, self._k, self._seen = marker, k, 0
+
+    def process(self, element):
+        self._seen += 1
+        outputs = list(super().process(element))
+        marker = Path(self._marker)
+        if self._seen == self._k and not marker.exists():
+            marker.write_text("failed once")
+            raise RuntimeError("injected fault")
+        yield from outputs
+
+
+def _inject(monkeypatch, shell: str, marker: Path) -> None:
+    """Make the batch replay's release stage fail once: the stateful shell (forced in place of the key
+    shell) or the key shell itself."""
+    if shell == "key":
+        monkeypatch.setattr(batch_release_module, "KeyReleaseDoFn",
+                            lambda params: FlakyKeyReleaseDoFn(params, str(marker)))
+        return
+
+    def stateful_stage(items, params, label, bounded, per_step_timers=None):
+        return items | label >> beam.ParDo(FlakyReleaseDoFn(params, False, str(marker))).with_outputs(
+            DEAD_LETTER, main="rows")
+    monkeypatch.setattr(transforms_module, "release_stage", stateful_stage)
+
+
 def _sum_pipeline(params, events):
     def build(p):
         out = p | beam.Create(events, reshuffle=False) | ContinualSum(params, pre_aggregate=False)
@@ -70,13 +105,13 @@ def _sum_pipeline(params, events):
     return build
 
 
-def test_injected_fault_then_rerun_is_byte_identical(tmp_path, monkeypatch):
+@pytest.mark.parametrize("shell", ["stateful", "key"])
+def test_injected_fault_then_rerun_is_byte_identical(shell, tmp_path, monkeypatch):
     params = ContinualSumParams(clock=CLOCK, streams=("a", "b"), dim=2, epsilon=1.0, clip_bound=1.0)
     events = _sum_events(0)
     clean = sorted_releases(run_pipeline(_sum_pipeline(params, events)).releases)
     marker = tmp_path / "fault"
-    monkeypatch.setattr(transforms_module, "ContinualReleaseDoFn",
-                        lambda params, per_step_timers: FlakyReleaseDoFn(params, per_step_timers, str(marker)))
+    _inject(monkeypatch, shell, marker)
     retried = False
     try:
         flaky = run_pipeline(_sum_pipeline(params, events))
@@ -89,7 +124,8 @@ def test_injected_fault_then_rerun_is_byte_identical(tmp_path, monkeypatch):
     assert pickle.dumps(sorted_releases(flaky.releases)) == pickle.dumps(clean)
 
 
-def test_injected_fault_is_retried_by_the_bundle_runner_with_byte_identical_releases(tmp_path, monkeypatch):
+@pytest.mark.parametrize("shell", ["stateful", "key"])
+def test_injected_fault_is_retried_by_the_bundle_runner_with_byte_identical_releases(shell, tmp_path, monkeypatch):
     """The BundleBasedDirectRunner retries a failed bundle (up to 4 attempts) and commits state only
     for a successful attempt: the fault must leave no trace in state or releases."""
     from apache_beam.options.pipeline_options import PipelineOptions
@@ -99,8 +135,7 @@ def test_injected_fault_is_retried_by_the_bundle_runner_with_byte_identical_rele
     options = PipelineOptions(runner="BundleBasedDirectRunner")
     clean = sorted_releases(run_pipeline(_sum_pipeline(params, events), options).releases)
     marker = tmp_path / "fault"
-    monkeypatch.setattr(transforms_module, "ContinualReleaseDoFn",
-                        lambda params, per_step_timers: FlakyReleaseDoFn(params, per_step_timers, str(marker)))
+    _inject(monkeypatch, shell, marker)
     retried = run_pipeline(_sum_pipeline(params, events), options)
     assert marker.exists(), "the fault was never injected"
     assert clean and pickle.dumps(sorted_releases(retried.releases)) == pickle.dumps(clean)
