@@ -231,8 +231,10 @@ def test_ctrl_c_keeps_the_previous_output_byte_for_byte_and_exits_130(tmp_path, 
     out = tmp_path / "out"
     assert continual_stats.main([f"--input={_events(tmp_path / 'e.csv')}", f"--output={out}", *SCHEDULE]) == 0
     before = {name: tree(tmp_path / name) for name in ("out", "out.private")}
-    _big_csv(tmp_path, 600_000)  # several seconds of work after staging begins (60k once ended within the 1.5 s)
-    proc = _start(tmp_path, out)
+    # several seconds of work after staging begins: keyed by stream, 40,000 releases at a few hundred µs each
+    # (by stream groups, 600k events once ended within the 1.5 s)
+    _big_csv(tmp_path, 600_000)
+    proc = _start(tmp_path, out, "--stream-groups=0")
     wait_for("out.staging-*", tmp_path, proc)
     time.sleep(1.5)  # inside the run
     proc.send_signal(signal.SIGINT)
