@@ -32,7 +32,8 @@ from beam_dp.steps.events import DEAD_LETTER
 
 __all__ = ["CHUNK", "KeyReleaseDoFn", "release_stage"]
 
-CHUNK = 32  # event-time steps a key closes per driver call (its releases leave between calls)
+CHUNK = 64  # event-time steps a key closes per driver call (its releases leave between calls); the noise
+#             a group policy draws ahead per call (GroupPolicy.AHEAD)
 
 
 class KeyReleaseDoFn(DriverShell):

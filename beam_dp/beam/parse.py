@@ -41,6 +41,7 @@ class ParseEvents(beam.DoFn):
         self._streams = frozenset(self._params.streams) if self._params.streams is not None else None
         self._groups = getattr(self._params, "stream_groups", None)
         self._group_keys: dict[str, str] = {}  # stream -> its group's key (hashing once per stream and worker)
+        self._group_index_of: dict[str, int] = {}  # stream -> its group (the same hash, as a number)
         namespace = f"beam_dp/{self._mechanism.name}"
         self._elements = Metrics.counter(namespace, "elements")
         self._clipped = Metrics.counter(namespace, "clipped")
@@ -136,17 +137,27 @@ class ParseEvents(beam.DoFn):
             yield self._emit(str(names[g]), int(sums.step[g]), block, original)
 
     def _emit_group_steps(self, sums: StepSums) -> Iterator:
-        """One ``(group key, GroupSteps)`` per group of the per-(stream, step) ``sums``."""
+        """One ``(group key, GroupSteps)`` per group of the per-(stream, step) ``sums`` (sorted by stream,
+        then step: each group's cells keep that order, so its distinct streams are runs, found without a sort)."""
         names = list(map(sys.intern, sums.names.tolist()))  # one str object per name (see _emit_groups)
-        stream_keys = [self._key_of(name) for name in names]
-        key_names, key_of_stream = np.unique(np.array(stream_keys, dtype=str), return_inverse=True)
-        key_of_cell = key_of_stream[sums.stream]
-        order = np.argsort(key_of_cell, kind="stable")  # within a group: cells stay in (stream, step) order
-        for part in np.split(order, np.flatnonzero(np.diff(key_of_cell[order])) + 1):
-            distinct, local = np.unique(sums.stream[part], return_inverse=True)
-            yield str(key_names[key_of_cell[part[0]]]), GroupSteps(
-                tuple(map(names.__getitem__, distinct.tolist())), local.astype(np.int32), sums.step[part],
-                sums.sums[part], sums.counts[part].astype(np.int64), sums.clipped[part].astype(np.int64))
+        group_of_stream = np.fromiter(map(self._group_index, names), np.int32, len(names))
+        group_of_cell = group_of_stream[sums.stream]
+        order = _stable_order(group_of_cell)
+        cuts = np.flatnonzero(np.diff(group_of_cell[order])) + 1
+        for part in np.split(order, cuts):
+            streams = sums.stream[part]
+            new_stream = np.empty(len(part), bool)
+            new_stream[0], new_stream[1:] = True, streams[1:] != streams[:-1]
+            yield group_key(int(group_of_cell[part[0]])), GroupSteps(
+                tuple(map(names.__getitem__, streams[new_stream].tolist())),
+                (np.cumsum(new_stream) - 1).astype(np.int32), sums.step[part], sums.sums[part],
+                sums.counts[part].astype(np.int64), sums.clipped[part].astype(np.int64))
+
+    def _group_index(self, stream: str) -> int:
+        group = self._group_index_of.get(stream)
+        if group is None:
+            group = self._group_index_of[stream] = group_of(stream, self._groups)
+        return group
 
     def _emit_groups(self, sums: StepSums, streams_ok, seconds_ok, values_ok) -> Iterator:
         """One ``GroupBlock`` per (group, step) from the per-(stream, step) ``sums``."""
@@ -171,3 +182,10 @@ class ParseEvents(beam.DoFn):
                 rows = members[i]
                 original = EventBatch(streams_ok[rows], seconds_ok[rows], values_ok[rows])
             yield (key, step) if self._pre_aggregate else key, (block if self._pre_aggregate else (step, block, original))
+
+
+def _stable_order(small: np.ndarray) -> np.ndarray:
+    """``np.argsort(small, kind="stable")`` of non-negative ints, as a radix sort when they fit 16 bits."""
+    if len(small) and int(small.max()) < 1 << 16:
+        return np.argsort(small.astype(np.uint16), kind="stable")
+    return np.argsort(small, kind="stable")
