@@ -3,7 +3,8 @@
 On a bounded input the stateful shell (:class:`~beam_dp.beam.dofn.ContinualReleaseDoFn`) does nothing a
 grouping does not: every key opens at step 1 (or after its restored snapshot), buffers all its items in
 Beam state and closes every step through the public end at one timer, when the input has ended. Here
-the same :class:`~beam_dp.steps.driver.StepDriver` gets a key's items from a ``GroupByKey`` in one call,
+the same :class:`~beam_dp.steps.driver.StepDriver` gets a key's items from a ``GroupByKey`` in one call
+(every shuffled element is still one item: for the sums one (key, step) block of the lifted combiner),
 buffered in memory (``ListBuffer``), and closes the same steps with the same call:
 
 * event-time steps: :meth:`StepDriver.advance` to :meth:`StepDriver.final_timer` (the close of the
@@ -86,13 +87,18 @@ class KeyReleaseDoFn(DriverShell):
 
 
 def release_stage(items: beam.PCollection, params: Any, label: str, bounded: bool,
-                  per_step_timers: bool | None = None) -> beam.pvalue.DoOutputsTuple:
+                  per_step_timers: bool | None = None, rows_type: Any = None) -> beam.pvalue.DoOutputsTuple:
     """``items`` keyed for the driver → ``(rows, dead_letter)`` outputs: on a bounded input a
     ``GroupByKey`` and :class:`KeyReleaseDoFn`, else the stateful :class:`ContinualReleaseDoFn`
-    (``per_step_timers``: default ``not bounded``). ``label`` names the release step."""
+    (``per_step_timers``: default ``not bounded``). ``label`` names the release step; ``rows_type``
+    (optional) the type of its releases (``ReleaseColumns``: sized by the block coder, not pickled)."""
     if bounded:
         grouped = items | f"{label}: by key" >> beam.GroupByKey()
-        return grouped | label >> beam.ParDo(KeyReleaseDoFn(params)).with_outputs(DEAD_LETTER, main="rows")
-    timers = not bounded if per_step_timers is None else per_step_timers
-    return items | label >> beam.ParDo(ContinualReleaseDoFn(params, per_step_timers=timers)).with_outputs(
-        DEAD_LETTER, main="rows")
+        release = beam.ParDo(KeyReleaseDoFn(params))
+    else:
+        grouped = items
+        release = beam.ParDo(ContinualReleaseDoFn(params, per_step_timers=not bounded if per_step_timers is None
+                                                  else per_step_timers))
+    if rows_type is not None:
+        release = release.with_output_types(rows_type)
+    return grouped | label >> release.with_outputs(DEAD_LETTER, main="rows")

@@ -13,8 +13,7 @@ frees its arrays as it is compacted (the bundle's accumulators and their output 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 import apache_beam as beam
 import numpy as np
@@ -23,40 +22,9 @@ from beam_dp.io.coders import BlockCoder, register_block_coders
 from beam_dp.mechanisms.base import ClippedSum
 from beam_dp.mechanisms.stream_groups import GroupBlock
 
-__all__ = ["GroupSteps", "KeySteps", "MergeClippedSums", "MergeKeySteps"]
+__all__ = ["MergeClippedSums"]
 
-
-class KeySteps(list):
-    """One key's items for the release stage, ``[(step, block, None), ...]`` by step (:class:`MergeKeySteps`)."""
-
-
-@dataclass(frozen=True)
-class GroupSteps:
-    """The clipped sums of one group's cells in one input block, all steps at once (a batch replay's
-    parse output, :class:`MergeKeySteps`'s input): cell ``i`` is stream ``names[stream[i]]`` at
-    ``step[i]``; ``names`` are distinct. Nothing here is released: it is summed per step into the
-    blocks the release stage steps."""
-
-    names: tuple[str, ...]
-    stream: np.ndarray  # (cells,) int index into names
-    step: np.ndarray  # (cells,) int
-    sums: np.ndarray  # (cells, d) float
-    counts: np.ndarray  # (cells,) int
-    clipped: np.ndarray  # (cells,) int
-
-    def by_step(self) -> Iterator[tuple[int, np.ndarray]]:
-        """``(step, cell indices)`` for each step present, in step order."""
-        low = int(self.step.min()) if len(self.step) else 0
-        span = self.step - low
-        # a radix sort when the steps span fewer than 2^16 (a batch replay's block): no comparison sort
-        order = np.argsort(span.astype(np.uint16) if len(span) and int(span.max()) < 1 << 16 else span, kind="stable")
-        steps = self.step[order]
-        bounds = np.flatnonzero(np.diff(steps)) + 1
-        for part in np.split(order, bounds):
-            yield int(self.step[part[0]]), part
-
-
-register_block_coders(ClippedSum, GroupBlock, GroupSteps, KeySteps)  # array blocks: Beam's size sampling must not pickle them
+register_block_coders(ClippedSum, GroupBlock)  # array blocks: Beam's size sampling must not pickle them
 
 
 class _RowMap:
@@ -104,15 +72,12 @@ class _GroupSums:
     def add(self, block: GroupBlock) -> None:
         if self.sums is None:
             raise RuntimeError("MergeClippedSums: an accumulator was used after it was compacted")
-        self.add_rows(self.rows.rows_of(block.streams), block.sums, block.counts, block.clipped)
-
-    def add_rows(self, idx: np.ndarray, sums: np.ndarray, counts: np.ndarray, clipped: np.ndarray) -> None:
-        """Add cells at rows ``idx`` of the row map (distinct, already in it)."""
+        idx = self.rows.rows_of(block.streams)  # distinct: a block's streams are distinct
         if len(self.rows.names) > len(self.seen):  # grow by a quarter: at most 25% unused rows
             self._grow(max(len(self.rows.names), len(self.seen) + len(self.seen) // 4))
-        self.sums[idx] += sums
-        self.counts[idx] += counts
-        self.clipped[idx] += clipped
+        self.sums[idx] += block.sums
+        self.counts[idx] += block.counts
+        self.clipped[idx] += block.clipped
         self.seen[idx] = True
 
     def _grow(self, cap: int) -> None:
@@ -189,77 +154,8 @@ class MergeClippedSums(beam.CombineFn):
 
     def _live(self, acc: GroupBlock | None, block: GroupBlock) -> _GroupSums:
         """A live accumulator on the row map of ``block``'s group (holding ``acc``'s sums, if any)."""
-        return self.live_on(self.row_map(block.streams), acc, block.sums.shape[1])
-
-    def row_map(self, streams: tuple[str, ...]) -> _RowMap:
-        """The row map of the group these streams belong to on this worker (a new one for a new group)."""
-        return next((self._maps[name] for name in streams if name in self._maps), None) or _RowMap(self._maps)
-
-    @staticmethod
-    def live_on(rows: _RowMap, acc: Any, dim: int) -> _GroupSums:
-        """``acc`` (None, a live accumulator or a ``GroupBlock``) as a live accumulator on ``rows``."""
-        if isinstance(acc, _GroupSums) and acc.rows is rows:
-            return acc
-        live = _GroupSums(rows, dim)
+        rows = next((self._maps[name] for name in block.streams if name in self._maps), None)
+        live = _GroupSums(_RowMap(self._maps) if rows is None else rows, block.sums.shape[1])
         if acc is not None:
-            live.add(acc.take_block() if isinstance(acc, _GroupSums) else acc)
+            live.add(acc)
         return live
-
-
-class MergeKeySteps(beam.CombineFn):
-    """A bounded input's combiner per key (a stream or a group of streams) over all its steps: input
-    ``(step, block)`` (``block`` a ``ClippedSum`` / ``GroupBlock``, or None declaring the key), output the
-    key's items for the release stage, ``[(step, merged block, None), ...]`` by step.
-
-    Each step's blocks are summed by :class:`MergeClippedSums` exactly as the per-(key, step) combiner
-    does, so the release stage gets the same one block per step; keying the combine by key, not by
-    (key, step), leaves the runner one shuffle instead of two (the combine's and the release stage's)."""
-
-    _DECLARED = -1  # a step number no clock has: the key was declared (it releases even with no block)
-
-    def __init__(self) -> None:
-        self._steps = MergeClippedSums()
-
-    def create_accumulator(self) -> dict:
-        return {}
-
-    def get_accumulator_coder(self) -> BlockCoder:
-        return BlockCoder()
-
-    def add_input(self, acc: dict, item: "tuple | GroupSteps") -> dict:
-        if isinstance(item, GroupSteps):
-            return self._add_steps(acc, item)
-        step, block = item[0], item[1]  # (step, block) or a declaration's (step, block, None)
-        if block is None:
-            acc.setdefault(self._DECLARED, None)
-        else:
-            acc[step] = self._steps.add_input(acc.get(step), block)
-        return acc
-
-    def _add_steps(self, acc: dict, item: GroupSteps) -> dict:
-        """All steps of one group's cells: the row of each distinct name looked up once, then per step one
-        fancy add of its cells into that step's live accumulator."""
-        rows = self._steps.row_map(item.names)
-        cell_rows = rows.rows_of(item.names)[item.stream]
-        dim = item.sums.shape[1]
-        for step, part in item.by_step():
-            live = acc[step] = self._steps.live_on(rows, acc.get(step), dim)
-            live.add_rows(cell_rows[part], item.sums[part], item.counts[part], item.clipped[part])
-        return acc
-
-    def merge_accumulators(self, accs: Iterable[dict]) -> dict:
-        merged: dict = {}
-        for acc in accs:
-            for step, value in acc.items():
-                if step == self._DECLARED:
-                    merged.setdefault(step, None)
-                else:
-                    merged[step] = self._steps.merge_accumulators([merged.get(step), value])
-        return merged
-
-    def compact(self, acc: dict) -> dict:
-        return {step: value if step == self._DECLARED else self._steps.compact(value) for step, value in acc.items()}
-
-    def extract_output(self, acc: dict) -> KeySteps:
-        return KeySteps((step, self._steps.extract_output(value), None) for step, value in sorted(acc.items())
-                        if step != self._DECLARED)

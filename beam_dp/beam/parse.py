@@ -17,7 +17,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from beam_dp.beam.combine import GroupSteps, MergeClippedSums  # the lifted combiners take this stage's output
+from beam_dp.beam.combine import MergeClippedSums  # the lifted combiner of this stage's output
 from beam_dp.steps.batch import StepSums, key_step_parts, row_reasons, rows_by_group, step_sums
 from beam_dp.steps.events import DEAD_LETTER, DETAIL, DeadLetter, EventBatch, Reason, parse_contribution
 from beam_dp.mechanisms.base import ClippedSum
@@ -27,13 +27,9 @@ __all__ = ["DEAD_LETTER", "MergeClippedSums", "ParseEvents"]
 
 
 class ParseEvents(beam.DoFn):
-    """``by_key`` (with ``pre_aggregate`` and stream groups: a batch replay): an ``EventBatch`` leaves as one
-    ``(group, GroupSteps)`` per group, all its steps at once, for ``MergeKeySteps``."""
-
-    def __init__(self, params: Any, pre_aggregate: bool, by_key: bool = False):
+    def __init__(self, params: Any, pre_aggregate: bool):
         self._params = params
         self._pre_aggregate = pre_aggregate
-        self._by_key = by_key and pre_aggregate
 
     def setup(self) -> None:
         self._mechanism = self._params.build_mechanism()
@@ -41,7 +37,6 @@ class ParseEvents(beam.DoFn):
         self._streams = frozenset(self._params.streams) if self._params.streams is not None else None
         self._groups = getattr(self._params, "stream_groups", None)
         self._group_keys: dict[str, str] = {}  # stream -> its group's key (hashing once per stream and worker)
-        self._group_index_of: dict[str, int] = {}  # stream -> its group (the same hash, as a number)
         namespace = f"beam_dp/{self._mechanism.name}"
         self._elements = Metrics.counter(namespace, "elements")
         self._clipped = Metrics.counter(namespace, "clipped")
@@ -58,10 +53,6 @@ class ParseEvents(beam.DoFn):
         return key
 
     def _emit(self, stream: str, step: int | None, block: ClippedSum, original: Any):
-        if self._groups is not None and self._by_key:
-            return self._key_of(stream), GroupSteps((stream,), np.zeros(1, np.int32), np.array([step]),
-                                                    block.vector[None, :], np.array([block.count]),
-                                                    np.array([block.clipped]))
         if self._groups is not None:
             block = GroupBlock((stream,), block.vector[None, :], np.array([block.count]), np.array([block.clipped]))
             stream = self._key_of(stream)
@@ -120,9 +111,6 @@ class ParseEvents(beam.DoFn):
         if sums.clipped.sum():
             self._clipped.inc(int(sums.clipped.sum()))
         seconds_ok = None if self._pre_aggregate else micros[ok] / 1e6
-        if self._groups is not None and self._by_key:
-            yield from self._emit_group_steps(sums)
-            return
         if self._groups is not None:
             yield from self._emit_groups(sums, streams_ok, seconds_ok, values_ok)
             return
@@ -135,29 +123,6 @@ class ParseEvents(beam.DoFn):
                 rows = members[g]
                 original = EventBatch(streams_ok[rows], seconds_ok[rows], values_ok[rows])
             yield self._emit(str(names[g]), int(sums.step[g]), block, original)
-
-    def _emit_group_steps(self, sums: StepSums) -> Iterator:
-        """One ``(group key, GroupSteps)`` per group of the per-(stream, step) ``sums`` (sorted by stream,
-        then step: each group's cells keep that order, so its distinct streams are runs, found without a sort)."""
-        names = list(map(sys.intern, sums.names.tolist()))  # one str object per name (see _emit_groups)
-        group_of_stream = np.fromiter(map(self._group_index, names), np.int32, len(names))
-        group_of_cell = group_of_stream[sums.stream]
-        order = _stable_order(group_of_cell)
-        cuts = np.flatnonzero(np.diff(group_of_cell[order])) + 1
-        for part in np.split(order, cuts):
-            streams = sums.stream[part]
-            new_stream = np.empty(len(part), bool)
-            new_stream[0], new_stream[1:] = True, streams[1:] != streams[:-1]
-            yield group_key(int(group_of_cell[part[0]])), GroupSteps(
-                tuple(map(names.__getitem__, streams[new_stream].tolist())),
-                (np.cumsum(new_stream) - 1).astype(np.int32), sums.step[part], sums.sums[part],
-                sums.counts[part].astype(np.int64), sums.clipped[part].astype(np.int64))
-
-    def _group_index(self, stream: str) -> int:
-        group = self._group_index_of.get(stream)
-        if group is None:
-            group = self._group_index_of[stream] = group_of(stream, self._groups)
-        return group
 
     def _emit_groups(self, sums: StepSums, streams_ok, seconds_ok, values_ok) -> Iterator:
         """One ``GroupBlock`` per (group, step) from the per-(stream, step) ``sums``."""
@@ -183,9 +148,3 @@ class ParseEvents(beam.DoFn):
                 original = EventBatch(streams_ok[rows], seconds_ok[rows], values_ok[rows])
             yield (key, step) if self._pre_aggregate else key, (block if self._pre_aggregate else (step, block, original))
 
-
-def _stable_order(small: np.ndarray) -> np.ndarray:
-    """``np.argsort(small, kind="stable")`` of non-negative ints, as a radix sort when they fit 16 bits."""
-    if len(small) and int(small.max()) < 1 << 16:
-        return np.argsort(small.astype(np.uint16), kind="stable")
-    return np.argsort(small, kind="stable")

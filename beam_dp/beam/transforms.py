@@ -31,8 +31,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.pvalue import PCollection
 
-from beam_dp.beam.batch_release import KeyReleaseDoFn, release_stage
-from beam_dp.beam.combine import GroupSteps, KeySteps, MergeKeySteps
+from beam_dp.beam.batch_release import release_stage
 from beam_dp.beam.domains import bind_noise_domain, release_labels
 from beam_dp.steps.events import EventBatch
 from beam_dp.beam.params import ContinualCountParams, ContinualSumParams, WindowedSumParams
@@ -56,11 +55,6 @@ def _by_stream(keyed_block):
     return stream, (step, block, None)
 
 
-def _by_key(keyed_block):
-    (key, step), block = keyed_block
-    return key, (step, block)
-
-
 class _ContinualRelease(beam.PTransform):
     """Shared expansion of the continual transforms (see the module docstring)."""
 
@@ -77,41 +71,29 @@ class _ContinualRelease(beam.PTransform):
         aggregate = params.event_time and (bounded if self.pre_aggregate is None else self.pre_aggregate)
         groups = getattr(params, "stream_groups", None)
         block_type = ClippedSum if groups is None else GroupBlock
-        by_key = aggregate and bounded and groups is not None  # a batch replay by groups: all steps at once
         # typed keys get deterministic coders; typed blocks the block coder (beam_dp.io.coders)
-        out_type = (Tuple[str, GroupSteps] if by_key else Tuple[Tuple[str, int], block_type] if aggregate
-                    else Tuple[str, Any])
-        parsed = events | "Parse" >> beam.ParDo(ParseEvents(params, aggregate, by_key)).with_output_types(
-            out_type).with_outputs(DEAD_LETTER, main="blocks")
+        parsed = events | "Parse" >> beam.ParDo(ParseEvents(params, aggregate)).with_output_types(
+            Tuple[Tuple[str, int], block_type] if aggregate else Tuple[str, Any]).with_outputs(DEAD_LETTER, main="blocks")
         blocks = parsed.blocks
+        if aggregate:
+            blocks = (
+                blocks
+                | "PreAggregate" >> beam.CombinePerKey(MergeClippedSums()).with_output_types(
+                    Tuple[Tuple[str, int], block_type])
+                | "ByStream" >> beam.Map(_by_stream).with_output_types(Tuple[str, Tuple[int, block_type, Any]])
+            )
         restored = [stream for stream, _ in (getattr(params, "restore_states", None) or ())]
         declared_streams = sorted(set(params.streams or ()) | set(restored))
-        declared = None
         if declared_streams:  # declared and restored streams release every step, data or not
             declared = events.pipeline | "DeclareStreams" >> beam.Create(
                 _declarations(declared_streams, groups, params.dim)).with_output_types(Tuple[str, Any])
+            blocks = (blocks, declared) | "WithDeclared" >> beam.Flatten()
         # the group count is in the stateful step's label: Dataflow refuses an --update that drops a
         # step (a changed count) unless mapped; a mapped one meets the count recorded in each key's state
         release = "Release" if groups is None else f"Release {groups} stream groups"
-        if aggregate and bounded:  # a batch replay: one combine per key over its steps, then its release
-            if not by_key:
-                blocks = blocks | "ByKey" >> beam.Map(_by_key).with_output_types(Tuple[str, Tuple[int, block_type]])
-            if declared is not None:
-                blocks = (blocks, declared) | "WithDeclared" >> beam.Flatten()
-            steps = blocks | "PreAggregate" >> beam.CombinePerKey(MergeKeySteps()).with_output_types(
-                Tuple[str, KeySteps])
-            released = steps | release >> beam.ParDo(KeyReleaseDoFn(params)).with_output_types(
-                Any if groups is None else ReleaseColumns).with_outputs(DEAD_LETTER, main="rows")
-        else:
-            if aggregate:
-                blocks = (
-                    blocks
-                    | "PreAggregate" >> beam.CombinePerKey(MergeClippedSums())
-                    | "ByStream" >> beam.Map(_by_stream).with_output_types(Tuple[str, Any])
-                )
-            if declared is not None:
-                blocks = (blocks, declared) | "WithDeclared" >> beam.Flatten()
-            released = release_stage(blocks, params, release, bounded)
+        # a batch replay: a GroupByKey and each key released in one call (every shuffled element stays one
+        # (key, step) block); a stream: the stateful shell
+        released = release_stage(blocks, params, release, bounded, rows_type=None if groups is None else ReleaseColumns)
         labels = release_labels(params)
         if groups is None:
             rows = released.rows | "Rows" >> beam.Map(labels).with_output_types(ReleaseRow)

@@ -8,7 +8,7 @@ import pickle
 import numpy as np
 import pytest
 
-from beam_dp.beam.combine import GroupSteps, MergeClippedSums, MergeKeySteps
+from beam_dp.beam.combine import MergeClippedSums
 from beam_dp.mechanisms.base import ClippedSum
 from beam_dp.mechanisms.stream_groups import GroupBlock
 
@@ -116,47 +116,3 @@ def test_unpickled_group_blocks_share_one_string_per_stream():
     np.testing.assert_array_equal(back.sums, original.sums)  # the same bytes, pickled and read back
     np.testing.assert_array_equal(back.counts, original.counts)
 
-
-@pytest.mark.parametrize("per_bundle", [1, 9, 1000])
-def test_one_combine_per_key_over_its_steps_gives_each_step_the_per_step_sum(per_bundle):
-    """``MergeKeySteps`` (a batch replay: keyed by group, not by (group, step)) hands the release stage, per
-    step, the block ``MergeClippedSums`` makes for that step; a declaration alone gives the key no step."""
-    rng = np.random.default_rng(5)
-    streams = [f"s{i:03d}" for i in range(30)]
-    items = [(int(rng.integers(1, 6)), _block(rng, rng.choice(streams, rng.integers(1, 9)))) for _ in range(120)]
-    items.append((3, None))  # a declaration of the key
-    fn = pickle.loads(pickle.dumps(MergeKeySteps()))
-    got = _bundles(fn, items, per_bundle)
-    assert [step for step, _, _ in got] == sorted({step for step, block in items if block is not None})
-    for step, block, original in got:
-        want = GroupBlock.combine([b for s, b in items if s == step and b is not None])
-        assert original is None and block.streams == want.streams
-        np.testing.assert_array_equal(block.counts, want.counts)
-        np.testing.assert_allclose(block.sums, want.sums, rtol=1e-12, atol=1e-12)  # another summation order
-    declared_only = MergeKeySteps()
-    assert declared_only.extract_output(declared_only.add_input(declared_only.create_accumulator(), (0, None, None))) == []
-
-
-def test_a_groups_cells_of_all_steps_at_once_sum_like_its_per_step_blocks():
-    """``GroupSteps`` (a batch replay's parse output: one group's cells of every step in one element) give
-    ``MergeKeySteps`` the same per-step blocks as the same cells sent as one ``GroupBlock`` per step."""
-    rng = np.random.default_rng(6)
-    streams = [f"s{i:03d}" for i in range(25)]
-    by_steps, per_step = [], []
-    for _ in range(12):  # 12 input blocks, each with cells of several steps
-        names = sorted(set(rng.choice(streams, 10).tolist()))
-        cells = [(i, step) for i in range(len(names)) for step in rng.choice(np.arange(1, 8), 3, replace=False)]
-        stream, step = (np.array(c) for c in zip(*cells))
-        sums, counts = rng.normal(size=(len(cells), D)), rng.integers(1, 4, len(cells))
-        by_steps.append(GroupSteps(tuple(names), stream.astype(np.int32), step, sums, counts, np.zeros(len(cells), np.int64)))
-        for s in np.unique(step):
-            at = np.flatnonzero(step == s)
-            per_step.append((int(s), GroupBlock(tuple(names[i] for i in stream[at]), sums[at], counts[at],
-                                                np.zeros(len(at), np.int64))))
-    got = _bundles(MergeKeySteps(), by_steps, 5)
-    want = _bundles(MergeKeySteps(), per_step, 1000)
-    assert [s for s, _, _ in got] == [s for s, _, _ in want]
-    for (_, a, _), (_, b, _) in zip(got, want):
-        assert a.streams == b.streams
-        np.testing.assert_array_equal(a.counts, b.counts)
-        np.testing.assert_allclose(a.sums, b.sums, rtol=1e-12, atol=1e-12)  # another summation order

@@ -11,11 +11,19 @@ import pyarrow as pa
 import pytest
 
 import beam_dp.io.coders as coders
-from beam_dp.beam.combine import KeySteps, MergeClippedSums, MergeKeySteps
+from beam_dp.beam.combine import MergeClippedSums
 from beam_dp.io import sinks, sources  # noqa: F401  (they register their types)
 from beam_dp.mechanisms.base import ClippedSum
 from beam_dp.mechanisms.stream_groups import GroupBlock
+from beam_dp.core.guarantee import Guarantee
+from beam_dp.core.release_batch import ReleaseBatch
 from beam_dp.steps.events import EventBatch
+from beam_dp.steps.schema import ReleaseColumns
+
+
+def _columns(names, rng) -> ReleaseColumns:
+    batch = ReleaseBatch(names, 3, "blt", rng.normal(size=(len(names), 8)), 0.5, 1e-7)
+    return ReleaseColumns(batch, Guarantee(epsilon=1.0, delta=1e-6), 0, 1_000_000)
 
 
 def _blocks():
@@ -25,8 +33,7 @@ def _blocks():
     events = EventBatch(np.array(names * 4, dtype=object), rng.uniform(0, 100, 10_000), rng.normal(size=(10_000, 8)))
     table = pa.table({"stream": list(names), "value": rng.normal(size=2500)})
     return {"group block": group, "event batch": events, "table": table,
-            "key steps": KeySteps([(s, GroupBlock(names, group.sums + s, group.counts, group.clipped), None)
-                                   for s in range(1, 4)]),  # distinct blocks: pickle would share a repeated one
+            "release columns": _columns(names, rng),
             "clipped sum": ClippedSum(np.ones(8), 3, 1)}
 
 
@@ -37,7 +44,7 @@ def test_the_estimate_is_the_pickled_size_within_a_factor_of_two(name):
     assert size / 2 <= coders.estimated_bytes(value) <= 2 * size
 
 
-@pytest.mark.parametrize("cls", [GroupBlock, EventBatch, pa.Table, KeySteps, ClippedSum])
+@pytest.mark.parametrize("cls", [GroupBlock, EventBatch, pa.Table, ReleaseColumns, ClippedSum])
 def test_registered_types_use_the_block_coder_and_size_without_pickling(cls, monkeypatch):
     coder = beam.coders.registry.get_coder(cls)
     assert isinstance(coder, coders.BlockCoder)
@@ -51,4 +58,3 @@ def test_registered_types_use_the_block_coder_and_size_without_pickling(cls, mon
 
 def test_the_combiners_accumulators_use_the_block_coder():
     assert isinstance(MergeClippedSums().get_accumulator_coder(), coders.BlockCoder)
-    assert isinstance(MergeKeySteps().get_accumulator_coder(), coders.BlockCoder)

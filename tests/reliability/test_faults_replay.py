@@ -92,7 +92,7 @@ def _inject(monkeypatch, shell: str, marker: Path) -> None:
                             lambda params: FlakyKeyReleaseDoFn(params, str(marker)))
         return
 
-    def stateful_stage(items, params, label, bounded, per_step_timers=None):
+    def stateful_stage(items, params, label, bounded, per_step_timers=None, rows_type=None):
         return items | label >> beam.ParDo(FlakyReleaseDoFn(params, False, str(marker))).with_outputs(
             DEAD_LETTER, main="rows")
     monkeypatch.setattr(transforms_module, "release_stage", stateful_stage)
