@@ -265,7 +265,12 @@ class DriverDoFn(DriverShell):
             self._pending = list(getattr(self, "_pending", ())) + letters
             return state
         streaming = self._per_step_timers and self._driver.clock is not None
-        state = self._driver.open(key, provisional=streaming)
+        try:
+            state = self._driver.open(key, provisional=streaming)
+        except UnreadableState as exc:  # a restored snapshot this version cannot read: the key ends, no retry
+            state, letters = self.unreadable(key, key_state, buffer, exc, sums)
+            self._pending = list(getattr(self, "_pending", ())) + letters
+            return state
         state.stream_groups = self._groups
         if self._driver.clock is None:
             if self._driver.block_size is None:  # marker steps: the end of the input closes the rest

@@ -122,3 +122,16 @@ def test_a_bounded_replay_uses_the_key_shell_and_a_stream_the_stateful_one():
     _ = unbounded | TestStream().add_elements([("a", 1001.0, [0.5])]) | ContinualSum(params)
     names = _transforms(unbounded)
     assert "ContinualReleaseDoFn" in names and "KeyReleaseDoFn" not in names
+
+
+@pytest.mark.parametrize("shell", [KeyReleaseDoFn, ContinualReleaseDoFn])
+def test_a_restored_snapshot_this_version_cannot_read_ends_its_stream_with_one_letter(shell, tmp_path):
+    """A replay whose restored state for ``a`` is not a state (corrupt bytes): ``a`` ends with one
+    ``unreadable_state`` letter and its items are dead-lettered ``stream_ended`` (no crash, no release);
+    ``b`` releases every step. In both shells (the stateful one used to fail the pipeline here)."""
+    params = ContinualSumParams(dim=2, epsilon=1.0, clip_bound=1.0, clock=CLOCK, noise_key=NoiseKey(domain="shells"),
+                                restore_states=(("a", b"not a beam_dp state"),))
+    items = [("a", (3, ClippedSum(np.ones(2) * 0.1, 1, 0), "raw a")), ("b", (3, ClippedSum(np.ones(2) * 0.1, 1, 0), None))]
+    rows, letters = _collect(params, items, shell, tmp_path)
+    assert {s for s, _, _ in rows} == {"b"} and len(rows) == 12
+    assert sorted(letters) == [("stream_ended", "a"), ("unreadable_state", "a")]
