@@ -283,9 +283,9 @@ class JobVerifier:
         checked = valid & declared
         recomputed = np.full(len(eps), -np.inf)
         if checked.any():  # one recomputation per distinct (declaration, delta): few per job
-            deltas, delta_of = np.unique(dlt[checked], return_inverse=True)  # integer codes: two flat sorts,
-            pairs, inverse = np.unique(noise[checked].astype(np.int64) * len(deltas) + delta_of,  # not a sort of
-                                       return_inverse=True)  # pairs (np.unique(axis=1): 20x slower)
+            # each (declaration, delta) pair as one integer code: two flat sorts, not np.unique(axis=1) (20x slower)
+            deltas, delta_of = np.unique(dlt[checked], return_inverse=True)
+            pairs, inverse = np.unique(noise[checked].astype(np.int64) * len(deltas) + delta_of, return_inverse=True)
             recomputed[checked] = np.array([recomputed_epsilon(self._losses[int(p // len(deltas))],
                                                                float(deltas[p % len(deltas)])) for p in pairs.tolist()],
                                            dtype=np.float64)[inverse.ravel()]

@@ -90,15 +90,15 @@ def release_stage(items: beam.PCollection, params: Any, label: str, bounded: boo
                   per_step_timers: bool | None = None, rows_type: Any = None) -> beam.pvalue.DoOutputsTuple:
     """``items`` keyed for the driver → ``(rows, dead_letter)`` outputs: on a bounded input a
     ``GroupByKey`` and :class:`KeyReleaseDoFn`, else the stateful :class:`ContinualReleaseDoFn`
-    (``per_step_timers``: default ``not bounded``). ``label`` names the release step; ``rows_type``
+    (``per_step_timers``: default True). ``label`` names the release step; ``rows_type``
     (optional) the type of its releases (``ReleaseColumns``: sized by the block coder, not pickled)."""
     if bounded:
         grouped = items | f"{label}: by key" >> beam.GroupByKey()
         release = beam.ParDo(KeyReleaseDoFn(params))
     else:
         grouped = items
-        release = beam.ParDo(ContinualReleaseDoFn(params, per_step_timers=not bounded if per_step_timers is None
-                                                  else per_step_timers))
+        timers = True if per_step_timers is None else per_step_timers
+        release = beam.ParDo(ContinualReleaseDoFn(params, per_step_timers=timers))
     if rows_type is not None:
         release = release.with_output_types(rows_type)
     return grouped | label >> release.with_outputs(DEAD_LETTER, main="rows")

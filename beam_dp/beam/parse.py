@@ -147,4 +147,3 @@ class ParseEvents(beam.DoFn):
                 rows = members[i]
                 original = EventBatch(streams_ok[rows], seconds_ok[rows], values_ok[rows])
             yield (key, step) if self._pre_aggregate else key, (block if self._pre_aggregate else (step, block, original))
-

@@ -73,7 +73,8 @@ class _ContinualRelease(beam.PTransform):
         block_type = ClippedSum if groups is None else GroupBlock
         # typed keys get deterministic coders; typed blocks the block coder (beam_dp.io.coders)
         parsed = events | "Parse" >> beam.ParDo(ParseEvents(params, aggregate)).with_output_types(
-            Tuple[Tuple[str, int], block_type] if aggregate else Tuple[str, Any]).with_outputs(DEAD_LETTER, main="blocks")
+            Tuple[Tuple[str, int], block_type] if aggregate else Tuple[str, Any]).with_outputs(
+            DEAD_LETTER, main="blocks")
         blocks = parsed.blocks
         if aggregate:
             blocks = (
@@ -93,7 +94,8 @@ class _ContinualRelease(beam.PTransform):
         release = "Release" if groups is None else f"Release {groups} stream groups"
         # a batch replay: a GroupByKey and each key released in one call (every shuffled element stays one
         # (key, step) block); a stream: the stateful shell
-        released = release_stage(blocks, params, release, bounded, rows_type=None if groups is None else ReleaseColumns)
+        released = release_stage(blocks, params, release, bounded,
+                                 rows_type=None if groups is None else ReleaseColumns)
         labels = release_labels(params)
         if groups is None:
             rows = released.rows | "Rows" >> beam.Map(labels).with_output_types(ReleaseRow)

@@ -66,12 +66,12 @@ def philox4x64(counter: np.ndarray, key: np.ndarray) -> np.ndarray:
     out = np.empty((len(x), 4), dtype=np.uint64)
     for start in range(0, len(x), _CHUNK):
         stop = min(len(x), start + _CHUNK)
-        out[start:stop] = _philox_rounds(x[start:stop], keys_all[start:stop])
+        _philox_rounds(x[start:stop], keys_all[start:stop], out[start:stop])
     return out.reshape(shape + (4,))
 
 
-def _philox_rounds(x: np.ndarray, key: np.ndarray) -> np.ndarray:
-    """The ten rounds on ``x (n, 4)`` counters and ``key (n, 2)`` keys (``philox4x64`` on one chunk)."""
+def _philox_rounds(x: np.ndarray, key: np.ndarray, out: np.ndarray) -> None:
+    """The ten rounds on ``x (n, 4)`` counters and ``key (n, 2)`` keys, into ``out (n, 4)`` (one chunk)."""
     keys = key.T.copy()  # (k0, k1) rows
     mult, other = x[:, 0::2].T.copy(), x[:, 1::2].T.copy()  # (v0, v2): the words multiplied; (v1, v3)
     a_lo, a_hi, low, lh, hl, mid, high = (np.empty_like(mult) for _ in range(7))
@@ -97,10 +97,8 @@ def _philox_rounds(x: np.ndarray, key: np.ndarray) -> np.ndarray:
         np.bitwise_xor(high[::-1], other, out=mult)
         mult ^= keys
         other[0], other[1] = low[1], low[0]
-    out = np.empty((x.shape[0], 4), dtype=np.uint64)
     out[:, 0::2] = mult.T
     out[:, 1::2] = other.T
-    return out
 
 
 class CellKeys:
