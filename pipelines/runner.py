@@ -332,10 +332,12 @@ def _launch(argv: list[str], job: Job, where: list) -> int:
     params_or_usage_error(lambda: spec.validate(job.name, opts), "flags")
     check_noise_key(opts, runner_name(options), streaming)
     local = is_local_runner(runner_name(options))
-    if local:  # this process runs the pipeline: give freed memory back (pipelines.heap)
+    if local:  # this process runs the pipeline: give freed memory back, hold a shuffle once
         from pipelines.heap import limit_heap_retention
+        from pipelines.local_shuffle import stream_local_shuffles
 
         limit_heap_retention()
+        stream_local_shuffles()
     with RunOutputs(opts.output, private_dir(opts), staged=local and not streaming) as outputs:
         where.append(outputs)
         opts.output, opts.dead_letter_output = outputs.output, outputs.private

@@ -1,0 +1,101 @@
+"""``pipelines.local_shuffle``: the in-process runner's grouped inputs leave in pieces, unchanged.
+
+Each change is checked against Beam's own code on the same input (never through the process-wide
+patch, so the other tests see the runner as the job leaves it)."""
+
+from __future__ import annotations
+
+import inspect
+
+import apache_beam as beam
+import numpy as np
+import pytest
+from apache_beam import coders
+from apache_beam.portability.api import beam_fn_api_pb2
+from apache_beam.runners.portability.fn_api_runner import execution
+from apache_beam.runners.worker import data_plane
+from apache_beam.transforms import core, window
+from apache_beam.utils.windowed_value import WindowedValue
+
+from pipelines import local_shuffle, runner
+
+def _beams(function):
+    """Beam's own function, also once a job in this process has applied the changes."""
+    return getattr(function, "__wrapped__", function)
+
+
+_KV = coders.TupleCoder([coders.StrUtf8Coder(), coders.PickleCoder()])
+_GROUPED = coders.TupleCoder([coders.StrUtf8Coder(), coders.IterableCoder(coders.PickleCoder())])
+
+
+def _filled_buffer(keys: int, values_per_key: int, floats: int) -> execution.GroupingBuffer:
+    buffer = execution.GroupingBuffer(coders.WindowedValueCoder(_KV), coders.WindowedValueCoder(_GROUPED),
+                                      core.Windowing(window.GlobalWindows()))
+    rng = np.random.default_rng(0)
+    stream = coders.WindowedValueCoder(_KV).get_impl()
+    for v in range(values_per_key):
+        out = beam.coders.coder_impl.create_OutputStream()
+        for k in range(keys):
+            value = WindowedValue((f"key-{k:04d}", rng.standard_normal(floats)), 0, [window.GlobalWindow()])
+            stream.encode_to_stream(value, out, True)
+        buffer.append(out.get())
+    return buffer
+
+
+def test_the_pieces_joined_are_beams_bytes():
+    # 300 keys x 4 values x 8 KB: ~10 MB encoded, so about two pieces of 8 MB
+    ours, beams = _filled_buffer(300, 4, 1024), _filled_buffer(300, 4, 1024)
+    pieces = local_shuffle._in_pieces(_beams(execution.GroupingBuffer.partition))(ours, 1)[0]
+    whole = _beams(execution.GroupingBuffer.partition)(beams, 1)[0]
+    assert len(whole) == 1 and len(pieces) >= 2
+    assert b"".join(pieces) == whole[0]
+
+
+def test_a_partition_for_several_workers_is_beams_own():
+    ours, beams = _filled_buffer(40, 2, 16), _filled_buffer(40, 2, 16)
+    assert local_shuffle._in_pieces(_beams(execution.GroupingBuffer.partition))(ours, 3) == \
+        _beams(execution.GroupingBuffer.partition)(beams, 3)
+
+
+def _data(instruction: str, payload: bytes, last: bool = False):
+    return beam_fn_api_pb2.Elements.Data(instruction_id=instruction, transform_id="t", data=payload, is_last=last)
+
+
+def test_read_messages_leave_the_channel_and_the_others_stay():
+    messages = [_data("a", b"1"), _data("b", b"2"), _data("a", b""), _data("a", b"3"),
+                beam_fn_api_pb2.Elements.Timers(instruction_id="a", transform_id="t", timers=b"x"),
+                _data("a", b"", last=True)]
+    ours, beams = data_plane.InMemoryDataChannel(), data_plane.InMemoryDataChannel()
+    ours._inputs, beams._inputs = list(messages), list(messages)
+    read = local_shuffle._releasing_inputs(ours, "a", None)
+    first = next(read)
+    assert first == messages[0] and not any(m is first for m in ours._inputs)
+    assert [first, *read] == list(_beams(data_plane.InMemoryDataChannel.input_elements)(beams, "a", None))
+    assert ours._inputs == beams._inputs == [messages[1]]
+
+
+class _Worker:
+    def __init__(self, channel):
+        self.data_conn = channel
+
+
+def test_each_piece_is_sent_once_the_buffer_is_full():
+    channel = data_plane.InMemoryDataChannel()
+    sender = type("Sender", (), {"_worker_handler": _Worker(channel)})()
+    pieces = [b"x" * (6 << 20), b"y" * (6 << 20), b"z" * 10]
+    local_shuffle._send_in_pieces(sender, "bundle", "read", pieces)
+    sent = [m for m in channel.inverse()._inputs if isinstance(m, beam_fn_api_pb2.Elements.Data)]
+    assert len([m for m in sent if m.data]) == 2  # 12 MB flushed past the 10 MB threshold, then the rest
+    assert b"".join(m.data for m in sent) == b"".join(pieces)
+
+
+def test_other_beam_versions_are_left_alone(monkeypatch):
+    monkeypatch.setattr(beam, "__version__", "2.99.0")
+    before = execution.GroupingBuffer.partition
+    assert local_shuffle.stream_local_shuffles() is False
+    assert execution.GroupingBuffer.partition is before
+
+
+def test_a_local_run_streams_its_shuffles():
+    source = inspect.getsource(runner._launch)
+    assert "stream_local_shuffles()" in source.split("if local:", 1)[1].split("with RunOutputs", 1)[0]
