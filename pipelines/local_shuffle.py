@@ -1,29 +1,33 @@
-"""Shuffles of a local run handed on in pieces: Beam's in-process runner holds a grouped stage input once.
+"""Shuffles of a local run handed on in pieces: Beam's in-process runner holds a grouped input once.
 
 The FnApiRunner groups a stage's input (a ``GroupByKey``, a combiner's shuffle) in memory, then
 encodes *all* of it into one byte string, writes that into its in-memory data channel as one message
 (copied into a protobuf), and the worker copies the message's bytes again before decoding them, while
-the channel keeps every message until the bundle ends. At 10M events (10,000 streams × 200 steps,
-4 stream groups) the release stage's input is 166 MB encoded, so the job held it three or four times
-at once (peak RSS ~1,050 MB; issue 26). :func:`stream_local_shuffles` changes three things, for this
-process only, and only on the Beam versions it was checked on (:data:`CHECKED_BEAM`):
+the channel keeps every message, and the runner its byte string, until the bundle ends. At 10M events
+(10,000 streams × 200 steps, 4 stream groups) the release stage's input is 166 MB encoded, so the job
+held it three or four times at once (peak RSS ~1,050 MB; issue 26). :func:`stream_local_shuffles`
+changes three things, for this process only, and only on the Beam versions it was checked on
+(:data:`CHECKED_BEAM`):
 
 * a grouping buffer encodes its keys in pieces of about :data:`PIECE_BYTES` (whole keys, in Beam's
   order: the pieces joined are exactly the bytes Beam made);
-* the runner sends each piece as soon as the channel's buffer is full (``maybe_flush``), so no message
-  holds a whole stage input;
+* the runner hands the worker each piece of a grouped input as it is: the channel makes a piece's
+  message only when the worker reads it, and the runner lets go of the piece then. A grouped input
+  is read once (the stage that reads a ``GroupByKey`` is the only one that does); a second read
+  fails loudly instead of finding it empty. Other inputs are sent as before, flushed after each of
+  their byte strings (whole elements);
 * the channel lets go of each message once the worker has read it.
 
 Elements, their order and their encoding are unchanged; nothing else about the runner is touched.
-Peak RSS of the 10M-event job: 1,057 → 870 MB (docs/benchmarks.md). Runners other than the
-in-process one (Dataflow, Flink, Prism) never use these classes.
+Peak RSS of the 10M-event job: 1,057 → 870 MB with the pieces alone (docs/benchmarks.md). Runners
+other than the in-process one (Dataflow, Flink, Prism) never use these classes.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-from typing import Any, Iterable
+from typing import Any
 
 __all__ = ["CHECKED_BEAM", "PIECE_BYTES", "stream_local_shuffles"]
 
@@ -60,6 +64,8 @@ def _in_pieces(partition):
     ``partition`` encodes each piece: the keys of a piece become a table of their own)."""
 
     def partition_in_pieces(self, n: int):
+        if getattr(self, "_beam_dp_handed_on", False):
+            raise RuntimeError("beam_dp.local_shuffle: a grouped input was read twice after it was handed on")
         if self._grouped_output or n != 1 or not self._windowing.is_default() or len(self._table) < 2:
             return partition(self, n)
         table, pieces = self._table, []
@@ -87,11 +93,39 @@ def _keys_per_piece(table: dict, keys: list) -> int:
     return max(1, int(PIECE_BYTES // max(per_key, 1.0)))
 
 
-def _send_in_pieces(self, process_bundle_id: str, read_transform_id: str, byte_streams: Iterable[bytes]) -> None:
-    """``BundleManager._send_input_to_worker``, flushing after each piece (a piece is whole elements)."""
-    data_out = self._worker_handler.data_conn.output_stream(process_bundle_id, read_transform_id)
-    for piece in byte_streams or []:
-        data_out.write(piece)
+class _Piece:
+    """A piece of a grouped input waiting in the channel: its message is made when the worker reads it."""
+
+    __slots__ = ("instruction_id", "transform_id", "data")
+
+    def __init__(self, instruction_id: str, transform_id: str, data: bytes):
+        self.instruction_id, self.transform_id, self.data = instruction_id, transform_id, data
+
+    def message(self):
+        from apache_beam.portability.api import beam_fn_api_pb2
+
+        data, self.data = self.data, None
+        return beam_fn_api_pb2.Elements.Data(instruction_id=self.instruction_id, transform_id=self.transform_id,
+                                             data=data)
+
+
+def _send_in_pieces(self, process_bundle_id: str, read_transform_id: str, byte_streams: Any) -> None:
+    """``BundleManager._send_input_to_worker``: a grouped input's pieces handed on one by one (see the
+    module docstring); any other input written and flushed after each byte string (whole elements)."""
+    from apache_beam.runners.portability.fn_api_runner.execution import GroupingBuffer
+    from apache_beam.runners.worker.data_plane import InMemoryDataChannel
+
+    channel = self._worker_handler.data_conn
+    data_out = channel.output_stream(process_bundle_id, read_transform_id)
+    if isinstance(byte_streams, GroupingBuffer) and isinstance(channel, InMemoryDataChannel):
+        pieces = byte_streams.partition(1)[0]
+        byte_streams._beam_dp_handed_on = True
+        channel.inverse()._inputs.extend(_Piece(process_bundle_id, read_transform_id, p) for p in pieces if p)
+        pieces.clear()  # the channel holds them now, and lets each go once the worker has read it
+        data_out.close()
+        return
+    for chunk in byte_streams or []:
+        data_out.write(chunk)
         data_out.maybe_flush()
     data_out.close()
 
@@ -106,6 +140,8 @@ def _releasing_inputs(self, instruction_id: str, unused_expected_inputs: Any, ab
     self._inputs = []
     while inputs:
         element = inputs.popleft()
+        if isinstance(element, _Piece) and element.instruction_id == instruction_id:
+            element = element.message()
         if element.instruction_id != instruction_id:
             others.append(element)
         elif isinstance(element, beam_fn_api_pb2.Elements.Timers):

@@ -89,6 +89,23 @@ def test_each_piece_is_sent_once_the_buffer_is_full():
     assert b"".join(m.data for m in sent) == b"".join(pieces)
 
 
+def test_a_grouped_input_is_handed_on_once_piece_by_piece():
+    ours, beams = _filled_buffer(300, 4, 1024), _filled_buffer(300, 4, 1024)
+    whole = _beams(execution.GroupingBuffer.partition)(beams, 1)[0][0]
+    ours.partition = local_shuffle._in_pieces(_beams(execution.GroupingBuffer.partition)).__get__(ours)
+    channel = data_plane.InMemoryDataChannel()
+    sender = type("Sender", (), {"_worker_handler": _Worker(channel)})()
+    local_shuffle._send_in_pieces(sender, "bundle", "read", ours)
+    waiting = [m for m in channel.inverse()._inputs if isinstance(m, local_shuffle._Piece)]
+    assert len(waiting) >= 2 and not ours._grouped_output[0]  # the runner let go of them
+    read = list(local_shuffle._releasing_inputs(channel.inverse(), "bundle", None))
+    assert all(isinstance(m, beam_fn_api_pb2.Elements.Data) for m in read)
+    assert b"".join(m.data for m in read) == whole
+    assert all(piece.data is None for piece in waiting) and not channel.inverse()._inputs
+    with pytest.raises(RuntimeError, match="read twice"):
+        ours.partition(1)
+
+
 def test_other_beam_versions_are_left_alone(monkeypatch):
     monkeypatch.setattr(beam, "__version__", "2.99.0")
     before = execution.GroupingBuffer.partition
