@@ -28,8 +28,8 @@ import pyarrow.csv as pacsv
 from apache_beam.io.filesystems import FileSystems
 
 from beam_dp.beam import DeadLetter, Reason
+from beam_dp.beam.blocks import LabelledColumns  # imported from here: registered with its coder
 from beam_dp.beam.parse import DEAD_LETTER
-from beam_dp.steps.columns import LabelledColumns
 from beam_dp.io.tables import read_csv_batches, read_parquet_batches
 from pipelines.common import ReadMessages, input_header, match_files
 from pipelines.rows import features_of, indexed_columns, number

@@ -38,7 +38,7 @@ from beam_dp.steps.columns import LabelledColumns
 from beam_dp.steps.events import DETAIL, DeadLetter
 from beam_dp.steps.policies import split_rows
 
-__all__ = ["BlockOriginals", "BundleBlocks", "ColumnRows", "column_rows", "stack_rows"]
+__all__ = ["BlockOriginals", "BundleBlocks", "ColumnRows", "LabelledColumns", "column_rows", "stack_rows"]
 
 register_block_coders(LabelledColumns)  # a file's batch of rows: Beam's size sampling must not pickle it
 

@@ -9,7 +9,8 @@
   elements, every w0 elements.
 
 Elements: ``(stream_id, features, label)`` tuples, or mappings / ``beam.Row``s with fields
-``stream_id``, ``features``, ``label``. Steps are **count steps** (blocks of b0, B or w0 valid
+``stream_id``, ``features``, ``label``, or :class:`~beam_dp.steps.columns.LabelledColumns` blocks of
+them (a file's batch, validated in vectorised passes with the same dead letters per row). Steps are **count steps** (blocks of b0, B or w0 valid
 elements in arrival order per stream): the arrival count per stream is public and Beam does not
 fix the order of elements within a key. Invalid elements (features of the wrong width, NaN/inf,
 labels outside ``classes``, bad stream ids) go to ``dead_letter`` and do not count.
@@ -180,9 +181,11 @@ class SlidingWindowModelParams(_ERMParams):
 
 
 class ParseLabelledExamples(beam.DoFn):
-    """Validate labelled examples; emit their blocks ``(stream, (None, LabelledRows, elements))`` (a
-    bundle's valid examples of one stream in arrival order, :class:`~beam_dp.beam.blocks.BundleBlocks`)
-    or a dead letter per bad one. The value never appears in a dead letter's ``detail``."""
+    """Validate labelled examples (one by one, or a ``LabelledColumns`` block at once:
+    :func:`~beam_dp.beam.blocks.column_rows`); emit their blocks ``(stream, (None, LabelledRows,
+    elements))`` (a bundle's valid examples of one stream in arrival order,
+    :class:`~beam_dp.beam.blocks.BundleBlocks`) or a dead letter per bad one. The value never appears
+    in a dead letter's ``detail``."""
 
     MAX_ROWS = 4096  # rows per block: a bundle's examples of one stream leave in blocks of at most this
 

@@ -11,7 +11,8 @@ here: clipping, noise and accounting happen in the mechanisms (``beam_dp.mechani
 Records:
 
 * ``OnlineLearner``: ``(stream_id, features, label)`` or a mapping / ``beam.Row`` with fields
-  ``stream_id``, ``features``, ``label``. One record per step in arrival order within a stream
+  ``stream_id``, ``features``, ``label``, or a :class:`~beam_dp.steps.columns.LabelledColumns` block
+  of them (count steps: validated in vectorised passes, with the same dead letters per row). One record per step in arrival order within a stream
   (count steps): **the arrival order and count are public**, as are release times.
 * ``IncrementalRegression``: the same, plus ``timestamp`` (``(stream_id, timestamp, features,
   label)``) when steps come from a ``StepClock``; with ``block_size = b`` a step is ``b`` records.
@@ -185,7 +186,8 @@ class ParseRecords(beam.DoFn):
     """Validate ``(stream, [timestamp,] features, label)`` records; emit
     ``(stream, (step, record, original))`` for ``ContinualReleaseDoFn`` or a dead letter. With count steps
     (no clock) a bundle's valid records of one stream leave as one block ``(stream, (None, RecordRows,
-    elements))`` in arrival order (:class:`~beam_dp.beam.blocks.BundleBlocks`)."""
+    elements))`` in arrival order (:class:`~beam_dp.beam.blocks.BundleBlocks`), and a ``LabelledColumns``
+    block is validated at once (the mechanism's ``records``, :func:`~beam_dp.beam.blocks.column_rows`)."""
 
     MAX_ROWS = 4096  # records per block
     BISECT_ROWS = 16  # a refused run of columnar rows at most this long is checked row by row

@@ -22,7 +22,7 @@ import pytest
 from beam_dp.beam import ContinualModelParams, ContinualModelRelease, IncrementalRegression, \
     IncrementalRegressionParams, OnlineLearner, OnlineLearnerParams
 from beam_dp.beam.blocks import BlockOriginals
-from beam_dp.beam.parse import DEAD_LETTER
+from beam_dp.io.coders import BlockCoder
 from beam_dp.steps.events import DeadLetter
 from pipelines import model_release, online_learning
 from pipelines.records import ReadRecords, labelled_columns
@@ -145,3 +145,4 @@ def test_a_block_row_is_the_per_row_record_and_its_originals_stay_columns_until_
     letters = originals.letters(DeadLetter("stream_ended", "ended", "s1", None))
     assert [letter.element for letter in letters] == ["e0", spec.record(batch.to_pylist()[2]),
                                                       spec.record(batch.to_pylist()[0])]
+    assert isinstance(beam.coders.registry.get_coder(type(block)), BlockCoder)  # sized, not pickled, by Beam
