@@ -146,3 +146,64 @@ def test_a_block_row_is_the_per_row_record_and_its_originals_stay_columns_until_
     assert [letter.element for letter in letters] == ["e0", spec.record(batch.to_pylist()[2]),
                                                       spec.record(batch.to_pylist()[0])]
     assert isinstance(beam.coders.registry.get_coder(type(block)), BlockCoder)  # sized, not pickled, by Beam
+
+
+def test_json_lines_and_a_features_list_column_equal_the_per_row_path(tmp_path):
+    # JSON-lines rows are built one by one (a block of odd rows); a Parquet ``features`` list column wins
+    # over x_0.. where it is set, as in the per-row path
+    params = ContinualModelParams(n_features=3, classes=("a", "b", "c"), epsilon=1.0, update=4, base=8)
+    spec = model_release.labelled(params)
+    rows = _rows(["a", "b", "c"])
+    lines = [json.dumps({"stream_id": r[0], "x_0": r[1], "x_1": r[2], "x_2": r[3], "label": r[4]}) for r in rows]
+    lines[3:3] = ["not json", json.dumps({"stream_id": "s1", "features": [0.1, None, 0.2], "label": "a"})]
+    (tmp_path / "train.jsonl").write_text("\n".join(lines) + "\n")
+    _assert_same(*_both(str(tmp_path / "train.jsonl"), spec, spec.record, ContinualModelRelease(params)),
+                 min_releases=6, min_letters=2)
+    features = [None] * len(rows)
+    features[2], features[9], features[11] = [0.5, 0.5, 0.5], [0.5, float("nan"), 0.5], [1.0, 2.0]
+    table = pa.table({"stream_id": [r[0] for r in rows], **{f"x_{j}": [r[1 + j] for r in rows] for j in range(3)},
+                      "features": pa.array(features, pa.list_(pa.float64())), "label": [r[4] for r in rows]})
+    pq.write_table(table, tmp_path / "train.parquet")
+    _assert_same(*_both(str(tmp_path / "train.parquet"), spec, spec.record, ContinualModelRelease(params)),
+                 min_releases=6, min_letters=2)
+
+
+@pytest.mark.parametrize("family", ["erm", "online"])
+def test_only_odd_and_refused_rows_take_the_per_record_check(family):
+    from beam_dp.beam.blocks import column_rows
+    from beam_dp.beam.erm import ParseLabelledExamples
+    from beam_dp.beam.learners import ParseRecords
+
+    rng = np.random.default_rng(1)
+    n = 200
+    labels = ["a", "b"] * (n // 2) if family == "erm" else [1.0, -1.0] * (n // 2)
+    x = rng.normal(size=(n, 3))
+    x[17, 1] = np.nan  # refused by the vectorised check
+    cells = {"stream_id": [f"s{i % 3}" for i in range(n)], **{f"x_{j}": list(x[:, j]) for j in range(3)},
+             "label": labels}
+    cells["x_2"][40] = None  # odd
+    if family == "erm":
+        params = ContinualModelParams(n_features=3, classes=("a", "b"), epsilon=1.0, update=4, base=8)
+        parse, spec = ParseLabelledExamples(params), model_release.labelled(params)
+    else:
+        params = OnlineLearnerParams(dim=3, constraint={"kind": "l2_ball", "radius": 1.0}, epsilon=1.0, window=4)
+        parse, spec = ParseRecords(params), online_learning.labelled(3)
+    parse.setup()
+    block = labelled_columns(pa.record_batch(cells), spec)
+    checked = []
+
+    def check(element):
+        checked.append(element)
+        return parse._check(element)
+
+    found = column_rows(block, None, check, parse._vector)
+    # the learners bisect around a refused row: at most BISECT_ROWS rows about it are checked one by one
+    assert {str(block.record(17)), str(block.record(40))} <= set(map(str, checked))
+    assert len(checked) <= 2 + (0 if family == "erm" else ParseRecords.BISECT_ROWS)
+    assert [letter.reason for letter in found.letters] == ["non_finite", "bad_value"]
+    per_record = [parse._check(block.record(i)) for i in range(n)]
+    for stream, rows, xs, ys in found.chunks:  # the vectorised values are the per-record ones, in order
+        assert all(per_record[i][0] == stream for i in rows.tolist())
+        np.testing.assert_array_equal(xs, np.stack([per_record[i][1][0] for i in rows.tolist()]))
+        np.testing.assert_array_equal(ys, np.array([per_record[i][1][1] for i in rows.tolist()]))
+    assert sum(len(rows) for _, rows, _, _ in found.chunks) == n - 2
