@@ -70,8 +70,12 @@ class Labelled:
 
 
 def _column(batch: pa.RecordBatch, name: str) -> pa.Array:
+    """The column ``name`` as its rows read it (a dictionary-encoded Parquet column decoded; nulls if absent)."""
     index = batch.schema.get_field_index(name)
-    return batch.column(index) if index >= 0 else pa.nulls(batch.num_rows)
+    if index < 0:
+        return pa.nulls(batch.num_rows)
+    column = batch.column(index)
+    return column.dictionary_decode() if pa.types.is_dictionary(column.type) else column
 
 
 def _numbers(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:

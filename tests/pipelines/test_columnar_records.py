@@ -146,6 +146,11 @@ def test_a_block_row_is_the_per_row_record_and_its_originals_stay_columns_until_
     assert [letter.element for letter in letters] == ["e0", spec.record(batch.to_pylist()[2]),
                                                       spec.record(batch.to_pylist()[0])]
     assert isinstance(beam.coders.registry.get_coder(type(block)), BlockCoder)  # sized, not pickled, by Beam
+    encoded = pa.record_batch({name: column.dictionary_encode() if name != "x_0" else column
+                               for name, column in zip(batch.schema.names, batch.columns)})
+    block = labelled_columns(encoded, spec)  # dictionary-encoded (Parquet categorical) columns read as their values
+    assert [block.record(i) for i in range(3)] == [spec.record(row) for row in batch.to_pylist()]
+    assert set(block.odd) == {2}
 
 
 def test_json_lines_and_a_features_list_column_equal_the_per_row_path(tmp_path):
