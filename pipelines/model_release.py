@@ -13,6 +13,7 @@ runs on scikit-learn's bundled digits (one stream, 10 classes, features scaled t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from pipelines.outputs import private_dir
@@ -108,20 +109,25 @@ def to_example(row: dict, dim: int, classification: bool) -> tuple:
     return row.get("stream_id"), features_of(row, dim), _class_label(label) if classification else number(label)
 
 
+def labelled(params: Any):
+    """How the job reads its examples (``pipelines.records.Labelled``): files in columns, messages by ``to_example``."""
+    from pipelines.records import Labelled
+
+    classification = params.classes is not None
+    return Labelled(params.n_features, partial(to_example, dim=params.n_features, classification=classification),
+                    _class_label if classification else None)
+
+
 def build(pipeline, job: Plan, opts, messages=None):
     """Add the job to ``pipeline``; returns the transform's ``ContinualOutputs``."""
-    import apache_beam as beam
-
     import beam_dp.beam as transforms
     from pipelines.common import write_dead_letters, write_releases
     from pipelines.records import ReadRecords
 
-    records, bad_rows = pipeline | "ReadRecords" >> ReadRecords(opts, job.pattern, messages)
     params = job.params
+    examples, bad_rows = pipeline | "ReadRecords" >> ReadRecords(opts, job.pattern, messages, labelled(params))
     name = ALGORITHMS[opts.algorithm][1]
-    out = (records
-           | "ToExamples" >> beam.Map(to_example, params.n_features, params.classes is not None)
-           | name >> getattr(transforms, name)(params))
+    out = examples | name >> getattr(transforms, name)(params)
     write_releases(out.releases, job.out_dir, "models", opts.format, job.streaming)
     write_dead_letters({"read": bad_rows, "models": out.dead_letter}, private_dir(opts), job.streaming)
     return out

@@ -14,6 +14,7 @@ breast-cancer data (online, labels -1/+1) or diabetes data (regression), rows sc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from pipelines.outputs import private_dir
@@ -130,19 +131,30 @@ def to_record(row: dict, dim: int, event_time: bool) -> tuple:
     return row.get("stream_id"), features, label
 
 
+def labelled(dim: int):
+    """How the job reads count-step records (``pipelines.records.Labelled``): files in columns, messages by ``to_record``."""
+    from pipelines.records import Labelled
+
+    return Labelled(dim, partial(to_record, dim=dim, event_time=False))
+
+
 def build(pipeline, job: Plan, opts, messages=None):
-    """Add the job to ``pipeline``; returns the transform's ``ContinualOutputs``."""
+    """Add the job to ``pipeline``; returns the transform's ``ContinualOutputs``. Event-time records
+    (with a timestamp) are read row by row."""
     import apache_beam as beam
 
     from beam_dp.beam import IncrementalRegression, OnlineLearner
     from pipelines.common import write_dead_letters, write_releases
     from pipelines.records import ReadRecords
 
-    records, bad_rows = pipeline | "ReadRecords" >> ReadRecords(opts, job.pattern, messages)
     transform = OnlineLearner if opts.learner == "online" else IncrementalRegression
-    out = (records
-           | "ToRecords" >> beam.Map(to_record, job.params.dim, job.event_time)
-           | transform.__name__ >> transform(job.params))
+    if job.event_time:
+        rows, bad_rows = pipeline | "ReadRecords" >> ReadRecords(opts, job.pattern, messages)
+        records = rows | "ToRecords" >> beam.Map(to_record, job.params.dim, True)
+    else:
+        records, bad_rows = pipeline | "ReadRecords" >> ReadRecords(opts, job.pattern, messages,
+                                                                   labelled(job.params.dim))
+    out = records | transform.__name__ >> transform(job.params)
     write_releases(out.releases, job.out_dir, "models", opts.format, job.streaming)
     write_dead_letters({"read": bad_rows, "models": out.dead_letter}, private_dir(opts), job.streaming)
     return out

@@ -3,7 +3,10 @@
 ``continual_stats`` reads columnar ``EventBatch`` blocks (``ReadEvents``); the other families take
 records with named fields (features and a label, a universe record, a task id), so their jobs read
 every row as a ``{column: value}`` mapping with :class:`ReadRecords` and map it to the family's
-element with a small per-job function. Rows that cannot be read (a wrong column count, a line that
+element with a small per-job function. The labelled-record jobs (``model_release``, count-step
+``online_learning``) read CSV / Parquet in columns instead (:class:`Labelled`): one
+:class:`~beam_dp.steps.columns.LabelledColumns` per Arrow batch, built column by column
+(:func:`labelled_columns`), each row standing for the element the per-row function would make. Rows that cannot be read (a wrong column count, a line that
 is not a JSON object) go to the dead letters with reason ``malformed``; a value of the wrong type
 stays as it is, and the family's own parse stage dead-letters the element (never a crash).
 
@@ -14,20 +17,26 @@ message, with the same field names as the file columns.
 from __future__ import annotations
 
 import json
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
 import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from apache_beam.io.filesystems import FileSystems
 
 from beam_dp.beam import DeadLetter, Reason
+from beam_dp.beam.blocks import LabelledColumns  # imported from here: registered with its coder
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.io.tables import read_csv_batches, read_parquet_batches
 from pipelines.common import ReadMessages, input_header, match_files
 from pipelines.rows import features_of, indexed_columns, number
 from pipelines.runner import UsageError
 
-__all__ = ["ReadRecords", "column_names", "features_of", "indexed_columns", "number", "read_rows"]
+__all__ = ["Labelled", "ReadRecords", "column_names", "features_of", "indexed_columns", "labelled_columns", "number",
+           "read_rows"]
 
 
 def column_names(pattern: str, flag: str = "--input") -> list[str]:
@@ -48,24 +57,125 @@ class _BadCsvRows:
         return "skip"
 
 
+@dataclass(frozen=True)
+class Labelled:
+    """How a job reads labelled records in columns: ``dim`` features (columns ``x_0 ..``), labels as
+    numbers (``number``) or, with ``label``, as class labels ``label(cell)``; ``record(row)`` is the
+    job's per-row element ``(stream_id, features, label)``, used for rows the columns cannot hold and
+    for messages (streaming)."""
+
+    dim: int
+    record: Callable[[dict], tuple]
+    label: Callable[[Any], Any] | None = None
+
+
+def _column(batch: pa.RecordBatch, name: str) -> pa.Array:
+    """The column ``name`` as its rows read it (a dictionary-encoded Parquet column decoded; nulls if absent)."""
+    index = batch.schema.get_field_index(name)
+    if index < 0:
+        return pa.nulls(batch.num_rows)
+    column = batch.column(index)
+    return column.dictionary_decode() if pa.types.is_dictionary(column.type) else column
+
+
+def _numbers(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """``(values, odd)``: the cells as ``number`` makes them, float64 (0 where ``odd``: a cell that is
+    missing or that ``number`` leaves as it is). A column of text (a non-numeric cell in the file's
+    first block makes the whole column text) is converted cell by cell, as the per-row path does."""
+    if pa.types.is_integer(column.type) or pa.types.is_float32(column.type) or pa.types.is_float64(column.type):
+        odd = ~column.is_valid().to_numpy(zero_copy_only=False)
+        values = column.to_numpy(zero_copy_only=False).astype(np.float64)
+        values[odd] = 0.0
+        return values, odd
+    cells = [number(v) for v in column.to_pylist()]
+    odd = np.array([type(v) is not float for v in cells], dtype=bool)
+    return np.array([0.0 if type(v) is not float else v for v in cells], dtype=np.float64), odd
+
+
+def _class_labels(column: pa.Array, label: Callable[[Any], Any]) -> tuple[np.ndarray, np.ndarray, bool]:
+    """``(codes, names, odd)``: ``label`` applied once per distinct cell (``names`` (k,) object, the
+    last one ``label(None)`` for missing cells); ``odd`` when the column cannot be encoded (then every
+    row is built on its own)."""
+    try:
+        encoded = pc.dictionary_encode(column)
+    except pa.ArrowException:
+        return np.zeros(len(column), dtype=np.int64), np.array([None], dtype=object), True
+    values = encoded.dictionary.to_pylist() + [None]
+    names = np.empty(len(values), dtype=object)
+    for k, value in enumerate(values):  # one per distinct label
+        names[k] = label(value)
+    codes = pc.fill_null(encoded.indices, len(values) - 1).to_numpy(zero_copy_only=False).astype(np.int64)
+    return codes, names, False
+
+
+def labelled_columns(batch: pa.RecordBatch, spec: Labelled) -> LabelledColumns:
+    """One Arrow batch as a :class:`LabelledColumns` whose row ``i`` is ``spec.record(row i)``: stream
+    ids, features and labels column by column; rows with a cell the arrays cannot hold (a missing or
+    non-numeric value, a non-text stream id, a ``features`` list) keep ``spec.record`` of their row."""
+    n = batch.num_rows
+    odd = np.zeros(n, dtype=bool)
+    ids = _column(batch, "stream_id")
+    if pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type):
+        stream_ids = ids.to_numpy(zero_copy_only=False)
+    else:
+        stream_ids, odd[:] = np.full(n, None, dtype=object), True
+    features = np.empty((n, spec.dim), dtype=np.float64)
+    for j in range(spec.dim):
+        features[:, j], bad = _numbers(_column(batch, f"x_{j}"))
+        odd |= bad
+    odd |= _column(batch, "features").is_valid().to_numpy(zero_copy_only=False)
+    names = None
+    if spec.label is None:
+        labels, bad = _numbers(_column(batch, "label"))
+    else:
+        labels, names, bad = _class_labels(_column(batch, "label"), spec.label)
+    odd |= bad
+    rows = np.flatnonzero(odd)
+    records = dict(zip(rows.tolist(), map(spec.record, batch.take(pa.array(rows)).to_pylist()))) if len(rows) else {}
+    return LabelledColumns(stream_ids, features, labels, names, records)
+
+
+def _record_block(records: list[tuple], dim: int) -> LabelledColumns:
+    """Records built row by row (a JSON-lines file) as a block of odd rows."""
+    n = len(records)
+    return LabelledColumns(np.full(n, None, dtype=object), np.zeros((n, dim)), np.zeros(n), None,
+                           dict(enumerate(records)))
+
+
+def _json_rows(fh) -> Iterator:
+    """The objects of a JSON-lines file; a line that is not one -> a ``malformed`` dead letter."""
+    for line in fh.read().decode("utf-8-sig").splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if isinstance(row, dict):
+            yield row
+        else:
+            yield beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(Reason.MALFORMED, "line is not a JSON object", None,
+                                                                   line))
+
+
 class _ReadRecordFile(beam.DoFn):
-    """One file -> its rows as mappings; unreadable rows -> ``malformed`` dead letters."""
+    """One file -> its rows as mappings, or (``labelled``) its batches as ``LabelledColumns``;
+    unreadable rows -> ``malformed`` dead letters."""
+
+    def __init__(self, labelled: Labelled | None = None):
+        self._labelled = labelled
 
     def process(self, path: str) -> Iterator:
         if _is_jsonl(path):
             with FileSystems.open(path) as fh:
-                for line in fh.read().decode("utf-8-sig").splitlines():
-                    if not line.strip():
-                        continue
-                    try:
-                        row = json.loads(line)
-                    except ValueError:
-                        row = None
-                    if isinstance(row, dict):
-                        yield row
-                    else:
-                        yield beam.pvalue.TaggedOutput(
-                            DEAD_LETTER, DeadLetter(Reason.MALFORMED, "line is not a JSON object", None, line))
+                items = list(_json_rows(fh))
+            if self._labelled is None:
+                yield from items
+                return
+            rows = [item for item in items if not isinstance(item, beam.pvalue.TaggedOutput)]
+            yield from (item for item in items if isinstance(item, beam.pvalue.TaggedOutput))
+            if rows:
+                yield _record_block([self._labelled.record(row) for row in rows], self._labelled.dim)
             return
         with FileSystems.open(path) as fh:
             if path.endswith(".parquet"):
@@ -80,19 +190,25 @@ class _ReadRecordFile(beam.DoFn):
         for text in bad:
             yield beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(Reason.MALFORMED, "wrong column count", None, text))
         for batch in batches:
-            yield from batch.to_pylist()
+            if self._labelled is None:
+                yield from batch.to_pylist()
+            elif batch.num_rows:
+                yield labelled_columns(batch, self._labelled)
 
 
 class ReadRecords(beam.PTransform):
     """Rows of CSV / Parquet / JSON-lines files matching ``pattern`` (``--source files``), or the JSON
     objects of Pub/Sub / Kafka messages (``messages``: a test source used in their place).
-    Returns ``(records, dead_letter)``; records are ``{column: value}`` mappings."""
+    Returns ``(records, dead_letter)``; records are ``{column: value}`` mappings or, with ``labelled``,
+    the family's elements: a file's batches as ``LabelledColumns``, each message as ``labelled.record``."""
 
-    def __init__(self, opts, pattern: str | None = None, messages: beam.PTransform | None = None):
+    def __init__(self, opts, pattern: str | None = None, messages: beam.PTransform | None = None,
+                 labelled: Labelled | None = None):
         super().__init__()
         self.opts = opts
         self.pattern = pattern
         self.messages = messages
+        self.labelled = labelled
 
     def expand(self, pbegin):
         if self.messages is None and self.opts.source == "files":
@@ -100,10 +216,15 @@ class ReadRecords(beam.PTransform):
                      | "Pattern" >> beam.Create([self.pattern])
                      | "Match" >> beam.FlatMap(lambda p: sorted(m.path for m in FileSystems.match([p])[0].metadata_list))
                      | "Spread" >> beam.Reshuffle())
-            out = paths | "Read" >> beam.ParDo(_ReadRecordFile()).with_outputs(DEAD_LETTER, main="rows")
+            read = beam.ParDo(_ReadRecordFile(self.labelled))
+            if self.labelled is not None:
+                read = read.with_output_types(LabelledColumns)
+            out = paths | "Read" >> read.with_outputs(DEAD_LETTER, main="rows")
             return out.rows, out[DEAD_LETTER]
         out = pbegin | "Messages" >> ReadMessages(self.opts, self.messages, as_event=False)
-        return out.events, out[DEAD_LETTER]
+        if self.labelled is None:
+            return out.events, out[DEAD_LETTER]
+        return out.events | "ToElements" >> beam.Map(self.labelled.record), out[DEAD_LETTER]
 
 
 def read_rows(pattern: str, flag: str) -> list[dict]:

@@ -13,57 +13,205 @@ order in the bundle, as the per-element path fed them; which records share a blo
 the bundle, never on their values. A block's ``original`` is :class:`BlockOriginals`, the tuple of its
 elements: a dead letter the keyed stage writes for a whole block (its stream ended, its step was
 already released) leaves as one dead letter per element (:meth:`BlockOriginals.letters`), as before.
+
+Columnar input (:class:`~beam_dp.steps.columns.LabelledColumns`, a file's batch of labelled records):
+:func:`column_rows` validates a block in vectorised passes and :meth:`BundleBlocks.add_rows` adds each
+stream's valid rows as one chunk, in the same arrival order; the chunk's originals stay columns (a
+``LabelledColumns`` item of :class:`BlockOriginals`), turned into per-row elements only when a letter
+is written.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_dp.steps.events import DeadLetter
+from beam_dp.io.coders import register_block_coders
+from beam_dp.steps.batch import stream_reasons
+from beam_dp.steps.columns import LabelledColumns
+from beam_dp.steps.events import DETAIL, DeadLetter
+from beam_dp.steps.policies import split_rows
 
-__all__ = ["BlockOriginals", "BundleBlocks"]
+__all__ = ["BlockOriginals", "BundleBlocks", "ColumnRows", "LabelledColumns", "column_rows", "stack_rows"]
+
+register_block_coders(LabelledColumns)  # a file's batch of rows: Beam's size sampling must not pickle it
 
 
 class BlockOriginals(tuple):
-    """The elements of one block, in its order (the ``original`` the keyed stage gets with the block)."""
+    """The elements of one block, in its order (the ``original`` the keyed stage gets with the block);
+    a :class:`~beam_dp.steps.columns.LabelledColumns` item stands for its rows' records."""
 
     def letters(self, letter: DeadLetter) -> list[DeadLetter]:
         """A dead letter written for the whole block, as one letter per element."""
-        return [letter._replace(element=element) for element in self]
+        return [letter._replace(element=element) for element in self.elements()]
+
+    def elements(self) -> Iterator[Any]:
+        """The elements, a columnar item's records built now."""
+        for item in self:
+            if isinstance(item, LabelledColumns):
+                yield from item.records()
+            else:
+                yield item
+
+
+class _Open:
+    """One open block: its row items (rows, or chunks of rows), their originals, the row count and
+    the latest timestamp."""
+
+    __slots__ = ("rows", "originals", "count", "latest")
+
+    def __init__(self) -> None:
+        self.rows: list = []
+        self.originals: list = []
+        self.count = 0
+        self.latest = MIN_TIMESTAMP
+
+    def stamp(self, timestamp: Any) -> None:
+        if timestamp is not None and timestamp > self.latest:
+            self.latest = timestamp
 
 
 class BundleBlocks:
     """Rows of one bundle by (key, window), ``key`` a stream or a (stream, step); ``make(key, rows,
     originals)`` turns a list of rows and their :class:`BlockOriginals` into the keyed stage's outputs
     (the block's element, and any ``TaggedOutput`` dead letters of rows a block-wide check refused).
-    ``add`` returns a full block's outputs (``max_rows`` rows) when one is ready, else nothing."""
+    ``add`` (one row) and ``add_rows`` (a chunk) return the outputs of the blocks they fill
+    (``max_rows`` rows), else nothing."""
 
     def __init__(self, make: Callable[[Any, list, BlockOriginals], list], max_rows: int):
         self._make, self._max = make, max_rows
-        self._open: dict[tuple[Any, Any], tuple[list, list, list]] = {}
+        self._open: dict[tuple[Any, Any], _Open] = {}
 
     def add(self, key: Any, row: Any, element: Any, timestamp: Any, window: Any) -> list:
-        rows, originals, latest = self._open.setdefault((key, window), ([], [], [MIN_TIMESTAMP]))
-        rows.append(row)
-        originals.append(element)
-        if timestamp is not None and timestamp > latest[0]:
-            latest[0] = timestamp
-        if len(rows) < self._max:
+        block = self._open.setdefault((key, window), _Open())
+        block.rows.append(row)
+        block.originals.append(element)
+        block.count += 1
+        block.stamp(timestamp)
+        return self._full(key, window, block)
+
+    def add_rows(self, key: Any, rows: Any, originals: LabelledColumns, timestamp: Any, window: Any) -> list:
+        """A chunk of rows (a rows dataclass, :func:`~beam_dp.steps.policies.split_rows`) and its
+        originals, cut where a block fills."""
+        out: list = []
+        while len(rows):
+            block = self._open.setdefault((key, window), _Open())
+            need = self._max - block.count
+            if len(rows) > need:
+                (rows, rest), cut = split_rows(rows, need), np.arange(len(rows))
+                originals, left = originals.take(cut[:need]), originals.take(cut[need:])
+            else:
+                rest = left = None
+            block.rows.append(rows)
+            block.originals.append(originals)
+            block.count += len(rows)
+            block.stamp(timestamp)
+            out += self._full(key, window, block)
+            if rest is None:
+                break
+            rows, originals = rest, left
+        return out
+
+    def _full(self, key: Any, window: Any, block: _Open) -> list:
+        if block.count < self._max:
             return []
         del self._open[(key, window)]
-        return self._make(key, rows, BlockOriginals(originals))
+        return self._make(key, block.rows, BlockOriginals(block.originals))
 
     def flush(self, where: Callable[[Any], bool] | None = None) -> Iterator[Any]:
         """Every open block's outputs (or those whose key satisfies ``where``: a marker that must follow
         its stream's rows), as windowed values stamped with their latest element's timestamp."""
         for (key, window) in [k for k in self._open if where is None or where(k[0])]:
-            rows, originals, latest = self._open.pop((key, window))
-            for out in self._make(key, rows, BlockOriginals(originals)):
+            block = self._open.pop((key, window))
+            for out in self._make(key, block.rows, BlockOriginals(block.originals)):
                 if isinstance(out, TaggedOutput):
-                    yield TaggedOutput(out.tag, WindowedValue(out.value, latest[0], (window,)))
+                    yield TaggedOutput(out.tag, WindowedValue(out.value, block.latest, (window,)))
                 else:
-                    yield WindowedValue(out, latest[0], (window,))
+                    yield WindowedValue(out, block.latest, (window,))
+
+
+def stack_rows(rows: list, block_type: type, pair: Callable[[Any], tuple]) -> Any:
+    """The rows of one block as one ``block_type(features, labels)``, in order: single rows
+    (``pair(row) -> (features, label)``) and chunks that already are ``block_type``."""
+    parts, singles = [], []
+    for row in rows + [None]:
+        if row is not None and not isinstance(row, block_type):
+            singles.append(pair(row))
+            continue
+        if singles:
+            parts.append(block_type(np.stack([x for x, _ in singles]), np.array([y for _, y in singles])))
+            singles = []
+        if row is not None:
+            parts.append(row)
+    if len(parts) == 1:
+        return parts[0]
+    return block_type(np.concatenate([p.features for p in parts]), np.concatenate([p.labels for p in parts]))
+
+
+class ColumnRows:
+    """What :func:`column_rows` found in a block: the dead letters (in row order) and the valid rows in
+    arrival order, by stream (``chunks``: ``(stream, row indices, features, labels)`` in order of
+    first appearance)."""
+
+    __slots__ = ("letters", "chunks", "valid")
+
+    def __init__(self, letters: list[DeadLetter], chunks: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]):
+        self.letters, self.chunks = letters, chunks
+        self.valid = sum(len(rows) for _, rows, _, _ in chunks)
+
+
+def column_rows(block: LabelledColumns, streams: frozenset[str] | None,
+                check: Callable[[Any], tuple[str, tuple] | DeadLetter],
+                vector: Callable[[LabelledColumns, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
+                ) -> ColumnRows:
+    """Validate a columnar block as its rows' records one by one would be: the stream ids for every
+    row at once (``bad_stream_id``, ``undeclared_stream``); then ``vector(block, rows)`` -> ``(ok,
+    features, labels)`` accepts rows in vectorised passes (``ok`` over ``rows``, the values of the
+    accepted ones: exactly what ``check`` gives them); every other row (odd, or refused by ``vector``)
+    is checked as one record by ``check(record) -> (stream, (features, label)) | DeadLetter``, the
+    per-record path's own check, so its letter (reason, detail, element) is the per-record one."""
+    n = len(block)
+    plain = np.ones(n, dtype=bool)
+    if block.odd:
+        plain[np.fromiter(block.odd, dtype=np.int64, count=len(block.odd))] = False
+    reasons, good_id, _ = stream_reasons(block.stream_ids, streams)
+    head_ok = plain & (reasons == "")
+    candidates = np.flatnonzero(head_ok)
+    ok, features, labels = vector(block, candidates)
+    accepted = candidates[ok]
+    letters: list[tuple[int, DeadLetter]] = []
+    for i in np.flatnonzero(plain & ~head_ok).tolist():  # a bad stream id: the letter split_event writes
+        letters.append((i, DeadLetter(reasons[i], DETAIL[reasons[i]], block.stream_ids[i] if good_id[i] else None,
+                                      block.record(i))))
+    single = ~plain | head_ok
+    single[accepted] = False
+    extra: list[tuple[int, str, tuple]] = []
+    for i in np.flatnonzero(single).tolist():
+        checked = check(block.record(i))
+        if isinstance(checked, DeadLetter):
+            letters.append((i, checked))
+        else:
+            extra.append((i, *checked))
+    letters.sort(key=lambda item: item[0])
+    rows, ids = accepted, block.stream_ids[accepted]
+    if extra:  # rows only the per-record check accepted, merged in arrival order
+        rows = np.concatenate([accepted, [i for i, _, _ in extra]])
+        order = np.argsort(rows, kind="stable")
+        rows = rows[order]
+        ids = np.concatenate([ids, np.array([s for _, s, _ in extra], dtype=object)])[order]
+        features = np.concatenate([features, np.stack([x for _, _, (x, _) in extra])])[order]
+        labels = np.concatenate([labels, np.array([y for _, _, (_, y) in extra])])[order]
+    chunks = []
+    if len(rows):
+        encoded = pc.dictionary_encode(pa.array(ids, type=pa.string()))
+        names = encoded.dictionary.to_pylist()
+        codes = encoded.indices.to_numpy(zero_copy_only=False)
+        parts = np.split(np.argsort(codes, kind="stable"), np.cumsum(np.bincount(codes, minlength=len(names)))[:-1])
+        chunks = [(name, rows[part], features[part], labels[part]) for name, part in zip(names, parts)]
+    return ColumnRows([letter for _, letter in letters], chunks)

@@ -9,7 +9,8 @@
   elements, every w0 elements.
 
 Elements: ``(stream_id, features, label)`` tuples, or mappings / ``beam.Row``s with fields
-``stream_id``, ``features``, ``label``. Steps are **count steps** (blocks of b0, B or w0 valid
+``stream_id``, ``features``, ``label``, or :class:`~beam_dp.steps.columns.LabelledColumns` blocks of
+them (a file's batch, validated in vectorised passes with the same dead letters per row). Steps are **count steps** (blocks of b0, B or w0 valid
 elements in arrival order per stream): the arrival count per stream is public and Beam does not
 fix the order of elements within a key. Invalid elements (features of the wrong width, NaN/inf,
 labels outside ``classes``, bad stream ids) go to ``dead_letter`` and do not count.
@@ -23,14 +24,14 @@ regulariser chain, every training call (for the per-element ledger), ε/δ spent
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Literal, Tuple
+from typing import Any, Callable, Iterator, Literal, Tuple
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import PCollection
 
-from beam_dp.beam.blocks import BundleBlocks
+from beam_dp.beam.blocks import BundleBlocks, column_rows, stack_rows
 from beam_dp.beam.batch_release import release_stage
 from beam_dp.beam.domains import bind_noise_domain, release_labels
 from beam_dp.core.limits import (EPSILON_RANGE, LAMBDA_RANGE, MAX_DIM, MAX_SCALE, MIN_SCALE, check_count,
@@ -38,6 +39,7 @@ from beam_dp.core.limits import (EPSILON_RANGE, LAMBDA_RANGE, MAX_DIM, MAX_SCALE
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.beam.transforms import ContinualOutputs
 from beam_dp.core.budget import BudgetShare, check_params_budget
+from beam_dp.steps.columns import LabelledColumns
 from beam_dp.steps.events import DeadLetter, coerce_value, split_event, value_letter
 from beam_dp.steps.params import NoiseKey, check_streams
 from beam_dp.steps.schema import ReleaseRow
@@ -179,9 +181,11 @@ class SlidingWindowModelParams(_ERMParams):
 
 
 class ParseLabelledExamples(beam.DoFn):
-    """Validate labelled examples; emit their blocks ``(stream, (None, LabelledRows, elements))`` (a
-    bundle's valid examples of one stream in arrival order, :class:`~beam_dp.beam.blocks.BundleBlocks`)
-    or a dead letter per bad one. The value never appears in a dead letter's ``detail``."""
+    """Validate labelled examples (one by one, or a ``LabelledColumns`` block at once:
+    :func:`~beam_dp.beam.blocks.column_rows`); emit their blocks ``(stream, (None, LabelledRows,
+    elements))`` (a bundle's valid examples of one stream in arrival order,
+    :class:`~beam_dp.beam.blocks.BundleBlocks`) or a dead letter per bad one. The value never appears
+    in a dead letter's ``detail``."""
 
     MAX_ROWS = 4096  # rows per block: a bundle's examples of one stream leave in blocks of at most this
 
@@ -191,6 +195,7 @@ class ParseLabelledExamples(beam.DoFn):
     def setup(self) -> None:
         self._n_features = self._params.n_features
         self._classes = None if self._params.classes is None else {c: i for i, c in enumerate(self._params.classes)}
+        self._label_dtype = np.float64 if self._classes is None else np.int64
         self._streams = frozenset(self._params.streams) if self._params.streams is not None else None
         namespace = f"beam_dp/{self._params.build_mechanism().name}"
         self._elements = Metrics.counter(namespace, "elements")
@@ -220,28 +225,77 @@ class ParseLabelledExamples(beam.DoFn):
         return value
 
     def process(self, element: Any, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam) -> Iterator:
+        if isinstance(element, LabelledColumns):
+            yield from self._process_columns(element, timestamp, window)
+            return
+        checked = self._check(element)
+        if isinstance(checked, DeadLetter):
+            yield self._dead_letter(*checked)
+            return
+        stream, row = checked
+        self._elements.inc()
+        yield from self._blocks.add(stream, row, element, timestamp, window)
+
+    def _check(self, element: Any) -> tuple[str, tuple] | DeadLetter:
+        """One element -> ``(stream, (features, label index or value))`` or its dead letter."""
         head = split_event(element, ("features", "label"), None, self._streams)  # count steps: no timestamp
         if isinstance(head, DeadLetter):
-            yield self._dead_letter(*head)
-            return
+            return head
         stream, _, _, (features, label) = head
         try:
             x = coerce_value(features, self._n_features, "features")
         except ValueError as exc:
-            yield self._dead_letter(*value_letter(exc, stream, element))
-            return
+            return value_letter(exc, stream, element)
         try:
             y = self._label(label)
         except (ValueError, TypeError) as exc:
-            yield self._dead_letter(BAD_LABEL, str(exc), stream, element)
-            return
-        self._elements.inc()
-        yield from self._blocks.add(stream, (x, y), element, timestamp, window)
+            return DeadLetter(BAD_LABEL, str(exc), stream, element)
+        return stream, (x, y)
+
+    def _process_columns(self, block: LabelledColumns, timestamp: Any, window: Any) -> Iterator:
+        found = column_rows(block, self._streams, self._check, self._vector)
+        for letter in found.letters:
+            yield self._dead_letter(*letter)
+        self._elements.inc(found.valid)
+        for stream, rows, x, y in found.chunks:
+            yield from self._blocks.add_rows(stream, LabelledRows(x, y), block.take(rows), timestamp, window)
+
+    def _vector(self, block: LabelledColumns, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The rows of ``block`` whose features and label pass :meth:`_check`, checked at once."""
+        x = block.features[rows]
+        if x.shape[1:] != (self._n_features,):
+            return np.zeros(len(rows), dtype=bool), np.zeros((0, self._n_features)), np.zeros(0, self._label_dtype)
+        ok = np.isfinite(x).all(axis=1)
+        if self._classes is None and block.label_names is None:  # numbers: _label's finite check
+            y = block.labels[rows].astype(np.float64)
+            ok &= np.isfinite(y)
+        else:  # class labels (or numbers checked as labels): _label once per distinct label
+            if block.label_names is not None:
+                names, codes = block.label_names, block.labels[rows]
+            else:
+                floats, codes = np.unique(block.labels[rows], return_inverse=True)
+                names = floats.tolist()
+            values, good = _per_label(self._label, names, self._label_dtype)
+            y, ok = values[codes], ok & good[codes]
+        return ok, x[ok], y[ok]
+
+
+def _per_label(label: Callable[[Any], Any], names: Any, dtype: type) -> tuple[np.ndarray, np.ndarray]:
+    """``label(name)`` of each distinct label (0 where refused), and whether it was accepted."""
+    values, good = [], []
+    for name in names:
+        try:
+            values.append(label(name))
+            good.append(True)
+        except (ValueError, TypeError):
+            values.append(0)
+            good.append(False)
+    return np.array(values, dtype=dtype), np.array(good, dtype=bool)
 
 
 def _labelled_rows(stream: str, rows: list, originals: tuple) -> list:
     """The validated ``(features, label)`` rows of one stream as one block, in arrival order."""
-    return [(stream, (None, LabelledRows(np.stack([x for x, _ in rows]), np.array([y for _, y in rows])), originals))]
+    return [(stream, (None, stack_rows(rows, LabelledRows, tuple), originals))]
 
 
 class _ERMRelease(beam.PTransform):

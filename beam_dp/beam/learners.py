@@ -11,7 +11,8 @@ here: clipping, noise and accounting happen in the mechanisms (``beam_dp.mechani
 Records:
 
 * ``OnlineLearner``: ``(stream_id, features, label)`` or a mapping / ``beam.Row`` with fields
-  ``stream_id``, ``features``, ``label``. One record per step in arrival order within a stream
+  ``stream_id``, ``features``, ``label``, or a :class:`~beam_dp.steps.columns.LabelledColumns` block
+  of them (count steps: validated in vectorised passes, with the same dead letters per row). One record per step in arrival order within a stream
   (count steps): **the arrival order and count are public**, as are release times.
 * ``IncrementalRegression``: the same, plus ``timestamp`` (``(stream_id, timestamp, features,
   label)``) when steps come from a ``StepClock``; with ``block_size = b`` a step is ``b`` records.
@@ -34,9 +35,10 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from beam_dp.beam.blocks import BundleBlocks
+from beam_dp.beam.blocks import BundleBlocks, column_rows, stack_rows
 from beam_dp.beam.batch_release import release_stage
 from beam_dp.beam.domains import bind_noise_domain, release_labels
+from beam_dp.steps.columns import LabelledColumns
 from beam_dp.steps.events import DeadLetter, Reason, numeric_array, split_event
 from beam_dp.steps.params import NoiseKey, check_schedule, check_streams
 from beam_dp.core.limits import (EPSILON_RANGE, MAX_DIM, MAX_SCALE, check_clock, check_count, check_delta,
@@ -184,9 +186,11 @@ class ParseRecords(beam.DoFn):
     """Validate ``(stream, [timestamp,] features, label)`` records; emit
     ``(stream, (step, record, original))`` for ``ContinualReleaseDoFn`` or a dead letter. With count steps
     (no clock) a bundle's valid records of one stream leave as one block ``(stream, (None, RecordRows,
-    elements))`` in arrival order (:class:`~beam_dp.beam.blocks.BundleBlocks`)."""
+    elements))`` in arrival order (:class:`~beam_dp.beam.blocks.BundleBlocks`), and a ``LabelledColumns``
+    block is validated at once (the mechanism's ``records``, :func:`~beam_dp.beam.blocks.column_rows`)."""
 
     MAX_ROWS = 4096  # records per block
+    BISECT_ROWS = 16  # a refused run of columnar rows at most this long is checked row by row
 
     def __init__(self, params: Any):
         self._params = params
@@ -212,39 +216,93 @@ class ParseRecords(beam.DoFn):
         return beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(reason, detail, stream, element, source))
 
     def process(self, element: Any, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam) -> Iterator:
+        if isinstance(element, LabelledColumns) and self._clock is None:
+            yield from self._process_columns(element, timestamp, window)
+            return
         head = split_event(element, ("features", "label"), self._clock, self._streams)
         if isinstance(head, DeadLetter):
             yield self._dead_letter(*head)
             return
         stream, _, step, (features, label) = head
-        try:
-            record = self._mechanism.record(numeric_array(features, "features"), label)
-        except (ValueError, TypeError) as exc:
-            reason, _, detail = str(exc).partition(": ")
-            if reason not in (Reason.WRONG_SHAPE, Reason.NON_FINITE, Reason.BAD_VALUE, Reason.BAD_DTYPE):
-                reason, detail = Reason.BAD_VALUE, "features or label are not numeric"
-            yield self._dead_letter(reason, detail, stream, element)
+        record = self._record(stream, features, label, element)
+        if isinstance(record, DeadLetter):
+            yield self._dead_letter(*record)
             return
-        self._count_clipping(features, label)
+        self._count_clipping(np.asarray(features, dtype=np.float64)[None, :], np.array([float(label)]))
         self._elements.inc()
         if step is not None:
             yield stream, (step, record, element)
         else:
             yield from self._blocks.add(stream, record, element, timestamp, window)
 
-    def _count_clipping(self, features: Any, label: Any) -> None:
+    def _record(self, stream: str, features: Any, label: Any, element: Any) -> Any:
+        """The mechanism's record of one element, or its dead letter."""
+        try:
+            return self._mechanism.record(numeric_array(features, "features"), label)
+        except (ValueError, TypeError) as exc:
+            reason, _, detail = str(exc).partition(": ")
+            if reason not in (Reason.WRONG_SHAPE, Reason.NON_FINITE, Reason.BAD_VALUE, Reason.BAD_DTYPE):
+                reason, detail = Reason.BAD_VALUE, "features or label are not numeric"
+            return DeadLetter(reason, detail, stream, element)
+
+    def _check(self, element: Any) -> tuple[str, tuple] | DeadLetter:
+        """One count-step element -> ``(stream, (features, label))`` as the mechanism normalised them, or its letter."""
+        head = split_event(element, ("features", "label"), None, self._streams)
+        if isinstance(head, DeadLetter):
+            return head
+        stream, _, _, (features, label) = head
+        record = self._record(stream, features, label, element)
+        return record if isinstance(record, DeadLetter) else (stream, _pair(record))
+
+    def _process_columns(self, block: LabelledColumns, timestamp: Any, window: Any) -> Iterator:
+        found = column_rows(block, self._streams, self._check, self._vector)
+        for letter in found.letters:
+            yield self._dead_letter(*letter)
+        self._elements.inc(found.valid)
+        for stream, rows, x, y in found.chunks:
+            self._count_clipping(block.features[rows], y if block.label_names is not None else block.labels[rows])
+            yield from self._blocks.add_rows(stream, RecordRows(x, y), block.take(rows), timestamp, window)
+
+    def _vector(self, block: LabelledColumns, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The rows of ``block`` the mechanism's ``records`` accepts, bisected around refused rows (left
+        to the per-record check); numbers only (class-like labels are checked one by one)."""
+        ok = np.zeros(len(rows), dtype=bool)
+        parts: list[tuple[np.ndarray, np.ndarray]] = []
+        if block.label_names is None and block.features.shape[1:] == (self._mechanism.dim,):
+            self._bisect(block.features[rows], block.labels[rows], 0, len(rows), ok, parts)
+        x = np.concatenate([a for a, _ in parts]) if parts else np.zeros((0, self._mechanism.dim))
+        return ok, x, np.concatenate([b for _, b in parts]) if parts else np.zeros(0)
+
+    def _bisect(self, x: np.ndarray, y: np.ndarray, lo: int, hi: int, ok: np.ndarray, parts: list) -> None:
+        if hi == lo:
+            return
+        try:
+            parts.append(self._mechanism.records(x[lo:hi], y[lo:hi], hi - lo))
+            ok[lo:hi] = True
+        except (ValueError, TypeError):
+            if hi - lo > self.BISECT_ROWS:
+                mid = (lo + hi) // 2
+                self._bisect(x, y, lo, mid, ok, parts)
+                self._bisect(x, y, mid, hi, ok, parts)
+
+    def _count_clipping(self, features: np.ndarray, labels: np.ndarray) -> None:
         # operator metrics only (never in releases): how often the declared bounds bind
-        if float(np.linalg.norm(np.asarray(features, dtype=np.float64))) > 1.0:
-            self._clipped_features.inc()
-        if abs(float(label)) > 1.0:
-            self._clipped_labels.inc()
+        if clipped := int((np.linalg.norm(features, axis=1) > 1.0).sum()):
+            self._clipped_features.inc(clipped)
+        if clipped := int((np.abs(labels) > 1.0).sum()):
+            self._clipped_labels.inc(clipped)
+
+
+def _pair(record: Any) -> tuple[np.ndarray, float]:
+    """A validated record (an ``OnlineRecord`` or an ``(x, y)`` pair) as ``(features float64, label float)``."""
+    x, y = (record.a, record.b) if hasattr(record, "a") else record
+    return np.asarray(x, dtype=np.float64), float(y)
 
 
 def _record_rows(stream: str, records: list, originals: tuple) -> list:
-    """Validated records (``OnlineRecord`` s or ``(x, y)`` pairs) of one stream as one block, in arrival order."""
-    pairs = [(r.a, r.b) if hasattr(r, "a") else r for r in records]
-    return [(stream, (None, RecordRows(np.stack([np.asarray(x, dtype=np.float64) for x, _ in pairs]),
-                                      np.array([float(y) for _, y in pairs])), originals))]
+    """Validated records (``OnlineRecord`` s or ``(x, y)`` pairs, or ``RecordRows`` chunks) of one stream
+    as one block, in arrival order."""
+    return [(stream, (None, stack_rows(records, RecordRows, _pair), originals))]
 
 
 class _LearnerTransform(beam.PTransform):

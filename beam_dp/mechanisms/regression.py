@@ -183,6 +183,24 @@ class _RegressionBase:
             raise ValueError("non_finite: label")
         return arr, label
 
+    def records(self, X: Any, y: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Validate ``n`` records at once: features ``(n, d)`` and labels ``(n,)``, refused with the
+        ``ValueError`` reasons of :meth:`record` if any row is bad."""
+        arr = np.asarray(X, dtype=np.float64)
+        if arr.shape != (n, self.dim):
+            raise ValueError(f"wrong_shape: expected features of shape {(n, self.dim)}, got {arr.shape}")
+        if not np.all(np.isfinite(arr)):
+            raise ValueError("non_finite: features")
+        try:
+            labels = np.asarray(y, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError("bad_value: label is not a number") from None
+        if labels.shape != (n,):
+            raise ValueError(f"wrong_shape: expected labels of shape ({n},), got {labels.shape}")
+        if not np.all(np.isfinite(labels)):
+            raise ValueError("non_finite: label")
+        return arr, labels
+
     def merge_blocks(self, items: list) -> RegressionBlock:
         """The records buffered for one step, in arrival order."""
         if not items:

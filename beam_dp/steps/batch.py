@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from beam_dp.core.limits import MAX_ABS_SECONDS, is_utf8
 from beam_dp.steps.events import Reason
 
-__all__ = ["StepSums", "key_step_parts", "row_reasons", "rows_by_group", "step_sums"]
+__all__ = ["StepSums", "key_step_parts", "row_reasons", "rows_by_group", "step_sums", "stream_reasons"]
 
 
 def row_reasons(streams: np.ndarray, micros: np.ndarray, values: np.ndarray, clock: Any,
@@ -34,15 +34,7 @@ def row_reasons(streams: np.ndarray, micros: np.ndarray, values: np.ndarray, clo
     NaN where unusable), ``values`` (n, d) float, ``clock`` a ``StepClock``, ``declared`` the declared
     streams or None."""
     n = len(streams)
-    reasons = np.full(n, "", dtype=object)
-    good_id, arrow_ids = _good_stream_ids(streams)
-    reasons[~good_id] = Reason.BAD_STREAM_ID
-    if declared is not None:
-        if arrow_ids is not None:
-            known = _numpy(pc.is_in(arrow_ids, value_set=pa.array(sorted(declared), type=pa.string())))
-        else:
-            known = np.array([s in declared for s in streams], dtype=bool)
-        reasons[good_id & ~known] = Reason.UNDECLARED_STREAM
+    reasons, good_id, arrow_ids = stream_reasons(streams, declared)
     finite_ts = np.isfinite(micros)
     reasons[(reasons == "") & ~finite_ts] = Reason.BAD_TIMESTAMP
     with np.errstate(invalid="ignore"):
@@ -54,6 +46,22 @@ def row_reasons(streams: np.ndarray, micros: np.ndarray, values: np.ndarray, clo
     reasons[(reasons == "") & (where < 0)] = Reason.BEFORE_START
     reasons[(reasons == "") & (where > 0)] = Reason.AFTER_END
     reasons[(reasons == "") & ~np.all(np.isfinite(values), axis=1)] = Reason.NON_FINITE
+    return reasons, good_id, arrow_ids
+
+
+def stream_reasons(streams: np.ndarray, declared: frozenset[str] | None
+                   ) -> tuple[np.ndarray, np.ndarray, "pa.Array | None"]:
+    """``(reasons, good_id, arrow_ids)`` of the stream ids alone (:func:`row_reasons`' first checks):
+    ``bad_stream_id``, ``undeclared_stream`` or ``""`` per row."""
+    reasons = np.full(len(streams), "", dtype=object)
+    good_id, arrow_ids = _good_stream_ids(streams)
+    reasons[~good_id] = Reason.BAD_STREAM_ID
+    if declared is not None:
+        if arrow_ids is not None:
+            known = _numpy(pc.is_in(arrow_ids, value_set=pa.array(sorted(declared), type=pa.string())))
+        else:
+            known = np.array([s in declared for s in streams], dtype=bool)
+        reasons[good_id & ~known] = Reason.UNDECLARED_STREAM
     return reasons, good_id, arrow_ids
 
 
