@@ -38,7 +38,8 @@ from beam_dp.steps.columns import LabelledColumns
 from beam_dp.steps.events import DETAIL, DeadLetter
 from beam_dp.steps.policies import split_rows
 
-__all__ = ["BlockOriginals", "BundleBlocks", "ColumnRows", "LabelledColumns", "column_rows", "stack_rows"]
+__all__ = ["BlockOriginals", "BundleBlocks", "ColumnRows", "ColumnarParse", "LabelledColumns", "column_rows",
+           "stack_rows"]
 
 register_block_coders(LabelledColumns)  # a file's batch of rows: Beam's size sampling must not pickle it
 
@@ -215,3 +216,23 @@ def column_rows(block: LabelledColumns, streams: frozenset[str] | None,
         parts = np.split(np.argsort(codes, kind="stable"), np.cumsum(np.bincount(codes, minlength=len(names)))[:-1])
         chunks = [(name, rows[part], features[part], labels[part]) for name, part in zip(names, parts)]
     return ColumnRows([letter for _, letter in letters], chunks)
+
+
+class ColumnarParse:
+    """The part of a parse DoFn (ERM's, the learners') that takes a :class:`LabelledColumns` block:
+    :func:`column_rows` with the DoFn's ``_check`` and ``_vector``, its dead letters, then each stream's
+    valid rows added to ``_blocks`` as one ``rows_type(features, labels)`` chunk."""
+
+    rows_type: type
+
+    def _chunk_seen(self, block: LabelledColumns, rows: np.ndarray, labels: np.ndarray) -> None:
+        """Called for each stream's chunk of valid rows before it is added (operator metrics)."""
+
+    def _process_columns(self, block: LabelledColumns, timestamp: Any, window: Any) -> Iterator:
+        found = column_rows(block, self._streams, self._check, self._vector)
+        for letter in found.letters:
+            yield self._dead_letter(*letter)
+        self._elements.inc(found.valid)
+        for stream, rows, x, y in found.chunks:
+            self._chunk_seen(block, rows, y)
+            yield from self._blocks.add_rows(stream, self.rows_type(x, y), block.take(rows), timestamp, window)

@@ -31,7 +31,7 @@ import numpy as np
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import PCollection
 
-from beam_dp.beam.blocks import BundleBlocks, column_rows, stack_rows
+from beam_dp.beam.blocks import BundleBlocks, ColumnarParse, stack_rows
 from beam_dp.beam.batch_release import release_stage
 from beam_dp.beam.domains import bind_noise_domain, release_labels
 from beam_dp.core.limits import (EPSILON_RANGE, LAMBDA_RANGE, MAX_DIM, MAX_SCALE, MIN_SCALE, check_count,
@@ -180,7 +180,7 @@ class SlidingWindowModelParams(_ERMParams):
         return SlidingWindowMechanism(block=self.block, levels=levels, sampling=self.sampling, **self._common())
 
 
-class ParseLabelledExamples(beam.DoFn):
+class ParseLabelledExamples(ColumnarParse, beam.DoFn):
     """Validate labelled examples (one by one, or a ``LabelledColumns`` block at once:
     :func:`~beam_dp.beam.blocks.column_rows`); emit their blocks ``(stream, (None, LabelledRows,
     elements))`` (a bundle's valid examples of one stream in arrival order,
@@ -188,6 +188,7 @@ class ParseLabelledExamples(beam.DoFn):
     in a dead letter's ``detail``."""
 
     MAX_ROWS = 4096  # rows per block: a bundle's examples of one stream leave in blocks of at most this
+    rows_type = LabelledRows  # a columnar block's valid rows of one stream
 
     def __init__(self, params: _ERMParams):
         self._params = params
@@ -251,14 +252,6 @@ class ParseLabelledExamples(beam.DoFn):
         except (ValueError, TypeError) as exc:
             return DeadLetter(BAD_LABEL, str(exc), stream, element)
         return stream, (x, y)
-
-    def _process_columns(self, block: LabelledColumns, timestamp: Any, window: Any) -> Iterator:
-        found = column_rows(block, self._streams, self._check, self._vector)
-        for letter in found.letters:
-            yield self._dead_letter(*letter)
-        self._elements.inc(found.valid)
-        for stream, rows, x, y in found.chunks:
-            yield from self._blocks.add_rows(stream, LabelledRows(x, y), block.take(rows), timestamp, window)
 
     def _vector(self, block: LabelledColumns, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The rows of ``block`` whose features and label pass :meth:`_check`, checked at once."""

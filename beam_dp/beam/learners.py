@@ -35,7 +35,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from beam_dp.beam.blocks import BundleBlocks, column_rows, stack_rows
+from beam_dp.beam.blocks import BundleBlocks, ColumnarParse, stack_rows
 from beam_dp.beam.batch_release import release_stage
 from beam_dp.beam.domains import bind_noise_domain, release_labels
 from beam_dp.steps.columns import LabelledColumns
@@ -182,7 +182,7 @@ class IncrementalRegressionParams:
         return make_incremental_regression(self.algorithm, **kwargs)
 
 
-class ParseRecords(beam.DoFn):
+class ParseRecords(ColumnarParse, beam.DoFn):
     """Validate ``(stream, [timestamp,] features, label)`` records; emit
     ``(stream, (step, record, original))`` for ``ContinualReleaseDoFn`` or a dead letter. With count steps
     (no clock) a bundle's valid records of one stream leave as one block ``(stream, (None, RecordRows,
@@ -190,6 +190,7 @@ class ParseRecords(beam.DoFn):
     block is validated at once (the mechanism's ``records``, :func:`~beam_dp.beam.blocks.column_rows`)."""
 
     MAX_ROWS = 4096  # records per block
+    rows_type = RecordRows  # a columnar block's valid records of one stream
     BISECT_ROWS = 16  # a refused run of columnar rows at most this long is checked row by row
 
     def __init__(self, params: Any):
@@ -254,14 +255,8 @@ class ParseRecords(beam.DoFn):
         record = self._record(stream, features, label, element)
         return record if isinstance(record, DeadLetter) else (stream, _pair(record))
 
-    def _process_columns(self, block: LabelledColumns, timestamp: Any, window: Any) -> Iterator:
-        found = column_rows(block, self._streams, self._check, self._vector)
-        for letter in found.letters:
-            yield self._dead_letter(*letter)
-        self._elements.inc(found.valid)
-        for stream, rows, x, y in found.chunks:
-            self._count_clipping(block.features[rows], y if block.label_names is not None else block.labels[rows])
-            yield from self._blocks.add_rows(stream, RecordRows(x, y), block.take(rows), timestamp, window)
+    def _chunk_seen(self, block: LabelledColumns, rows: np.ndarray, labels: np.ndarray) -> None:
+        self._count_clipping(block.features[rows], labels if block.label_names is not None else block.labels[rows])
 
     def _vector(self, block: LabelledColumns, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The rows of ``block`` the mechanism's ``records`` accepts, bisected around refused rows (left
