@@ -24,8 +24,9 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("java") is None, reason="a standalone Flink cluster needs Java")]
 
 ROOT = Path(__file__).resolve().parents[2]
-# enough events that the job is still reading them when its first checkpoints complete (~1 ms each)
-EVENTS = 20_000
+# enough events that the job is still reading them when its first checkpoints complete (~1 ms each; at
+# 20,000 a quiet machine once finished the job before its second checkpoint)
+EVENTS = 50_000
 
 
 def _rows(folder: Path) -> list[dict]:
