@@ -332,8 +332,8 @@ def _launch(argv: list[str], job: Job, where: list) -> int:
     params_or_usage_error(lambda: spec.validate(job.name, opts), "flags")
     check_noise_key(opts, runner_name(options), streaming)
     local = is_local_runner(runner_name(options))
-    if local:  # this process runs the pipeline: give freed memory back, hold a shuffle once
-        from pipelines.heap import limit_heap_retention
+    if local:  # this process runs the pipeline: give freed memory back (beam_dp.heap), hold a shuffle once
+        from beam_dp.heap import limit_heap_retention
         from pipelines.local_shuffle import stream_local_shuffles
 
         limit_heap_retention()

@@ -18,6 +18,7 @@ import numpy as np
 from apache_beam.metrics import Metrics
 
 from beam_dp.beam.combine import MergeClippedSums  # the lifted combiner of this stage's output
+from beam_dp.heap import scratch_heap
 from beam_dp.steps.batch import StepSums, key_step_parts, row_reasons, rows_by_group, step_sums
 from beam_dp.steps.events import DEAD_LETTER, DETAIL, DeadLetter, EventBatch, Reason, parse_contribution
 from beam_dp.mechanisms.base import ClippedSum
@@ -95,18 +96,20 @@ class ParseEvents(beam.DoFn):
                         out = beam.pvalue.TaggedOutput(DEAD_LETTER, out.value._replace(source=source))
                     yield out
             return
-        reasons, good_id, arrow_ids = row_reasons(streams, micros, values, self._clock, self._streams)
-        bad = np.flatnonzero(reasons != "")
+        with scratch_heap():  # the pass's temporaries reuse the heap; its results are small or copied
+            reasons, good_id, arrow_ids = row_reasons(streams, micros, values, self._clock, self._streams)
+            bad = np.flatnonzero(reasons != "")
+            ok = reasons == ""
+            if ok.any():
+                streams_ok, values_ok = streams[ok], values[ok]
+                sums = step_sums(self._mechanism, self._clock, streams_ok,
+                                 None if arrow_ids is None else arrow_ids.filter(ok), micros[ok], values_ok)
         for i in bad:  # loop over rejected rows only
             stream = streams[i] if good_id[i] else None
             yield self._dead_letter(DeadLetter(reasons[i], DETAIL[reasons[i]], stream, batch.row(i),
                                                batch.source_of(i)))
-        ok = reasons == ""
         if not ok.any():
             return
-        streams_ok, values_ok = streams[ok], values[ok]
-        sums = step_sums(self._mechanism, self._clock, streams_ok, None if arrow_ids is None else arrow_ids.filter(ok),
-                         micros[ok], values_ok)
         self._elements.inc(int(ok.sum()))
         if sums.clipped.sum():
             self._clipped.inc(int(sums.clipped.sum()))
