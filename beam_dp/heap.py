@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-from typing import Iterator
+from typing import Any, Iterator
 
 __all__ = ["MMAP_THRESHOLD", "SCRATCH_THRESHOLD", "limit_heap_retention", "scratch_heap"]
 
@@ -29,7 +29,7 @@ _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 MMAP_THRESHOLD = 128 << 10  # bytes: glibc's initial threshold, kept fixed
 SCRATCH_THRESHOLD = 32 << 20  # bytes: glibc's largest dynamic threshold, inside a scratch pass
 
-_fixed: list[int] = []  # the threshold limit_heap_retention fixed in this process (empty: never called)
+_fixed: tuple[int, Any] | None = None  # (threshold, mallopt) once limit_heap_retention fixed one here
 
 
 def _mallopt():
@@ -42,10 +42,11 @@ def _mallopt():
 def limit_heap_retention(threshold: int = MMAP_THRESHOLD) -> bool:
     """Fix the C library's mmap threshold at ``threshold`` bytes for this process; ``False`` (and no
     change) where the C library has no ``mallopt`` (not glibc) or refuses the value."""
+    global _fixed
     mallopt = _mallopt()
     if mallopt is None or not mallopt(_M_MMAP_THRESHOLD, int(threshold)):
         return False
-    _fixed[:] = [int(threshold), mallopt]
+    _fixed = (int(threshold), mallopt)
     return True
 
 
@@ -54,7 +55,7 @@ def scratch_heap() -> Iterator[None]:
     """Within the block, allocations up to :data:`SCRATCH_THRESHOLD` come from the heap (reused, not
     fresh pages); the fixed threshold is back on exit. Only where :func:`limit_heap_retention` fixed
     one; otherwise nothing changes. Keep what outlives the block small, or copy it after."""
-    if not _fixed:
+    if _fixed is None:
         yield
         return
     threshold, mallopt = _fixed

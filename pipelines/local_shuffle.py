@@ -116,14 +116,13 @@ def _send_in_pieces(self, process_bundle_id: str, read_transform_id: str, byte_s
     from apache_beam.runners.worker.data_plane import InMemoryDataChannel
 
     channel = self._worker_handler.data_conn
-    data_out = channel.output_stream(process_bundle_id, read_transform_id)
     if isinstance(byte_streams, GroupingBuffer) and isinstance(channel, InMemoryDataChannel):
         pieces = byte_streams.partition(1)[0]
         byte_streams._beam_dp_handed_on = True
         channel.inverse()._inputs.extend(_Piece(process_bundle_id, read_transform_id, p) for p in pieces if p)
         pieces.clear()  # the channel holds them now, and lets each go once the worker has read it
-        data_out.close()
         return
+    data_out = channel.output_stream(process_bundle_id, read_transform_id)
     for chunk in byte_streams or []:
         data_out.write(chunk)
         data_out.maybe_flush()

@@ -6,9 +6,10 @@ every row as a ``{column: value}`` mapping with :class:`ReadRecords` and map it 
 element with a small per-job function. The labelled-record jobs (``model_release``, count-step
 ``online_learning``) read CSV / Parquet in columns instead (:class:`Labelled`): one
 :class:`~beam_dp.steps.columns.LabelledColumns` per Arrow batch, built column by column
-(:func:`labelled_columns`), each row standing for the element the per-row function would make. Rows that cannot be read (a wrong column count, a line that
-is not a JSON object) go to the dead letters with reason ``malformed``; a value of the wrong type
-stays as it is, and the family's own parse stage dead-letters the element (never a crash).
+(:func:`labelled_columns`), each row standing for the element the per-row function would make. Rows
+that cannot be read (a wrong column count, a line that is not a JSON object) go to the dead letters
+with reason ``malformed``; a value of the wrong type stays as it is, and the family's own parse stage
+dead-letters the element (never a crash).
 
 Streaming: the same flags as ``continual_stats`` (``--source pubsub|kafka``); one JSON object per
 message, with the same field names as the file columns.

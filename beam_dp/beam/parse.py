@@ -96,10 +96,11 @@ class ParseEvents(beam.DoFn):
                         out = beam.pvalue.TaggedOutput(DEAD_LETTER, out.value._replace(source=source))
                     yield out
             return
-        with scratch_heap():  # the pass's temporaries reuse the heap; its results are small or copied
+        with scratch_heap():  # the pass's temporaries reuse the heap; its results live until the blocks leave
             reasons, good_id, arrow_ids = row_reasons(streams, micros, values, self._clock, self._streams)
             bad = np.flatnonzero(reasons != "")
             ok = reasons == ""
+            sums = None
             if ok.any():
                 streams_ok, values_ok = streams[ok], values[ok]
                 sums = step_sums(self._mechanism, self._clock, streams_ok,
@@ -108,7 +109,7 @@ class ParseEvents(beam.DoFn):
             stream = streams[i] if good_id[i] else None
             yield self._dead_letter(DeadLetter(reasons[i], DETAIL[reasons[i]], stream, batch.row(i),
                                                batch.source_of(i)))
-        if not ok.any():
+        if sums is None:
             return
         self._elements.inc(int(ok.sum()))
         if sums.clipped.sum():
