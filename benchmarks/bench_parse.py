@@ -43,7 +43,8 @@ def time_parse(batch: EventBatch, steps: int, dim: int, pre_aggregate: bool, rep
     best, blocks = float("inf"), 0
     for _ in range(repeats):
         start = time.process_time()
-        blocks = sum(1 for _ in parse.process(batch))
+        parse.start_bundle()  # a batch replay keyed by groups sums the bundle and emits at its end
+        blocks = sum(1 for _ in parse.process(batch)) + sum(1 for _ in parse.finish_bundle() or ())
         best = min(best, time.process_time() - start)
     return {"cpu_s": round(best, 4), "blocks": blocks, "rows_per_s": round(len(batch) / best)}
 

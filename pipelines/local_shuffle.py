@@ -1,32 +1,41 @@
-"""Shuffles of a local run handed on in pieces: Beam's in-process runner holds a grouped input once.
+"""Shuffles of a local run kept on disk and handed on in pieces: the in-process runner's memory stays flat.
 
-The FnApiRunner groups a stage's input (a ``GroupByKey``, a combiner's shuffle) in memory, then
-encodes *all* of it into one byte string, writes that into its in-memory data channel as one message
-(copied into a protobuf), and the worker copies the message's bytes again before decoding them, while
-the channel keeps every message, and the runner its byte string, until the bundle ends. At 10M events
-(10,000 streams × 200 steps, 4 stream groups) the release stage's input is 166 MB encoded, so the job
-held it three or four times at once (peak RSS ~1,050 MB; issue 26). :func:`stream_local_shuffles`
-changes three things, for this process only, and only on the Beam versions it was checked on
-(:data:`CHECKED_BEAM`):
+Beam's in-process runner (the FnApiRunner) groups a stage's input (a ``GroupByKey``, a combiner's
+shuffle) in memory: its ``GroupingBuffer`` decodes every value and keeps it until the reading stage
+starts, then encodes *all* of it into one byte string and writes that into its in-memory data channel
+as one message (a protobuf copy), which the worker copies again before decoding it; the channel keeps
+every message until the bundle ends. At 10M events (10,000 streams × 1,000 steps, 4 stream groups) the
+release stage's input is ~600 MB encoded, so the job held it three or four times at once (issue 26).
+:func:`stream_local_shuffles` changes this, for this process only, and only on the Beam versions it
+was checked on (:data:`CHECKED_BEAM`):
 
-* a grouping buffer encodes its keys in pieces of about :data:`PIECE_BYTES` (whole keys, in Beam's
-  order: the pieces joined are exactly the bytes Beam made);
-* the runner hands the worker each piece of a grouped input as it is: the channel makes a piece's
-  message only when the worker reads it, and the runner lets go of the piece then. A grouped input
-  is read once (the stage that reads a ``GroupByKey`` is the only one that does); a second read
-  fails loudly instead of finding it empty. Other inputs are sent as before, flushed after each of
-  their byte strings (whole elements);
-* the channel lets go of each message once the worker has read it.
+* **spilled values.** A grouping buffer of a key-value input in the global window (every batch shuffle
+  here) writes each value's encoding to an unnamed temporary file as it arrives (``tempfile``: under
+  ``TMPDIR``, readable by this user only, no name on disk, gone when the buffer is read or dropped or
+  the process ends) and keeps in memory only where each key's values lie. The file holds what the
+  runner held in memory: shuffled elements, which may be un-noised (clipped sums), so it is treated like
+  the job's private dead-letter folder. Other buffers (windowed inputs, other coders) stay Beam's;
+* **pieces.** The runner hands the worker a spilled input in pieces of about :data:`PIECE_BYTES` (whole
+  keys, in Beam's order); a piece's bytes are read from the file, and its message made, only when the
+  worker reads it. The bytes are exactly Beam's (each key's header, the count of its values, then the
+  values' encodings). A grouped input is read once (the stage that reads a ``GroupByKey`` is the only
+  one that does); a second read fails loudly instead of finding it empty. Other inputs are sent as
+  before, flushed after each of their byte strings (whole elements);
+* **outputs delivered.** What the worker writes to a spilled buffer is handed to it as each message is
+  flushed (about 10 MB), not queued in the channel until the bundle ends (a stage's whole output);
+* **read messages dropped.** The channel lets go of each message once the worker has read it.
 
 Elements, their order and their encoding are unchanged; nothing else about the runner is touched.
-Peak RSS of the 10M-event job: 1,057 → 870 MB with the pieces alone (docs/benchmarks.md). Runners
-other than the in-process one (Dataflow, Flink, Prism) never use these classes.
+Runners other than the in-process one (Dataflow, Flink, Prism) never use these classes.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
+import mmap
+import struct
+import tempfile
+from array import array
 from typing import Any
 
 __all__ = ["CHECKED_BEAM", "PIECE_BYTES", "stream_local_shuffles"]
@@ -35,12 +44,12 @@ log = logging.getLogger(__name__)
 
 CHECKED_BEAM = ("2.77",)  # Beam major.minor versions whose runner internals these changes were checked on
 PIECE_BYTES = 8 << 20  # bytes of encoded values per piece of a grouped input, about
-_SAMPLED_KEYS = 32  # keys whose values are sized to estimate a key's share of a piece
+_UNDECIDED = object()
 
 
 def stream_local_shuffles() -> bool:
-    """Apply the three changes above to this process's in-process Beam runner; ``False`` (and no
-    change) on a Beam version not in :data:`CHECKED_BEAM`. Calling it again changes nothing more."""
+    """Apply the changes above to this process's in-process Beam runner; ``False`` (and no change) on a
+    Beam version not in :data:`CHECKED_BEAM`. Calling it again changes nothing more."""
     import apache_beam
     from apache_beam.runners.portability.fn_api_runner import execution, fn_runner
     from apache_beam.runners.worker import data_plane
@@ -49,78 +58,231 @@ def stream_local_shuffles() -> bool:
         log.info("Beam %s: the in-process runner's shuffles are left as they are", apache_beam.__version__)
         return False
     buffer_type = execution.GroupingBuffer
-    if getattr(buffer_type.partition, "_beam_dp_pieces", False):
+    if getattr(buffer_type.append, "__wrapped__", None) is not None:
         return True
-    buffer_type.partition = _in_pieces(buffer_type.partition)
-    _send_in_pieces.__wrapped__ = fn_runner.BundleManager._send_input_to_worker  # Beam's, for tests
-    fn_runner.BundleManager._send_input_to_worker = _send_in_pieces
-    _releasing_inputs.__wrapped__ = data_plane.InMemoryDataChannel.input_elements
-    data_plane.InMemoryDataChannel.input_elements = _releasing_inputs
+    for name, ours in (("append", _append), ("extend", _extend), ("partition", _partition)):
+        ours.__wrapped__ = getattr(buffer_type, name)  # Beam's, for the other buffers and for tests
+        setattr(buffer_type, name, ours)
+    for owner, name, ours in ((fn_runner.BundleManager, "_send_input_to_worker", _send_in_pieces),
+                              (fn_runner.BundleManager, "process_bundle", _process_bundle),
+                              (data_plane.InMemoryDataChannel, "input_elements", _releasing_inputs),
+                              (data_plane.InMemoryDataChannel, "output_stream", _delivering_output_stream)):
+        ours.__wrapped__ = getattr(owner, name)
+        setattr(owner, name, ours)
     return True
 
 
-def _in_pieces(partition):
-    """``GroupingBuffer.partition`` encoding the keys of a one-way partition in pieces (Beam's own
-    ``partition`` encodes each piece: the keys of a piece become a table of their own)."""
+class SpilledValues:
+    """The values of one grouping buffer on disk: each key (its nested encoding, the dict's order is the
+    order keys first arrived) → ``array('q')`` of (offset, length) pairs of its values' nested encodings
+    in an unnamed temporary file. :meth:`take` makes the grouped bytes of some keys and forgets them."""
 
-    def partition_in_pieces(self, n: int):
-        if getattr(self, "_beam_dp_handed_on", False):
-            raise RuntimeError("beam_dp.local_shuffle: a grouped input was read twice after it was handed on")
-        if self._grouped_output or n != 1 or not self._windowing.is_default() or len(self._table) < 2:
-            return partition(self, n)
-        table, pieces = self._table, []
-        keys = list(table)
-        per_piece = _keys_per_piece(table, keys)
-        for start in range(0, len(keys), per_piece):
-            self._table = collections.defaultdict(list, ((k, table.pop(k)) for k in keys[start:start + per_piece]))
-            self._grouped_output = None
-            pieces.extend(partition(self, 1)[0])  # clears the piece's table once it is encoded
-        self._table = table
-        self._grouped_output = [pieces]
-        return self._grouped_output
+    def __init__(self, pre_grouped: Any, post_grouped: Any, key: Any, value: Any) -> None:
+        self._pre, self._post, self._key, self._value = pre_grouped, post_grouped, key, value
+        self.spans: dict[bytes, array] = {}
+        self._file = tempfile.TemporaryFile(prefix="beam_dp-shuffle-")
+        self._size = 0
+        self._map: mmap.mmap | None = None
+        self._header: bytes | None = None
 
-    partition_in_pieces._beam_dp_pieces = True
-    partition_in_pieces.__wrapped__ = partition
-    return partition_in_pieces
+    @classmethod
+    def of(cls, buffer: Any) -> "SpilledValues | None":
+        """For a buffer of ``KV[K, V]`` in the global window grouped to ``KV[K, Iterable[V]]``, else None."""
+        from apache_beam.coders import IterableCoder, TupleCoder
+
+        kv = getattr(buffer._pre_grouped_coder, "wrapped_value_coder", None)
+        grouped = getattr(buffer._post_grouped_coder, "wrapped_value_coder", None)
+        if not (buffer._windowing.is_default() and isinstance(kv, TupleCoder) and isinstance(grouped, TupleCoder)):
+            return None
+        (key, value), post = kv.coders(), grouped.coders()
+        if len(kv.coders()) != 2 or list(post) != [key, IterableCoder(value)]:
+            return None
+        return cls(buffer._pre_grouped_coder.get_impl(), buffer._post_grouped_coder.get_impl(), key.get_impl(),
+                   value.get_impl())
+
+    def add_encoded(self, elements: bytes) -> None:
+        """Decode windowed key-value ``elements`` (Beam's data-channel bytes); write each value to the file."""
+        from apache_beam.coders.coder_impl import create_InputStream, create_OutputStream
+
+        stream, out = create_InputStream(elements), create_OutputStream()
+        decode, key_bytes, encode = self._pre.decode_from_stream, self._key.encode_nested, self._value.encode_to_stream
+        spans, base = self.spans, self._size
+        while stream.size() > 0:
+            key, value = decode(stream, True).value
+            start = out.size()
+            encode(value, out, True)
+            nested = key_bytes(key)
+            where = spans.get(nested)
+            if where is None:
+                where = spans[nested] = array("q")
+            where.append(base + start)
+            where.append(out.size() - start)
+        self._write(out.get())
+
+    def add_spilled(self, other: "SpilledValues") -> None:
+        """Append ``other``'s values, key by key (Beam's ``extend``)."""
+        for key in list(other.spans):
+            values = other._values(other.spans.pop(key))
+            where = self.spans.setdefault(key, array("q"))
+            for value in values:
+                where.extend((self._size, len(value)))
+                self._write(value)
+        other.close()
+
+    def pieces(self, limit: int) -> list[list[bytes]]:
+        """The keys in order, cut into runs of about ``limit`` bytes of values (at least one key each)."""
+        pieces, keys, size = [], [], 0
+        for key, where in self.spans.items():
+            keys.append(key)
+            size += sum(where[1::2])
+            if size >= limit:
+                pieces.append(keys)
+                keys, size = [], 0
+        return pieces + [keys] if keys else pieces
+
+    def take(self, keys: list[bytes]) -> bytes:
+        """Beam's grouped encoding of ``keys`` (each: the global-window header, the key, the count of its
+        values, the values), read from the file; the keys are forgotten, the file closed after the last."""
+        if not keys:
+            return b""
+        parts = []
+        for key in keys:
+            where = self.spans.pop(key)
+            parts += (self._header_of(key), key, struct.pack(">i", len(where) // 2), *self._values(where))
+        data = b"".join(parts)
+        if self._map is not None:
+            self._map.madvise(mmap.MADV_DONTNEED)  # the pages read stay in the page cache, not in this process
+        if not self.spans:
+            self.close()
+        return data
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        self._file.close()
+        self.spans.clear()
+
+    def _write(self, data: bytes) -> None:
+        if self._map is not None:
+            raise RuntimeError("beam_dp.local_shuffle: a grouping buffer was written after it was read")
+        self._file.write(data)
+        self._size += len(data)
+
+    def _values(self, where: array) -> list:
+        if self._map is None:
+            if not self._size:  # every value encoded empty
+                return [b""] * (len(where) // 2)
+            self._file.flush()
+            self._map = mmap.mmap(self._file.fileno(), self._size, access=mmap.ACCESS_READ)
+        view = self._map
+        return [view[offset:offset + length] for offset, length in zip(where[::2], where[1::2])]
+
+    def _header_of(self, key: bytes) -> bytes:
+        """The bytes before a key in Beam's grouped encoding: its global-window timestamp, window and pane
+        (what ``GroupingBuffer.partition`` writes for default windowing), the same for every key."""
+        if self._header is None:
+            from apache_beam.coders.coder_impl import create_OutputStream
+            from apache_beam.transforms.window import GlobalWindow, GlobalWindows
+            from apache_beam.utils import windowed_value
+
+            pane = windowed_value.PaneInfo(is_first=True, is_last=True, timing=windowed_value.PaneInfoTiming.ON_TIME,
+                                           index=0, nonspeculative_index=0)
+            probe = GlobalWindows.windowed_value((self._key.decode_nested(key), []),
+                                                 timestamp=GlobalWindow().max_timestamp(), pane_info=pane)
+            out = create_OutputStream()
+            self._post.encode_to_stream(probe, out, True)
+            encoded, tail = out.get(), key + b"\0\0\0\0"  # ... the key, then an empty iterable's count
+            if not encoded.endswith(tail):
+                raise RuntimeError("beam_dp.local_shuffle: Beam's grouped encoding is not header, key, values")
+            self._header = encoded[:-len(tail)]
+        return self._header
 
 
-def _keys_per_piece(table: dict, keys: list) -> int:
-    from beam_dp.io.coders import estimated_bytes
+def _beams(ours: Any, owner: type, name: str) -> Any:
+    """Beam's method ``owner.name`` that ``ours`` replaces (the class's own where nothing was applied)."""
+    return getattr(ours, "__wrapped__", None) or getattr(owner, name)
 
-    step = max(1, len(keys) // _SAMPLED_KEYS)
-    sample = keys[::step]
-    per_key = sum(estimated_bytes(table[k]) for k in sample) / len(sample)
-    return max(1, int(PIECE_BYTES // max(per_key, 1.0)))
+
+def spilled(buffer: Any) -> SpilledValues | None:
+    """The buffer's :class:`SpilledValues` (decided on first use), or None where it stays Beam's."""
+    spill = buffer.__dict__.get("_beam_dp_spill", _UNDECIDED)
+    if spill is _UNDECIDED:
+        spill = buffer._beam_dp_spill = SpilledValues.of(buffer)
+    return spill
+
+
+def _append(self, elements_data: bytes) -> None:
+    """``GroupingBuffer.append``: spilled values, or Beam's."""
+    spill = spilled(self)
+    if spill is None:
+        return _beams(_append, type(self), "append")(self, elements_data)
+    if self._grouped_output or getattr(self, "_beam_dp_handed_on", False):
+        raise RuntimeError("Grouping table append after read.")
+    spill.add_encoded(elements_data)
+
+
+def _extend(self, input_buffer: Any) -> None:
+    """``GroupingBuffer.extend``: another spilled buffer's values appended, or Beam's."""
+    spill = spilled(self)
+    if spill is None:
+        return _beams(_extend, type(self), "extend")(self, input_buffer)
+    from apache_beam.runners.portability.fn_api_runner.execution import ListBuffer
+
+    if isinstance(input_buffer, ListBuffer):  # Beam's own workaround: nothing to add
+        return
+    other = spilled(input_buffer)
+    if other is None:
+        raise RuntimeError("beam_dp.local_shuffle: a spilled grouping buffer cannot take an in-memory one")
+    spill.add_spilled(other)
+
+
+def _partition(self, n: int) -> list[list[bytes]]:
+    """``GroupingBuffer.partition``: key ``i`` to worker ``i % n``, Beam's bytes (one string each)."""
+    if getattr(self, "_beam_dp_handed_on", False):
+        raise RuntimeError("beam_dp.local_shuffle: a grouped input was read twice after it was handed on")
+    spill = spilled(self)
+    if spill is None:
+        return _beams(_partition, type(self), "partition")(self, n)
+    if not self._grouped_output:
+        keys = list(spill.spans)
+        self._grouped_output = [[spill.take(keys[i::n])] for i in range(n)]
+        spill.close()
+    return self._grouped_output
 
 
 class _Piece:
-    """A piece of a grouped input waiting in the channel: its message is made when the worker reads it."""
+    """A piece of a spilled grouped input waiting in the channel: read and made a message when the worker
+    reads it."""
 
-    __slots__ = ("instruction_id", "transform_id", "data")
+    __slots__ = ("instruction_id", "transform_id", "spill", "keys")
 
-    def __init__(self, instruction_id: str, transform_id: str, data: bytes):
-        self.instruction_id, self.transform_id, self.data = instruction_id, transform_id, data
+    def __init__(self, instruction_id: str, transform_id: str, spill: SpilledValues, keys: list[bytes]):
+        self.instruction_id, self.transform_id, self.spill, self.keys = instruction_id, transform_id, spill, keys
 
     def message(self):
         from apache_beam.portability.api import beam_fn_api_pb2
 
-        data, self.data = self.data, None
+        data = self.spill.take(self.keys)
+        self.spill = self.keys = None
         return beam_fn_api_pb2.Elements.Data(instruction_id=self.instruction_id, transform_id=self.transform_id,
                                              data=data)
 
 
 def _send_in_pieces(self, process_bundle_id: str, read_transform_id: str, byte_streams: Any) -> None:
-    """``BundleManager._send_input_to_worker``: a grouped input's pieces handed on one by one (see the
-    module docstring); any other input written and flushed after each byte string (whole elements)."""
+    """``BundleManager._send_input_to_worker``: a spilled grouped input handed on in pieces (module
+    docstring); any other input written and flushed after each byte string (whole elements)."""
     from apache_beam.runners.portability.fn_api_runner.execution import GroupingBuffer
     from apache_beam.runners.worker.data_plane import InMemoryDataChannel
 
     channel = self._worker_handler.data_conn
-    if isinstance(byte_streams, GroupingBuffer) and isinstance(channel, InMemoryDataChannel):
-        pieces = byte_streams.partition(1)[0]
+    spill = spilled(byte_streams) if isinstance(byte_streams, GroupingBuffer) else None
+    if spill is not None and isinstance(channel, InMemoryDataChannel) and not byte_streams._grouped_output:
+        if getattr(byte_streams, "_beam_dp_handed_on", False):
+            raise RuntimeError("beam_dp.local_shuffle: a grouped input was read twice after it was handed on")
         byte_streams._beam_dp_handed_on = True
-        channel.inverse()._inputs.extend(_Piece(process_bundle_id, read_transform_id, p) for p in pieces if p)
-        pieces.clear()  # the channel holds them now, and lets each go once the worker has read it
+        channel.inverse()._inputs.extend(_Piece(process_bundle_id, read_transform_id, spill, keys)
+                                         for keys in spill.pieces(PIECE_BYTES))
         return
     data_out = channel.output_stream(process_bundle_id, read_transform_id)
     for chunk in byte_streams or []:
@@ -129,9 +291,53 @@ def _send_in_pieces(self, process_bundle_id: str, read_transform_id: str, byte_s
     data_out.close()
 
 
+def _process_bundle(self, inputs: Any, expected_outputs: Any, fired_timers: Any, expected_output_timers: Any,
+                    dry_run: bool = False) -> Any:
+    """``BundleManager.process_bundle`` with the bundle's spilled output buffers registered on the runner's
+    in-memory channels, so that the worker's writes to them are delivered as they are flushed."""
+    from apache_beam.runners.portability.fn_api_runner.execution import split_buffer_id
+    from apache_beam.runners.worker.data_plane import InMemoryDataChannel
+
+    deliver = {}
+    for transform_id, buffer_id in ({} if dry_run else expected_outputs).items():
+        if split_buffer_id(buffer_id)[0] == "group":
+            buffer = self.bundle_context_manager.get_buffer(buffer_id, transform_id)
+            if spilled(buffer) is not None:
+                deliver[transform_id] = buffer
+    channels = [handler.data_conn for handler in self.bundle_context_manager.worker_handlers
+                if isinstance(handler.data_conn, InMemoryDataChannel)]
+    for channel in channels:
+        channel._beam_dp_deliver = deliver
+    try:
+        return _beams(_process_bundle, type(self), "process_bundle")(self, inputs, expected_outputs, fired_timers, expected_output_timers,
+                                           dry_run)
+    finally:
+        for channel in channels:
+            channel._beam_dp_deliver = {}
+
+
+def _delivering_output_stream(self, instruction_id: str, transform_id: str) -> Any:
+    """``InMemoryDataChannel.output_stream`` (the worker's side): a registered spilled buffer takes each
+    flushed message's bytes at once (under the runner's lock, as Beam appends them); others are Beam's."""
+    buffer = getattr(self._inverse, "_beam_dp_deliver", {}).get(transform_id)
+    if buffer is None:
+        return _beams(_delivering_output_stream, type(self), "output_stream")(self, instruction_id, transform_id)
+    from apache_beam.runners.portability.fn_api_runner.fn_runner import BundleManager
+    from apache_beam.runners.worker.data_plane import ClosableOutputStream
+
+    def deliver(data: bytes) -> None:
+        if data:
+            with BundleManager._lock:
+                _append(buffer, data)
+
+    return ClosableOutputStream.create(deliver, deliver, self._data_buffer_time_limit_ms)
+
+
 def _releasing_inputs(self, instruction_id: str, unused_expected_inputs: Any, abort_callback=None):
     """``InMemoryDataChannel.input_elements`` that drops each message from the channel as it is read
     (same messages, same order, the other instructions' messages kept)."""
+    import collections
+
     from apache_beam.portability.api import beam_fn_api_pb2
 
     others = []

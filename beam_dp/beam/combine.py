@@ -13,7 +13,7 @@ frees its arrays as it is compacted (the bundle's accumulators and their output 
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import apache_beam as beam
 import numpy as np
@@ -21,8 +21,9 @@ import numpy as np
 from beam_dp.io.coders import BlockCoder, register_block_coders
 from beam_dp.mechanisms.base import ClippedSum
 from beam_dp.mechanisms.stream_groups import GroupBlock
+from beam_dp.steps.batch import key_step_parts, rows_by_group
 
-__all__ = ["MergeClippedSums"]
+__all__ = ["BundleGroupSums", "MergeClippedSums"]
 
 register_block_coders(ClippedSum, GroupBlock)  # array blocks: Beam's size sampling must not pickle them
 
@@ -31,10 +32,10 @@ class _RowMap:
     """Stream name → row, in order of first sight (one per group and worker); ``owners`` (stream → its
     map, shared by the combiner's maps) learns each new name, so the next step of the group finds this map."""
 
-    def __init__(self, owners: dict[str, "_RowMap"]) -> None:
+    def __init__(self, owners: dict[str, "_RowMap"] | None = None) -> None:
         self.row: dict[str, int] = {}
         self.names: list[str] = []
-        self.owners = owners
+        self.owners = {} if owners is None else owners
         self._rank = np.zeros(0, np.int64)
 
     def rank(self) -> np.ndarray:
@@ -70,14 +71,17 @@ class _GroupSums:
         self.clipped, self.seen = np.zeros(cap, np.int64), np.zeros(cap, bool)
 
     def add(self, block: GroupBlock) -> None:
+        self.add_rows(self.rows.rows_of(block.streams), block.sums, block.counts, block.clipped)
+
+    def add_rows(self, idx: np.ndarray, sums: np.ndarray, counts: np.ndarray, clipped: np.ndarray) -> None:
+        """Add the sums of rows ``idx`` (distinct rows of this accumulator's row map)."""
         if self.sums is None:
             raise RuntimeError("MergeClippedSums: an accumulator was used after it was compacted")
-        idx = self.rows.rows_of(block.streams)  # distinct: a block's streams are distinct
         if len(self.rows.names) > len(self.seen):  # grow by a quarter: at most 25% unused rows
             self._grow(max(len(self.rows.names), len(self.seen) + len(self.seen) // 4))
-        self.sums[idx] += block.sums
-        self.counts[idx] += block.counts
-        self.clipped[idx] += block.clipped
+        self.sums[idx] += sums
+        self.counts[idx] += counts
+        self.clipped[idx] += clipped
         self.seen[idx] = True
 
     def _grow(self, cap: int) -> None:
@@ -159,3 +163,57 @@ class MergeClippedSums(beam.CombineFn):
         if acc is not None:
             live.add(acc)
         return live
+
+
+class BundleGroupSums:
+    """A bundle's clipped sums per (window, group key, step) for a batch replay keyed by stream groups,
+    held in the parse stage itself: the same dense accumulators as :class:`MergeClippedSums` (one row map
+    per group), filled from a batch's per-(stream, step) sums with one vectorised add per (group, step)
+    instead of one ``GroupBlock`` element per (batch, group, step) through a lifted combiner.
+    :meth:`take` empties it (at the end of the bundle), each accumulator freed as its block leaves."""
+
+    def __init__(self, dim: int) -> None:
+        self._dim = dim
+        self._maps: dict[str, _RowMap] = {}  # group key -> its row map (worker-local index, never state)
+        self._acc: dict[tuple[Any, str, int], _GroupSums] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._acc)
+
+    def add(self, window: Any, keys: list[str], names: list[str], key_of_name: np.ndarray,
+            name_of_block: np.ndarray, steps: np.ndarray, sums: np.ndarray, counts: np.ndarray,
+            clipped: np.ndarray) -> None:
+        """Add blocks ``i``: stream ``names[name_of_block[i]]`` (of group ``keys[key_of_name[...]]``) at
+        ``steps[i]``, its sums ``sums[i]`` (d,), ``counts[i]`` and ``clipped[i]``; the blocks of one
+        (group, step) are of distinct streams."""
+        row_of_name = np.empty(len(names), np.int64)
+        for k, members in enumerate(rows_by_group(key_of_name, len(keys))):  # new streams join their row map
+            if len(members):
+                row_of_name[members] = self._row_map(keys[k]).rows_of(tuple(map(names.__getitem__, members.tolist())))
+        key_of_block, rows = key_of_name[name_of_block], row_of_name[name_of_block]
+        for part in key_step_parts(key_of_block, steps):
+            first = part[0]
+            cell = (window, keys[key_of_block[first]], int(steps[first]))
+            acc = self._acc.get(cell)
+            if acc is None:
+                acc = self._acc[cell] = _GroupSums(self._maps[cell[1]], self._dim)
+            acc.add_rows(rows[part], sums[part], counts[part], clipped[part])
+
+    def add_block(self, window: Any, key: str, step: int, block: GroupBlock) -> None:
+        acc = self._acc.get((window, key, step))
+        if acc is None:
+            acc = self._acc[(window, key, step)] = _GroupSums(self._row_map(key), self._dim)
+        acc.add(block)
+
+    def take(self) -> Iterator[tuple[Any, str, int, GroupBlock]]:
+        """``(window, key, step, block)`` for every accumulator, by (key, step); empties this."""
+        cells = sorted(self._acc, key=lambda cell: cell[1:])
+        accs, self._acc = self._acc, {}
+        for cell in cells:
+            yield (*cell, accs.pop(cell).take_block())
+
+    def _row_map(self, key: str) -> _RowMap:
+        rows = self._maps.get(key)
+        if rows is None:
+            rows = self._maps[key] = _RowMap()
+        return rows

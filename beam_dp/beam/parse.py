@@ -16,8 +16,9 @@ from typing import Any, Iterator
 import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
+from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_dp.beam.combine import MergeClippedSums  # the lifted combiner of this stage's output
+from beam_dp.beam.combine import BundleGroupSums, MergeClippedSums  # MergeClippedSums: the lifted combiner
 from beam_dp.heap import scratch_heap
 from beam_dp.steps.batch import StepSums, key_step_parts, row_reasons, rows_by_group, step_sums
 from beam_dp.steps.events import DEAD_LETTER, DETAIL, DeadLetter, EventBatch, Reason, parse_contribution
@@ -38,10 +39,20 @@ class ParseEvents(beam.DoFn):
         self._streams = frozenset(self._params.streams) if self._params.streams is not None else None
         self._groups = getattr(self._params, "stream_groups", None)
         self._group_keys: dict[str, str] = {}  # stream -> its group's key (hashing once per stream and worker)
+        self._bundle: BundleGroupSums | None = None
         namespace = f"beam_dp/{self._mechanism.name}"
         self._elements = Metrics.counter(namespace, "elements")
         self._clipped = Metrics.counter(namespace, "clipped")
         self._dead = Metrics.counter(namespace, "dead_letters")
+
+    def start_bundle(self) -> None:
+        # a batch replay keyed by stream groups sums the bundle's blocks here (beam_dp.beam.combine)
+        self._bundle = BundleGroupSums(self._mechanism.dim) if self._pre_aggregate and self._groups else None
+
+    def finish_bundle(self) -> Iterator:
+        if self._bundle:
+            for window, key, step, block in self._bundle.take():
+                yield WindowedValue(((key, step), block), window.max_timestamp(), (window,))
 
     def _dead_letter(self, letter: DeadLetter):
         self._dead.inc()
@@ -53,17 +64,20 @@ class ParseEvents(beam.DoFn):
             key = self._group_keys[stream] = group_key(group_of(stream, self._groups))
         return key
 
-    def _emit(self, stream: str, step: int | None, block: ClippedSum, original: Any):
+    def _emit(self, stream: str, step: int | None, block: ClippedSum, original: Any, window: Any):
         if self._groups is not None:
             block = GroupBlock((stream,), block.vector[None, :], np.array([block.count]), np.array([block.clipped]))
             stream = self._key_of(stream)
+            if self._bundle is not None:
+                self._bundle.add_block(window, stream, step, block)
+                return None
         if self._pre_aggregate:
             return (stream, step), block
         return stream, (step, block, original)
 
-    def process(self, element: Any) -> Iterator:
+    def process(self, element: Any, window=beam.DoFn.WindowParam) -> Iterator:
         if isinstance(element, EventBatch):
-            yield from self._process_batch(element)
+            yield from self._process_batch(element, window)
             return
         parsed = parse_contribution(element, self._mechanism, self._clock, self._streams)
         if isinstance(parsed, DeadLetter):
@@ -73,9 +87,11 @@ class ParseEvents(beam.DoFn):
         self._elements.inc()
         if block.clipped:
             self._clipped.inc(block.clipped)
-        yield self._emit(stream, step, block, element)
+        out = self._emit(stream, step, block, element, window)
+        if out is not None:
+            yield out
 
-    def _process_batch(self, batch: EventBatch) -> Iterator:
+    def _process_batch(self, batch: EventBatch, window: Any) -> Iterator:
         """Vectorised path: validate all rows at once, dead-letter the bad ones, one block per (stream, step)."""
         n = len(batch)
         dim = self._mechanism.dim
@@ -90,7 +106,7 @@ class ParseEvents(beam.DoFn):
             return
         if self._clock is None:  # count steps keep arrival order per element
             for i in range(n):
-                for out in self.process(batch.row(i)):
+                for out in self.process(batch.row(i), window):
                     source = batch.source_of(i)
                     if source is not None and isinstance(out, beam.pvalue.TaggedOutput):
                         out = beam.pvalue.TaggedOutput(DEAD_LETTER, out.value._replace(source=source))
@@ -115,6 +131,11 @@ class ParseEvents(beam.DoFn):
         if sums.clipped.sum():
             self._clipped.inc(int(sums.clipped.sum()))
         seconds_ok = None if self._pre_aggregate else micros[ok] / 1e6
+        if self._bundle is not None:
+            names, key_names, key_of_stream = self._streams_and_keys(sums)
+            self._bundle.add(window, key_names.tolist(), names, key_of_stream, sums.stream, sums.step, sums.sums,
+                             sums.counts, sums.clipped)
+            return
         if self._groups is not None:
             yield from self._emit_groups(sums, streams_ok, seconds_ok, values_ok)
             return
@@ -126,15 +147,20 @@ class ParseEvents(beam.DoFn):
             if members is not None:
                 rows = members[g]
                 original = EventBatch(streams_ok[rows], seconds_ok[rows], values_ok[rows])
-            yield self._emit(str(names[g]), int(sums.step[g]), block, original)
+            yield self._emit(str(names[g]), int(sums.step[g]), block, original, window)
 
-    def _emit_groups(self, sums: StepSums, streams_ok, seconds_ok, values_ok) -> Iterator:
-        """One ``GroupBlock`` per (group, step) from the per-(stream, step) ``sums``."""
-        # one str object per stream name (interned): blocks share them, and the combiner's row lookups
-        # compare identities and reuse cached hashes instead of hashing a fresh string per cell
+    def _streams_and_keys(self, sums: StepSums) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """``(names, key_names, key_of_stream)``: the streams of ``sums`` as one interned str each (blocks
+        share them; row lookups compare identities and reuse cached hashes), their group keys sorted, and
+        each stream's index into them."""
         names = list(map(sys.intern, sums.names.tolist()))
         stream_keys = [self._key_of(name) for name in names]
         key_names, key_of_stream = np.unique(np.array(stream_keys, dtype=str), return_inverse=True)
+        return names, key_names, key_of_stream
+
+    def _emit_groups(self, sums: StepSums, streams_ok, seconds_ok, values_ok) -> Iterator:
+        """One ``GroupBlock`` per (group, step) from the per-(stream, step) ``sums``."""
+        names, key_names, key_of_stream = self._streams_and_keys(sums)
         key_idx = key_of_stream[sums.stream]
         parts = key_step_parts(key_idx, sums.step)
         members = None

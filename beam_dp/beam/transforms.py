@@ -77,10 +77,12 @@ class _ContinualRelease(beam.PTransform):
             DEAD_LETTER, main="blocks")
         blocks = parsed.blocks
         if aggregate:
+            # keyed by stream: a lifted combiner; keyed by groups: Parse summed each bundle already
+            # (BundleGroupSums), so the shuffle only merges the bundles' blocks of each (group, step)
+            merged = (beam.CombinePerKey(MergeClippedSums()) if groups is None else _MergeBundleBlocks())
             blocks = (
                 blocks
-                | "PreAggregate" >> beam.CombinePerKey(MergeClippedSums()).with_output_types(
-                    Tuple[Tuple[str, int], block_type])
+                | "PreAggregate" >> merged.with_output_types(Tuple[Tuple[str, int], block_type])
                 | "ByStream" >> beam.Map(_by_stream).with_output_types(Tuple[str, Tuple[int, block_type, Any]])
             )
         restored = [stream for stream, _ in (getattr(params, "restore_states", None) or ())]
@@ -104,6 +106,18 @@ class _ContinualRelease(beam.PTransform):
                 ReleaseColumns)
         dead = (parsed[DEAD_LETTER], released[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
         return ContinualOutputs(rows, dead)
+
+
+class _MergeBundleBlocks(beam.PTransform):
+    """``((group key, step), GroupBlock)`` → one ``GroupBlock`` per (group key, step): the bundles' blocks
+    merged (``GroupBlock.combine``: a key of one bundle keeps its block as it is)."""
+
+    def expand(self, blocks: PCollection) -> PCollection:
+        return blocks | "ByGroupStep" >> beam.GroupByKey() | "Merge" >> beam.MapTuple(_merged)
+
+
+def _merged(key: Tuple[str, int], blocks: Any) -> Tuple[Tuple[str, int], GroupBlock]:
+    return key, GroupBlock.combine(list(blocks))
 
 
 def _declarations(streams: list[str], groups: int | None, dim: int) -> list[tuple[str, Any]]:

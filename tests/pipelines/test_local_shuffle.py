@@ -38,23 +38,84 @@ def _filled_buffer(keys: int, values_per_key: int, floats: int) -> execution.Gro
         for k in range(keys):
             value = WindowedValue((f"key-{k:04d}", rng.standard_normal(floats)), 0, [window.GlobalWindow()])
             stream.encode_to_stream(value, out, True)
-        buffer.append(out.get())
+        _beams(execution.GroupingBuffer.append)(buffer, out.get())  # Beam's table, also once a job applied ours
     return buffer
 
 
-def test_the_pieces_joined_are_beams_bytes():
+def _spilled(buffer: execution.GroupingBuffer) -> local_shuffle.SpilledValues:
+    spill = local_shuffle.spilled(buffer)
+    assert spill is not None
+    return spill
+
+
+def _spill_all(buffer: execution.GroupingBuffer, rows: list[bytes]) -> None:
+    for data in rows:
+        local_shuffle._append(buffer, data)
+
+
+def _encoded_rows(keys: int, values_per_key: int, floats: int, seed: int = 0) -> list[bytes]:
+    """``values_per_key`` data messages, each one value of every key (keys interleaved, as a shuffle's)."""
+    rng = np.random.default_rng(seed)
+    stream = coders.WindowedValueCoder(_KV).get_impl()
+    rows = []
+    for v in range(values_per_key):
+        out = beam.coders.coder_impl.create_OutputStream()
+        for k in range(keys):
+            value = WindowedValue((f"key-{k:04d}", rng.standard_normal(floats)), 0, [window.GlobalWindow()])
+            stream.encode_to_stream(value, out, True)
+        rows.append(out.get())
+    return rows
+
+
+def _buffer() -> execution.GroupingBuffer:
+    return execution.GroupingBuffer(coders.WindowedValueCoder(_KV), coders.WindowedValueCoder(_GROUPED),
+                                    core.Windowing(window.GlobalWindows()))
+
+
+def test_spilled_pieces_joined_are_beams_bytes_and_the_values_wait_on_disk():
     # 300 keys x 4 values x 8 KB: ~10 MB encoded, so about two pieces of 8 MB
-    ours, beams = _filled_buffer(300, 4, 1024), _filled_buffer(300, 4, 1024)
-    pieces = local_shuffle._in_pieces(_beams(execution.GroupingBuffer.partition))(ours, 1)[0]
+    rows = _encoded_rows(300, 4, 1024)
+    ours, beams = _buffer(), _filled_buffer(300, 4, 1024)
+    _spill_all(ours, rows)
+    spill = _spilled(ours)
+    assert not ours._table and spill._size > 300 * 4 * 8192  # nothing decoded is kept, the file holds it
+    pieces = spill.pieces(local_shuffle.PIECE_BYTES)
+    assert len(pieces) >= 2 and [k for piece in pieces for k in piece] == list(spill.spans)
     whole = _beams(execution.GroupingBuffer.partition)(beams, 1)[0]
-    assert len(whole) == 1 and len(pieces) >= 2
-    assert b"".join(pieces) == whole[0]
+    assert len(whole) == 1 and b"".join(spill.take(keys) for keys in pieces) == whole[0]
+    assert not spill.spans and spill._file.closed  # read once, then gone
 
 
 def test_a_partition_for_several_workers_is_beams_own():
-    ours, beams = _filled_buffer(40, 2, 16), _filled_buffer(40, 2, 16)
-    assert local_shuffle._in_pieces(_beams(execution.GroupingBuffer.partition))(ours, 3) == \
-        _beams(execution.GroupingBuffer.partition)(beams, 3)
+    ours, beams = _buffer(), _filled_buffer(40, 2, 16)
+    _spill_all(ours, _encoded_rows(40, 2, 16))
+    assert local_shuffle._partition(ours, 3) == _beams(execution.GroupingBuffer.partition)(beams, 3)
+    assert local_shuffle._partition(ours, 3) is ours._grouped_output  # partitioned once, as Beam's
+
+
+def test_an_extended_spilled_buffer_is_beams_extended_buffer():
+    ours, other = _buffer(), _buffer()
+    _spill_all(ours, _encoded_rows(20, 2, 8, seed=1))
+    _spill_all(other, _encoded_rows(30, 3, 8, seed=2))
+    local_shuffle._extend(ours, other)
+    beams, beams_other = _buffer(), _buffer()
+    for buffer, rows in ((beams, _encoded_rows(20, 2, 8, seed=1)), (beams_other, _encoded_rows(30, 3, 8, seed=2))):
+        for data in rows:
+            _beams(execution.GroupingBuffer.append)(buffer, data)
+    _beams(execution.GroupingBuffer.extend)(beams, beams_other)
+    assert local_shuffle._partition(ours, 1) == _beams(execution.GroupingBuffer.partition)(beams, 1)
+
+
+def test_windowed_and_other_buffers_stay_beams():
+    windowed = execution.GroupingBuffer(coders.WindowedValueCoder(_KV), coders.WindowedValueCoder(_GROUPED),
+                                        core.Windowing(window.FixedWindows(10)))
+    other_values = execution.GroupingBuffer(coders.WindowedValueCoder(_KV),
+                                            coders.WindowedValueCoder(coders.TupleCoder(
+                                                [coders.StrUtf8Coder(), coders.IterableCoder(coders.BytesCoder())])),
+                                            core.Windowing(window.GlobalWindows()))
+    assert local_shuffle.spilled(windowed) is None and local_shuffle.spilled(other_values) is None
+    local_shuffle._append(windowed, _encoded_rows(3, 1, 2)[0])
+    assert len(windowed._table) == 3  # Beam's own table
 
 
 def _data(instruction: str, payload: bytes, last: bool = False):
@@ -90,27 +151,46 @@ def test_each_piece_is_sent_once_the_buffer_is_full():
 
 
 def test_a_grouped_input_is_handed_on_once_piece_by_piece():
-    ours, beams = _filled_buffer(300, 4, 1024), _filled_buffer(300, 4, 1024)
+    ours, beams = _buffer(), _filled_buffer(300, 4, 1024)
+    _spill_all(ours, _encoded_rows(300, 4, 1024))
     whole = _beams(execution.GroupingBuffer.partition)(beams, 1)[0][0]
-    ours.partition = local_shuffle._in_pieces(_beams(execution.GroupingBuffer.partition)).__get__(ours)
     channel = data_plane.InMemoryDataChannel()
     sender = type("Sender", (), {"_worker_handler": _Worker(channel)})()
     local_shuffle._send_in_pieces(sender, "bundle", "read", ours)
     waiting = [m for m in channel.inverse()._inputs if isinstance(m, local_shuffle._Piece)]
-    assert len(waiting) >= 2 and not ours._grouped_output[0]  # the runner let go of them
+    assert len(waiting) >= 2 and not ours._grouped_output  # nothing read yet: the pieces wait on disk
     read = list(local_shuffle._releasing_inputs(channel.inverse(), "bundle", None))
     assert all(isinstance(m, beam_fn_api_pb2.Elements.Data) for m in read)
     assert b"".join(m.data for m in read) == whole
-    assert all(piece.data is None for piece in waiting) and not channel.inverse()._inputs
+    assert all(piece.spill is None for piece in waiting) and not channel.inverse()._inputs
     with pytest.raises(RuntimeError, match="read twice"):
-        ours.partition(1)
+        local_shuffle._partition(ours, 1)
+
+
+def test_a_workers_output_reaches_a_spilled_buffer_as_it_is_flushed():
+    runner_side = data_plane.InMemoryDataChannel()
+    buffer = _buffer()
+    runner_side._beam_dp_deliver = {"write": buffer}
+    out = local_shuffle._delivering_output_stream(runner_side.inverse(), "bundle", "write")
+    rows = _encoded_rows(5, 2, 4)
+    out.write(rows[0])
+    out.flush()
+    assert list(_spilled(buffer).spans) and not runner_side._inputs  # in the buffer, not queued
+    out.write(rows[1])
+    out.close()
+    beams = _filled_buffer(5, 2, 4)
+    assert local_shuffle._partition(buffer, 1) == _beams(execution.GroupingBuffer.partition)(beams, 1)
+    other = local_shuffle._delivering_output_stream(runner_side.inverse(), "bundle", "another")
+    other.write(b"x")
+    other.close()
+    assert [m.data for m in runner_side._inputs] == [b"x"]  # not registered: Beam's message
 
 
 def test_other_beam_versions_are_left_alone(monkeypatch):
     monkeypatch.setattr(beam, "__version__", "2.99.0")
-    before = execution.GroupingBuffer.partition
+    before = execution.GroupingBuffer.append, data_plane.InMemoryDataChannel.output_stream
     assert local_shuffle.stream_local_shuffles() is False
-    assert execution.GroupingBuffer.partition is before
+    assert (execution.GroupingBuffer.append, data_plane.InMemoryDataChannel.output_stream) == before
 
 
 def test_a_local_run_streams_its_shuffles():
