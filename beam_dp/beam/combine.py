@@ -21,7 +21,7 @@ import numpy as np
 from beam_dp.io.coders import BlockCoder, register_block_coders
 from beam_dp.mechanisms.base import ClippedSum
 from beam_dp.mechanisms.stream_groups import GroupBlock
-from beam_dp.steps.batch import key_step_parts, rows_by_group
+from beam_dp.steps.batch import rows_by_group
 
 __all__ = ["BundleGroupSums", "MergeClippedSums"]
 
@@ -59,29 +59,29 @@ class _RowMap:
 
 
 class _GroupSums:
-    """The live accumulator of one (group, step): sums, counts and clipped counts by row of a ``_RowMap``;
-    ``seen`` marks the rows of streams this step has (a block of zero counts declares its streams)."""
+    """The live accumulator of one (group, step): sums, and (counts, clipped counts) as ``tallies``, by row
+    of a ``_RowMap``; ``seen`` marks the rows of streams this step has (a block of zero counts declares
+    its streams)."""
 
-    __slots__ = ("rows", "sums", "counts", "clipped", "seen")
+    __slots__ = ("rows", "sums", "tallies", "seen")
 
     def __init__(self, rows: _RowMap, dim: int) -> None:
         cap = max(len(rows.names), 16)
         self.rows = rows
-        self.sums, self.counts = np.zeros((cap, dim)), np.zeros(cap, np.int64)
-        self.clipped, self.seen = np.zeros(cap, np.int64), np.zeros(cap, bool)
+        self.sums, self.tallies, self.seen = np.zeros((cap, dim)), np.zeros((cap, 2), np.int64), np.zeros(cap, bool)
 
     def add(self, block: GroupBlock) -> None:
-        self.add_rows(self.rows.rows_of(block.streams), block.sums, block.counts, block.clipped)
+        self.add_rows(self.rows.rows_of(block.streams), block.sums, np.stack([block.counts, block.clipped], 1))
 
-    def add_rows(self, idx: np.ndarray, sums: np.ndarray, counts: np.ndarray, clipped: np.ndarray) -> None:
-        """Add the sums of rows ``idx`` (distinct rows of this accumulator's row map)."""
+    def add_rows(self, idx: np.ndarray, sums: np.ndarray, tallies: np.ndarray) -> None:
+        """Add ``sums`` (n, d) and ``tallies`` (n, 2: counts, clipped counts) to rows ``idx`` (distinct rows
+        of this accumulator's row map)."""
         if self.sums is None:
             raise RuntimeError("MergeClippedSums: an accumulator was used after it was compacted")
         if len(self.rows.names) > len(self.seen):  # grow by a quarter: at most 25% unused rows
             self._grow(max(len(self.rows.names), len(self.seen) + len(self.seen) // 4))
         self.sums[idx] += sums
-        self.counts[idx] += counts
-        self.clipped[idx] += clipped
+        self.tallies[idx] += tallies
         self.seen[idx] = True
 
     def _grow(self, cap: int) -> None:
@@ -89,8 +89,8 @@ class _GroupSums:
         sums = np.zeros((cap, self.sums.shape[1]))
         sums[:n] = self.sums
         self.sums = sums
-        self.counts, self.clipped, self.seen = (np.concatenate([a, np.zeros(cap - n, a.dtype)])
-                                                for a in (self.counts, self.clipped, self.seen))
+        self.tallies, self.seen = (np.concatenate([a, np.zeros((cap - n, *a.shape[1:]), a.dtype)])
+                                   for a in (self.tallies, self.seen))
 
     def take_block(self) -> GroupBlock:
         """The rows seen, sorted by stream name (a ``GroupBlock``); the accumulator's arrays are freed
@@ -103,9 +103,10 @@ class _GroupSums:
         rows = np.flatnonzero(self.seen)
         rows = rows[np.argsort(self.rows.rank()[rows])]
         names = self.rows.names
-        block = GroupBlock(tuple(map(names.__getitem__, rows.tolist())), self.sums[rows], self.counts[rows],
-                           self.clipped[rows])
-        self.sums = self.counts = self.clipped = self.seen = None
+        tallies = self.tallies[rows]
+        block = GroupBlock(tuple(map(names.__getitem__, rows.tolist())), self.sums[rows], tallies[:, 0].copy(),
+                           tallies[:, 1].copy())
+        self.sums = self.tallies = self.seen = None
         return block
 
 
@@ -190,14 +191,19 @@ class BundleGroupSums:
         for k, members in enumerate(rows_by_group(key_of_name, len(keys))):  # new streams join their row map
             if len(members):
                 row_of_name[members] = self._row_map(keys[k]).rows_of(tuple(map(names.__getitem__, members.tolist())))
-        key_of_block, rows = key_of_name[name_of_block], row_of_name[name_of_block]
-        for part in key_step_parts(key_of_block, steps):
-            first = part[0]
-            cell = (window, keys[key_of_block[first]], int(steps[first]))
+        key_of_block = key_of_name[name_of_block]
+        width = int(steps.max()) + 1
+        code = key_of_block.astype(np.int64) * width + steps
+        order = np.argsort(code, kind="stable")  # by (group, step); within one, in block order
+        code, rows, sums = code[order], row_of_name[name_of_block[order]], sums[order]
+        tallies = np.stack([counts, clipped], 1)[order]
+        bounds = [0, *(np.flatnonzero(np.diff(code)) + 1).tolist(), len(code)]
+        for start, end, cell_code in zip(bounds[:-1], bounds[1:], code[bounds[:-1]].tolist()):
+            cell = (window, keys[cell_code // width], cell_code % width)
             acc = self._acc.get(cell)
             if acc is None:
                 acc = self._acc[cell] = _GroupSums(self._maps[cell[1]], self._dim)
-            acc.add_rows(rows[part], sums[part], counts[part], clipped[part])
+            acc.add_rows(rows[start:end], sums[start:end], tallies[start:end])
 
     def add_block(self, window: Any, key: str, step: int, block: GroupBlock) -> None:
         acc = self._acc.get((window, key, step))
