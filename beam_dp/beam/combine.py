@@ -1,8 +1,13 @@
-"""The lifted combiner of the parse stage: per (key, step), the sum of the clipped blocks, held dense.
+"""The parse stage's sums per (key, step) of a batch replay, held dense: the lifted combiner
+:class:`MergeClippedSums` (keyed by stream) and :class:`BundleGroupSums` (keyed by stream groups).
 
 Beam lifts ``CombinePerKey(MergeClippedSums())`` before the shuffle and keeps one accumulator per
 (key, step) live for a whole bundle (up to 100,000 keys), so the accumulator's size is the stage's
-memory. A group's accumulator is an ``(n, d)`` array of sums (and ``(n,)`` counts) indexed by a
+memory. Keyed by groups, the parse stage keeps the same accumulators itself (``BundleGroupSums``): a
+batch's blocks are added with one sort and a slice per (group, step), where a lifted combiner took one
+element per (batch, group, step) (31k at 10M events, ~100 µs of Python each), and the shuffle after it
+only merges the bundles' blocks. A group's accumulator is an ``(n, d)`` array of sums (and ``(n, 2)``
+counts and clipped counts) indexed by a
 stream → row map shared by every step of the group on this worker: memory grows with the cells, not
 with the events or the blocks that carried them (issue 26.1). Nothing private leaves it but the sums
 themselves (the same clipped sums the blocks held); the row maps are a worker-local index of stream

@@ -10,7 +10,8 @@ Shape of the pipeline::
                                             └─ [batch: CombinePerKey((stream, step))] ─ stateful DoFn ─ releases
 
 On a bounded input (batch replay) contributions are pre-aggregated per (stream, step) by a
-lifted combiner, so state sees one block per step. On an unbounded input each contribution
+lifted combiner (keyed by stream groups: summed per bundle in Parse itself, then the bundles' blocks
+merged after a ``GroupByKey``), so state sees one block per step. On an unbounded input each contribution
 reaches the stateful DoFn on its own, so a late one can be dead-lettered whole; an on-time one is
 merged into its step's sum in state as it arrives (``beam_dp.beam.dofn.SummingBuffer``: one sum per
 open step, O(d), whatever the number of events).
