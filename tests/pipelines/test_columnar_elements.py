@@ -233,3 +233,13 @@ def test_block_originals_of_columns_and_single_elements():
     letters = originals.letters(DeadLetter("stream_ended", "ended", "s1", None))
     assert [letter.element for letter in letters] == ["e0", block.record(1), block.record(3), "e1",
                                                       *block.records()]
+
+
+def test_a_block_of_other_fields_is_checked_row_by_row():
+    # a block whose fields are not the universe's (built for another one): every row takes the per-row path
+    spec = job.elements(UNIVERSE)
+    block = spec.columns(pa.record_batch({"stream_id": ["s1", "s2"], "timestamp": [1.0, 2.0],
+                                          "colour": ["red", "blue"], "size": [0.5, 2.0], "k": [0, 1]}))
+    params = _params(GRADES)
+    assert _parsed(_ParseGrowing(params, "element"), [block]) == \
+        _parsed(_ParseGrowing(params, "element"), block.records())
