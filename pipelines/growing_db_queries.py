@@ -4,7 +4,8 @@ Two inputs: ``--input`` (elements: ``stream_id``, ``timestamp`` and one column p
 public ``--universe``) and ``--queries`` (``stream_id``, ``query_id``, ``t`` = the database size the
 query is asked at, and one of ``predicate`` (JSON ``{field: selection}``), ``indices`` (JSON list of
 cells) or ``w_0..w_{N-1}`` / ``weights``). Elements join in event-time order on the public step
-schedule (``--start``, ``--period``, ``--end``). Streaming: one Pub/Sub / Kafka source carries both,
+schedule (``--start``, ``--period``, ``--end``). CSV / Parquet elements are read in columns (one
+block per Arrow batch, checked in vectorised passes; the same releases and dead letters as row by row). Streaming: one Pub/Sub / Kafka source carries both,
 a message with a ``query_id`` is a query. With no ``--input`` the job runs on a small generated
 dataset (two shops, a colour x size universe, 30 queries).
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from pipelines.outputs import private_dir
@@ -143,6 +145,17 @@ def to_element(row: dict, universe) -> dict:
             "value": {f.name: _field_value(f, record.get(f.name)) for f in universe.fields}}
 
 
+def elements(universe):
+    """How the job reads its elements (``pipelines.records.Elements``): files in columns (a bucketed
+    field's cells as numbers, the others once per distinct cell by ``_field_value``), messages and
+    odd rows by ``to_element``."""
+    from beam_dp.mechanisms.universe import Bucketed
+    from pipelines.records import Elements
+
+    fields = tuple((f.name, None if isinstance(f, Bucketed) else partial(_field_value, f)) for f in universe.fields)
+    return Elements(fields, partial(to_element, universe=universe))
+
+
 def _json_text(value: Any) -> Any:
     if isinstance(value, str):
         try:
@@ -181,16 +194,18 @@ def build(pipeline, job: Plan, opts, messages=None):
     from pipelines.records import ReadRecords
 
     universe = job.params.universe
-    if messages is None and opts.source == "files":
-        rows, bad_rows = pipeline | "ReadElements" >> ReadRecords(opts, job.elements)
+    if messages is None and opts.source == "files":  # elements in columns: one ElementColumns per Arrow batch
+        element_blocks, bad_rows = pipeline | "ReadElements" >> ReadRecords(opts, job.elements, None,
+                                                                            elements(universe))
         query_rows, bad_queries = pipeline | "ReadQueries" >> ReadRecords(opts, job.queries)
         dead = {"read": bad_rows, "read_queries": bad_queries}
     else:  # one stream of messages: a message with a query_id is a query
         both, bad_rows = pipeline | "ReadMessages" >> ReadRecords(opts, None, messages)
-        rows = both | "Elements" >> beam.Filter(lambda r: not _is_query(r))
+        element_blocks = both | "Elements" >> beam.Filter(lambda r: not _is_query(r)) | "ToElements" >> beam.Map(
+            to_element, universe)
         query_rows = both | "Queries" >> beam.Filter(_is_query)
         dead = {"read": bad_rows}
-    out = {"elements": rows | "ToElements" >> beam.Map(to_element, universe),
+    out = {"elements": element_blocks,
            "queries": query_rows | "ToQueries" >> beam.Map(to_query, universe.size)} | "GrowingDatabaseQueries" >> \
         GrowingDatabaseQueries(job.params)
     write_releases(out.releases, job.out_dir, "answers", opts.format, job.streaming)

@@ -6,7 +6,9 @@ every row as a ``{column: value}`` mapping with :class:`ReadRecords` and map it 
 element with a small per-job function. The labelled-record jobs (``model_release``, count-step
 ``online_learning``) read CSV / Parquet in columns instead (:class:`Labelled`): one
 :class:`~beam_dp.steps.columns.LabelledColumns` per Arrow batch, built column by column
-(:func:`labelled_columns`), each row standing for the element the per-row function would make. Rows
+(:func:`labelled_columns`), each row standing for the element the per-row function would make; so
+does ``growing_db_queries`` with its elements (:class:`Elements`, one
+:class:`~beam_dp.steps.columns.ElementColumns` per batch, :func:`element_columns`). Rows
 that cannot be read (a wrong column count, a line that is not a JSON object) go to the dead letters
 with reason ``malformed``; a value of the wrong type stays as it is, and the family's own parse stage
 dead-letters the element (never a crash).
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
 import apache_beam as beam
 import numpy as np
@@ -29,15 +31,15 @@ import pyarrow.csv as pacsv
 from apache_beam.io.filesystems import FileSystems
 
 from beam_dp.beam import DeadLetter, Reason
-from beam_dp.beam.blocks import LabelledColumns  # imported from here: registered with its coder
+from beam_dp.beam.blocks import ElementColumns, LabelledColumns  # imported from here: registered with their coder
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.io.tables import read_csv_batches, read_parquet_batches
 from pipelines.common import ReadMessages, input_header, match_files
 from pipelines.rows import features_of, indexed_columns, number
 from pipelines.runner import UsageError
 
-__all__ = ["Labelled", "ReadRecords", "column_names", "features_of", "indexed_columns", "labelled_columns", "number",
-           "read_rows"]
+__all__ = ["Elements", "Labelled", "ReadRecords", "column_names", "element_columns", "features_of", "indexed_columns",
+           "labelled_columns", "number", "read_rows"]
 
 
 def column_names(pattern: str, flag: str = "--input") -> list[str]:
@@ -68,6 +70,43 @@ class Labelled:
     dim: int
     record: Callable[[dict], tuple]
     label: Callable[[Any], Any] | None = None
+
+    block_type: ClassVar[type] = LabelledColumns
+
+    def columns(self, batch: pa.RecordBatch) -> LabelledColumns:
+        """One Arrow batch as a block (:func:`labelled_columns`)."""
+        return labelled_columns(batch, self)
+
+    def rows(self, rows: list[dict]) -> LabelledColumns:
+        """Rows read one by one (a JSON-lines file) as a block of odd rows."""
+        n = len(rows)
+        return LabelledColumns(np.full(n, None, dtype=object), np.zeros((n, self.dim)), np.zeros(n), None,
+                               dict(enumerate(map(self.record, rows))))
+
+
+@dataclass(frozen=True)
+class Elements:
+    """How a job reads growing-database elements in columns (``stream_id``, ``timestamp``, one column
+    per universe field): ``fields`` in universe order, each ``(name, value)``, ``value(cell)`` the
+    element's value of a cell, applied once per distinct cell (a category, an integer code), or None
+    for a number (``number``, the cells read as float64); ``record(row)`` is the job's per-row element,
+    used for rows the columns cannot hold and for messages (streaming)."""
+
+    fields: tuple[tuple[str, Callable[[Any], Any] | None], ...]
+    record: Callable[[dict], dict]
+
+    block_type: ClassVar[type] = ElementColumns
+
+    def columns(self, batch: pa.RecordBatch) -> ElementColumns:
+        """One Arrow batch as a block (:func:`element_columns`)."""
+        return element_columns(batch, self)
+
+    def rows(self, rows: list[dict]) -> ElementColumns:
+        """Rows read one by one (a JSON-lines file) as a block of odd rows."""
+        n = len(rows)
+        return ElementColumns(np.full(n, None, dtype=object), np.zeros(n), tuple(name for name, _ in self.fields),
+                              tuple(np.zeros(n) for _ in self.fields), tuple(None for _ in self.fields),
+                              dict(enumerate(map(self.record, rows))))
 
 
 def _column(batch: pa.RecordBatch, name: str) -> pa.Array:
@@ -109,18 +148,27 @@ def _class_labels(column: pa.Array, label: Callable[[Any], Any]) -> tuple[np.nda
     return codes, names, False
 
 
+def _stream_ids(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids (n,) object, odd)``: the ``stream_id`` cells as read (str or None); every row odd when the
+    column is not text."""
+    ids = _column(batch, "stream_id")
+    if pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type):
+        return ids.to_numpy(zero_copy_only=False), np.zeros(len(ids), dtype=bool)
+    return np.full(len(ids), None, dtype=object), np.ones(len(ids), dtype=bool)
+
+
+def _odd_records(batch: pa.RecordBatch, odd: np.ndarray, record: Callable[[dict], Any]) -> dict[int, Any]:
+    """``record`` of each odd row, by row."""
+    rows = np.flatnonzero(odd)
+    return dict(zip(rows.tolist(), map(record, batch.take(pa.array(rows)).to_pylist()))) if len(rows) else {}
+
+
 def labelled_columns(batch: pa.RecordBatch, spec: Labelled) -> LabelledColumns:
     """One Arrow batch as a :class:`LabelledColumns` whose row ``i`` is ``spec.record(row i)``: stream
     ids, features and labels column by column; rows with a cell the arrays cannot hold (a missing or
     non-numeric value, a non-text stream id, a ``features`` list) keep ``spec.record`` of their row."""
-    n = batch.num_rows
-    odd = np.zeros(n, dtype=bool)
-    ids = _column(batch, "stream_id")
-    if pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type):
-        stream_ids = ids.to_numpy(zero_copy_only=False)
-    else:
-        stream_ids, odd[:] = np.full(n, None, dtype=object), True
-    features = np.empty((n, spec.dim), dtype=np.float64)
+    stream_ids, odd = _stream_ids(batch)
+    features = np.empty((batch.num_rows, spec.dim), dtype=np.float64)
     for j in range(spec.dim):
         features[:, j], bad = _numbers(_column(batch, f"x_{j}"))
         odd |= bad
@@ -131,16 +179,47 @@ def labelled_columns(batch: pa.RecordBatch, spec: Labelled) -> LabelledColumns:
     else:
         labels, names, bad = _class_labels(_column(batch, "label"), spec.label)
     odd |= bad
-    rows = np.flatnonzero(odd)
-    records = dict(zip(rows.tolist(), map(spec.record, batch.take(pa.array(rows)).to_pylist()))) if len(rows) else {}
-    return LabelledColumns(stream_ids, features, labels, names, records)
+    return LabelledColumns(stream_ids, features, labels, names, _odd_records(batch, odd, spec.record))
 
 
-def _record_block(records: list[tuple], dim: int) -> LabelledColumns:
-    """Records built row by row (a JSON-lines file) as a block of odd rows."""
-    n = len(records)
-    return LabelledColumns(np.full(n, None, dtype=object), np.zeros((n, dim)), np.zeros(n), None,
-                           dict(enumerate(records)))
+def _seconds(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """``(seconds, odd)``: a numeric timestamp column as read, float64 (or int64 for integers: the
+    per-row path scales those exactly); a missing cell, or every cell of a column of another type
+    (text, dates, unsigned 64-bit), is odd."""
+    kind = column.type
+    if pa.types.is_floating(kind) and not pa.types.is_float16(kind):
+        dtype = np.float64
+    elif pa.types.is_integer(kind) and not pa.types.is_uint64(kind):
+        dtype = np.int64
+    else:
+        return np.zeros(len(column), dtype=np.float64), np.ones(len(column), dtype=bool)
+    odd = ~column.is_valid().to_numpy(zero_copy_only=False)
+    return pc.fill_null(column, 0).to_numpy(zero_copy_only=False).astype(dtype), odd
+
+
+def element_columns(batch: pa.RecordBatch, spec: Elements) -> ElementColumns:
+    """One Arrow batch as an :class:`ElementColumns` whose row ``i`` is ``spec.record(row i)``: stream
+    ids, timestamps and each field column by column (numbers as ``number`` makes them, other values
+    once per distinct cell); rows with a cell the arrays cannot hold (a missing timestamp, a
+    non-numeric number, a non-text stream id, a ``record`` struct) keep ``spec.record`` of their row."""
+    stream_ids, odd = _stream_ids(batch)
+    timestamps, bad = _seconds(_column(batch, "timestamp"))
+    odd |= bad
+    values, labels = [], []
+    for name, value in spec.fields:
+        if value is None:
+            cells, bad = _numbers(_column(batch, name))
+            names = None
+        else:
+            cells, names, bad = _class_labels(_column(batch, name), value)
+        odd |= bad
+        values.append(cells)
+        labels.append(names)
+    nested = _column(batch, "record")
+    if pa.types.is_struct(nested.type):  # {"record": {field: ..}}: the fields come from it
+        odd |= nested.is_valid().to_numpy(zero_copy_only=False)
+    return ElementColumns(stream_ids, timestamps, tuple(name for name, _ in spec.fields), tuple(values),
+                          tuple(labels), _odd_records(batch, odd, spec.record))
 
 
 def _json_rows(fh) -> Iterator:
@@ -160,23 +239,23 @@ def _json_rows(fh) -> Iterator:
 
 
 class _ReadRecordFile(beam.DoFn):
-    """One file -> its rows as mappings, or (``labelled``) its batches as ``LabelledColumns``;
+    """One file -> its rows as mappings, or (``columns``) its batches as the spec's blocks;
     unreadable rows -> ``malformed`` dead letters."""
 
-    def __init__(self, labelled: Labelled | None = None):
-        self._labelled = labelled
+    def __init__(self, columns: Labelled | Elements | None = None):
+        self._columns = columns
 
     def process(self, path: str) -> Iterator:
         if _is_jsonl(path):
             with FileSystems.open(path) as fh:
                 items = list(_json_rows(fh))
-            if self._labelled is None:
+            if self._columns is None:
                 yield from items
                 return
             rows = [item for item in items if not isinstance(item, beam.pvalue.TaggedOutput)]
             yield from (item for item in items if isinstance(item, beam.pvalue.TaggedOutput))
             if rows:
-                yield _record_block([self._labelled.record(row) for row in rows], self._labelled.dim)
+                yield self._columns.rows(rows)
             return
         with FileSystems.open(path) as fh:
             if path.endswith(".parquet"):
@@ -191,25 +270,26 @@ class _ReadRecordFile(beam.DoFn):
         for text in bad:
             yield beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(Reason.MALFORMED, "wrong column count", None, text))
         for batch in batches:
-            if self._labelled is None:
+            if self._columns is None:
                 yield from batch.to_pylist()
             elif batch.num_rows:
-                yield labelled_columns(batch, self._labelled)
+                yield self._columns.columns(batch)
 
 
 class ReadRecords(beam.PTransform):
     """Rows of CSV / Parquet / JSON-lines files matching ``pattern`` (``--source files``), or the JSON
     objects of Pub/Sub / Kafka messages (``messages``: a test source used in their place).
-    Returns ``(records, dead_letter)``; records are ``{column: value}`` mappings or, with ``labelled``,
-    the family's elements: a file's batches as ``LabelledColumns``, each message as ``labelled.record``."""
+    Returns ``(records, dead_letter)``; records are ``{column: value}`` mappings or, with ``columns``
+    (a :class:`Labelled` or :class:`Elements`), the family's elements: a file's batches as the spec's
+    blocks (``LabelledColumns``, ``ElementColumns``), each message as ``columns.record``."""
 
     def __init__(self, opts, pattern: str | None = None, messages: beam.PTransform | None = None,
-                 labelled: Labelled | None = None):
+                 columns: Labelled | Elements | None = None):
         super().__init__()
         self.opts = opts
         self.pattern = pattern
         self.messages = messages
-        self.labelled = labelled
+        self.columns = columns
 
     def expand(self, pbegin):
         if self.messages is None and self.opts.source == "files":
@@ -217,15 +297,15 @@ class ReadRecords(beam.PTransform):
                      | "Pattern" >> beam.Create([self.pattern])
                      | "Match" >> beam.FlatMap(lambda p: sorted(m.path for m in FileSystems.match([p])[0].metadata_list))
                      | "Spread" >> beam.Reshuffle())
-            read = beam.ParDo(_ReadRecordFile(self.labelled))
-            if self.labelled is not None:
-                read = read.with_output_types(LabelledColumns)
+            read = beam.ParDo(_ReadRecordFile(self.columns))
+            if self.columns is not None:
+                read = read.with_output_types(self.columns.block_type)
             out = paths | "Read" >> read.with_outputs(DEAD_LETTER, main="rows")
             return out.rows, out[DEAD_LETTER]
         out = pbegin | "Messages" >> ReadMessages(self.opts, self.messages, as_event=False)
-        if self.labelled is None:
+        if self.columns is None:
             return out.events, out[DEAD_LETTER]
-        return out.events | "ToElements" >> beam.Map(self.labelled.record), out[DEAD_LETTER]
+        return out.events | "ToElements" >> beam.Map(self.columns.record), out[DEAD_LETTER]
 
 
 def read_rows(pattern: str, flag: str) -> list[dict]:

@@ -17,8 +17,8 @@ already released) leaves as one dead letter per element (:meth:`BlockOriginals.l
 Columnar input (:class:`~beam_dp.steps.columns.LabelledColumns`, a file's batch of labelled records):
 :func:`column_rows` validates a block in vectorised passes and :meth:`BundleBlocks.add_rows` adds each
 stream's valid rows as one chunk, in the same arrival order; the chunk's originals stay columns (a
-``LabelledColumns`` item of :class:`BlockOriginals`), turned into per-row elements only when a letter
-is written.
+``LabelledColumns`` item of :class:`BlockOriginals`, or an ``ElementColumns`` one for growing
+databases), turned into per-row elements only when a letter is written.
 """
 
 from __future__ import annotations
@@ -34,19 +34,20 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_dp.io.coders import register_block_coders
 from beam_dp.steps.batch import stream_reasons
-from beam_dp.steps.columns import LabelledColumns
+from beam_dp.steps.columns import ElementColumns, LabelledColumns, RowColumns
 from beam_dp.steps.events import DETAIL, DeadLetter
 from beam_dp.steps.policies import split_rows
 
-__all__ = ["BlockOriginals", "BundleBlocks", "ColumnRows", "ColumnarParse", "LabelledColumns", "column_rows",
-           "stack_rows"]
+__all__ = ["BlockOriginals", "BundleBlocks", "ColumnRows", "ColumnarParse", "ElementColumns", "LabelledColumns",
+           "column_rows", "stack_rows", "stream_parts"]
 
-register_block_coders(LabelledColumns)  # a file's batch of rows: Beam's size sampling must not pickle it
+register_block_coders(LabelledColumns, ElementColumns)  # a file's batch of rows: Beam's sizing must not pickle it
 
 
 class BlockOriginals(tuple):
     """The elements of one block, in its order (the ``original`` the keyed stage gets with the block);
-    a :class:`~beam_dp.steps.columns.LabelledColumns` item stands for its rows' records."""
+    a :class:`~beam_dp.steps.columns.RowColumns` item (``LabelledColumns``, ``ElementColumns``) stands
+    for its rows' records."""
 
     def letters(self, letter: DeadLetter) -> list[DeadLetter]:
         """A dead letter written for the whole block, as one letter per element."""
@@ -55,10 +56,26 @@ class BlockOriginals(tuple):
     def elements(self) -> Iterator[Any]:
         """The elements, a columnar item's records built now."""
         for item in self:
-            if isinstance(item, LabelledColumns):
+            if isinstance(item, RowColumns):
                 yield from item.records()
             else:
                 yield item
+
+    def parts(self, groups: list[np.ndarray]) -> list[BlockOriginals]:
+        """The originals of each group of the block's rows (increasing row positions, a columnar item
+        counting as its rows), a columnar item's rows in a group taken as one item."""
+        sizes = np.array([len(item) if isinstance(item, RowColumns) else 1 for item in self], dtype=np.int64)
+        starts = np.cumsum(sizes) - sizes
+        out = []
+        for rows in groups:
+            which = np.searchsorted(starts, rows, side="right") - 1
+            cuts = np.flatnonzero(np.diff(which)) + 1
+            items = []
+            for part, k in zip(np.split(rows, cuts), which[np.r_[0, cuts]].tolist() if len(rows) else []):
+                item = self[k]
+                items.append(item.take(part - starts[k]) if isinstance(item, RowColumns) else item)
+            out.append(BlockOriginals(items))
+        return out
 
 
 class _Open:
@@ -97,7 +114,7 @@ class BundleBlocks:
         block.stamp(timestamp)
         return self._full(key, window, block)
 
-    def add_rows(self, key: Any, rows: Any, originals: LabelledColumns, timestamp: Any, window: Any) -> list:
+    def add_rows(self, key: Any, rows: Any, originals: RowColumns, timestamp: Any, window: Any) -> list:
         """A chunk of rows (a rows dataclass, :func:`~beam_dp.steps.policies.split_rows`) and its
         originals, cut where a block fills."""
         out: list = []
@@ -208,14 +225,20 @@ def column_rows(block: LabelledColumns, streams: frozenset[str] | None,
         ids = np.concatenate([ids, np.array([s for _, s, _ in extra], dtype=object)])[order]
         features = np.concatenate([features, np.stack([x for _, _, (x, _) in extra])])[order]
         labels = np.concatenate([labels, np.array([y for _, _, (_, y) in extra])])[order]
-    chunks = []
-    if len(rows):
-        encoded = pc.dictionary_encode(pa.array(ids, type=pa.string()))
-        names = encoded.dictionary.to_pylist()
-        codes = encoded.indices.to_numpy(zero_copy_only=False)
-        parts = np.split(np.argsort(codes, kind="stable"), np.cumsum(np.bincount(codes, minlength=len(names)))[:-1])
-        chunks = [(name, rows[part], features[part], labels[part]) for name, part in zip(names, parts)]
+    chunks = [(name, rows[part], features[part], labels[part]) for name, part in stream_parts(ids)]
     return ColumnRows([letter for _, letter in letters], chunks)
+
+
+def stream_parts(ids: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """Rows by stream: ``(stream, positions in ids)`` per distinct id (valid stream ids, ``str``), in
+    order of first appearance, each stream's positions in arrival order."""
+    if not len(ids):
+        return []
+    encoded = pc.dictionary_encode(pa.array(ids, type=pa.string()))
+    names = encoded.dictionary.to_pylist()
+    codes = encoded.indices.to_numpy(zero_copy_only=False)
+    parts = np.split(np.argsort(codes, kind="stable"), np.cumsum(np.bincount(codes, minlength=len(names)))[:-1])
+    return list(zip(names, parts))
 
 
 class ColumnarParse:

@@ -2,9 +2,11 @@
 
 Two inputs keyed by stream (Cummings et al., "Differential Privacy for Growing Databases"):
 
-* **elements** ``(stream_id, timestamp, record)`` (or mappings with those fields): ``record`` is a row
-  of the declared :class:`~beam_dp.mechanisms.universe.Universe` (a mapping by field, a tuple in
-  field order, or a bare value for a one-field universe). Elements join the database in event-time
+* **elements** ``(stream_id, timestamp, record)`` (or mappings with fields ``stream_id``,
+  ``timestamp``, ``value``, or :class:`~beam_dp.steps.columns.ElementColumns` blocks of such mappings,
+  a file's batch read in columns): ``record`` is a row of the declared
+  :class:`~beam_dp.mechanisms.universe.Universe` (a mapping by field, a tuple in field order, or a bare
+  value for a one-field universe). Elements join the database in event-time
   order (ties by universe index): steps of the public ``StepClock`` close when the watermark passes,
   and a closed step's elements are absorbed one at a time (mixing per element);
 * **queries** ``(stream_id, query_id, t, weights)`` or mappings with ``stream_id, query_id, t`` and one
@@ -41,7 +43,7 @@ import numpy as np
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import PCollection
 
-from beam_dp.beam.blocks import BlockOriginals, BundleBlocks
+from beam_dp.beam.blocks import BlockOriginals, BundleBlocks, ElementColumns, stream_parts
 from beam_dp.beam.dofn import DriverDoFn
 from beam_dp.beam.domains import bind_noise_domain, release_labels
 from beam_dp.core.budget import BudgetShare, check_params_budget
@@ -50,8 +52,10 @@ from beam_dp.core.limits import (EPSILON_RANGE, MAX_COUNT, MAX_SCALE, MIN_SCALE,
 from beam_dp.core.clock import StepClock
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
+from beam_dp.steps.batch import stream_reasons
 from beam_dp.steps.driver import CARRIED, SNAPSHOTS, StepDriver
-from beam_dp.steps.events import DEAD_LETTER, DETAIL, DeadLetter, Reason, checked_stream, named_fields, split_event, to_micros
+from beam_dp.steps.events import (DEAD_LETTER, DETAIL, DeadLetter, Reason, checked_stream, column_micros, named_fields,
+                                  split_event, to_micros)
 from beam_dp.steps.params import NoiseKey, check_schedule, check_streams
 from beam_dp.steps.policies import GrowingPolicy, plan_block
 from beam_dp.steps.schema import ReleaseRow
@@ -168,10 +172,53 @@ def replay_growing_database(params: GrowingDatabaseParams, stream: str, elements
 
 
 # -- parsing -------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class _Rows:
+    """A chunk of one stream's elements read in columns, in a bundle's block: ``micros`` (n,) int64 event
+    times, ``index`` (n,) int64 universe indices, ``valid`` (n,) bool (False: outside the universe)."""
+
+    micros: np.ndarray
+    index: np.ndarray
+    valid: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.micros)
+
+
+def _flatten(rows: list) -> tuple[_Rows, np.ndarray, list]:
+    """A block's rows (single rows ``(micros, record)`` and :class:`_Rows` chunks, in order) as one
+    ``_Rows`` (single rows with index 0 and valid, not yet encoded), the single rows' positions and their
+    records."""
+    parts: list[_Rows] = []
+    singles: list[np.ndarray] = []
+    records: list = []
+    run: list = []
+    at = 0
+    for row in rows + [None]:
+        if row is not None and not isinstance(row, _Rows):
+            run.append(row)
+            continue
+        if run:  # consecutive single rows: one part
+            singles.append(np.arange(at, at + len(run)))
+            records += [record for _, record in run]
+            parts.append(_Rows(np.array([m for m, _ in run], dtype=np.int64), np.zeros(len(run), dtype=np.int64),
+                               np.ones(len(run), dtype=bool)))
+            at, run = at + len(run), []
+        if row is not None:
+            parts.append(row)
+            at += len(row)
+    if len(parts) == 1:
+        flat = parts[0]
+    else:
+        flat = _Rows(*(np.concatenate([getattr(p, name) for p in parts]) for name in ("micros", "index", "valid")))
+    return flat, np.concatenate(singles) if singles else np.zeros(0, dtype=np.int64), records
+
+
 class _ParseGrowing(beam.DoFn):
     """Validate elements (``kind="element"``) or queries (``"query"``); dead-letter the bad ones. A
     bundle's valid elements of one stream leave as one block per step ``(stream, ("b", step, micros,
-    indices, elements))`` (:class:`~beam_dp.beam.blocks.BundleBlocks`)."""
+    indices, elements))`` (:class:`~beam_dp.beam.blocks.BundleBlocks`). An ``ElementColumns`` block (a
+    file's batch) is checked in vectorised passes and reaches the same blocks (:meth:`_element_columns`)."""
 
     MAX_ROWS = 4096  # elements per block
 
@@ -204,10 +251,12 @@ class _ParseGrowing(beam.DoFn):
         return checked, None
 
     def process(self, element: Any, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam) -> Iterator:
-        if self._kind == "element":
-            yield from self._element(element, timestamp, window)
-        else:
+        if self._kind == "query":
             yield from self._query(element)
+        elif isinstance(element, ElementColumns):
+            yield from self._element_columns(element, timestamp, window)
+        else:
+            yield from self._element(element, timestamp, window)
 
     def _element(self, element: Any, timestamp: Any, window: Any) -> Iterator:
         # the head checked here, its place in the schedule and the universe for the whole block
@@ -218,28 +267,77 @@ class _ParseGrowing(beam.DoFn):
         stream, micros, _, (record,) = head
         yield from self._blocks.add(stream, (micros, record), element, timestamp, window)
 
+    def _element_columns(self, block: ElementColumns, timestamp: Any, window: Any) -> Iterator:
+        """A block of elements in columns, as its rows one by one would go through :meth:`_element`: the
+        stream ids and timestamps of every row checked at once (``bad_stream_id``,
+        ``undeclared_stream``, ``bad_timestamp``, ``out_of_range``), the universe index of the accepted
+        ones encoded at once (:meth:`_column_index`), and each stream's accepted rows added to the
+        bundle's blocks as one :class:`_Rows` chunk; an odd row (or every row of a block whose fields
+        are not the universe's) goes through :meth:`_element` itself, in its place in arrival order."""
+        if block.names != tuple(f.name for f in self._universe.fields):
+            for i in range(len(block)):
+                yield from self._element(block.record(i), timestamp, window)
+            return
+        odd = np.fromiter(sorted(block.odd), dtype=np.int64, count=len(block.odd))
+        plain = np.ones(len(block), dtype=bool)
+        plain[odd] = False
+        reasons, good_id, _ = stream_reasons(block.stream_ids, self._streams)
+        micros, times = column_micros(block.timestamps)
+        reasons = np.where(reasons == "", times, reasons)
+        for i in np.flatnonzero(plain & (reasons != "")).tolist():  # split_event's letters
+            yield self._letter(reasons[i], DETAIL[reasons[i]], block.stream_ids[i] if good_id[i] else None,
+                               block.record(i))
+        accepted = np.flatnonzero(plain & (reasons == ""))
+        index, valid = self._column_index(block, accepted)
+        pieces = np.split(np.arange(len(accepted)), np.searchsorted(accepted, odd))  # the runs between odd rows
+        for k, piece in enumerate(pieces):
+            for stream, part in stream_parts(block.stream_ids[accepted[piece]]):
+                at = piece[part]
+                rows = accepted[at]
+                yield from self._blocks.add_rows(stream, _Rows(micros[rows], index[at], valid[at]), block.take(rows),
+                                                 timestamp, window)
+            if k < len(odd):
+                yield from self._element(block.odd[int(odd[k])], timestamp, window)
+
+    def _column_index(self, block: ElementColumns, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(index, valid)`` of ``rows`` of a block: each field's codes (``_Field.codes``) of its numbers,
+        or of its distinct values once (``labels``), combined (:meth:`Universe.combine`); exactly
+        :meth:`Universe.encode_records` of the rows' records."""
+        codes = []
+        for field, cells, labels in zip(self._universe.fields, block.values, block.labels):
+            if labels is None:
+                codes.append(field.codes(cells[rows]))
+            else:
+                distinct, ok = field.codes(labels)
+                codes.append((distinct[cells[rows]], ok[cells[rows]]))
+        return self._universe.combine(codes)
+
     def _element_block(self, stream: str, rows: list, originals: BlockOriginals) -> list:
-        """One stream's elements of a bundle, checked in vectorised passes: their place in the public
-        schedule (``before_start``, ``after_end``), then in the universe (:meth:`Universe.encode_records`:
-        ``outside_universe``, ``malformed``), each refused element dead-lettered on its own; the rest
-        leave as one block per step ``(stream, ("b", step, micros, indices, elements))`` in arrival order."""
+        """One stream's elements of a bundle (single rows and :class:`_Rows` chunks), checked in
+        vectorised passes: their place in the public schedule (``before_start``, ``after_end``), then in
+        the universe (a chunk's rows encoded when read; single rows here, together, by
+        :meth:`Universe.encode_records`: ``outside_universe``, ``malformed``), each refused element
+        dead-lettered on its own; the rest leave as one block per step ``(stream, ("b", step, micros,
+        indices, elements))`` in arrival order."""
         clock = self._params.clock
-        micros = np.array([m for m, _ in rows], dtype=np.int64)
+        flat, singles, records = _flatten(rows)
+        micros, index = flat.micros, flat.index.copy()
         where = clock.classify_micros(micros)
-        reasons = np.full(len(rows), "", dtype=object)
+        reasons = np.full(len(micros), "", dtype=object)
         reasons[where < 0], reasons[where > 0] = Reason.BEFORE_START, Reason.AFTER_END
-        placed = np.flatnonzero(where == 0)
-        index = np.zeros(len(rows), dtype=np.int64)
-        index[placed], reasons[placed] = self._encode([rows[i][1] for i in placed])
-        out: list = [self._letter(reasons[i], _DETAIL[reasons[i]], stream, originals[i])
-                     for i in np.flatnonzero(reasons != "")]
-        good = np.flatnonzero(reasons == "")
+        reasons[(where == 0) & ~flat.valid] = GrowingReason.OUTSIDE_UNIVERSE
+        placed = np.flatnonzero(where[singles] == 0)
+        index[singles[placed]], reasons[singles[placed]] = self._encode([records[i] for i in placed.tolist()])
+        bad, good = np.flatnonzero(reasons != ""), np.flatnonzero(reasons == "")
         self._count.inc(len(good))
         steps = clock.step_of_micros(micros[good])
-        for step in np.unique(steps).tolist():
-            rows_of = good[steps == step]
-            out.append((stream, ("b", step, micros[rows_of], index[rows_of],
-                                 BlockOriginals(originals[i] for i in rows_of.tolist()))))
+        numbers = np.unique(steps).tolist()
+        groups = [good[steps == step] for step in numbers]
+        letters, *by_step = originals.parts([bad] + groups)
+        out: list = [self._letter(reason, _DETAIL[reason], stream, element)
+                     for reason, element in zip(reasons[bad].tolist(), letters.elements())]
+        for step, rows_of, elements in zip(numbers, groups, by_step):
+            out.append((stream, ("b", step, micros[rows_of], index[rows_of], elements)))
         return out
 
     def _encode(self, records: list) -> tuple[np.ndarray, np.ndarray]:

@@ -166,10 +166,10 @@ class IntRange(_Field):
             f = arr.reshape(-1)
             valid = np.isfinite(f) & (f == np.floor(np.where(np.isfinite(f), f, 0))) & (f >= 0) & (f < self.size)
             return np.where(valid, f, 0).astype(np.int64), valid
-        flat = arr.reshape(-1)
-        ints = np.array([x if isinstance(x, (int, np.integer)) and not isinstance(x, bool) else -1 for x in flat],
-                        dtype=np.int64)
-        valid = (ints >= 0) & (ints < self.size)
+        flat = arr.reshape(-1)  # an integer beyond int64 is outside too (never converted)
+        ints = np.array([x if isinstance(x, (int, np.integer)) and not isinstance(x, bool) and 0 <= x < self.size
+                         else -1 for x in flat], dtype=np.int64)
+        valid = ints >= 0
         return np.where(valid, ints, 0), valid
 
     def mask(self, selection: Any) -> np.ndarray:
@@ -224,14 +224,19 @@ class Universe:
             if len(self.fields) != 1:
                 raise ValueError("a multi-field universe encodes a mapping of columns")
             columns = {self.fields[0].name: columns}
+        missing = [field.name for field in self.fields if field.name not in columns]
+        if missing:
+            raise ValueError(f"missing column {missing[0]!r}")
+        return self.combine([field.codes(columns[field.name]) for field in self.fields])
+
+    def combine(self, codes: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+        """Indices of a block from each field's ``(codes int64, valid bool)`` (``_Field.codes``, in field
+        order): ``(index int64, valid bool)``."""
         index, valid = None, None
-        for field, stride in zip(self.fields, self._strides):
-            if field.name not in columns:
-                raise ValueError(f"missing column {field.name!r}")
-            codes, ok = field.codes(columns[field.name])
-            index = codes * stride if index is None else index + codes * stride
+        for (field_codes, ok), stride in zip(codes, self._strides):
+            index = field_codes * stride if index is None else index + field_codes * stride
             valid = ok if valid is None else valid & ok
-            if len(codes) != len(index):
+            if len(field_codes) != len(index):
                 raise ValueError("columns of different lengths")
         return index, valid
 

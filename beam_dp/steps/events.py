@@ -34,7 +34,7 @@ from beam_dp.core.limits import MAX_ABS_SECONDS, is_utf8
 
 __all__ = [
     "DEAD_LETTER", "DETAIL", "DeadLetter", "EventBatch", "OutOfRange", "Reason", "checked_stream", "coerce_value",
-    "encodable", "json_value", "named_fields", "numeric_array", "parse_contribution", "parse_event", "split_event",
+    "column_micros", "encodable", "json_value", "named_fields", "numeric_array", "parse_contribution", "parse_event", "split_event",
     "timestamp_letter", "to_micros", "value_letter",
 ]
 
@@ -218,6 +218,25 @@ def to_micros(ts: Any) -> int:
         except ValueError:
             return to_micros(_dt.datetime.fromisoformat(ts))
     raise ValueError(f"unsupported timestamp type {type(ts).__name__}")
+
+
+def column_micros(seconds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`to_micros` of a column of epoch seconds (float64, or int64 integers, scaled exactly) in one
+    pass: ``(micros int64, reasons)``, ``reasons`` per row ``""``, ``bad_timestamp`` (not finite, or its
+    microseconds are not) or ``out_of_range`` (beyond ±``MAX_ABS_SECONDS``); a refused row's micros are 0."""
+    reasons = np.full(len(seconds), "", dtype=object)
+    if seconds.dtype.kind in "iu":
+        limit = int(MAX_ABS_SECONDS)
+        ok = (seconds >= -limit) & (seconds <= limit)
+        reasons[~ok] = Reason.OUT_OF_RANGE
+        return np.where(ok, seconds, 0).astype(np.int64) * 1_000_000, reasons
+    with np.errstate(over="ignore", invalid="ignore"):
+        micros = np.rint(np.asarray(seconds, dtype=np.float64) * 1e6)  # round(ts * 1e6): half to even, as round()
+    finite = np.isfinite(micros)
+    ok = finite & (np.abs(np.where(finite, micros, 0.0)) <= MAX_ABS_SECONDS * 1e6)
+    reasons[~finite] = Reason.BAD_TIMESTAMP
+    reasons[finite & ~ok] = Reason.OUT_OF_RANGE
+    return np.where(ok, micros, 0.0).astype(np.int64), reasons
 
 
 def named_fields(element: Any, names: tuple[str, ...]) -> tuple:

@@ -20,6 +20,16 @@ def test_mixed_radix_encoding_roundtrip_and_validity():
             U.encode_one(bad)
 
 
+def test_integer_codes_beyond_int64_are_outside_the_universe():
+    # a CSV cell "1e30" becomes the integer 10**30: outside the universe, never an OverflowError
+    index, reasons = U.encode_records([{"c": "a", "x": 0.5, "k": 10**30}, {"c": "a", "x": 0.5, "k": -(10**30)},
+                                       {"c": "b", "x": 0.5, "k": 3}])
+    assert reasons.tolist() == ["outside_universe", "outside_universe", ""] and index[2] == U.encode_one(("b", 0.5, 3))
+    codes = [field.codes(np.array(column, dtype=object)) for field, column in zip(U.fields, (["a", "b"], [0.5, 3.0],
+                                                                                                [1, 2]))]
+    np.testing.assert_array_equal(U.combine(codes)[0], U.encode({"c": ["a", "b"], "x": [0.5, 3.0], "k": [1, 2]})[0])
+
+
 def test_predicates_are_broadcast_masks():
     f = U.predicate({"c": ["a", "c"], "x": (0, 2)}).reshape(3, 3, 4)
     assert f[[0, 2]][:, :2].all() and f.sum() == 2 * 2 * 4

@@ -53,7 +53,7 @@ def _both(pattern: str, spec, to_element, transform) -> tuple[list, list]:
     for columnar in (False, True):
         def build(p):
             if columnar:
-                elements, read_bad = p | ReadRecords(FILES, pattern, labelled=spec)
+                elements, read_bad = p | ReadRecords(FILES, pattern, columns=spec)
             else:
                 rows, read_bad = p | ReadRecords(FILES, pattern)
                 elements = rows | beam.Map(to_element)
