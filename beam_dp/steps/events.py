@@ -34,8 +34,8 @@ from beam_dp.core.limits import MAX_ABS_SECONDS, is_utf8
 
 __all__ = [
     "DEAD_LETTER", "DETAIL", "DeadLetter", "EventBatch", "OutOfRange", "Reason", "checked_stream", "coerce_value",
-    "column_micros", "encodable", "json_value", "named_fields", "numeric_array", "parse_contribution", "parse_event", "split_event",
-    "timestamp_letter", "to_micros", "value_letter",
+    "column_micros", "encodable", "json_value", "named_fields", "numeric_array", "parse_contribution", "parse_event",
+    "split_event", "timestamp_letter", "to_micros", "value_letter",
 ]
 
 DEAD_LETTER = "dead_letter"  # the tag of every engine's dead-letter output
