@@ -24,9 +24,10 @@ Construction
 Block ``b >= 1`` holds steps ``(b-1)B+1 .. bB`` and carries a complete binary tree of
 ``2B - 1`` noisy nodes ``N_b(ℓ, i)`` (``ℓ = 0..h``, ``h = log₂ B``, ``i = 1..B/2^ℓ``), each
 covering block positions ``(i-1)2^ℓ+1 .. i·2^ℓ``. A step lies in exactly ``L_W = h + 1 =
-⌈log₂ W⌉ + 1`` nodes, all in its own block. A node's noise is drawn when it completes, keyed by
+⌈log₂ W⌉ + 1`` nodes, all in its own block. A node's noise enters the state when it completes, keyed by
 ``(stream, "wtm", block, level, index)`` in the ``NoiseSource``, so it is a pure function of its
-key and can never be redrawn. The release at step ``t`` (block ``k``, position ``j``) is
+key and can never be redrawn (an engine closing many steps in one call may draw it earlier, with the
+nodes of its next steps: ``NodeNoise.draw_step``, the same value). The release at step ``t`` (block ``k``, position ``j``) is
 
     exact sum of steps 1..t-B (blocks 1..k-2 and positions 1..j of block k-1)
     + noisy suffix of block k-1 (positions j+1..B; right children; popcount(B-j) nodes)
