@@ -777,6 +777,7 @@ def test_node_noise_drawn_ahead_equals_node_noise_drawn_step_by_step(law):
 
 def test_a_tree_stepped_with_noise_drawn_ahead_releases_what_it_releases_step_by_step():
     from beam_dp.core.noise_ahead import StepsAhead
+    from tests.release_checks import assert_release_matches
 
     tree = WindowTreeSum(dim=2, epsilon=1.0, clip_bound=1.0, window=8)
     rng = np.random.default_rng(3)
@@ -787,6 +788,5 @@ def test_a_tree_stepped_with_noise_drawn_ahead_releases_what_it_releases_step_by
     for block in blocks:
         s1, (r1,) = tree.step(s1, block, source)
         s2, (r2,) = tree.step(s2, block, ahead)
-        np.testing.assert_allclose(r2.value, r1.value, rtol=1e-13, atol=1e-13)
-        assert (r2.step, r2.epsilon_spent, dict(r2.meta), r2.noise) == (r1.step, r1.epsilon_spent, dict(r1.meta), r1.noise)
+        assert_release_matches(r2, r1, rtol=1e-13, atol=1e-13)
     np.testing.assert_allclose(s2.cur_noise, s1.cur_noise, rtol=1e-13, atol=1e-13)  # the state holds the same noises
