@@ -7,6 +7,8 @@ non-finite values raise ``ValueError`` (adapters route them to the dead-letter o
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 __all__ = ["clip_box", "clip_l1", "clip_l2"]
@@ -16,13 +18,13 @@ def _rows(values: np.ndarray) -> tuple[np.ndarray, bool]:
     arr = np.asarray(values, dtype=np.float64)
     if arr.ndim not in (1, 2):
         raise ValueError(f"expected a vector (d,) or a block (n, d), got shape {arr.shape}")
-    if not np.all(np.isfinite(arr)):
+    if not np.isfinite(arr).all():
         raise ValueError("cannot clip non-finite values (NaN or inf)")
     return (arr[None, :], True) if arr.ndim == 1 else (arr, False)
 
 
 def _check_bound(bound: float) -> None:
-    if not (np.isfinite(bound) and bound > 0):
+    if not (math.isfinite(bound) and bound > 0):
         raise ValueError(f"clipping bound must be a finite number > 0, got {bound!r}")
 
 

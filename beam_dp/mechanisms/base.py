@@ -23,7 +23,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Generic, Literal, Mapping, Protocol, TypeVar
+from typing import Any, Callable, ClassVar, Generic, Literal, Mapping, Protocol, TypeVar
 
 import numpy as np
 
@@ -121,6 +121,17 @@ class NodeNoise:
         rows = np.tile(np.asarray(indices, dtype=np.int64), (len(streams), 1))
         cells = noise.draw_cells(_CELL_LAW[self.law], [s for s in streams for _ in indices], purpose, rows, self.scale, dim)
         return np.asarray(cells, dtype=np.float64).reshape(len(streams), len(indices), dim)
+
+    def draw_step(
+        self, noise: NoiseSource, streams: Sequence[str], purpose: str, t: int,
+        cells_of: Callable[[int], Sequence[tuple[int, ...]]], dim: int,
+    ) -> np.ndarray:
+        """``draw_nodes`` of the nodes ``cells_of(t)`` of step ``t``; a view that draws steps ahead
+        (:class:`~beam_dp.core.noise_ahead.StepsAhead`) draws those of its next steps with them."""
+        ahead = getattr(noise, "draw_steps", None)
+        if ahead is None:
+            return self.draw_nodes(noise, streams, purpose, cells_of(t), dim)
+        return np.asarray(ahead(_CELL_LAW[self.law], streams, purpose, t, cells_of, self.scale, dim), dtype=np.float64)
 
 
 class ContinualSumMechanism(abc.ABC, Generic[StateT]):

@@ -269,12 +269,17 @@ class _PrivateFTAL(FreshGroups):
     def record(self, a: Any, b: Any) -> OnlineRecord:
         """Validate and normalise one record (``ValueError`` whose text starts with a dead-letter
         reason: ``wrong_shape``, ``non_finite``, ``bad_value``)."""
+        A, labels = self._one_record(a, b)
+        return OnlineRecord(A[0], float(labels[0]))
+
+    def _one_record(self, a: Any, b: Any) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`record` as the arrays of a group of one: features ``(1, d)`` and labels ``(1,)``."""
         A = self._feature_rows(a, (self.dim,))
         try:
             label = float(b)
         except (TypeError, ValueError):
             raise ValueError("bad_value: label is not a number") from None
-        return OnlineRecord(A[0], float(self.loss.check_labels(np.array([label]))[0]))
+        return A, self.loss.check_labels(np.array([label]))
 
     def records(self, A: Any, b: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Validate and normalise the records of ``n`` streams: features ``(n, d)`` and labels ``(n,)``,
@@ -328,12 +333,12 @@ class _PrivateFTAL(FreshGroups):
     def step(self, state: OnlineState, block: Any, noise: NoiseSource) -> tuple[OnlineState, list[Release]]:
         """One step of one stream: the group of one of :meth:`step_group`."""
         if isinstance(block, OnlineRecord):
-            rec = self.record(block.a, block.b)  # idempotent; never trust an unnormalised record
+            A, b = self._one_record(block.a, block.b)  # never trust an unnormalised record
         elif isinstance(block, tuple) and len(block) == 2:
-            rec = self.record(*block)
+            A, b = self._one_record(*block)
         else:
             raise ValueError("an online step needs one record (features, label)")
-        group, batch = self._advance_group(self.stack([state]), rec.a[None, :], np.array([rec.b]), noise)
+        group, batch = self._advance_group(self.stack([state]), A, b, noise)
         return self.unstack(group)[0], batch.rows()
 
     def _advance_group(

@@ -24,9 +24,10 @@ Construction
 Block ``b >= 1`` holds steps ``(b-1)B+1 .. bB`` and carries a complete binary tree of
 ``2B - 1`` noisy nodes ``N_b(ℓ, i)`` (``ℓ = 0..h``, ``h = log₂ B``, ``i = 1..B/2^ℓ``), each
 covering block positions ``(i-1)2^ℓ+1 .. i·2^ℓ``. A step lies in exactly ``L_W = h + 1 =
-⌈log₂ W⌉ + 1`` nodes, all in its own block. A node's noise is drawn when it completes, keyed by
+⌈log₂ W⌉ + 1`` nodes, all in its own block. A node's noise enters the state when it completes, keyed by
 ``(stream, "wtm", block, level, index)`` in the ``NoiseSource``, so it is a pure function of its
-key and can never be redrawn. The release at step ``t`` (block ``k``, position ``j``) is
+key and can never be redrawn (an engine closing many steps in one call may draw it earlier, with the
+nodes of its next steps: ``NodeNoise.draw_step``, the same value). The release at step ``t`` (block ``k``, position ``j``) is
 
     exact sum of steps 1..t-B (blocks 1..k-2 and positions 1..j of block k-1)
     + noisy suffix of block k-1 (positions j+1..B; right children; popcount(B-j) nodes)
@@ -89,6 +90,7 @@ __all__ = ["WindowTreeState", "WindowTreeSum"]
 
 PURPOSE = "wtm"
 
+_FIELDS = ("clean_base", "prev_prefix", "prev_noise", "cur_prefix", "cur_noise")  # the state's arrays
 Node = tuple[int, int, int]  # (block, level, index) = N_block(level, index)
 _Span = tuple[int, int, int, int]  # (level, index, lo, hi): N(level, index) covers block positions lo+1..hi
 _Gather = tuple[np.ndarray, np.ndarray, np.ndarray]  # (hi, lo, noise rows) index arrays
@@ -342,24 +344,49 @@ class WindowTreeSum(GroupSteppedSum[WindowTreeState]):
         """Per-coordinate noise variance of the release at ``t``: ``k_t`` × node variance."""
         return self.noisy_nodes(t) * self.node_variance(self.node_noise)
 
+    def nodes_completing(self, t: int) -> list[Node]:
+        """The nodes that complete (and get their noise) at step ``t``, in completion order (level 0 first)."""
+        k, j = self._locate(t)
+        return [(k, level, j >> level) for level in range(_tz(j) + 1)]
+
     def charges_at(self, t: int) -> list[Charge]:
         """Charges of the nodes that get their noise at step ``t`` (those completing at ``t``)."""
-        k, j = self._locate(t)
-        charges = []
-        for level in range(_tz(j) + 1):
-            node = (k, level, j >> level)
-            first, last = self.node_steps(node)
-            charges.append(self.node_noise.charge(first, last, self.sensitivity, f"wtm{node}"))
-        return charges
+        return [self.node_noise.charge(*self.node_steps(node), self.sensitivity, f"wtm{node}")
+                for node in self.nodes_completing(t)]
 
     def worst_loss(self, t: int) -> ElementLoss:
-        """Loss of the worst step still protected after the release at ``t``: ``m_t`` completed nodes."""
+        """Loss of the worst step still protected after the release at ``t``: ``m_t`` completed nodes
+        (memoised: ``m_t`` takes at most ``L_W + 1`` values)."""
         completed = min(self.levels, int(t).bit_length())  # floor(log2 t) + 1, capped at L_W
-        node = self.node_noise
-        if node.law == "gamma":
-            return ElementLoss.of_noise("gamma", self.sensitivity, node.scale, completed,
-                                        pure_epsilon=self.epsilon * completed / self.levels)
-        return ElementLoss.of_noise("gaussian", self.sensitivity, node.scale, completed)
+        cache = self.__dict__.setdefault("_loss_cache", {})
+        loss = cache.get(completed)
+        if loss is None:
+            node = self.node_noise
+            if node.law == "gamma":
+                loss = ElementLoss.of_noise("gamma", self.sensitivity, node.scale, completed,
+                                            pure_epsilon=self.epsilon * completed / self.levels)
+            else:
+                loss = ElementLoss.of_noise("gaussian", self.sensitivity, node.scale, completed)
+            cache[completed] = loss
+        return loss
+
+    def _release_meta(self, k_t: int) -> dict:
+        """The public meta of a release with ``k_t`` noisy nodes (a new dict of memoised values)."""
+        cache = self.__dict__.setdefault("_meta_cache", {})
+        meta = cache.get(k_t)
+        if meta is None:
+            var = k_t * self.node_variance(self.node_noise)
+            meta = cache[k_t] = {
+                "noisy_nodes": int(k_t),
+                "levels": int(self.levels),
+                "window": int(self.block),
+                "window_requested": int(self.window),
+                "noise": self.node_noise.law,
+                "scale": float(self.node_noise.scale),
+                "noise_std": float(math.sqrt(var)),
+                "calibration": self.node_noise.calibration,
+            }
+        return dict(meta)
 
     # -- the mechanism -------------------------------------------------------------------------
     def init_state(self, stream: str) -> WindowTreeState:
@@ -386,18 +413,13 @@ class WindowTreeSum(GroupSteppedSum[WindowTreeState]):
 
     def _check_group(self, group: GroupState, k: int, j: int) -> None:
         d, B, a = self.dim, self.block, group.arrays
-        n, full = len(group.streams), k >= 2
-        expected = {
-            "clean_base": (n, d),
-            "prev_prefix": (n, B + 1, d) if full else (n, 0, d),
-            "prev_noise": (n, 2 * B - 1, d) if full else (n, 0, d),
-            "cur_prefix": (n, j, d),
-            "cur_noise": (n, _completed_before(j - 1), d),
-        }
-        if any(a[name].shape != shape for name, shape in expected.items()):
+        n, prev = len(group.streams), (self.block if k >= 2 else 0)
+        expected = ((n, d), (n, prev + (prev > 0), d), (n, max(2 * prev - 1, 0), d), (n, j, d),
+                    (n, _completed_before(j - 1), d))
+        if tuple(a[name].shape for name in _FIELDS) != expected:
             raise ValueError(
                 f"window tree state does not match step t={group.t} (block size {B}, dim {d}): shapes "
-                + ", ".join(str(a[name].shape[1:]) for name in expected)
+                + ", ".join(str(a[name].shape[1:]) for name in _FIELDS)
             )
 
     def _advance_group(
@@ -411,7 +433,7 @@ class WindowTreeSum(GroupSteppedSum[WindowTreeState]):
         # Position j of block k: extend the exact prefix sums, noise the nodes completing now
         # (N_k(l, j >> l) for l = 0..tz(j)), in completion order.
         new_rows = a["cur_prefix"][:, j - 1] + vectors
-        fresh = self.node_noise.draw_nodes(noise, streams, PURPOSE, [(k, level, j >> level) for level in range(_tz(j) + 1)], d)
+        fresh = self.node_noise.draw_step(noise, streams, PURPOSE, t, self.nodes_completing, d)
         if not (np.isfinite(new_rows).all() and np.isfinite(fresh).all()):
             raise ValueError("window tree: non-finite prefix sum or noise (overflow?)")
         buf = _writable_buffer(a["cur_prefix"], 1, B + 1)
@@ -447,15 +469,4 @@ class WindowTreeSum(GroupSteppedSum[WindowTreeState]):
         else:
             arrays = {**a, "cur_prefix": cur_prefix, "cur_noise": cur_noise}
         k_t = n_prefix + (n_suffix if k >= 2 else 0)
-        var = k_t * self.node_variance(self.node_noise)
-        meta = {
-            "noisy_nodes": int(k_t),
-            "levels": int(self.levels),
-            "window": int(self.block),
-            "window_requested": int(self.window),
-            "noise": self.node_noise.law,
-            "scale": float(self.node_noise.scale),
-            "noise_std": float(math.sqrt(var)),
-            "calibration": self.node_noise.calibration,
-        }
-        return GroupState(streams, t, arrays), estimate, meta, self.worst_loss(t)
+        return GroupState(streams, t, arrays), estimate, self._release_meta(k_t), self.worst_loss(t)

@@ -235,10 +235,10 @@ class StepDriver:
     def _add_count(self, state: KeyState, buffer: Buffer, item: Any) -> list[Output]:
         """Count steps: ``item`` may hold many contributions (a block of rows in arrival order). Every
         step it completes is closed here, in order, with the mechanism state decoded once and encoded
-        once for the whole item; a block that overfills a step is split (``policy.split``) and its
+        once and the policy's context begun once (noise drawn ahead) for the whole item; a block that overfills a step is split (``policy.split``) and its
         rest carried into the next steps, its tail left in the buffer."""
         out: list[Output] = []
-        mech_state = None
+        mech_state = context = None
         while item is not None:
             count, need = self.policy.count(item), self.block_size - state.buffered
             if count < need:
@@ -253,7 +253,8 @@ class StepDriver:
                 state.buffered = 0
             if mech_state is None:
                 mech_state = self._decode(_as_bytes(state.mechanism))
-            mech_state = self._close_one(state, buffer, mech_state, state.next_step, items, None, out)
+                context = self.policy.begin([], (count - need) // self.block_size + 1)  # the steps it closes
+            mech_state = self._close_one(state, buffer, mech_state, state.next_step, items, context, out)
             if mech_state is None:  # the stream ended at its public end: the rest is discarded
                 return out
             state.next_step += 1

@@ -23,7 +23,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from beam_dp.core.noise import NoiseSource
-from beam_dp.core.noise_ahead import NoiseAhead
+from beam_dp.core.noise_ahead import NoiseAhead, StepsAhead
 from beam_dp.steps.driver import SNAPSHOTS, Output
 from beam_dp.steps.events import DEAD_LETTER, DeadLetter, Reason
 from beam_dp.steps.schema import release_to_row
@@ -50,9 +50,13 @@ class RecordRows:
 
 class BlockPolicy:
     """A continual mechanism fed one merged block per step (``None`` for an empty step); a
-    :class:`RecordRows` item counts one contribution per record and is fed as its records."""
+    :class:`RecordRows` item counts one contribution per record and is fed as its records. A call that
+    closes several steps draws the noise of those a mechanism names per step (``NodeNoise.draw_step``:
+    the window tree's nodes) ahead (:class:`~beam_dp.core.noise_ahead.StepsAhead`: the same values)."""
 
     timed_rows = True  # rows carry the step's public event-time interval
+    #: steps whose named noise cells a call draws at once (~500 cells: the per-cell cost levels off there)
+    AHEAD = 256
 
     def __init__(self, mechanism: Any, noise: NoiseSource):
         self.mechanism, self.noise = mechanism, noise
@@ -72,12 +76,12 @@ class BlockPolicy:
             items = [record for item in items for record in (
                 [self.mechanism.record(*r) for r in item.records()] if isinstance(item, RecordRows) else [item])]
         block = self.mechanism.merge_blocks(items) if items else None
-        state, releases = self.mechanism.step(state, block, self.noise)
+        state, releases = self.mechanism.step(state, block, self.noise if context is None else context)
         return state, releases, []
 
-    def begin(self, carried: list, steps: int = 1) -> None:
+    def begin(self, carried: list, steps: int = 1) -> StepsAhead:
         """The context of one call that closes ``steps`` steps (``carried``: the items kept across steps)."""
-        return None
+        return StepsAhead(self.noise, min(steps, self.AHEAD))
 
     def end(self, key: str, state: Any, context: Any, finished: bool) -> tuple[list, list]:
         return [], []

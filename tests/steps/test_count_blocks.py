@@ -3,6 +3,8 @@ releases, the mechanism state is decoded once per block, and the bundle's blocks
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from apache_beam.transforms.window import GlobalWindow
@@ -142,3 +144,53 @@ def test_a_letter_for_a_whole_block_is_one_letter_per_element():
     assert [(x.reason, x.detail, x.stream, x.element) for x in letters] == [
         ("late", "step 3 was already absorbed", "s", ("s", 1.0, "x")),
         ("late", "step 3 was already absorbed", "s", ("s", 2.0, "y"))]
+
+
+def test_a_block_of_records_draws_its_noise_ahead_and_releases_what_records_one_by_one_release(monkeypatch):
+    """The driver's count path begins the policy's context once per block (``StepsAhead``, here 5 steps a
+    draw so that a block crosses refills): the releases are those of ``mechanism.step`` per record on the
+    plain noise source; a step the mechanism refuses ends the stream there, as record by record."""
+    from beam_dp.beam import OnlineLearnerParams
+    from beam_dp.steps.events import DEAD_LETTER, Reason
+    from beam_dp.steps.policies import RecordRows
+    from tests.release_checks import assert_close_values
+
+    monkeypatch.setattr(BlockPolicy, "AHEAD", 5)
+    mech = OnlineLearnerParams(dim=3, constraint="l2_ball", epsilon=1.0, window=4).build_mechanism()
+    rng = np.random.default_rng(2)
+    records = [mech.record(rng.normal(size=3) / 2, float(rng.choice([-1, 1]))) for _ in range(23)]
+    state, direct = mech.init_state("s"), []
+    for rec in records:
+        state, releases = mech.step(state, rec, NoiseSource(KEY))
+        direct += releases
+
+    def run(sizes, refuse_at=None):
+        step = mech.step
+
+        def refusing(s, block, noise):  # a public end reached at step refuse_at (as a horizon would)
+            if s.t + 1 == refuse_at:
+                raise ValueError("the end")
+            return step(s, block, noise)
+
+        monkeypatch.setattr(mech, "step", refusing)
+        driver = StepDriver(BlockPolicy(mech, NoiseSource(KEY)), block_size=1)
+        key, buffer, out, lo = driver.open("s"), ListBuffer(), [], 0
+        for size in sizes:
+            part = records[lo:lo + size]
+            out += driver.add(key, buffer, None, RecordRows(np.stack([r.a for r in part]), np.array([r.b for r in part])))
+            lo += size
+        monkeypatch.setattr(mech, "step", step)
+        return ([o.value for o in out if o.tag == RELEASE],
+                [(o.value.reason, o.value.element) for o in out if o.tag == DEAD_LETTER])
+
+    blocks, letters = run([17, 6])
+    assert [r.step for r in blocks] == [r.step for r in direct] and not letters
+    for a, b in zip(blocks, direct):
+        np.testing.assert_allclose(a.value, b.value["x"], rtol=1e-13, atol=1e-13)
+        assert_close_values((a.epsilon_spent, json.loads(a.meta)), (b.epsilon_spent, b.meta), rtol=1e-13, atol=1e-13)
+    ended, ended_letters = run([17, 6], refuse_at=9)
+    single, single_letters = run([1] * 23, refuse_at=9)
+    assert [r.step for r in ended] == [r.step for r in single] == list(range(1, 9))
+    np.testing.assert_allclose([r.value for r in ended], [r.value for r in single], rtol=1e-13, atol=1e-13)
+    assert [reason for reason, _ in ended_letters] == [Reason.STREAM_ENDED] * 2
+    assert [reason for reason, _ in single_letters] == [Reason.STREAM_ENDED] * 15
