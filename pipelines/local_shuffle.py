@@ -60,14 +60,13 @@ def stream_local_shuffles() -> bool:
     buffer_type = execution.GroupingBuffer
     if getattr(buffer_type.append, "__wrapped__", None) is not None:
         return True
-    for name, ours in (("append", _append), ("extend", _extend), ("partition", _partition)):
-        ours.__wrapped__ = getattr(buffer_type, name)  # Beam's, for the other buffers and for tests
-        setattr(buffer_type, name, ours)
-    for owner, name, ours in ((fn_runner.BundleManager, "_send_input_to_worker", _send_in_pieces),
+    for owner, name, ours in ((buffer_type, "append", _append), (buffer_type, "extend", _extend),
+                              (buffer_type, "partition", _partition),
+                              (fn_runner.BundleManager, "_send_input_to_worker", _send_in_pieces),
                               (fn_runner.BundleManager, "process_bundle", _process_bundle),
                               (data_plane.InMemoryDataChannel, "input_elements", _releasing_inputs),
                               (data_plane.InMemoryDataChannel, "output_stream", _delivering_output_stream)):
-        ours.__wrapped__ = getattr(owner, name)
+        ours.__wrapped__ = getattr(owner, name)  # Beam's: for the other buffers and channels, and for tests
         setattr(owner, name, ours)
     return True
 
@@ -281,8 +280,10 @@ def _send_in_pieces(self, process_bundle_id: str, read_transform_id: str, byte_s
         if getattr(byte_streams, "_beam_dp_handed_on", False):
             raise RuntimeError("beam_dp.local_shuffle: a grouped input was read twice after it was handed on")
         byte_streams._beam_dp_handed_on = True
-        channel.inverse()._inputs.extend(_Piece(process_bundle_id, read_transform_id, spill, keys)
-                                         for keys in spill.pieces(PIECE_BYTES))
+        pieces = spill.pieces(PIECE_BYTES)
+        if not pieces:  # an empty input: nothing to read back
+            spill.close()
+        channel.inverse()._inputs.extend(_Piece(process_bundle_id, read_transform_id, spill, keys) for keys in pieces)
         return
     data_out = channel.output_stream(process_bundle_id, read_transform_id)
     for chunk in byte_streams or []:

@@ -196,3 +196,22 @@ def test_other_beam_versions_are_left_alone(monkeypatch):
 def test_a_local_run_streams_its_shuffles():
     source = inspect.getsource(runner._launch)
     assert "stream_local_shuffles()" in source.split("if local:", 1)[1].split("with RunOutputs", 1)[0]
+
+
+def test_a_local_jobs_shuffles_wait_on_disk(tmp_path, monkeypatch, capsys):
+    from pipelines import continual_stats
+
+    made = []
+    of = local_shuffle.SpilledValues.of.__func__
+
+    def recording(cls, buffer):
+        spill = of(cls, buffer)
+        made.append(spill)
+        return spill
+
+    monkeypatch.setattr(local_shuffle.SpilledValues, "of", classmethod(recording))
+    assert continual_stats.main([f"--output={tmp_path / 'out'}"]) == 0  # the demo: stream groups, a batch replay
+    spilled = [spill for spill in made if spill is not None]
+    assert len(spilled) >= 2  # the bundle merge's and the release stage's shuffles at least
+    assert all(spill._file.closed and not spill.spans for spill in spilled)  # each read once (or empty), then gone
+    assert "releases" in capsys.readouterr().out
