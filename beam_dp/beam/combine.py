@@ -6,8 +6,8 @@ Beam lifts ``CombinePerKey(MergeClippedSums())`` before the shuffle and keeps on
 memory. Keyed by groups, the parse stage keeps the same accumulators itself (``BundleGroupSums``): a
 batch's blocks are added with one sort and a slice per (group, step), where a lifted combiner took one
 element per (batch, group, step) (31k at 10M events, ~100 µs of Python each), and the shuffle after it
-only merges the bundles' blocks. A group's accumulator is an ``(n, d)`` array of sums (and ``(n, 2)``
-counts and clipped counts) indexed by a
+only merges the bundles' blocks. A group's accumulator is an ``(n, d + 2)`` array of sums, counts and
+clipped counts indexed by a
 stream → row map shared by every step of the group on this worker: memory grows with the cells, not
 with the events or the blocks that carried them (issue 26.1). Nothing private leaves it but the sums
 themselves (the same clipped sums the blocks held); the row maps are a worker-local index of stream
@@ -64,38 +64,36 @@ class _RowMap:
 
 
 class _GroupSums:
-    """The live accumulator of one (group, step): sums, and (counts, clipped counts) as ``tallies``, by row
-    of a ``_RowMap``; ``seen`` marks the rows of streams this step has (a block of zero counts declares
-    its streams)."""
+    """The live accumulator of one (group, step) by row of a ``_RowMap``: ``cells`` (cap, d + 2) holds each
+    row's sums, count and clipped count (integers, exact in float64 below 2^53), added in one operation;
+    ``seen`` marks rows a block named without counts (a block of zero counts declares its streams)."""
 
-    __slots__ = ("rows", "sums", "tallies", "seen")
+    __slots__ = ("rows", "cells", "seen")
 
     def __init__(self, rows: _RowMap, dim: int) -> None:
         cap = max(len(rows.names), 16)
         self.rows = rows
-        self.sums, self.tallies, self.seen = np.zeros((cap, dim)), np.zeros((cap, 2), np.int64), np.zeros(cap, bool)
+        self.cells, self.seen = np.zeros((cap, dim + 2)), np.zeros(cap, bool)
 
     def add(self, block: GroupBlock) -> None:
-        self.add_rows(self.rows.rows_of(block.streams), block.sums, np.stack([block.counts, block.clipped], 1))
+        idx = self.rows.rows_of(block.streams)
+        self.add_rows(idx, np.column_stack([block.sums, block.counts, block.clipped]))
+        self.seen[idx] = True
 
-    def add_rows(self, idx: np.ndarray, sums: np.ndarray, tallies: np.ndarray) -> None:
-        """Add ``sums`` (n, d) and ``tallies`` (n, 2: counts, clipped counts) to rows ``idx`` (distinct rows
-        of this accumulator's row map)."""
-        if self.sums is None:
+    def add_rows(self, idx: np.ndarray, cells: np.ndarray) -> None:
+        """Add ``cells`` (n, d + 2: sums, counts, clipped counts) to rows ``idx`` (distinct rows of this
+        accumulator's row map)."""
+        if self.cells is None:
             raise RuntimeError("MergeClippedSums: an accumulator was used after it was compacted")
         if len(self.rows.names) > len(self.seen):  # grow by a quarter: at most 25% unused rows
             self._grow(max(len(self.rows.names), len(self.seen) + len(self.seen) // 4))
-        self.sums[idx] += sums
-        self.tallies[idx] += tallies
-        self.seen[idx] = True
+        self.cells[idx] += cells
 
     def _grow(self, cap: int) -> None:
         n = len(self.seen)
-        sums = np.zeros((cap, self.sums.shape[1]))
-        sums[:n] = self.sums
-        self.sums = sums
-        self.tallies, self.seen = (np.concatenate([a, np.zeros((cap - n, *a.shape[1:]), a.dtype)])
-                                   for a in (self.tallies, self.seen))
+        cells = np.zeros((cap, self.cells.shape[1]))
+        cells[:n] = self.cells
+        self.cells, self.seen = cells, np.concatenate([self.seen, np.zeros(cap - n, bool)])
 
     def take_block(self) -> GroupBlock:
         """The rows seen, sorted by stream name (a ``GroupBlock``); the accumulator's arrays are freed
@@ -103,15 +101,16 @@ class _GroupSums:
         freeing each as it leaves keeps the bundle's accumulators and their output from coexisting).
         A taken accumulator is never used again (Beam's contract for ``compact``, ``extract_output`` and
         the inputs of ``merge_accumulators``); using one raises."""
-        if self.sums is None:
+        if self.cells is None:
             raise RuntimeError("MergeClippedSums: an accumulator was used after it was compacted")
-        rows = np.flatnonzero(self.seen)
+        d = self.cells.shape[1] - 2
+        rows = np.flatnonzero(self.seen | (self.cells[:, d] > 0))
         rows = rows[np.argsort(self.rows.rank()[rows])]
         names = self.rows.names
-        tallies = self.tallies[rows]
-        block = GroupBlock(tuple(map(names.__getitem__, rows.tolist())), self.sums[rows], tallies[:, 0].copy(),
-                           tallies[:, 1].copy())
-        self.sums = self.tallies = self.seen = None
+        cells = self.cells[rows]
+        block = GroupBlock(tuple(map(names.__getitem__, rows.tolist())), np.ascontiguousarray(cells[:, :d]),
+                           cells[:, d].astype(np.int64), cells[:, d + 1].astype(np.int64))
+        self.cells = self.seen = None
         return block
 
 
@@ -200,15 +199,15 @@ class BundleGroupSums:
         width = int(steps.max()) + 1
         code = key_of_block.astype(np.int64) * width + steps
         order = np.argsort(code, kind="stable")  # by (group, step); within one, in block order
-        code, rows, sums = code[order], row_of_name[name_of_block[order]], sums[order]
-        tallies = np.stack([counts, clipped], 1)[order]
+        code, rows = code[order], row_of_name[name_of_block[order]]
+        cells = np.column_stack([sums, counts, clipped])[order]
         bounds = [0, *(np.flatnonzero(np.diff(code)) + 1).tolist(), len(code)]
         for start, end, cell_code in zip(bounds[:-1], bounds[1:], code[bounds[:-1]].tolist()):
             cell = (window, keys[cell_code // width], cell_code % width)
             acc = self._acc.get(cell)
             if acc is None:
                 acc = self._acc[cell] = _GroupSums(self._maps[cell[1]], self._dim)
-            acc.add_rows(rows[start:end], sums[start:end], tallies[start:end])
+            acc.add_rows(rows[start:end], cells[start:end])
 
     def add_block(self, window: Any, key: str, step: int, block: GroupBlock) -> None:
         acc = self._acc.get((window, key, step))
