@@ -26,7 +26,7 @@ import numpy as np
 from beam_dp.io.coders import BlockCoder, register_block_coders
 from beam_dp.mechanisms.base import ClippedSum
 from beam_dp.mechanisms.stream_groups import GroupBlock
-from beam_dp.steps.batch import rows_by_group
+from beam_dp.steps.batch import key_step_runs, rows_by_group
 
 __all__ = ["BundleGroupSums", "MergeClippedSums"]
 
@@ -196,24 +196,15 @@ class BundleGroupSums:
             if len(members):
                 row_of_name[members] = self._row_map(keys[k]).rows_of(tuple(map(names.__getitem__, members.tolist())))
         key_of_block = key_of_name[name_of_block]
-        width = int(steps.max()) + 1
-        code = key_of_block.astype(np.int64) * width + steps
-        order = np.argsort(code, kind="stable")  # by (group, step); within one, in block order
-        code, rows = code[order], row_of_name[name_of_block[order]]
-        cells = np.column_stack([sums, counts, clipped])[order]
-        bounds = [0, *(np.flatnonzero(np.diff(code)) + 1).tolist(), len(code)]
-        for start, end, cell_code in zip(bounds[:-1], bounds[1:], code[bounds[:-1]].tolist()):
-            cell = (window, keys[cell_code // width], cell_code % width)
-            acc = self._acc.get(cell)
-            if acc is None:
-                acc = self._acc[cell] = _GroupSums(self._maps[cell[1]], self._dim)
-            acc.add_rows(rows[start:end], cells[start:end])
+        order, starts = key_step_runs(key_of_block, steps)
+        rows, cells = row_of_name[name_of_block[order]], np.column_stack([sums, counts, clipped])[order]
+        firsts = order[starts]
+        for start, end, k, step in zip(starts.tolist(), [*starts[1:].tolist(), len(order)],
+                                       key_of_block[firsts].tolist(), steps[firsts].tolist()):
+            self._live(window, keys[k], step).add_rows(rows[start:end], cells[start:end])
 
     def add_block(self, window: Any, key: str, step: int, block: GroupBlock) -> None:
-        acc = self._acc.get((window, key, step))
-        if acc is None:
-            acc = self._acc[(window, key, step)] = _GroupSums(self._row_map(key), self._dim)
-        acc.add(block)
+        self._live(window, key, step).add(block)
 
     def take(self) -> Iterator[tuple[Any, str, int, GroupBlock]]:
         """``(window, key, step, block)`` for every accumulator, by (key, step); empties this."""
@@ -227,3 +218,10 @@ class BundleGroupSums:
         if rows is None:
             rows = self._maps[key] = _RowMap()
         return rows
+
+    def _live(self, window: Any, key: str, step: int) -> _GroupSums:
+        """The accumulator of (window, key, step), made on the group's row map when first needed."""
+        acc = self._acc.get((window, key, step))
+        if acc is None:
+            acc = self._acc[(window, key, step)] = _GroupSums(self._row_map(key), self._dim)
+        return acc

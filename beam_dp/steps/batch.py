@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from beam_dp.core.limits import MAX_ABS_SECONDS, is_utf8
 from beam_dp.steps.events import Reason
 
-__all__ = ["StepSums", "key_step_parts", "row_reasons", "rows_by_group", "step_sums", "stream_reasons"]
+__all__ = ["StepSums", "key_step_parts", "key_step_runs", "row_reasons", "rows_by_group", "step_sums", "stream_reasons"]
 
 
 def row_reasons(streams: np.ndarray, micros: np.ndarray, values: np.ndarray, clock: Any,
@@ -94,10 +94,16 @@ def step_sums(mechanism: Any, clock: Any, streams: np.ndarray | None, arrow_ids:
 def key_step_parts(key_of_block: np.ndarray, steps: np.ndarray) -> list[np.ndarray]:
     """The block indices of each (engine key, step), ordered by (key, step), each part in block order
     (so by stream name): ``key_of_block`` (n,) int key indices, ``steps`` (n,) int steps."""
-    width = int(steps.max()) + 1
-    code = key_of_block.astype(np.int64) * width + steps
+    order, starts = key_step_runs(key_of_block, steps)
+    return np.split(order, starts[1:])
+
+
+def key_step_runs(key_of_block: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(order, starts)``: the block indices ordered by (key, step) (stable: each run in block order) and
+    where each (key, step) run starts in ``order`` (``starts[0] == 0``; at least one block)."""
+    code = key_of_block.astype(np.int64) * (int(steps.max()) + 1) + steps
     order = np.argsort(code, kind="stable")
-    return np.split(order, np.flatnonzero(np.diff(code[order])) + 1)
+    return order, np.flatnonzero(np.r_[True, np.diff(code[order]) != 0])
 
 
 def rows_by_group(groups: np.ndarray, n_groups: int) -> list[np.ndarray]:

@@ -235,8 +235,9 @@ class StepDriver:
     def _add_count(self, state: KeyState, buffer: Buffer, item: Any) -> list[Output]:
         """Count steps: ``item`` may hold many contributions (a block of rows in arrival order). Every
         step it completes is closed here, in order, with the mechanism state decoded once and encoded
-        once and the policy's context begun once (noise drawn ahead) for the whole item; a block that overfills a step is split (``policy.split``) and its
-        rest carried into the next steps, its tail left in the buffer."""
+        once and the policy's context begun once (noise drawn ahead) for the whole item; a block that
+        overfills a step is split (``policy.split``) and its rest carried into the next steps, its tail
+        left in the buffer."""
         out: list[Output] = []
         mech_state = context = None
         while item is not None:
