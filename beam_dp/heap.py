@@ -23,13 +23,14 @@ import contextlib
 import ctypes
 from typing import Any, Iterator
 
-__all__ = ["MMAP_THRESHOLD", "SCRATCH_THRESHOLD", "limit_heap_retention", "scratch_heap"]
+__all__ = ["MMAP_THRESHOLD", "SCRATCH_THRESHOLD", "limit_heap_retention", "release_free_heap", "scratch_heap"]
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 MMAP_THRESHOLD = 128 << 10  # bytes: glibc's initial threshold, kept fixed
 SCRATCH_THRESHOLD = 32 << 20  # bytes: glibc's largest dynamic threshold, inside a scratch pass
 
 _fixed: tuple[int, Any] | None = None  # (threshold, mallopt) once limit_heap_retention fixed one here
+_trim: Any = None  # glibc's malloc_trim, found with mallopt
 
 
 def _mallopt():
@@ -42,12 +43,23 @@ def _mallopt():
 def limit_heap_retention(threshold: int = MMAP_THRESHOLD) -> bool:
     """Fix the C library's mmap threshold at ``threshold`` bytes for this process; ``False`` (and no
     change) where the C library has no ``mallopt`` (not glibc) or refuses the value."""
-    global _fixed
+    global _fixed, _trim
     mallopt = _mallopt()
     if mallopt is None or not mallopt(_M_MMAP_THRESHOLD, int(threshold)):
         return False
     _fixed = (int(threshold), mallopt)
+    _trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
     return True
+
+
+def release_free_heap() -> None:
+    """Give the heap's free pages back to the system (glibc's ``malloc_trim``): once a stage's scratch
+    passes are over (the end of a bundle) and once a local job has run. The heap the passes grew, and the
+    holes mid-sized blocks (names, counts) leave, are otherwise kept by the process through the later
+    stages (the 50M-event job: ~350 MB). Only where :func:`limit_heap_retention` fixed a threshold
+    (local runs)."""
+    if _fixed is not None and _trim is not None:
+        _trim(0)
 
 
 @contextlib.contextmanager

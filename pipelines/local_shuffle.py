@@ -23,7 +23,12 @@ was checked on (:data:`CHECKED_BEAM`):
   before, flushed after each of their byte strings (whole elements);
 * **outputs delivered.** What the worker writes to a spilled buffer is handed to it as each message is
   flushed (about 10 MB), not queued in the channel until the bundle ends (a stage's whole output);
-* **read messages dropped.** The channel lets go of each message once the worker has read it.
+* **read messages dropped.** The channel lets go of each message once the worker has read it;
+* **pieces held, not copied.** A piece's message carries only a name; its bytes wait in this process
+  until the worker's input operation takes them, decodes the piece's elements, lets the bytes go and
+  then processes the elements. (A protobuf message copies a bytes field in, and out again on each read:
+  the release stage's input of one stream group, a single key of up to hundreds of MB, was held three
+  times while it was processed; now once, decoded.)
 
 Elements, their order and their encoding are unchanged; nothing else about the runner is touched.
 Runners other than the in-process one (Dataflow, Flink, Prism) never use these classes.
@@ -31,8 +36,10 @@ Runners other than the in-process one (Dataflow, Flink, Prism) never use these c
 
 from __future__ import annotations
 
+import itertools
 import logging
 import mmap
+import os
 import struct
 import tempfile
 from array import array
@@ -45,6 +52,9 @@ log = logging.getLogger(__name__)
 CHECKED_BEAM = ("2.77",)  # Beam major.minor versions whose runner internals these changes were checked on
 PIECE_BYTES = 8 << 20  # bytes of encoded values per piece of a grouped input, about
 _UNDECIDED = object()
+_HELD: dict[bytes, bytes] = {}  # pieces made, by the name their message carries, until the worker reads them
+_HELD_PREFIX = b"\0beam_dp-held-piece-%s-" % os.urandom(8).hex().encode()  # no real message starts so
+_held_names = itertools.count()
 
 
 def stream_local_shuffles() -> bool:
@@ -52,7 +62,7 @@ def stream_local_shuffles() -> bool:
     Beam version not in :data:`CHECKED_BEAM`. Calling it again changes nothing more."""
     import apache_beam
     from apache_beam.runners.portability.fn_api_runner import execution, fn_runner
-    from apache_beam.runners.worker import data_plane
+    from apache_beam.runners.worker import bundle_processor, data_plane
 
     if ".".join(apache_beam.__version__.split(".")[:2]) not in CHECKED_BEAM:
         log.info("Beam %s: the in-process runner's shuffles are left as they are", apache_beam.__version__)
@@ -65,7 +75,8 @@ def stream_local_shuffles() -> bool:
                               (fn_runner.BundleManager, "_send_input_to_worker", _send_in_pieces),
                               (fn_runner.BundleManager, "process_bundle", _process_bundle),
                               (data_plane.InMemoryDataChannel, "input_elements", _releasing_inputs),
-                              (data_plane.InMemoryDataChannel, "output_stream", _delivering_output_stream)):
+                              (data_plane.InMemoryDataChannel, "output_stream", _delivering_output_stream),
+                              (bundle_processor.DataInputOperation, "process_encoded", _process_held)):
         ours.__wrapped__ = getattr(owner, name)  # Beam's: for the other buffers and channels, and for tests
         setattr(owner, name, ours)
     return True
@@ -126,6 +137,7 @@ class SpilledValues:
             for value in values:
                 where.extend((self._size, len(value)))
                 self._write(value)
+            values = value = None  # the views go before the map is closed
         other.close()
 
     def pieces(self, limit: int) -> list[list[bytes]]:
@@ -148,7 +160,8 @@ class SpilledValues:
         for key in keys:
             where = self.spans.pop(key)
             parts += (self._header_of(key), key, struct.pack(">i", len(where) // 2), *self._values(where))
-        data = b"".join(parts)
+        data = b"".join(parts)  # the one copy: the values are views of the file's pages
+        del parts
         if self._map is not None:
             self._map.madvise(mmap.MADV_DONTNEED)  # the pages read stay in the page cache, not in this process
         if not self.spans:
@@ -174,7 +187,7 @@ class SpilledValues:
                 return [b""] * (len(where) // 2)
             self._file.flush()
             self._map = mmap.mmap(self._file.fileno(), self._size, access=mmap.ACCESS_READ)
-        view = self._map
+        view = memoryview(self._map)  # views, not copies: released before the map is closed
         return [view[offset:offset + length] for offset, length in zip(where[::2], where[1::2])]
 
     def _header_of(self, key: bytes) -> bytes:
@@ -260,12 +273,48 @@ class _Piece:
         self.instruction_id, self.transform_id, self.spill, self.keys = instruction_id, transform_id, spill, keys
 
     def message(self):
+        """The piece's message: its bytes held here (:data:`_HELD`) and the message naming them (a protobuf
+        copies a bytes field in and again on each read: a piece of one large key would be held three
+        times while it is decoded)."""
         from apache_beam.portability.api import beam_fn_api_pb2
 
         data = self.spill.take(self.keys)
         self.spill = self.keys = None
+        if data:
+            name = b"%s%d" % (_HELD_PREFIX, next(_held_names))
+            _HELD[name] = data
+            data = name
         return beam_fn_api_pb2.Elements.Data(instruction_id=self.instruction_id, transform_id=self.transform_id,
                                              data=data)
+
+
+def _process_held(self, encoded: bytes) -> None:
+    """``DataInputOperation.process_encoded``: a held piece (:meth:`_Piece.message`) decoded whole, its bytes
+    let go, then its elements processed in order (a large key's bytes and its decoded values are not held
+    together while it is processed); any other message is Beam's."""
+    from apache_beam.coders.coder_impl import create_InputStream
+    from apache_beam.runners.worker.bundle_processor import DataInputOperation
+
+    data = _HELD.pop(encoded, None) if encoded.startswith(_HELD_PREFIX) else None
+    if data is None:
+        return _beams(_process_held, DataInputOperation, "process_encoded")(self, encoded)
+
+    stream, decode, elements = create_InputStream(data), self.windowed_coder_impl.decode_from_stream, []
+    del data
+    try:
+        while stream.size() > 0:
+            elements.append(decode(stream, True))
+    except Exception as exn:
+        raise ValueError(f"Error decoding input stream with coder {self.windowed_coder} in step "
+                         f"{self.name_context.step_name}") from exn
+    del stream
+    elements.reverse()
+    while elements:  # Beam's loop: an element past a split's stop is not processed
+        with self.splitting_lock:
+            if self.index == self.stop - 1:
+                return
+            self.index += 1
+        self.output(elements.pop())
 
 
 def _send_in_pieces(self, process_bundle_id: str, read_transform_id: str, byte_streams: Any) -> None:

@@ -252,6 +252,7 @@ def run(options, job: Job, plan: Any, messages=None, shown: str | None = None) -
     ``shown``: the output folder as the user named it (the run itself may write to a staging folder)."""
     import apache_beam as beam
 
+    from beam_dp.heap import release_free_heap
     from pipelines.common import exact_counts, output_summary, write_job_manifest
     from pipelines.outputs import private_dir
     from pipelines.paths import display
@@ -270,6 +271,7 @@ def run(options, job: Job, plan: Any, messages=None, shown: str | None = None) -
         result = pipeline.run()
         if local:
             result.wait_until_finish()
+            release_free_heap()  # what the stages freed goes back before the releases are read back
     write_job_manifest(pipeline, job.name, plan.out_dir)  # declares the job beside its releases (beam_dp.verify)
     if not local:
         job_id = getattr(result, "job_id", lambda: None)

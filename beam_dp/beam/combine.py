@@ -6,12 +6,15 @@ Beam lifts ``CombinePerKey(MergeClippedSums())`` before the shuffle and keeps on
 memory. Keyed by groups, the parse stage keeps the same accumulators itself (``BundleGroupSums``): a
 batch's blocks are added with one sort and a slice per (group, step), where a lifted combiner took one
 element per (batch, group, step) (31k at 10M events, ~100 µs of Python each), and the shuffle after it
-only merges the bundles' blocks. A group's accumulator is an ``(n, d + 2)`` array of sums, counts and
-clipped counts indexed by a
-stream → row map shared by every step of the group on this worker: memory grows with the cells, not
-with the events or the blocks that carried them (issue 26.1). Nothing private leaves it but the sums
-themselves (the same clipped sums the blocks held); the row maps are a worker-local index of stream
-names, never state, and the output does not depend on them (rows are sorted by name on the way out).
+only merges the bundles' blocks. An accumulator is an ``(n, d + 2)`` array of sums, counts and clipped
+counts of the rows it was given, found through a stream → row map shared by every step of the group on
+this worker: memory grows with the cells, not with the events or the blocks that carried them (issue
+26.1). A bundle's sums are bounded too: past :data:`BUNDLE_BUDGET_BYTES` they leave as blocks and the
+bundle starts again, so a stage's memory does not grow with the input's cells; a (group, step) may then
+leave in several blocks (events out of time order), which the shuffle merges like any two bundles'.
+Nothing private leaves it but the sums themselves (the same clipped sums the blocks held); the row maps
+are a worker-local index of stream names, never state, and the output does not depend on them (rows
+are sorted by name on the way out).
 Beam compacts every live accumulator when the bundle ends but drops them only after the last, so each
 frees its arrays as it is compacted (the bundle's accumulators and their output do not coexist).
 """
@@ -28,7 +31,9 @@ from beam_dp.mechanisms.base import ClippedSum
 from beam_dp.mechanisms.stream_groups import GroupBlock
 from beam_dp.steps.batch import key_step_runs, rows_by_group
 
-__all__ = ["BundleGroupSums", "MergeClippedSums"]
+__all__ = ["BUNDLE_BUDGET_BYTES", "BundleGroupSums", "MergeClippedSums"]
+
+BUNDLE_BUDGET_BYTES = 256 << 20  # a bundle's live sums in the parse stage; past it they leave as blocks
 
 register_block_coders(ClippedSum, GroupBlock)  # array blocks: Beam's size sampling must not pickle them
 
@@ -64,53 +69,119 @@ class _RowMap:
 
 
 class _GroupSums:
-    """The live accumulator of one (group, step) by row of a ``_RowMap``: ``cells`` (cap, d + 2) holds each
-    row's sums, count and clipped count (integers, exact in float64 below 2^53), added in one operation;
-    ``seen`` marks rows a block named without counts (a block of zero counts declares its streams)."""
+    """The live accumulator of one (group, step): each row's sums, count and clipped count in one row of
+    ``cells`` (integers, exact in float64 below 2^53), added in one operation. It starts sparse, holding
+    only the rows it was given, in order of first sight (``_local``: row-map row → its row, −1 for none;
+    ``_held``: the reverse), so a step that sees few of a group's streams costs few rows (what a bundle's
+    budget counts); once it holds half the group's streams it turns dense, indexed by the row map itself
+    (no lookup per add), ``_seen`` marking the rows a block named without counts."""
 
-    __slots__ = ("rows", "cells", "seen")
+    __slots__ = ("rows", "cells", "size", "nbytes", "_local", "_held", "_seen")
 
-    def __init__(self, rows: _RowMap, dim: int) -> None:
-        cap = max(len(rows.names), 16)
+    def __init__(self, rows: _RowMap, dim: int, expected: int = 0) -> None:
+        """``expected``: about how many rows it will hold (dense from the start at half the group's streams)."""
+        known = len(rows.names)
         self.rows = rows
-        self.cells, self.seen = np.zeros((cap, dim + 2)), np.zeros(cap, bool)
+        self.size = 0  # sparse: rows held, cells[:size]
+        self._local = self._held = self._seen = None
+        if known and 2 * expected >= known:
+            self.cells, self._seen = np.zeros((known, dim + 2)), np.zeros(known, bool)
+        else:
+            cap = max(16, expected)
+            self.cells, self._held = np.zeros((cap, dim + 2)), np.zeros(cap, np.int64)
+            self._local = np.full(known, -1, np.int32)
+        self.nbytes = 0  # the bytes of its arrays
+        self._count_bytes()
 
-    def add(self, block: GroupBlock) -> None:
+    def add(self, block: GroupBlock) -> int:
+        """Add a block's rows; the bytes the accumulator grew by."""
         idx = self.rows.rows_of(block.streams)
-        self.add_rows(idx, np.column_stack([block.sums, block.counts, block.clipped]))
-        self.seen[idx] = True
+        grown = self.add_rows(idx, np.column_stack([block.sums, block.counts, block.clipped]))
+        if self._seen is not None:
+            self._seen[idx] = True
+        return grown
 
-    def add_rows(self, idx: np.ndarray, cells: np.ndarray) -> None:
-        """Add ``cells`` (n, d + 2: sums, counts, clipped counts) to rows ``idx`` (distinct rows of this
-        accumulator's row map)."""
+    def add_rows(self, idx: np.ndarray, cells: np.ndarray) -> int:
+        """Add ``cells`` (n, d + 2: sums, counts, clipped counts) to row-map rows ``idx`` (distinct); the
+        bytes the accumulator grew by."""
         if self.cells is None:
             raise RuntimeError("MergeClippedSums: an accumulator was used after it was compacted")
-        if len(self.rows.names) > len(self.seen):  # grow by a quarter: at most 25% unused rows
-            self._grow(max(len(self.rows.names), len(self.seen) + len(self.seen) // 4))
-        self.cells[idx] += cells
+        known = len(self.rows.names)
+        if self._local is None:  # dense: grows by a quarter as the group's streams grow
+            grown = self._grow_dense(max(known, len(self.cells) * 5 // 4)) if known > len(self.cells) else 0
+            self.cells[idx] += cells
+            return grown
+        grown = 0
+        if len(self._local) < known:
+            self._local = np.concatenate([self._local, np.full(known - len(self._local), -1, np.int32)])
+            grown = self._count_bytes()
+        local = self._local[idx]
+        new = local < 0
+        if new.any():
+            fresh = idx[new]
+            size = self.size + len(fresh)
+            if size > len(self._held):
+                if 2 * size >= known:  # half the group's streams: dense from now on
+                    grown += self._to_dense(known)
+                    self.cells[idx] += cells
+                    return grown
+                grown += self._grow_sparse(max(size, len(self._held) * 3 // 2))
+            self._local[fresh] = np.arange(self.size, size, dtype=np.int32)
+            self._held[self.size:size] = fresh
+            self.size = size
+            local = self._local[idx]
+        self.cells[local] += cells
+        return grown
 
-    def _grow(self, cap: int) -> None:
-        n = len(self.seen)
+    def _count_bytes(self) -> int:
+        before = self.nbytes
+        self.nbytes = sum(0 if a is None else a.nbytes for a in (self.cells, self._local, self._held, self._seen))
+        return self.nbytes - before
+
+    def _grow_sparse(self, cap: int) -> int:
+        cells = np.zeros((cap, self.cells.shape[1]))
+        cells[:self.size] = self.cells[:self.size]
+        held = np.zeros(cap, np.int64)
+        held[:self.size] = self._held[:self.size]
+        self.cells, self._held = cells, held
+        return self._count_bytes()
+
+    def _to_dense(self, known: int) -> int:
+        held = self._held[:self.size]
+        cells = np.zeros((known, self.cells.shape[1]))
+        cells[held] = self.cells[:self.size]
+        self._seen = np.zeros(known, bool)
+        self._seen[held] = True
+        self.cells, self._local, self._held, self.size = cells, None, None, 0
+        return self._count_bytes()
+
+    def _grow_dense(self, cap: int) -> int:
+        n = len(self.cells)
         cells = np.zeros((cap, self.cells.shape[1]))
         cells[:n] = self.cells
-        self.cells, self.seen = cells, np.concatenate([self.seen, np.zeros(cap - n, bool)])
+        self.cells, self._seen = cells, np.concatenate([self._seen, np.zeros(cap - n, bool)])
+        return self._count_bytes()
 
     def take_block(self) -> GroupBlock:
-        """The rows seen, sorted by stream name (a ``GroupBlock``); the accumulator's arrays are freed
-        (Beam outputs every live accumulator of a bundle at its end and drops them only after the last:
-        freeing each as it leaves keeps the bundle's accumulators and their output from coexisting).
-        A taken accumulator is never used again (Beam's contract for ``compact``, ``extract_output`` and
-        the inputs of ``merge_accumulators``); using one raises."""
+        """Its rows sorted by stream name (a ``GroupBlock``); the accumulator's arrays are freed (Beam
+        outputs every live accumulator of a bundle at its end and drops them only after the last: freeing
+        each as it leaves keeps the bundle's accumulators and their output from coexisting). A taken
+        accumulator is never used again (Beam's contract for ``compact``, ``extract_output`` and the
+        inputs of ``merge_accumulators``); using one raises."""
         if self.cells is None:
             raise RuntimeError("MergeClippedSums: an accumulator was used after it was compacted")
         d = self.cells.shape[1] - 2
-        rows = np.flatnonzero(self.seen | (self.cells[:, d] > 0))
-        rows = rows[np.argsort(self.rows.rank()[rows])]
-        names = self.rows.names
-        cells = self.cells[rows]
+        if self._local is None:
+            rows = np.flatnonzero(self._seen | (self.cells[:, d] > 0))
+            cells = self.cells[rows]
+        else:
+            rows, cells = self._held[:self.size], self.cells[:self.size]
+        order = np.argsort(self.rows.rank()[rows])
+        rows, cells, names = rows[order], cells[order], self.rows.names
         block = GroupBlock(tuple(map(names.__getitem__, rows.tolist())), np.ascontiguousarray(cells[:, :d]),
                            cells[:, d].astype(np.int64), cells[:, d + 1].astype(np.int64))
-        self.cells = self.seen = None
+        self.cells = self._local = self._held = self._seen = None
+        self.nbytes = 0
         return block
 
 
@@ -137,8 +208,10 @@ class MergeClippedSums(beam.CombineFn):
         return BlockCoder()  # a live accumulator is sampled by size after the merge: not pickled for it
 
     def add_input(self, acc: Any, block: Any) -> Any:
+        if acc is None:  # a lone block stays as it is (goes live only when a second one comes)
+            return block
         if isinstance(block, ClippedSum):
-            return block if acc is None else acc.merge(block)
+            return acc.merge(block)
         if not isinstance(acc, _GroupSums):
             acc = self._live(acc, block)
         acc.add(block)
@@ -175,15 +248,24 @@ class BundleGroupSums:
     held in the parse stage itself: the same dense accumulators as :class:`MergeClippedSums` (one row map
     per group), filled from a batch's per-(stream, step) sums with one vectorised add per (group, step)
     instead of one ``GroupBlock`` element per (batch, group, step) through a lifted combiner.
-    :meth:`take` empties it (at the end of the bundle), each accumulator freed as its block leaves."""
+    :meth:`take` empties it (at the end of the bundle, or once :attr:`full`: past ``budget_bytes``, by
+    default :data:`BUNDLE_BUDGET_BYTES`), each accumulator freed as its block leaves."""
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, budget_bytes: int | None = None) -> None:
         self._dim = dim
+        self._budget = BUNDLE_BUDGET_BYTES if budget_bytes is None else budget_bytes
+        self._bytes = 0  # the live accumulators' arrays
+        self._expected: int | None = None  # rows an accumulator held, on average, when last taken
         self._maps: dict[str, _RowMap] = {}  # group key -> its row map (worker-local index, never state)
         self._acc: dict[tuple[Any, str, int], _GroupSums] = {}
 
     def __bool__(self) -> bool:
         return bool(self._acc)
+
+    @property
+    def full(self) -> bool:
+        """Whether its accumulators hold more than its budget: time to :meth:`take` them."""
+        return self._bytes > self._budget
 
     def add(self, window: Any, keys: list[str], names: list[str], key_of_name: np.ndarray,
             name_of_block: np.ndarray, steps: np.ndarray, sums: np.ndarray, counts: np.ndarray,
@@ -201,17 +283,23 @@ class BundleGroupSums:
         firsts = order[starts]
         for start, end, k, step in zip(starts.tolist(), [*starts[1:].tolist(), len(order)],
                                        key_of_block[firsts].tolist(), steps[firsts].tolist()):
-            self._live(window, keys[k], step).add_rows(rows[start:end], cells[start:end])
+            grown = self._live(window, keys[k], step).add_rows(rows[start:end], cells[start:end])
+            self._bytes += grown  # (after _live, which counts a new accumulator)
 
     def add_block(self, window: Any, key: str, step: int, block: GroupBlock) -> None:
-        self._live(window, key, step).add(block)
+        grown = self._live(window, key, step).add(block)
+        self._bytes += grown
 
     def take(self) -> Iterator[tuple[Any, str, int, GroupBlock]]:
         """``(window, key, step, block)`` for every accumulator, by (key, step); empties this."""
         cells = sorted(self._acc, key=lambda cell: cell[1:])
-        accs, self._acc = self._acc, {}
+        accs, self._acc, self._bytes = self._acc, {}, 0
+        rows = 0
         for cell in cells:
-            yield (*cell, accs.pop(cell).take_block())
+            block = accs.pop(cell).take_block()
+            rows += len(block.streams)
+            yield (*cell, block)
+        self._expected = rows // max(len(cells), 1)  # the next accumulators start at about this size
 
     def _row_map(self, key: str) -> _RowMap:
         rows = self._maps.get(key)
@@ -223,5 +311,11 @@ class BundleGroupSums:
         """The accumulator of (window, key, step), made on the group's row map when first needed."""
         acc = self._acc.get((window, key, step))
         if acc is None:
-            acc = self._acc[(window, key, step)] = _GroupSums(self._row_map(key), self._dim)
+            rows = self._row_map(key)
+            expected = self._expected
+            if expected is None:  # none taken yet: dense (every stream of the group) while that fits the budget
+                dense = len(rows.names) * (self._dim + 3) * 8
+                expected = len(rows.names) if self._bytes + dense <= self._budget else 0
+            acc = self._acc[(window, key, step)] = _GroupSums(rows, self._dim, expected)
+            self._bytes += acc.nbytes
         return acc

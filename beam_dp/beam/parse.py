@@ -19,7 +19,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_dp.beam.combine import BundleGroupSums, MergeClippedSums  # MergeClippedSums: the lifted combiner
-from beam_dp.heap import scratch_heap
+from beam_dp.heap import release_free_heap, scratch_heap
 from beam_dp.steps.batch import StepSums, key_step_parts, row_reasons, rows_by_group, step_sums
 from beam_dp.steps.events import DEAD_LETTER, DETAIL, DeadLetter, EventBatch, Reason, parse_contribution
 from beam_dp.mechanisms.base import ClippedSum
@@ -51,8 +51,13 @@ class ParseEvents(beam.DoFn):
 
     def finish_bundle(self) -> Iterator:
         if self._bundle:
-            for window, key, step, block in self._bundle.take():
-                yield WindowedValue(((key, step), block), window.max_timestamp(), (window,))
+            yield from self._bundle_blocks()
+        release_free_heap()  # the batches' scratch heap (beam_dp.heap) is not kept through the later stages
+
+    def _bundle_blocks(self) -> Iterator[WindowedValue]:
+        """The bundle's sums so far as blocks (at its end, or when they pass their memory budget)."""
+        for window, key, step, block in self._bundle.take():
+            yield WindowedValue(((key, step), block), window.max_timestamp(), (window,))
 
     def _dead_letter(self, letter: DeadLetter):
         self._dead.inc()
@@ -90,6 +95,8 @@ class ParseEvents(beam.DoFn):
         out = self._emit(stream, step, block, element, window)
         if out is not None:
             yield out
+        elif self._bundle.full:
+            yield from self._bundle_blocks()
 
     def _process_batch(self, batch: EventBatch, window: Any) -> Iterator:
         """Vectorised path: validate all rows at once, dead-letter the bad ones, one block per (stream, step)."""
@@ -135,6 +142,8 @@ class ParseEvents(beam.DoFn):
             names, key_names, key_of_stream = self._streams_and_keys(sums)
             self._bundle.add(window, key_names.tolist(), names, key_of_stream, sums.stream, sums.step, sums.sums,
                              sums.counts, sums.clipped)
+            if self._bundle.full:
+                yield from self._bundle_blocks()
             return
         if self._groups is not None:
             yield from self._emit_groups(sums, streams_ok, seconds_ok, values_ok)

@@ -26,7 +26,7 @@ turn them into rows with ``beam.FlatMap(ReleaseColumns.rows)`` or into Arrow tab
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Tuple
+from typing import Any, Iterable, Iterator, NamedTuple, Tuple
 
 import apache_beam as beam
 import numpy as np
@@ -110,15 +110,27 @@ class _ContinualRelease(beam.PTransform):
 
 
 class _MergeBundleBlocks(beam.PTransform):
-    """``((group key, step), GroupBlock)`` → one ``GroupBlock`` per (group key, step): the bundles' blocks
-    merged (``GroupBlock.combine``: a key of one bundle keeps its block as it is)."""
+    """``((group key, step), GroupBlock)`` → one ``GroupBlock`` per (group key, step): the blocks the parse
+    stage sent (one per bundle, or more where a bundle passed its memory budget) merged."""
 
     def expand(self, blocks: PCollection) -> PCollection:
-        return blocks | "ByGroupStep" >> beam.GroupByKey() | "Merge" >> beam.MapTuple(_merged)
+        return blocks | "ByGroupStep" >> beam.GroupByKey() | "Merge" >> beam.ParDo(_MergeBlocks())
 
 
-def _merged(key: Tuple[str, int], blocks: Any) -> Tuple[Tuple[str, int], GroupBlock]:
-    return key, GroupBlock.combine(list(blocks))
+class _MergeBlocks(beam.DoFn):
+    """``(key, blocks)`` → ``(key, their sum)``: a lone block as it is, several added in arrival order into
+    one accumulator on the group's worker-local row map (``MergeClippedSums``: no sort of the names per
+    key, only a lookup each)."""
+
+    def setup(self) -> None:
+        self._sums = MergeClippedSums()
+
+    def process(self, element: Tuple[Tuple[str, int], Iterable[GroupBlock]]) -> Iterator:
+        key, blocks = element
+        acc = None
+        for block in blocks:
+            acc = self._sums.add_input(acc, block)
+        yield key, self._sums.extract_output(acc)
 
 
 def _declarations(streams: list[str], groups: int | None, dim: int) -> list[tuple[str, Any]]:

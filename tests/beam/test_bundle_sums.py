@@ -8,6 +8,7 @@ import pytest
 from apache_beam.transforms.window import GlobalWindow, IntervalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
+from beam_dp.beam import combine
 from beam_dp.beam.params import ContinualSumParams
 from beam_dp.beam.parse import ParseEvents
 from beam_dp.core.clock import StepClock
@@ -48,6 +49,16 @@ def _reference(elements: list) -> dict:
     return {cell: GroupBlock.combine(parts) for cell, parts in blocks.items()}
 
 
+def _assert_sums_equal(got: dict, want: dict) -> None:
+    assert set(got) == set(want)
+    for cell, block in got.items():
+        assert block.streams == want[cell].streams  # sorted by name
+        np.testing.assert_array_equal(block.counts, want[cell].counts)
+        np.testing.assert_array_equal(block.clipped, want[cell].clipped)
+        # <= 5 batch sums of O(1) clipped floats, added in another order: within 1e-12 relative
+        np.testing.assert_allclose(block.sums, want[cell].sums, rtol=1e-12, atol=1e-12)
+
+
 def _bundle(elements: list, window=GlobalWindow()) -> tuple[list, list]:
     parse = ParseEvents(_params(), pre_aggregate=True)
     parse.setup()
@@ -62,17 +73,28 @@ def test_a_bundles_blocks_are_the_streams_blocks_summed(seed):
     rows = [("s03", 150.0, [0.5, -0.25, 4.0]), ("s77", 390.0, [1.0, 1.0, 1.0])]  # one-row elements too
     elements = batches[:2] + rows + batches[2:]
     letters, emitted = _bundle(elements)
-    assert letters and all(not isinstance(out, tuple) for out in letters)  # only dead letters during the bundle
+    assert letters and all(not isinstance(out, (tuple, WindowedValue)) for out in letters)  # only dead letters
     assert all(isinstance(out, WindowedValue) and out.windows == (GlobalWindow(),) for out in emitted)
     got = {key_step: block for (key_step, block) in (out.value for out in emitted)}
     want = _reference(elements)
-    assert list(got) == sorted(got) and set(got) == set(want)  # one block per (group, step), in order
-    for cell, block in got.items():
-        assert block.streams == want[cell].streams  # sorted by name
-        np.testing.assert_array_equal(block.counts, want[cell].counts)
-        np.testing.assert_array_equal(block.clipped, want[cell].clipped)
-        # <= 5 batch sums of O(1) clipped floats, added in another order: within 1e-12 relative
-        np.testing.assert_allclose(block.sums, want[cell].sums, rtol=1e-12, atol=1e-12)
+    assert list(got) == sorted(got)  # one block per (group, step), in order
+    _assert_sums_equal(got, want)
+
+
+def test_a_bundle_past_its_budget_sends_its_sums_early(monkeypatch):
+    """Past the budget a bundle's sums leave as blocks during the bundle (memory bounded whatever the input's
+    cells); a (group, step) may leave several times, and the shuffle's merge of them is the same sums."""
+    monkeypatch.setattr(combine, "BUNDLE_BUDGET_BYTES", 20_000)
+    elements = _batches(3, 5) + [("s03", 150.0, [0.5, -0.25, 4.0])] + _batches(4, 3)
+    outputs, emitted = _bundle(elements)
+    early = [out for out in outputs if isinstance(out, WindowedValue)]
+    assert early  # taken during the bundle (each batch here passes 20 kB)
+    parts: dict = {}
+    for out in early + emitted:
+        key_step, block = out.value
+        parts.setdefault(key_step, []).append(block)
+    assert max(map(len, parts.values())) > 1
+    _assert_sums_equal({cell: GroupBlock.combine(blocks) for cell, blocks in parts.items()}, _reference(elements))
 
 
 def test_windows_keep_their_own_sums():
@@ -94,3 +116,32 @@ def test_windows_keep_their_own_sums():
         np.testing.assert_array_equal(block.counts, 2 * by_window[second][cell].counts)  # the batch twice
     parse.start_bundle()
     assert list(parse.finish_bundle() or ()) == []  # a new bundle starts empty
+
+
+def test_the_shuffle_merges_a_cells_blocks_into_their_sum():
+    """The merge after the parse stage (``_MergeBlocks``): a lone block passes as it is; several are summed on
+    the group's row map, the same sums as ``GroupBlock.combine``."""
+    from beam_dp.beam.transforms import _MergeBlocks
+
+    merge = _MergeBlocks()
+    merge.setup()
+    _, emitted = _bundle(_batches(6, 3))
+    parts = [block for _, block in (out.value for out in emitted)][:6]
+    lone, = merge.process((("g", 1), [parts[0]]))
+    assert lone[1] is parts[0]
+    for n in (2, 6):
+        (key, got), = merge.process((("g", 2), parts[:n]))
+        want = GroupBlock.combine(parts[:n])
+        assert key == ("g", 2)
+        _assert_sums_equal({key: got}, {key: want})
+
+
+def test_the_budget_counts_every_live_accumulators_arrays():
+    parse = ParseEvents(_params(), pre_aggregate=True)
+    parse.setup()
+    parse.start_bundle()
+    for element in _batches(7, 4) + [("s03", 150.0, [0.5, -0.25, 4.0]), ("zz-new", 150.0, [1.0, 0.0, 0.0])]:
+        list(parse.process(element))
+        live = parse._bundle._acc.values()
+        assert parse._bundle._bytes == sum(acc.cells.nbytes for acc in live) + sum(
+            0 if a is None else a.nbytes for acc in live for a in (acc._local, acc._held, acc._seen))

@@ -58,9 +58,25 @@ def test_the_accumulator_follows_the_cells_not_the_blocks():
             for i in live:
                 steps[i] = fn.add_input(steps[i], _block(rng, rng.choice(streams, 8)))
     for acc in steps:
-        # 50 streams: one row each; capacity grown by a quarter from 16 (16, 20, 25, 31, 38, 47, 58): < 1.25 × 50
-        assert len(acc.seen) < 1.25 * 50 and (acc.cells[:, D] > 0).sum() == 50
+        # 50 streams: one row each (dense once it held 25 of the group's streams: one row per stream known)
+        assert len(acc.cells) == 50 and (acc.cells[:, D] > 0).all()
     assert len({id(acc.rows) for acc in steps}) == 1  # the steps of a group share one row map
+
+
+def test_a_step_holds_only_the_rows_it_was_given():
+    """A group's steps share the row map, but each step's accumulator holds only its own streams: a step that
+    sees 3 of a group's 2,000 streams costs 16 rows, not 2,000."""
+    rng = np.random.default_rng(7)
+    fn = MergeClippedSums()
+    wide = fn.add_input(fn.create_accumulator(), _block(rng, [f"s{i:04d}" for i in range(2000)]))
+    lone = _block(rng, ["s0007", "s1234"])
+    assert fn.add_input(fn.create_accumulator(), lone) is lone  # a lone block stays as it is
+    wide = fn.add_input(wide, _block(rng, ["s0001"]))  # a second block: live, on the group's row map
+    narrow = fn.add_input(lone, _block(rng, ["s1234", "zz-new"]))
+    assert narrow.rows is wide.rows and len(wide.rows.names) == 2001
+    assert narrow.size == 3 and len(narrow.cells) == 16 and narrow.nbytes < 2001 * 4 + 16 * (D + 2 + 1) * 8 + 1
+    out = fn.compact(narrow)
+    assert out.streams == ("s0007", "s1234", "zz-new") and out.sums.shape == (3, D)
 
 
 def test_stream_keys_merge_clipped_sums():
@@ -92,7 +108,7 @@ def test_compacting_frees_the_live_accumulator():
     want = GroupBlock.combine(blocks)
     assert out.streams == want.streams
     np.testing.assert_allclose(out.sums, want.sums, rtol=1e-12, atol=1e-12)  # 20 O(1) floats summed in another order
-    assert acc.cells is None and acc.seen is None  # freed
+    assert acc.cells is None and acc.nbytes == 0  # freed
     with pytest.raises(RuntimeError, match="after it was compacted"):
         fn.add_input(acc, blocks[0])
 

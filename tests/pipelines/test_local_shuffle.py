@@ -6,6 +6,7 @@ patch, so the other tests see the runner as the job leaves it)."""
 from __future__ import annotations
 
 import inspect
+import threading
 
 import apache_beam as beam
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 from apache_beam import coders
 from apache_beam.portability.api import beam_fn_api_pb2
 from apache_beam.runners.portability.fn_api_runner import execution
-from apache_beam.runners.worker import data_plane
+from apache_beam.runners.worker import bundle_processor, data_plane
 from apache_beam.transforms import core, window
 from apache_beam.utils.windowed_value import WindowedValue
 
@@ -161,7 +162,8 @@ def test_a_grouped_input_is_handed_on_once_piece_by_piece():
     assert len(waiting) >= 2 and not ours._grouped_output  # nothing read yet: the pieces wait on disk
     read = list(local_shuffle._releasing_inputs(channel.inverse(), "bundle", None))
     assert all(isinstance(m, beam_fn_api_pb2.Elements.Data) for m in read)
-    assert b"".join(m.data for m in read) == whole
+    assert all(len(m.data) < 64 for m in read)  # the messages name their bytes, held until the worker takes them
+    assert b"".join(local_shuffle._HELD.pop(m.data) for m in read) == whole
     assert all(piece.spill is None for piece in waiting) and not channel.inverse()._inputs
     with pytest.raises(RuntimeError, match="read twice"):
         local_shuffle._partition(ours, 1)
@@ -215,3 +217,45 @@ def test_a_local_jobs_shuffles_wait_on_disk(tmp_path, monkeypatch, capsys):
     assert len(spilled) >= 2  # the bundle merge's and the release stage's shuffles at least
     assert all(spill._file.closed and not spill.spans for spill in spilled)  # each read once (or empty), then gone
     assert "releases" in capsys.readouterr().out
+
+
+class _Input:
+    """What ``DataInputOperation.process_encoded`` uses of its operation: the coder, the split state, output."""
+
+    def __init__(self, stop: float = float("inf")):
+        self.windowed_coder = coders.WindowedValueCoder(_GROUPED)
+        self.windowed_coder_impl = self.windowed_coder.get_impl()
+        self.splitting_lock, self.index, self.stop, self.outputs = threading.Lock(), -1, stop, []
+        self.name_context = type("Name", (), {"step_name": "read"})()
+
+    def output(self, value) -> None:
+        self.outputs.append(value)
+
+
+def _same_elements(got: list, want: list) -> None:
+    assert [v.value[0] for v in got] == [v.value[0] for v in want]
+    for a, b in zip(got, want):
+        assert len(a.value[1]) == len(b.value[1]) and a.windows == b.windows
+        for x, y in zip(a.value[1], b.value[1]):
+            np.testing.assert_array_equal(x, y)  # the same bytes decoded
+
+
+@pytest.mark.parametrize("stop", [float("inf"), 3])
+def test_a_held_piece_is_processed_as_beam_processes_its_bytes(stop):
+    ours, beams = _buffer(), _filled_buffer(40, 3, 16)
+    _spill_all(ours, _encoded_rows(40, 3, 16))
+    whole = _beams(execution.GroupingBuffer.partition)(beams, 1)[0][0]
+    channel = data_plane.InMemoryDataChannel()
+    local_shuffle._send_in_pieces(type("Sender", (), {"_worker_handler": _Worker(channel)})(), "bundle", "read", ours)
+    got, want = _Input(stop), _Input(stop)
+    for message in local_shuffle._releasing_inputs(channel.inverse(), "bundle", None):
+        local_shuffle._process_held(got, message.data)
+    assert not local_shuffle._HELD  # taken by the worker
+    _beams(bundle_processor.DataInputOperation.process_encoded)(want, whole)
+    assert len(want.outputs) == min(40, stop)
+    _same_elements(got.outputs, want.outputs)
+    other, beams_own = _Input(), _Input()
+    local_shuffle._process_held(other, whole)  # a message carrying its own bytes: Beam's
+    _beams(bundle_processor.DataInputOperation.process_encoded)(beams_own, whole)
+    assert len(other.outputs) == 40
+    _same_elements(other.outputs, beams_own.outputs)
