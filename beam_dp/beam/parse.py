@@ -163,7 +163,9 @@ class ParseEvents(beam.DoFn):
         share them; row lookups compare identities and reuse cached hashes), their group keys sorted, and
         each stream's index into them."""
         names = list(map(sys.intern, sums.names.tolist()))
-        stream_keys = [self._key_of(name) for name in names]
+        stream_keys = list(map(self._group_keys.get, names))  # known streams: one C-level pass
+        if None in stream_keys:
+            stream_keys = [self._key_of(name) for name in names]
         key_names, key_of_stream = np.unique(np.array(stream_keys, dtype=str), return_inverse=True)
         return names, key_names, key_of_stream
 
