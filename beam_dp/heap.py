@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import sys
 from typing import Any, Iterator
 
 __all__ = ["MMAP_THRESHOLD", "SCRATCH_THRESHOLD", "limit_heap_retention", "release_free_heap", "scratch_heap"]
@@ -53,13 +54,19 @@ def limit_heap_retention(threshold: int = MMAP_THRESHOLD) -> bool:
 
 
 def release_free_heap() -> None:
-    """Give the heap's free pages back to the system (glibc's ``malloc_trim``): once a stage's scratch
-    passes are over (the end of a bundle) and once a local job has run. The heap the passes grew, and the
+    """Give the heap's free pages back to the system (glibc's ``malloc_trim``): at the end of each bundle
+    of a local run (``pipelines.local_shuffle``) and once the job has run. The heap a stage's scratch
+    passes grew, and the
     holes mid-sized blocks (names, counts) leave, are otherwise kept by the process through the later
     stages (the 50M-event job: ~350 MB). Only where :func:`limit_heap_retention` fixed a threshold
-    (local runs)."""
-    if _fixed is not None and _trim is not None:
+    (local runs). Arrow's memory pool gives back its unused pages at the same time."""
+    if _fixed is None:
+        return
+    if _trim is not None:
         _trim(0)
+    arrow = sys.modules.get("pyarrow")  # Arrow's own pool (mimalloc) keeps freed pages too
+    if arrow is not None:
+        arrow.default_memory_pool().release_unused()
 
 
 @contextlib.contextmanager

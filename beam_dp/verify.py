@@ -170,9 +170,9 @@ _PURPOSE_BITS = 40
 
 
 def _packed_keys(domain: np.ndarray, purpose: np.ndarray, stream: np.ndarray, step: np.ndarray,
-                 rows: np.ndarray) -> np.ndarray:
-    """The (domain, purpose, stream, step) key of each of ``rows`` as two uint64 words (16 bytes a
-    release): domain ids below 2^24, purpose ids below 2^40, stream ids below 2^32, steps in
+                 rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The (domain, purpose, stream, step) key of each of ``rows`` as two uint64 words, ``(high, low)``
+    (16 bytes a release): domain ids below 2^24, purpose ids below 2^40, stream ids below 2^32, steps in
     [-1, 2^32 − 2] (``ValueError`` beyond: no job comes near)."""
     domain, purpose, stream, step = (a[rows] for a in (domain, purpose, stream, step))
     if len(domain) and (domain.max() >= 1 << (64 - _PURPOSE_BITS) or purpose.max() >= 1 << _PURPOSE_BITS
@@ -180,7 +180,20 @@ def _packed_keys(domain: np.ndarray, purpose: np.ndarray, stream: np.ndarray, st
         raise ValueError("too many distinct domains, purposes or streams, or a step beyond 2^32, to verify")
     high = (domain.astype(np.uint64) << np.uint64(_PURPOSE_BITS)) | purpose.astype(np.uint64)
     low = (stream.astype(np.uint64) << np.uint64(32)) | (step + 1).astype(np.uint64)
-    return np.stack([high, low], axis=1)
+    return high, low
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    """``parts`` concatenated, each let go (popped) once copied: the parts and the whole are never held
+    together."""
+    whole = np.empty(sum(len(p) for p in parts), np.uint64)
+    at = 0
+    parts.reverse()
+    while parts:
+        part = parts.pop()
+        whole[at:at + len(part)] = part
+        at += len(part)
+    return whole
 
 
 class JobVerifier:
@@ -198,7 +211,8 @@ class JobVerifier:
         self._losses: list[tuple[float, float] | None] = []  # per distinct noise declaration (None: none)
         self._unrecomputable: dict[str, int] = {}
         self._spends: dict[int, _Domain] = {}
-        self._keys: list[np.ndarray] = []
+        self._high: list[np.ndarray] = []  # per batch: its keys' high words (one value where they agree)
+        self._low: list[np.ndarray] = []
         self._declared: set[tuple[float, float]] = set()
         self.problems: list[str] = []
         self.rows = 0
@@ -231,7 +245,9 @@ class JobVerifier:
                     & np.array([n in COMPOSITIONS for n in self._compositions.names], dtype=bool)[composition])
         self.problems += [f"{where(i)} has no noise domain or composition: not written by a domain-aware beam_dp"
                           for i in np.flatnonzero(~labelled)]
-        self._keys.append(_packed_keys(domain, purpose, self._streams(batch.column("stream")), step, labelled))
+        high, low = _packed_keys(domain, purpose, self._streams(batch.column("stream")), step, labelled)
+        self._high.append(high[:1] if len(high) and (high == high[0]).all() else high)
+        self._low.append(low)
         eps, dlt, eps_budget, dlt_budget = (number[n] for n in ("epsilon_spent", "delta_spent", "epsilon_budget",
                                                                  "delta_budget"))
         pure = np.array([n == "pure" for n in self._compositions.names], dtype=bool)[composition]
@@ -309,21 +325,33 @@ class JobVerifier:
                                                                                        & (domain == d)))
 
     def _duplicates(self) -> list[str]:
-        keys = np.concatenate(self._keys) if self._keys else np.zeros((0, 2), np.uint64)
-        if len(keys) < 2:
-            return []
-        keys = keys[np.lexsort((keys[:, 1], keys[:, 0]))]
-        starts = np.flatnonzero(np.concatenate([[True], np.any(keys[1:] != keys[:-1], axis=1)]))
-        runs = np.diff(np.append(starts, len(keys)))
+        """A line for each (domain, purpose, stream, step) released more than once. A job of one domain and
+        purpose (the usual) sorts its 8-byte low words in place; others sort (high, low) pairs."""
+        counts = [len(part) for part in self._low]
+        low = _joined(self._low)
+        highs = np.unique(np.concatenate(self._high)) if self._high else np.zeros(0, np.uint64)
+        if len(highs) <= 1:  # one (domain, purpose): each batch kept one high word
+            self._low, self._high = [low], [highs]
+            low.sort()  # in place: the keys' order means nothing
+            high = np.broadcast_to(highs[:1], low.shape) if len(highs) else highs
+            same = low[1:] == low[:-1]
+        else:
+            high = np.concatenate([np.broadcast_to(h, n) if len(h) == 1 else h for h, n in zip(self._high, counts)])
+            self._low, self._high = [low], [high]
+            order = np.lexsort((low, high))
+            low, high = low[order], high[order]
+            same = (low[1:] == low[:-1]) & (high[1:] == high[:-1])
+        starts = np.flatnonzero(np.concatenate([[True], ~same]))
+        runs = np.diff(np.append(starts, len(low)))
         purpose_mask = np.uint64((1 << _PURPOSE_BITS) - 1)
 
         def what(i: int) -> str:
-            purpose = self._purposes.names[int(keys[i, 0] & purpose_mask)]
+            purpose = self._purposes.names[int(high[i] & purpose_mask)]
             return f", purpose {purpose!r}" if purpose else ""
 
-        return [f"release (stream {self._streams.names[int(keys[i, 1] >> np.uint64(32))]!r}, step "
-                f"{int(keys[i, 1] & np.uint64(_LOW32)) - 1}{what(i)}) of "
-                f"{self._domains.names[int(keys[i, 0] >> np.uint64(_PURPOSE_BITS))]!r} "
+        return [f"release (stream {self._streams.names[int(low[i] >> np.uint64(32))]!r}, step "
+                f"{int(low[i] & np.uint64(_LOW32)) - 1}{what(i)}) of "
+                f"{self._domains.names[int(high[i] >> np.uint64(_PURPOSE_BITS))]!r} "
                 f"appears {n} times: two transforms share the noise domain"
                 for i, n in zip(starts[runs > 1].tolist(), runs[runs > 1].tolist())]
 

@@ -45,6 +45,8 @@ import tempfile
 from array import array
 from typing import Any
 
+from beam_dp.heap import release_free_heap
+
 __all__ = ["CHECKED_BEAM", "PIECE_BYTES", "stream_local_shuffles"]
 
 log = logging.getLogger(__name__)
@@ -344,7 +346,9 @@ def _send_in_pieces(self, process_bundle_id: str, read_transform_id: str, byte_s
 def _process_bundle(self, inputs: Any, expected_outputs: Any, fired_timers: Any, expected_output_timers: Any,
                     dry_run: bool = False) -> Any:
     """``BundleManager.process_bundle`` with the bundle's spilled output buffers registered on the runner's
-    in-memory channels, so that the worker's writes to them are delivered as they are flushed."""
+    in-memory channels, so that the worker's writes to them are delivered as they are flushed; what the
+    bundle freed goes back to the system when it ends (``beam_dp.heap.release_free_heap``), not kept
+    through the next stage."""
     from apache_beam.runners.portability.fn_api_runner.execution import split_buffer_id
     from apache_beam.runners.worker.data_plane import InMemoryDataChannel
 
@@ -364,6 +368,7 @@ def _process_bundle(self, inputs: Any, expected_outputs: Any, fired_timers: Any,
     finally:
         for channel in channels:
             channel._beam_dp_deliver = {}
+        release_free_heap()
 
 
 def _delivering_output_stream(self, instruction_id: str, transform_id: str) -> Any:

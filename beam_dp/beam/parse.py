@@ -19,7 +19,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_dp.beam.combine import BundleGroupSums, MergeClippedSums  # MergeClippedSums: the lifted combiner
-from beam_dp.heap import release_free_heap, scratch_heap
+from beam_dp.heap import scratch_heap
 from beam_dp.steps.batch import StepSums, key_step_parts, row_reasons, rows_by_group, step_sums
 from beam_dp.steps.events import DEAD_LETTER, DETAIL, DeadLetter, EventBatch, Reason, parse_contribution
 from beam_dp.mechanisms.base import ClippedSum
@@ -52,7 +52,6 @@ class ParseEvents(beam.DoFn):
     def finish_bundle(self) -> Iterator:
         if self._bundle:
             yield from self._bundle_blocks()
-        release_free_heap()  # the batches' scratch heap (beam_dp.heap) is not kept through the later stages
 
     def _bundle_blocks(self) -> Iterator[WindowedValue]:
         """The bundle's sums so far as blocks (at its end, or when they pass their memory budget)."""

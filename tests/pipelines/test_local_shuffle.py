@@ -212,10 +212,14 @@ def test_a_local_jobs_shuffles_wait_on_disk(tmp_path, monkeypatch, capsys):
         return spill
 
     monkeypatch.setattr(local_shuffle.SpilledValues, "of", classmethod(recording))
+    released = []
+    monkeypatch.setattr(local_shuffle, "release_free_heap", lambda: released.append(1))
     assert continual_stats.main([f"--output={tmp_path / 'out'}"]) == 0  # the demo: stream groups, a batch replay
     spilled = [spill for spill in made if spill is not None]
     assert len(spilled) >= 2  # the bundle merge's and the release stage's shuffles at least
     assert all(spill._file.closed and not spill.spans for spill in spilled)  # each read once (or empty), then gone
+    assert not local_shuffle._HELD  # every piece made was taken by the worker
+    assert len(released) >= 4  # the free heap goes back after each bundle (read, parse, merge, release, write)
     assert "releases" in capsys.readouterr().out
 
 
