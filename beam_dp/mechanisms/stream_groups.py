@@ -125,9 +125,22 @@ class GroupBlock:
                           np.insert(self.counts, i, row.counts[0]), np.insert(self.clipped, i, row.clipped[0]))
 
 
+_NAME_TUPLES: dict[str, tuple[str, ...]] = {}  # joined names -> their tuple, for the blocks read back here
+_NAME_TUPLES_KEPT = 64  # distinct name lists remembered (a group's steps mostly repeat one list)
+
+
 def _unpickle_group_block(names: str | tuple[str, ...], sums: np.ndarray, counts: np.ndarray,
                           clipped: np.ndarray) -> GroupBlock:
-    streams = tuple(map(sys.intern, names.split("\0"))) if isinstance(names, str) else names
+    """A block read back; blocks naming the same streams share one tuple of them (a memo of the names
+    read here, never state: the block is the same without it)."""
+    if not isinstance(names, str):
+        return GroupBlock(names, sums, counts, clipped)
+    streams = _NAME_TUPLES.get(names)
+    if streams is None:
+        streams = tuple(map(sys.intern, names.split("\0")))
+        if len(_NAME_TUPLES) >= _NAME_TUPLES_KEPT:
+            _NAME_TUPLES.clear()
+        _NAME_TUPLES[names] = streams
     return GroupBlock(streams, sums, counts, clipped)
 
 

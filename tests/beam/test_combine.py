@@ -127,6 +127,9 @@ def test_unpickled_group_blocks_share_one_string_per_stream():
     names = [f"stream-{i:04d}" for i in range(200)]
     a, b = (pickle.loads(pickle.dumps(_block(rng, names))) for _ in range(2))
     assert a.streams == tuple(sorted(names)) and all(x is y for x, y in zip(a.streams, b.streams))
+    assert a.streams is b.streams  # the same list of streams: one tuple
+    other = pickle.loads(pickle.dumps(_block(rng, names[:150])))
+    assert other.streams == tuple(sorted(names[:150])) and other.streams[0] is a.streams[0]
     original = _block(rng, names)
     back = pickle.loads(pickle.dumps(original))
     np.testing.assert_array_equal(back.sums, original.sums)  # the same bytes, pickled and read back
