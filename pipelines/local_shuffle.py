@@ -28,7 +28,9 @@ was checked on (:data:`CHECKED_BEAM`):
   until the worker's input operation takes them, decodes the piece's elements, lets the bytes go and
   then processes the elements. (A protobuf message copies a bytes field in, and out again on each read:
   the release stage's input of one stream group, a single key of up to hundreds of MB, was held three
-  times while it was processed; now once, decoded.)
+  times while it was processed; now once, decoded.) A key of :data:`PIECE_BYTES` or more is a piece of
+  its own and is never joined: its values are read from the file one at a time, each decoded by the
+  worker's own coder as a one-value element of the key, and gathered into the first one's list.
 
 Elements, their order and their encoding are unchanged; nothing else about the runner is touched.
 Runners other than the in-process one (Dataflow, Flink, Prism) never use these classes.
@@ -94,6 +96,7 @@ class SpilledValues:
         self.spans: dict[bytes, array] = {}
         self._file = tempfile.TemporaryFile(prefix="beam_dp-shuffle-")
         self._size = 0
+        self._reading = 0  # keys handed on to be read value by value, not read yet
         self._map: mmap.mmap | None = None
         self._header: bytes | None = None
 
@@ -143,15 +146,40 @@ class SpilledValues:
         other.close()
 
     def pieces(self, limit: int) -> list[list[bytes]]:
-        """The keys in order, cut into runs of about ``limit`` bytes of values (at least one key each)."""
+        """The keys in order, cut into runs of about ``limit`` bytes of values (at least one key each); a
+        key of ``limit`` bytes or more is a piece of its own."""
         pieces, keys, size = [], [], 0
         for key, where in self.spans.items():
+            bytes_of_key = sum(where[1::2])
+            if bytes_of_key >= limit and keys:
+                pieces.append(keys)
+                keys, size = [], 0
             keys.append(key)
-            size += sum(where[1::2])
+            size += bytes_of_key
             if size >= limit:
                 pieces.append(keys)
                 keys, size = [], 0
         return pieces + [keys] if keys else pieces
+
+    def take_values(self, key: bytes) -> tuple[bytes, Any]:
+        """``(prefix, values)``: the bytes before the values of a one-value grouped element of ``key`` (its
+        header, the key, a count of 1), and an iterator of the key's values' encodings read from the file
+        one at a time (no mapping, no joined copy); the key is forgotten, the file closed after the last."""
+        where = self.spans.pop(key)
+        prefix = self._header_of(key) + key + struct.pack(">i", 1)
+        self._file.flush()
+        self._reading += 1
+
+        def values():
+            try:
+                for offset, length in zip(where[::2], where[1::2]):
+                    yield os.pread(self._file.fileno(), length, offset)
+            finally:
+                self._reading -= 1
+                if not self.spans and not self._reading:
+                    self.close()
+
+        return prefix, values()
 
     def take(self, keys: list[bytes]) -> bytes:
         """Beam's grouped encoding of ``keys`` (each: the global-window header, the key, the count of its
@@ -166,7 +194,7 @@ class SpilledValues:
         del parts
         if self._map is not None:
             self._map.madvise(mmap.MADV_DONTNEED)  # the pages read stay in the page cache, not in this process
-        if not self.spans:
+        if not self.spans and not self._reading:
             self.close()
         return data
 
@@ -280,8 +308,12 @@ class _Piece:
         times while it is decoded)."""
         from apache_beam.portability.api import beam_fn_api_pb2
 
-        data = self.spill.take(self.keys)
+        spill, keys = self.spill, self.keys
         self.spill = self.keys = None
+        if len(keys) == 1 and sum(spill.spans[keys[0]][1::2]) >= PIECE_BYTES:  # a large key: read when decoded
+            data = spill.take_values(keys[0])
+        else:
+            data = spill.take(keys)
         if data:
             name = b"%s%d" % (_HELD_PREFIX, next(_held_names))
             _HELD[name] = data
@@ -300,16 +332,19 @@ def _process_held(self, encoded: bytes) -> None:
     data = _HELD.pop(encoded, None) if encoded.startswith(_HELD_PREFIX) else None
     if data is None:
         return _beams(_process_held, DataInputOperation, "process_encoded")(self, encoded)
-
-    stream, decode, elements = create_InputStream(data), self.windowed_coder_impl.decode_from_stream, []
-    del data
+    decode, elements = self.windowed_coder_impl.decode_from_stream, []
     try:
-        while stream.size() > 0:
-            elements.append(decode(stream, True))
+        if isinstance(data, tuple):  # one large key: decoded value by value (module docstring)
+            elements.append(_one_key(decode, *data))
+        else:
+            stream = create_InputStream(data)
+            del data
+            while stream.size() > 0:
+                elements.append(decode(stream, True))
+            del stream
     except Exception as exn:
         raise ValueError(f"Error decoding input stream with coder {self.windowed_coder} in step "
                          f"{self.name_context.step_name}") from exn
-    del stream
     elements.reverse()
     while elements:  # Beam's loop: an element past a split's stop is not processed
         with self.splitting_lock:
@@ -317,6 +352,23 @@ def _process_held(self, encoded: bytes) -> None:
                 return
             self.index += 1
         self.output(elements.pop())
+
+
+def _one_key(decode: Any, prefix: bytes, values: Any) -> Any:
+    """The grouped element of one key from its values' encodings: each decoded as a one-value element
+    (``prefix`` + the value) by the worker's own coder, its value appended to the first element's list."""
+    from apache_beam.coders.coder_impl import create_InputStream
+
+    element = None
+    for value in values:
+        one = decode(create_InputStream(prefix + value), True)
+        if element is None:
+            element = one
+            if type(element.value[1]) is not list:
+                raise RuntimeError("beam_dp.local_shuffle: Beam's grouped values are not a list")
+        else:
+            element.value[1].append(one.value[1][0])
+    return element
 
 
 def _send_in_pieces(self, process_bundle_id: str, read_transform_id: str, byte_streams: Any) -> None:

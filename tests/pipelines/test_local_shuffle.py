@@ -245,16 +245,24 @@ def _same_elements(got: list, want: list) -> None:
 
 
 @pytest.mark.parametrize("stop", [float("inf"), 3])
-def test_a_held_piece_is_processed_as_beam_processes_its_bytes(stop):
+@pytest.mark.parametrize("piece_bytes", [local_shuffle.PIECE_BYTES, 300])
+def test_a_held_piece_is_processed_as_beam_processes_its_bytes(stop, piece_bytes, monkeypatch):
+    """Pieces of several keys are joined and decoded whole; a key of ``PIECE_BYTES`` or more (here every key:
+    3 values of ~150 bytes) is read and decoded value by value; either way Beam's elements."""
+    monkeypatch.setattr(local_shuffle, "PIECE_BYTES", piece_bytes)
     ours, beams = _buffer(), _filled_buffer(40, 3, 16)
     _spill_all(ours, _encoded_rows(40, 3, 16))
     whole = _beams(execution.GroupingBuffer.partition)(beams, 1)[0][0]
     channel = data_plane.InMemoryDataChannel()
     local_shuffle._send_in_pieces(type("Sender", (), {"_worker_handler": _Worker(channel)})(), "bundle", "read", ours)
     got, want = _Input(stop), _Input(stop)
-    for message in local_shuffle._releasing_inputs(channel.inverse(), "bundle", None):
+    messages = list(local_shuffle._releasing_inputs(channel.inverse(), "bundle", None))
+    assert (len(messages) == 40) == (piece_bytes == 300)
+    assert all(isinstance(held, tuple) == (piece_bytes == 300) for held in local_shuffle._HELD.values())
+    for message in messages:
         local_shuffle._process_held(got, message.data)
     assert not local_shuffle._HELD  # taken by the worker
+    assert ours._beam_dp_spill._file.closed or stop != float("inf")  # every key read: the file is gone
     _beams(bundle_processor.DataInputOperation.process_encoded)(want, whole)
     assert len(want.outputs) == min(40, stop)
     _same_elements(got.outputs, want.outputs)
