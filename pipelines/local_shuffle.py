@@ -40,12 +40,11 @@ from __future__ import annotations
 
 import itertools
 import logging
-import mmap
 import os
 import struct
 import tempfile
 from array import array
-from typing import Any
+from typing import Any, Iterator
 
 from beam_dp.heap import release_free_heap
 
@@ -97,7 +96,7 @@ class SpilledValues:
         self._file = tempfile.TemporaryFile(prefix="beam_dp-shuffle-")
         self._size = 0
         self._reading = 0  # keys handed on to be read value by value, not read yet
-        self._map: mmap.mmap | None = None
+        self._read = False  # reading has begun: no more writes
         self._header: bytes | None = None
 
     @classmethod
@@ -137,12 +136,10 @@ class SpilledValues:
     def add_spilled(self, other: "SpilledValues") -> None:
         """Append ``other``'s values, key by key (Beam's ``extend``)."""
         for key in list(other.spans):
-            values = other._values(other.spans.pop(key))
             where = self.spans.setdefault(key, array("q"))
-            for value in values:
+            for value in other._values(other.spans.pop(key)):
                 where.extend((self._size, len(value)))
                 self._write(value)
-            values = value = None  # the views go before the map is closed
         other.close()
 
     def pieces(self, limit: int) -> list[list[bytes]]:
@@ -166,20 +163,8 @@ class SpilledValues:
         header, the key, a count of 1), and an iterator of the key's values' encodings read from the file
         one at a time (no mapping, no joined copy); the key is forgotten, the file closed after the last."""
         where = self.spans.pop(key)
-        prefix = self._header_of(key) + key + struct.pack(">i", 1)
-        self._file.flush()
         self._reading += 1
-
-        def values():
-            try:
-                for offset, length in zip(where[::2], where[1::2]):
-                    yield os.pread(self._file.fileno(), length, offset)
-            finally:
-                self._reading -= 1
-                if not self.spans and not self._reading:
-                    self.close()
-
-        return prefix, values()
+        return self._header_of(key) + key + struct.pack(">i", 1), self._values_then_done(where)
 
     def take(self, keys: list[bytes]) -> bytes:
         """Beam's grouped encoding of ``keys`` (each: the global-window header, the key, the count of its
@@ -190,35 +175,40 @@ class SpilledValues:
         for key in keys:
             where = self.spans.pop(key)
             parts += (self._header_of(key), key, struct.pack(">i", len(where) // 2), *self._values(where))
-        data = b"".join(parts)  # the one copy: the values are views of the file's pages
-        del parts
-        if self._map is not None:
-            self._map.madvise(mmap.MADV_DONTNEED)  # the pages read stay in the page cache, not in this process
-        if not self.spans and not self._reading:
-            self.close()
+        data = b"".join(parts)
+        self._close_if_done()
         return data
 
     def close(self) -> None:
-        if self._map is not None:
-            self._map.close()
-            self._map = None
         self._file.close()
         self.spans.clear()
 
+    def _close_if_done(self) -> None:
+        if not self.spans and not self._reading:
+            self.close()
+
     def _write(self, data: bytes) -> None:
-        if self._map is not None:
+        if self._read:
             raise RuntimeError("beam_dp.local_shuffle: a grouping buffer was written after it was read")
         self._file.write(data)
         self._size += len(data)
 
-    def _values(self, where: array) -> list:
-        if self._map is None:
-            if not self._size:  # every value encoded empty
-                return [b""] * (len(where) // 2)
+    def _values(self, where: array) -> Iterator[bytes]:
+        """The values at ``where`` (offset, length pairs), read from the file one at a time (``os.pread``:
+        nothing mapped, so no page of the file stays in this process)."""
+        if not self._read:
             self._file.flush()
-            self._map = mmap.mmap(self._file.fileno(), self._size, access=mmap.ACCESS_READ)
-        view = memoryview(self._map)  # views, not copies: released before the map is closed
-        return [view[offset:offset + length] for offset, length in zip(where[::2], where[1::2])]
+            self._read = True
+        for offset, length in zip(where[::2], where[1::2]):
+            yield os.pread(self._file.fileno(), length, offset)
+
+    def _values_then_done(self, where: array) -> Iterator[bytes]:
+        """:meth:`_values` of a key handed on by :meth:`take_values`; the file is closed after the last."""
+        try:
+            yield from self._values(where)
+        finally:
+            self._reading -= 1
+            self._close_if_done()
 
     def _header_of(self, key: bytes) -> bytes:
         """The bytes before a key in Beam's grouped encoding: its global-window timestamp, window and pane

@@ -68,6 +68,13 @@ class _RowMap:
         return np.fromiter(map(self.row.__getitem__, streams), np.int64, len(streams))
 
 
+def _extended(rows: np.ndarray, n: int, fill: Any = 0) -> np.ndarray:
+    """``rows`` followed by ``fill`` rows up to ``n`` rows (a new array)."""
+    out = np.full((n, *rows.shape[1:]), fill, rows.dtype)
+    out[:len(rows)] = rows
+    return out
+
+
 class _GroupSums:
     """The live accumulator of one (group, step): each row's sums, count and clipped count in one row of
     ``cells`` (integers, exact in float64 below 2^53), added in one operation. It starts sparse, holding
@@ -113,7 +120,7 @@ class _GroupSums:
             return grown
         grown = 0
         if len(self._local) < known:
-            self._local = np.concatenate([self._local, np.full(known - len(self._local), -1, np.int32)])
+            self._local = _extended(self._local, known, fill=-1)
             grown = self._count_bytes()
         local = self._local[idx]
         new = local < 0
@@ -139,11 +146,7 @@ class _GroupSums:
         return self.nbytes - before
 
     def _grow_sparse(self, cap: int) -> int:
-        cells = np.zeros((cap, self.cells.shape[1]))
-        cells[:self.size] = self.cells[:self.size]
-        held = np.zeros(cap, np.int64)
-        held[:self.size] = self._held[:self.size]
-        self.cells, self._held = cells, held
+        self.cells, self._held = _extended(self.cells[:self.size], cap), _extended(self._held[:self.size], cap)
         return self._count_bytes()
 
     def _to_dense(self, known: int) -> int:
@@ -156,10 +159,7 @@ class _GroupSums:
         return self._count_bytes()
 
     def _grow_dense(self, cap: int) -> int:
-        n = len(self.cells)
-        cells = np.zeros((cap, self.cells.shape[1]))
-        cells[:n] = self.cells
-        self.cells, self._seen = cells, np.concatenate([self._seen, np.zeros(cap - n, bool)])
+        self.cells, self._seen = _extended(self.cells, cap), _extended(self._seen, cap)
         return self._count_bytes()
 
     def take_block(self) -> GroupBlock:
@@ -314,7 +314,7 @@ class BundleGroupSums:
             rows = self._row_map(key)
             expected = self._expected
             if expected is None:  # none taken yet: dense (every stream of the group) while that fits the budget
-                dense = len(rows.names) * (self._dim + 3) * 8
+                dense = len(rows.names) * ((self._dim + 2) * 8 + 1)  # cells and the seen flags
                 expected = len(rows.names) if self._bytes + dense <= self._budget else 0
             acc = self._acc[(window, key, step)] = _GroupSums(rows, self._dim, expected)
             self._bytes += acc.nbytes

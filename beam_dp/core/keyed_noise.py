@@ -140,7 +140,7 @@ class CellKeys:
         if keys is None:  # each distinct stream's family once (a list drawn ahead repeats a group's streams)
             first: dict[str, int] = {}
             where = np.fromiter(map(lambda s: first.setdefault(s, len(first)), streams), np.int64, len(streams))
-            keys = np.stack([self.family(s, purpose, (), length) for s in first]).reshape(-1, 2)[where]
+            keys = np.stack([self.family(s, purpose, (), length) for s in first])[where]
             keys.setflags(write=False)
             if self._rows_cached + len(keys) > self.MAX_CACHED_ROW_CELLS:
                 self._rows_cache.clear()
