@@ -17,15 +17,20 @@ are a worker-local index of stream names, never state, and the output does not d
 are sorted by name on the way out).
 Beam compacts every live accumulator when the bundle ends but drops them only after the last, so each
 frees its arrays as it is compacted (the bundle's accumulators and their output do not coexist).
+While a window's streams × steps fit the budget, ``BundleGroupSums`` holds its sums in one dense
+(step, stream) array instead (:mod:`beam_dp.beam.dense_steps`): a batch's rows are added to it directly,
+with no per-batch sums per (stream, step) and no per-(group, step) slices.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+import heapq
+from typing import Any, Callable, Iterable, Iterator
 
 import apache_beam as beam
 import numpy as np
 
+from beam_dp.beam.dense_steps import DenseSteps, StreamTable
 from beam_dp.io.coders import BlockCoder, register_block_coders
 from beam_dp.mechanisms.base import ClippedSum
 from beam_dp.mechanisms.stream_groups import GroupBlock
@@ -254,18 +259,51 @@ class BundleGroupSums:
     def __init__(self, dim: int, budget_bytes: int | None = None) -> None:
         self._dim = dim
         self._budget = BUNDLE_BUDGET_BYTES if budget_bytes is None else budget_bytes
-        self._bytes = 0  # the live accumulators' arrays
+        self._bytes = 0  # the live accumulators' and dense arrays' bytes
         self._expected: int | None = None  # rows an accumulator held, on average, when last taken
         self._maps: dict[str, _RowMap] = {}  # group key -> its row map (worker-local index, never state)
         self._acc: dict[tuple[Any, str, int], _GroupSums] = {}
+        self._table = StreamTable()  # the dense arrays' rows (worker-local index, never state)
+        self._dense: dict[Any, DenseSteps] = {}  # window -> its dense sums
+        self._outgrown = False  # a dense array could not grow within the budget: take, then start again
 
     def __bool__(self) -> bool:
-        return bool(self._acc)
+        return bool(self._acc) or bool(self._dense)
 
     @property
     def full(self) -> bool:
-        """Whether its accumulators hold more than its budget: time to :meth:`take` them."""
-        return self._bytes > self._budget
+        """Whether its accumulators hold more than its budget (or a dense array outgrew it): time to
+        :meth:`take` them."""
+        return self._bytes > self._budget or self._outgrown
+
+    def rows_of(self, names: list[str], key_of: Callable[[str], str]) -> np.ndarray:
+        """The dense rows of streams ``names`` (``key_of``: a new stream's group key)."""
+        return self._table.rows_of(names, key_of)
+
+    def dense_fits(self, window: Any, first: int, last: int) -> bool:
+        """Whether ``window``'s dense array can hold every known stream at steps ``first ..= last`` within
+        the budget. If not and it holds sums, the bundle is :attr:`full` (time order: take it and start a
+        dense array again at later steps); otherwise the sums go to the sparse accumulators."""
+        dense = self._dense.get(window)
+        held = 0 if dense is None else dense.nbytes
+        fits = self._bytes - held + self._dense_bytes(dense, first, last) <= self._budget
+        if not fits and held:
+            self._outgrown = True
+        return fits
+
+    def add_rows(self, window: Any, rows: np.ndarray, steps: np.ndarray, cells: np.ndarray) -> None:
+        """Add contributions to ``window``'s dense array (after :meth:`dense_fits` said they fit): stream
+        row ``rows[j]`` (from :meth:`rows_of`) at ``steps[j]``, ``cells[j]`` its clipped sum (d), count and
+        clipped count."""
+        dense = self._dense.get(window)
+        if dense is None:
+            dense = self._dense[window] = DenseSteps(self._dim)
+        room = self._budget - self._bytes - self._dense_bytes(dense, int(steps.min()), int(steps.max())) + dense.nbytes
+        self._bytes += dense.add(rows, steps, cells, len(self._table.names), max(room, 0))
+
+    def _dense_bytes(self, dense: DenseSteps | None, first: int, last: int) -> int:
+        rows = len(self._table.names)
+        return (last - first + 1) * rows * (self._dim + 2) * 8 if dense is None else dense.bytes_for(rows, first, last)
 
     def add(self, window: Any, keys: list[str], names: list[str], key_of_name: np.ndarray,
             name_of_block: np.ndarray, steps: np.ndarray, sums: np.ndarray, counts: np.ndarray,
@@ -287,19 +325,40 @@ class BundleGroupSums:
             self._bytes += grown  # (after _live, which counts a new accumulator)
 
     def add_block(self, window: Any, key: str, step: int, block: GroupBlock) -> None:
+        """Add one block of group ``key`` at ``step`` (to the window's dense array when it has one)."""
+        if window in self._dense:
+            rows = self.rows_of(list(block.streams), lambda _: key)
+            if self.dense_fits(window, step, step):
+                cells = np.column_stack([block.sums, block.counts, block.clipped]).astype(np.float64)
+                self.add_rows(window, rows, np.full(len(rows), step, np.int64), cells)
+                return
         grown = self._live(window, key, step).add(block)
         self._bytes += grown
 
     def take(self) -> Iterator[tuple[Any, str, int, GroupBlock]]:
-        """``(window, key, step, block)`` for every accumulator, by (key, step); empties this."""
+        """``(window, key, step, block)`` for every accumulator and dense array, by (key, step); empties
+        this. (A (group, step) that has both a dense array's rows and a sparse accumulator, after a dense
+        array outgrew the budget, leaves in two blocks, which the shuffle's merge sums.)"""
         cells = sorted(self._acc, key=lambda cell: cell[1:])
         accs, self._acc, self._bytes = self._acc, {}, 0
-        rows = 0
-        for cell in cells:
-            block = accs.pop(cell).take_block()
-            rows += len(block.streams)
+        dense, self._dense, self._outgrown = self._dense, {}, False
+
+        def sparse() -> Iterator[tuple[tuple[Any, str, int], GroupBlock]]:
+            rows = 0
+            for cell in cells:
+                block = accs.pop(cell).take_block()
+                rows += len(block.streams)
+                yield cell, block
+            if cells:
+                self._expected = rows // len(cells)  # the next accumulators start at about this size
+
+        def dense_blocks(window: Any, sums: DenseSteps) -> Iterator[tuple[tuple[Any, str, int], GroupBlock]]:
+            for key, step, block in sums.take(self._table):
+                yield (window, key, step), block
+
+        parts = [sparse(), *(dense_blocks(window, sums) for window, sums in dense.items())]
+        for cell, block in heapq.merge(*parts, key=lambda part: part[0][1:]):
             yield (*cell, block)
-        self._expected = rows // max(len(cells), 1)  # the next accumulators start at about this size
 
     def _row_map(self, key: str) -> _RowMap:
         rows = self._maps.get(key)

@@ -20,7 +20,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_dp.beam.combine import BundleGroupSums, MergeClippedSums  # MergeClippedSums: the lifted combiner
 from beam_dp.heap import scratch_heap
-from beam_dp.steps.batch import StepSums, key_step_parts, row_reasons, rows_by_group, step_sums
+from beam_dp.steps.batch import StepSums, event_steps, key_step_parts, row_reasons, rows_by_group, step_sums
 from beam_dp.steps.events import DEAD_LETTER, DETAIL, DeadLetter, EventBatch, Reason, parse_contribution
 from beam_dp.mechanisms.base import ClippedSum
 from beam_dp.mechanisms.stream_groups import GroupBlock, group_key, group_of
@@ -122,15 +122,28 @@ class ParseEvents(beam.DoFn):
             reasons, good_id, arrow_ids = row_reasons(streams, micros, values, self._clock, self._streams)
             bad = np.flatnonzero(reasons != "")
             ok = reasons == ""
-            sums = None
+            sums = dense = None
             if ok.any():
                 streams_ok, values_ok = streams[ok], values[ok]
-                sums = step_sums(self._mechanism, self._clock, streams_ok,
-                                 None if arrow_ids is None else arrow_ids.filter(ok), micros[ok], values_ok)
+                ids_ok = None if arrow_ids is None else arrow_ids.filter(ok)
+                if self._bundle is not None:
+                    dense = self._dense_rows(window, streams_ok, ids_ok, micros[ok], values_ok)
+                if dense is None:
+                    sums = step_sums(self._mechanism, self._clock, streams_ok, ids_ok, micros[ok], values_ok)
         for i in bad:  # loop over rejected rows only
             stream = streams[i] if good_id[i] else None
             yield self._dead_letter(DeadLetter(reasons[i], DETAIL[reasons[i]], stream, batch.row(i),
                                                batch.source_of(i)))
+        if dense is not None:  # added after the pass: the array outlives it
+            rows, steps, cells = dense
+            self._elements.inc(len(rows))
+            clipped = int(cells[:, -1].sum())
+            if clipped:
+                self._clipped.inc(clipped)
+            self._bundle.add_rows(window, rows, steps, cells)
+            if self._bundle.full:
+                yield from self._bundle_blocks()
+            return
         if sums is None:
             return
         self._elements.inc(int(ok.sum()))
@@ -156,6 +169,22 @@ class ParseEvents(beam.DoFn):
                 rows = members[g]
                 original = EventBatch(streams_ok[rows], seconds_ok[rows], values_ok[rows])
             yield self._emit(str(names[g]), int(sums.step[g]), block, original, window)
+
+    def _dense_rows(self, window: Any, streams: np.ndarray, ids: Any, micros: np.ndarray,
+                    values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """``(rows, steps, cells)`` of valid rows for the bundle's dense array (each row clipped by the
+        mechanism: its sum, count 1 and whether it was clipped), or None when the array cannot hold them."""
+        events = event_steps(self._clock, streams, ids, micros)
+        rows = self._bundle.rows_of(events.names, self._key_of)
+        if not self._bundle.dense_fits(window, int(events.step.min()), int(events.step.max())):
+            return None
+        clipped, was_clipped = self._mechanism.clip_rows(values)
+        dim = self._mechanism.dim
+        cells = np.empty((len(values), dim + 2))
+        cells[:, :dim] = clipped
+        cells[:, dim] = 1.0
+        cells[:, dim + 1] = was_clipped
+        return rows[events.stream], events.step, cells
 
     def _streams_and_keys(self, sums: StepSums) -> tuple[list[str], np.ndarray, np.ndarray]:
         """``(names, key_names, key_of_stream)``: the streams of ``sums`` as one interned str each (blocks

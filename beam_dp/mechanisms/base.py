@@ -270,6 +270,14 @@ class ContinualSumMechanism(abc.ABC, Generic[StateT]):
         clipped, was_clipped = clip_l2(arr, self.clip_bound)
         return ClippedSum(clipped.sum(axis=0), int(arr.shape[0]), int(was_clipped.sum()))
 
+    def clip_rows(self, contributions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(clipped (n, d), was_clipped (n,) bool)``: each contribution (row) scaled to L2 norm at most
+        ``R``, the bound the guarantee assumes (``clip_and_sum_groups`` sums these)."""
+        arr = np.asarray(contributions, dtype=np.float64)
+        if arr.ndim != 2 or arr.shape[1] != self.dim:
+            raise ValueError(f"expected contributions of dimension {self.dim}, got shape {arr.shape}")
+        return clip_l2(arr, self.clip_bound) if len(arr) else (arr, np.zeros(0, bool))
+
     def clip_and_sum_groups(
         self, contributions: np.ndarray, groups: np.ndarray, n_groups: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -278,10 +286,7 @@ class ContinualSumMechanism(abc.ABC, Generic[StateT]):
         ``contributions`` (n, d) finite rows, ``groups`` (n,) ints in [0, n_groups). Returns
         ``(sums (n_groups, d), counts (n_groups,), clipped_counts (n_groups,))``.
         """
-        arr = np.asarray(contributions, dtype=np.float64)
-        if arr.ndim != 2 or arr.shape[1] != self.dim:
-            raise ValueError(f"expected contributions of dimension {self.dim}, got shape {arr.shape}")
-        clipped, was_clipped = clip_l2(arr, self.clip_bound) if len(arr) else (arr, np.zeros(0, bool))
+        clipped, was_clipped = self.clip_rows(contributions)
         # one bincount over (group, coordinate) cells: each cell adds its rows in input order, for any
         # number of groups and coordinates (d² of them for PRIVINCREG's Q tree) in one O(n·d) call
         cells = (np.asarray(groups, dtype=np.int64)[:, None] * self.dim + np.arange(self.dim)).ravel()

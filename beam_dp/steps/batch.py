@@ -9,6 +9,8 @@ Flink job's file blocks use it).
 caller's to check). :func:`step_sums` clips and sums the valid rows per (stream, step) with the
 mechanism's own ``clip_and_sum_groups`` (the privacy arithmetic stays in the mechanism);
 :func:`key_step_parts` orders those sums by (engine key, step) for one block per key and step.
+:func:`event_steps` gives each valid row its stream and step only, for a caller that adds rows to
+sums it already holds (the parse stage's dense bundle sums).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import pyarrow.compute as pc
 from beam_dp.core.limits import MAX_ABS_SECONDS, is_utf8
 from beam_dp.steps.events import Reason
 
-__all__ = ["StepSums", "key_step_parts", "key_step_runs", "row_reasons", "rows_by_group", "step_sums", "stream_reasons"]
+__all__ = ["EventSteps", "StepSums", "event_steps", "key_step_parts", "key_step_runs", "row_reasons", "rows_by_group", "step_sums", "stream_reasons"]
 
 
 def row_reasons(streams: np.ndarray, micros: np.ndarray, values: np.ndarray, clock: Any,
@@ -89,6 +91,27 @@ def step_sums(mechanism: Any, clock: Any, streams: np.ndarray | None, arrow_ids:
     unique, row_block = _unique_codes(codes * width + steps, len(names) * width)
     sums, counts, clipped = mechanism.clip_and_sum_groups(values, row_block, len(unique))
     return StepSums(names, unique // width, unique % width, sums, counts, clipped, row_block)
+
+
+class EventSteps(NamedTuple):
+    """Row ``j`` is stream ``names[stream[j]]`` at ``step[j]``; ``names`` the distinct ids, in order of
+    first sight (not sorted)."""
+
+    names: list[str]
+    stream: np.ndarray
+    step: np.ndarray
+
+
+def event_steps(clock: Any, streams: np.ndarray | None, arrow_ids: "pa.Array | None",
+                micros: np.ndarray) -> EventSteps:
+    """Each valid row's stream (an index into its distinct ids) and step: one hash pass over the Arrow
+    ids when there are (``streams`` then is not read), else one sort of the rows."""
+    steps = clock.step_of_micros(micros.astype(np.int64))
+    if arrow_ids is None:
+        names, codes = np.unique(streams.astype(str), return_inverse=True)
+        return EventSteps(names.tolist(), codes.astype(np.int64), steps)
+    encoded = pc.dictionary_encode(arrow_ids)
+    return EventSteps(encoded.dictionary.to_pylist(), encoded.indices.to_numpy(zero_copy_only=False), steps)
 
 
 def key_step_parts(key_of_block: np.ndarray, steps: np.ndarray) -> list[np.ndarray]:

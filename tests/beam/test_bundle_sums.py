@@ -136,12 +136,47 @@ def test_the_shuffle_merges_a_cells_blocks_into_their_sum():
         _assert_sums_equal({key: got}, {key: want})
 
 
-def test_the_budget_counts_every_live_accumulators_arrays():
+@pytest.mark.parametrize("budget", [None, 20_000])  # dense arrays; sparse accumulators
+def test_the_budget_counts_every_live_accumulators_arrays(monkeypatch, budget):
+    if budget is not None:
+        monkeypatch.setattr(combine, "BUNDLE_BUDGET_BYTES", budget)
     parse = ParseEvents(_params(), pre_aggregate=True)
     parse.setup()
     parse.start_bundle()
     for element in _batches(7, 4) + [("s03", 150.0, [0.5, -0.25, 4.0]), ("zz-new", 150.0, [1.0, 0.0, 0.0])]:
-        list(parse.process(element))
+        list(parse.process(element, GlobalWindow()))
         live = parse._bundle._acc.values()
+        dense = parse._bundle._dense.values()
+        assert bool(dense) == (budget is None)
         assert parse._bundle._bytes == sum(acc.cells.nbytes for acc in live) + sum(
-            0 if a is None else a.nbytes for acc in live for a in (acc._local, acc._held, acc._seen))
+            0 if a is None else a.nbytes for acc in live for a in (acc._local, acc._held, acc._seen)) + sum(
+            sums.cells.nbytes for sums in dense)
+
+
+def test_events_in_time_order_fill_a_dense_array_again_after_each_take(monkeypatch):
+    """A dense (step, stream) array grows with the steps of time-ordered input until the budget; then the
+    bundle's sums leave and a new array starts at the later steps. Every event is counted once."""
+    rng = np.random.default_rng(8)
+    ids = rng.choice([f"s{i:02d}" for i in range(25)], size=6000).astype(object)
+    ts = np.sort(CLOCK.start + rng.random(6000) * (CLOCK.end - CLOCK.start))
+    values = rng.normal(0, 1.5, (6000, DIM))
+    batches = [EventBatch(ids[i:i + 500], ts[i:i + 500], values[i:i + 500]) for i in range(0, 6000, 500)]
+    monkeypatch.setattr(combine, "BUNDLE_BUDGET_BYTES", 25 * 12 * (DIM + 2) * 8)  # 12 of the 30 steps
+    parse = ParseEvents(_params(), pre_aggregate=True)
+    parse.setup()
+    parse.start_bundle()
+    outputs, history = [], []
+    for batch in batches:
+        out = list(parse.process(batch, GlobalWindow()))
+        outputs += out
+        history.append((any(isinstance(o, WindowedValue) for o in out), bool(parse._bundle._dense)))
+        assert parse._bundle._bytes <= combine.BUNDLE_BUDGET_BYTES
+    emitted = list(parse.finish_bundle())
+    early = [out for out in outputs if isinstance(out, WindowedValue)]
+    first_take = next(i for i, (took, _) in enumerate(history) if took)  # taken during the bundle
+    assert all(dense for _, dense in history[:first_take]) and any(dense for _, dense in history[first_take + 1:])
+    parts: dict = {}
+    for out in early + emitted:
+        key_step, block = out.value
+        parts.setdefault(key_step, []).append(block)
+    _assert_sums_equal({cell: GroupBlock.combine(blocks) for cell, blocks in parts.items()}, _reference(batches))
