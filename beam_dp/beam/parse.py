@@ -15,12 +15,14 @@ from typing import Any, Iterator
 
 import apache_beam as beam
 import numpy as np
+import pyarrow as pa
 from apache_beam.metrics import Metrics
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_dp.beam.combine import BundleGroupSums, MergeClippedSums  # MergeClippedSums: the lifted combiner
 from beam_dp.heap import scratch_heap
-from beam_dp.steps.batch import StepSums, event_steps, key_step_parts, row_reasons, rows_by_group, step_sums
+from beam_dp.steps.batch import (ROW_REASONS, StepSums, event_steps, key_step_parts, row_reasons, rows_by_group,
+                                 step_sums)
 from beam_dp.steps.events import DEAD_LETTER, DETAIL, DeadLetter, EventBatch, Reason, parse_contribution
 from beam_dp.mechanisms.base import ClippedSum
 from beam_dp.mechanisms.stream_groups import GroupBlock, group_key, group_of
@@ -102,7 +104,8 @@ class ParseEvents(beam.DoFn):
         n = len(batch)
         dim = self._mechanism.dim
         try:
-            streams = np.asarray(batch.stream_ids, dtype=object).reshape(n)
+            ids = batch.stream_ids  # a reader's Arrow strings stay Arrow (objects only where needed)
+            streams = ids if isinstance(ids, pa.Array) else np.asarray(ids, dtype=object).reshape(n)
             values = np.asarray(batch.values, dtype=np.float64).reshape(n, dim)
             micros = None
             if self._clock is not None:
@@ -119,21 +122,23 @@ class ParseEvents(beam.DoFn):
                     yield out
             return
         with scratch_heap():  # the pass's temporaries reuse the heap; its results live until the blocks leave
-            reasons, good_id, arrow_ids = row_reasons(streams, micros, values, self._clock, self._streams)
-            bad = np.flatnonzero(reasons != "")
-            ok = reasons == ""
+            codes, good_id, arrow_ids = row_reasons(streams, micros, values, self._clock, self._streams)
+            bad = np.flatnonzero(codes)
+            ok = codes == 0
             sums = dense = None
             if ok.any():
-                streams_ok, values_ok = streams[ok], values[ok]
+                values_ok = values[ok]
                 ids_ok = None if arrow_ids is None else arrow_ids.filter(ok)
-                if self._bundle is not None:
-                    dense = self._dense_rows(window, streams_ok, ids_ok, micros[ok], values_ok)
-                if dense is None:
+                if self._bundle is not None and ids_ok is not None:
+                    dense = self._dense_rows(window, ids_ok, micros[ok], values_ok)
+                if dense is None:  # the ids as objects only where blocks or originals name them
+                    streams_ok = None if self._bundle is not None and ids_ok is not None else (
+                        streams[ok] if ids_ok is None else _objects(ids_ok))
                     sums = step_sums(self._mechanism, self._clock, streams_ok, ids_ok, micros[ok], values_ok)
-        for i in bad:  # loop over rejected rows only
-            stream = streams[i] if good_id[i] else None
-            yield self._dead_letter(DeadLetter(reasons[i], DETAIL[reasons[i]], stream, batch.row(i),
-                                               batch.source_of(i)))
+        for i in bad.tolist():  # loop over rejected rows only
+            reason = ROW_REASONS[codes[i]]
+            stream = (streams[i].as_py() if isinstance(streams, pa.Array) else streams[i]) if good_id[i] else None
+            yield self._dead_letter(DeadLetter(reason, DETAIL[reason], stream, batch.row(i), batch.source_of(i)))
         if dense is not None:  # added after the pass: the array outlives it
             rows, steps, cells = dense
             self._elements.inc(len(rows))
@@ -170,11 +175,11 @@ class ParseEvents(beam.DoFn):
                 original = EventBatch(streams_ok[rows], seconds_ok[rows], values_ok[rows])
             yield self._emit(str(names[g]), int(sums.step[g]), block, original, window)
 
-    def _dense_rows(self, window: Any, streams: np.ndarray, ids: Any, micros: np.ndarray,
+    def _dense_rows(self, window: Any, ids: pa.Array, micros: np.ndarray,
                     values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """``(rows, steps, cells)`` of valid rows for the bundle's dense array (each row clipped by the
         mechanism: its sum, count 1 and whether it was clipped), or None when the array cannot hold them."""
-        events = event_steps(self._clock, streams, ids, micros)
+        events = event_steps(self._clock, ids, micros)
         rows = self._bundle.rows_of(events.names, self._key_of)
         if not self._bundle.dense_fits(window, int(events.step.min()), int(events.step.max())):
             return None
@@ -216,3 +221,10 @@ class ParseEvents(beam.DoFn):
                 rows = members[i]
                 original = EventBatch(streams_ok[rows], seconds_ok[rows], values_ok[rows])
             yield (key, step) if self._pre_aggregate else key, (block if self._pre_aggregate else (step, block, original))
+
+
+def _objects(streams: "np.ndarray | pa.Array") -> np.ndarray:
+    """Stream ids as an object array of ``str``."""
+    if isinstance(streams, pa.Array):
+        return np.asarray(streams.to_numpy(zero_copy_only=False), dtype=object)
+    return streams

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from beam_dp.mechanisms.base import ClippedSum
 from beam_dp.mechanisms.stream_groups import GroupBlock, group_of
-from beam_dp.steps.batch import key_step_parts, row_reasons, step_sums
+from beam_dp.steps.batch import ROW_REASONS, key_step_parts, row_reasons, step_sums
 from beam_dp.steps.events import DETAIL, DeadLetter, parse_contribution
 
 __all__ = ["SPLIT_BYTES", "BlockParser", "StepBlock", "file_splits", "parse_line", "read_split"]
@@ -135,11 +135,11 @@ class BlockParser:
         streams, seconds, values = self._columns(lines if len(at) == len(lines) else lines.take(pa.array(at)))
         letters: list[DeadLetter] = []
         if len(streams):
-            reasons, _, _ = row_reasons(streams, np.round(seconds * 1e6), values, self._clock, self._streams)
-            for i in np.flatnonzero(reasons != ""):  # rejected rows only (a plain line's stream id is valid)
-                letters.append(DeadLetter(reasons[i], DETAIL[reasons[i]], streams[int(i)].as_py(),
-                                          lines[int(at[i])].as_py()))
-            ok = reasons == ""
+            codes, _, _ = row_reasons(streams, np.round(seconds * 1e6), values, self._clock, self._streams)
+            for i in np.flatnonzero(codes):  # rejected rows only (a plain line's stream id is valid)
+                reason = ROW_REASONS[codes[i]]
+                letters.append(DeadLetter(reason, DETAIL[reason], streams[int(i)].as_py(), lines[int(at[i])].as_py()))
+            ok = codes == 0
             streams, seconds, values = streams.filter(pa.array(ok)), seconds[ok], values[ok]
         rest = [self._one(line, letters) for line in lines.filter(pa.array(~plain)).to_pylist() if line.strip()]
         rest = [event for event in rest if event is not None]

@@ -82,11 +82,12 @@ def _timestamps(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return seconds, ok
 
 
-def _stream_ids(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """Column -> (stream ids as ``str`` objects, ok mask); bytes that are not UTF-8 are not ok."""
-    try:  # the common case, vectorised: the whole column is valid UTF-8 (the cast validates it)
-        return (np.asarray(pc.cast(column, pa.string()).to_numpy(zero_copy_only=False), dtype=object),
-                np.ones(len(column), dtype=bool))
+def _stream_ids(column: pa.Array) -> "tuple[pa.Array | np.ndarray, np.ndarray]":
+    """Column -> (stream ids, ok mask); bytes that are not UTF-8 are not ok. The ids stay one Arrow string
+    array when the whole column is valid UTF-8 (the common case: no ``str`` object per row), else they
+    are ``str`` objects (None where not ok)."""
+    try:  # vectorised: the cast validates the whole column
+        return pc.cast(column, pa.string()), np.ones(len(column), dtype=bool)
     except pa.ArrowInvalid:
         pass
     ids, ok = np.empty(len(column), dtype=object), np.ones(len(column), dtype=bool)
@@ -185,13 +186,17 @@ class _ReadEventFile(beam.DoFn):
         if self._timestamps:
             seconds, ts_ok = _timestamps(batch.column("timestamp"))
             ok &= ts_ok
-        for i in np.flatnonzero(~ok & utf8):
+        for i in np.flatnonzero(~ok & utf8).tolist():
             row = {name: batch.column(name)[i].as_py() for name in names}
-            row["stream_id"] = streams[i]  # the id as read (UTF-8 text), not the reader's bytes
+            stream = streams[i].as_py() if isinstance(streams, pa.Array) else streams[i]
+            row["stream_id"] = stream  # the id as read (UTF-8 text), not the reader's bytes
             yield beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(
-                Reason.MALFORMED, "unparsable number", streams[i] or None, row, f"{path}#record={offset + i + 1}"))
-        if ok.any():
-            yield EventBatch(streams[ok], None if seconds is None else seconds[ok], values[ok], path,
+                Reason.MALFORMED, "unparsable number", stream or None, row, f"{path}#record={offset + i + 1}"))
+        if ok.all():
+            yield EventBatch(streams, seconds, values, path, np.arange(offset + 1, offset + 1 + len(ok)))
+        elif ok.any():
+            kept = streams.filter(ok) if isinstance(streams, pa.Array) else streams[ok]
+            yield EventBatch(kept, None if seconds is None else seconds[ok], values[ok], path,
                              np.flatnonzero(ok) + offset + 1)
 
 

@@ -24,47 +24,62 @@ import pyarrow.compute as pc
 from beam_dp.core.limits import MAX_ABS_SECONDS, is_utf8
 from beam_dp.steps.events import Reason
 
-__all__ = ["EventSteps", "StepSums", "event_steps", "key_step_parts", "key_step_runs", "row_reasons", "rows_by_group", "step_sums", "stream_reasons"]
+__all__ = ["ROW_REASONS", "EventSteps", "StepSums", "event_steps", "key_step_parts", "key_step_runs", "row_reasons", "rows_by_group", "step_sums", "stream_reasons"]
 
 
-def row_reasons(streams: np.ndarray, micros: np.ndarray, values: np.ndarray, clock: Any,
+ROW_REASONS = ("", Reason.BAD_STREAM_ID, Reason.UNDECLARED_STREAM, Reason.BAD_TIMESTAMP, Reason.OUT_OF_RANGE,
+               Reason.BEFORE_START, Reason.AFTER_END, Reason.NON_FINITE)  # row_reasons' codes: 0 = valid
+
+
+def row_reasons(streams: "np.ndarray | pa.Array", micros: np.ndarray, values: np.ndarray, clock: Any,
                 declared: frozenset[str] | None) -> tuple[np.ndarray, np.ndarray, "pa.Array | None"]:
-    """``(reasons, good_id, arrow_ids)``: each row's dead-letter reason (``""`` for a valid row),
-    whether its stream id is valid, and the ids as one Arrow string array when every id is a string.
+    """``(codes, good_id, arrow_ids)``: each row's dead-letter reason as a code (``ROW_REASONS[code]``;
+    0 for a valid row), whether its stream id is valid, and the ids as one Arrow string array when every
+    id is a string.
 
     ``streams`` (n,) object (or an Arrow string array), ``micros`` (n,) float event times in µs (rounded;
     NaN where unusable), ``values`` (n, d) float, ``clock`` a ``StepClock``, ``declared`` the declared
     streams or None."""
     n = len(streams)
-    reasons, good_id, arrow_ids = stream_reasons(streams, declared)
+    codes, good_id, arrow_ids = _stream_codes(streams, declared)
+
+    def mark(rows: np.ndarray, reason: str) -> None:  # a row keeps its first reason
+        codes[(codes == 0) & rows] = ROW_REASONS.index(reason)
+
     finite_ts = np.isfinite(micros)
-    reasons[(reasons == "") & ~finite_ts] = Reason.BAD_TIMESTAMP
+    mark(~finite_ts, Reason.BAD_TIMESTAMP)
     with np.errstate(invalid="ignore"):
         outside = finite_ts & (np.abs(micros) > MAX_ABS_SECONDS * 1e6)
-    reasons[(reasons == "") & outside] = Reason.OUT_OF_RANGE
+    mark(outside, Reason.OUT_OF_RANGE)
     finite_ts &= ~outside
     where = np.zeros(n, dtype=np.int8)
     where[finite_ts] = clock.classify_micros(micros[finite_ts].astype(np.int64))
-    reasons[(reasons == "") & (where < 0)] = Reason.BEFORE_START
-    reasons[(reasons == "") & (where > 0)] = Reason.AFTER_END
-    reasons[(reasons == "") & ~np.all(np.isfinite(values), axis=1)] = Reason.NON_FINITE
-    return reasons, good_id, arrow_ids
+    mark(where < 0, Reason.BEFORE_START)
+    mark(where > 0, Reason.AFTER_END)
+    mark(~np.all(np.isfinite(values), axis=1), Reason.NON_FINITE)
+    return codes, good_id, arrow_ids
 
 
-def stream_reasons(streams: np.ndarray, declared: frozenset[str] | None
+def stream_reasons(streams: "np.ndarray | pa.Array", declared: frozenset[str] | None
                    ) -> tuple[np.ndarray, np.ndarray, "pa.Array | None"]:
     """``(reasons, good_id, arrow_ids)`` of the stream ids alone (:func:`row_reasons`' first checks):
-    ``bad_stream_id``, ``undeclared_stream`` or ``""`` per row."""
-    reasons = np.full(len(streams), "", dtype=object)
+    ``bad_stream_id``, ``undeclared_stream`` or ``""`` per row (an object array)."""
+    codes, good_id, arrow_ids = _stream_codes(streams, declared)
+    return np.array(ROW_REASONS, dtype=object)[codes], good_id, arrow_ids
+
+
+def _stream_codes(streams: "np.ndarray | pa.Array", declared: frozenset[str] | None
+                  ) -> tuple[np.ndarray, np.ndarray, "pa.Array | None"]:
+    codes = np.zeros(len(streams), dtype=np.int8)
     good_id, arrow_ids = _good_stream_ids(streams)
-    reasons[~good_id] = Reason.BAD_STREAM_ID
+    codes[~good_id] = ROW_REASONS.index(Reason.BAD_STREAM_ID)
     if declared is not None:
         if arrow_ids is not None:
             known = _numpy(pc.is_in(arrow_ids, value_set=pa.array(sorted(declared), type=pa.string())))
         else:
             known = np.array([s in declared for s in streams], dtype=bool)
-        reasons[good_id & ~known] = Reason.UNDECLARED_STREAM
-    return reasons, good_id, arrow_ids
+        codes[good_id & ~known] = ROW_REASONS.index(Reason.UNDECLARED_STREAM)
+    return codes, good_id, arrow_ids
 
 
 class StepSums(NamedTuple):
@@ -102,15 +117,11 @@ class EventSteps(NamedTuple):
     step: np.ndarray
 
 
-def event_steps(clock: Any, streams: np.ndarray | None, arrow_ids: "pa.Array | None",
-                micros: np.ndarray) -> EventSteps:
-    """Each valid row's stream (an index into its distinct ids) and step: one hash pass over the Arrow
-    ids when there are (``streams`` then is not read), else one sort of the rows."""
-    steps = clock.step_of_micros(micros.astype(np.int64))
-    if arrow_ids is None:
-        names, codes = np.unique(streams.astype(str), return_inverse=True)
-        return EventSteps(names.tolist(), codes.astype(np.int64), steps)
+def event_steps(clock: Any, arrow_ids: "pa.Array", micros: np.ndarray) -> EventSteps:
+    """Each valid row's stream (an index into its distinct ids, by one hash pass over the Arrow ids) and
+    step."""
     encoded = pc.dictionary_encode(arrow_ids)
+    steps = clock.step_of_micros(micros.astype(np.int64))
     return EventSteps(encoded.dictionary.to_pylist(), encoded.indices.to_numpy(zero_copy_only=False), steps)
 
 

@@ -52,3 +52,43 @@ def test_unbounded_batch_blocks_hold_their_rows_in_order(seed):
         assert block.count == len(rows)
         seen.add((stream, step))
     assert seen == set(zip(ids[ok].tolist(), steps[ok].tolist()))
+
+
+@pytest.mark.parametrize("groups", [None, 3])
+def test_arrow_ids_parse_as_the_same_ids_as_objects(groups):
+    """A file reader's ``EventBatch`` keeps its ids as one Arrow string array; parsing it gives the same
+    dead letters (reason, stream, row) and the same blocks as the same ids as ``str`` objects."""
+    import pyarrow as pa
+    from apache_beam.transforms.window import GlobalWindow
+    from apache_beam.utils.windowed_value import WindowedValue
+
+    rng = np.random.default_rng(9)
+    n, dim = 1500, 3
+    ids = rng.choice([f"s{i}" for i in range(30)] + [""], size=n).astype(object)  # "": a bad stream id
+    ts = CLOCK.start + rng.random(n) * (CLOCK.end - CLOCK.start)
+    ts[rng.random(n) < 0.03] = 10.0  # before the start
+    values = rng.normal(0, 1.5, (n, dim))
+    values[rng.random(n) < 0.02, 1] = np.nan
+    params = ContinualSumParams(dim=dim, epsilon=1.0, clip_bound=2.0, clock=CLOCK, stream_groups=groups)
+
+    def parsed(stream_ids):
+        parse = ParseEvents(params, pre_aggregate=groups is not None)
+        parse.setup()
+        parse.start_bundle()
+        out = list(parse.process(EventBatch(stream_ids, ts, values), GlobalWindow()))
+        out += list(parse.finish_bundle() or ())
+        letters = [(o.value.reason, o.value.stream, o.value.element) for o in out if hasattr(o, "tag")]
+        blocks = {}
+        for o in out:
+            if not hasattr(o, "tag"):
+                key, value = o.value if isinstance(o, WindowedValue) else o
+                blocks[str(key)] = value[1] if isinstance(value, tuple) else value
+        return letters, blocks
+
+    (want_letters, want), (got_letters, got) = parsed(ids), parsed(pa.array(ids.tolist(), type=pa.string()))
+    assert repr(got_letters) == repr(want_letters) and {r for r, _, _ in want_letters} == {  # repr: NaN values
+        "bad_stream_id", "before_start", "non_finite"}
+    assert set(got) == set(want) and want
+    for key, block in want.items():
+        np.testing.assert_allclose(got[key].sums if groups else got[key].vector,
+                                   block.sums if groups else block.vector, rtol=1e-12, atol=1e-12)
