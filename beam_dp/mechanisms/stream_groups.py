@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import hashlib
+import itertools
 import sys
 from dataclasses import dataclass
 from typing import ClassVar, Iterable, Sequence
@@ -144,6 +145,22 @@ def _unpickle_group_block(names: str | tuple[str, ...], sums: np.ndarray, counts
     return GroupBlock(streams, sums, counts, clipped)
 
 
+_POSITIONS: dict[tuple[str, ...], dict[str, int]] = {}  # a cohort's streams -> each one's position
+_POSITIONS_KEPT = 64  # cohorts remembered (a worker steps a few groups, each mostly one cohort)
+
+
+def _positions(streams: tuple[str, ...]) -> dict[str, int]:
+    """Each stream's position in ``streams`` (a memo of the cohorts stepped here, never state: the
+    answer is the same without it)."""
+    positions = _POSITIONS.get(streams)
+    if positions is None:
+        positions = {name: i for i, name in enumerate(streams)}
+        if len(_POSITIONS) >= _POSITIONS_KEPT:
+            _POSITIONS.clear()
+        _POSITIONS[streams] = positions
+    return positions
+
+
 @dataclass(frozen=True)
 class StreamGroupsState:
     """A group's state: ``t`` group steps closed; each cohort a dict ``{"start": group step before its
@@ -191,8 +208,13 @@ class GroupedSum:
 
     def join(self, state: StreamGroupsState, streams: Iterable[str]) -> StreamGroupsState:
         """Add the streams not yet in the group as a cohort starting at the group's next step."""
-        known = self.members(state)
-        new = sorted(set(streams) - known)
+        new = list(streams)
+        for cohort in state.cohorts:  # one lookup per stream and cohort (the usual case: all known)
+            if not new:
+                break
+            known = _positions(tuple(cohort["streams"]))
+            new = [name for name in new if name not in known]
+        new = sorted(set(new))
         if not new:
             return state
         cohorts = list(state.cohorts)
@@ -221,9 +243,9 @@ class GroupedSum:
         sums, counts = np.zeros((len(streams), self.dim)), np.zeros(len(streams), dtype=np.int64)
         if block is None or not block.streams:
             return sums, counts
-        names = np.asarray(streams, dtype=str)
-        at = np.minimum(np.searchsorted(names, np.asarray(block.streams, dtype=str)), len(names) - 1)
-        hit = names[at] == np.asarray(block.streams, dtype=str)
+        at = np.fromiter(map(_positions(streams).get, block.streams, itertools.repeat(-1)), np.int64,
+                         len(block.streams))
+        hit = at >= 0
         sums[at[hit]] = block.sums[hit]
         counts[at[hit]] = block.counts[hit]
         return sums, counts
