@@ -4,8 +4,10 @@ On a bounded input the stateful shell (:class:`~beam_dp.beam.dofn.ContinualRelea
 grouping does not: every key opens at step 1 (or after its restored snapshot), buffers all its items in
 Beam state and closes every step through the public end at one timer, when the input has ended. Here
 the same :class:`~beam_dp.steps.driver.StepDriver` gets a key's items from a ``GroupByKey`` in one call
-(every shuffled element is still one item: for the sums one (key, step) block of the lifted combiner),
-buffered in memory (``ListBuffer``), and closes the same steps with the same call:
+(every shuffled element is still one item: for the sums one (key, step) block of the lifted combiner, or
+of one parse bundle keyed by stream groups),
+buffered in memory (``StepSumsBuffer``: a group's blocks of one step added as they come), and closes the
+same steps with the same call:
 
 * event-time steps: :meth:`StepDriver.advance` to :meth:`StepDriver.final_timer` (the close of the
   public last step), exactly the stateful shell's one timer; with no public end, :meth:`StepDriver.finish`;
@@ -26,12 +28,14 @@ from typing import Any, Iterable, Iterator
 
 import apache_beam as beam
 
+from beam_dp.beam.combine import MergeClippedSums
 from beam_dp.beam.dofn import ContinualReleaseDoFn, DriverShell, continual_driver
+from beam_dp.mechanisms.stream_groups import GroupBlock
 from beam_dp.steps.coder import KeyState, UnreadableState
 from beam_dp.steps.driver import CARRIED, ListBuffer, Output, StepDriver
 from beam_dp.steps.events import DEAD_LETTER
 
-__all__ = ["CHUNK", "KeyReleaseDoFn", "release_stage"]
+__all__ = ["CHUNK", "KeyReleaseDoFn", "StepSumsBuffer", "release_stage"]
 
 CHUNK = 64  # event-time steps a key closes per driver call (its releases leave between calls); the noise
 #             a group policy draws ahead per call (GroupPolicy.AHEAD)
@@ -46,7 +50,7 @@ class KeyReleaseDoFn(DriverShell):
 
     def process(self, element: tuple[str, Iterable[tuple[int | None, Any, Any]]]) -> Iterator:
         key, items = element
-        driver, buffer = self._driver, ListBuffer()
+        driver, buffer = self._driver, StepSumsBuffer()
         try:
             state = driver.open(key)
         except UnreadableState as exc:  # a restored snapshot this version cannot read: the key ends
@@ -68,7 +72,7 @@ class KeyReleaseDoFn(DriverShell):
         if state.next_step > before:
             self.closed(state.next_step - 1)
 
-    def _close(self, state: KeyState, buffer: ListBuffer) -> Iterator[list[Output]]:
+    def _close(self, state: KeyState, buffer: "StepSumsBuffer") -> Iterator[list[Output]]:
         """What the stateful shell's timers close on a bounded input (module docstring); event-time steps
         :data:`CHUNK` at a time, so a key's releases leave as they are made (the same steps, the same
         releases: closing is step by step, and the keyed noise of a step does not depend on the chunk)."""
@@ -84,6 +88,39 @@ class KeyReleaseDoFn(DriverShell):
             yield driver.advance(state, buffer, final)
         elif driver.block_size is None:
             yield driver.finish(state, buffer)
+
+
+class StepSumsBuffer(ListBuffer):
+    """A key's items in memory, a group's blocks of one step added as they come (``MergeClippedSums``: one
+    accumulator on the group's worker-local row map per step, a lookup per name) instead of kept one by
+    one: the parse stage's bundles each send a block per (group, step), and the release stage holds one
+    per step. Other items are kept as they are. Read back, each step's sum is one ``GroupBlock``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._sums = MergeClippedSums()
+        self._at: dict[int, int] = {}  # step -> the index of its sum in the list
+
+    def add(self, entry: tuple[int, Any]) -> None:
+        step, item = entry
+        if step == CARRIED or not isinstance(item, GroupBlock):
+            self.append(entry)
+            return
+        at = self._at.get(step)
+        if at is None:
+            self._at[step] = len(self)
+            self.append((step, self._sums.add_input(None, item)))
+        else:
+            self[at] = (step, self._sums.add_input(self[at][1], item))
+
+    def read(self) -> list[tuple[int, Any]]:
+        for step, at in self._at.items():  # a later block of the step adds to this one again
+            self[at] = (step, self._sums.extract_output(self[at][1]))
+        return list(self)
+
+    def clear(self) -> None:
+        super().clear()
+        self._at.clear()
 
 
 def release_stage(items: beam.PCollection, params: Any, label: str, bounded: bool,

@@ -10,8 +10,8 @@ Shape of the pipeline::
                                             └─ [batch: CombinePerKey((stream, step))] ─ stateful DoFn ─ releases
 
 On a bounded input (batch replay) contributions are pre-aggregated per (stream, step) by a
-lifted combiner (keyed by stream groups: summed per bundle in Parse itself, then the bundles' blocks
-merged after a ``GroupByKey``), so state sees one block per step. On an unbounded input each contribution
+lifted combiner (keyed by stream groups: summed per bundle in Parse itself, and the bundles' blocks of
+a step added as the release stage takes them), so the mechanism sees one block per step. On an unbounded input each contribution
 reaches the stateful DoFn on its own, so a late one can be dead-lettered whole; an on-time one is
 merged into its step's sum in state as it arrives (``beam_dp.beam.dofn.SummingBuffer``: one sum per
 open step, O(d), whatever the number of events).
@@ -26,7 +26,7 @@ turn them into rows with ``beam.FlatMap(ReleaseColumns.rows)`` or into Arrow tab
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, NamedTuple, Tuple
+from typing import Any, NamedTuple, Tuple
 
 import apache_beam as beam
 import numpy as np
@@ -79,13 +79,13 @@ class _ContinualRelease(beam.PTransform):
         blocks = parsed.blocks
         if aggregate:
             # keyed by stream: a lifted combiner; keyed by groups: Parse summed each bundle already
-            # (BundleGroupSums), so the shuffle only merges the bundles' blocks of each (group, step)
-            merged = (beam.CombinePerKey(MergeClippedSums()) if groups is None else _MergeBundleBlocks())
-            blocks = (
-                blocks
-                | "PreAggregate" >> merged.with_output_types(Tuple[Tuple[str, int], block_type])
-                | "ByStream" >> beam.Map(_by_stream).with_output_types(Tuple[str, Tuple[int, block_type, Any]])
-            )
+            # (BundleGroupSums), and the release stage adds a group's blocks of one step as they come
+            # (batch_release: one shuffle, not one per (group, step) and one per group)
+            if groups is None:
+                blocks = blocks | "PreAggregate" >> beam.CombinePerKey(MergeClippedSums()).with_output_types(
+                    Tuple[Tuple[str, int], block_type])
+            blocks = blocks | "ByStream" >> beam.Map(_by_stream).with_output_types(
+                Tuple[str, Tuple[int, block_type, Any]])
         restored = [stream for stream, _ in (getattr(params, "restore_states", None) or ())]
         declared_streams = sorted(set(params.streams or ()) | set(restored))
         if declared_streams:  # declared and restored streams release every step, data or not
@@ -107,30 +107,6 @@ class _ContinualRelease(beam.PTransform):
                 ReleaseColumns)
         dead = (parsed[DEAD_LETTER], released[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
         return ContinualOutputs(rows, dead)
-
-
-class _MergeBundleBlocks(beam.PTransform):
-    """``((group key, step), GroupBlock)`` → one ``GroupBlock`` per (group key, step): the blocks the parse
-    stage sent (one per bundle, or more where a bundle passed its memory budget) merged."""
-
-    def expand(self, blocks: PCollection) -> PCollection:
-        return blocks | "ByGroupStep" >> beam.GroupByKey() | "Merge" >> beam.ParDo(_MergeBlocks())
-
-
-class _MergeBlocks(beam.DoFn):
-    """``(key, blocks)`` → ``(key, their sum)``: a lone block as it is, several added in arrival order into
-    one accumulator on the group's worker-local row map (``MergeClippedSums``: no sort of the names per
-    key, only a lookup each)."""
-
-    def setup(self) -> None:
-        self._sums = MergeClippedSums()
-
-    def process(self, element: Tuple[Tuple[str, int], Iterable[GroupBlock]]) -> Iterator:
-        key, blocks = element
-        acc = None
-        for block in blocks:
-            acc = self._sums.add_input(acc, block)
-        yield key, self._sums.extract_output(acc)
 
 
 def _declarations(streams: list[str], groups: int | None, dim: int) -> list[tuple[str, Any]]:

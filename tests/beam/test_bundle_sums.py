@@ -118,22 +118,29 @@ def test_windows_keep_their_own_sums():
     assert list(parse.finish_bundle() or ()) == []  # a new bundle starts empty
 
 
-def test_the_shuffle_merges_a_cells_blocks_into_their_sum():
-    """The merge after the parse stage (``_MergeBlocks``): a lone block passes as it is; several are summed on
-    the group's row map, the same sums as ``GroupBlock.combine``."""
-    from beam_dp.beam.transforms import _MergeBlocks
+def test_the_release_stage_adds_a_steps_blocks_as_they_come():
+    """The release stage's buffer (``StepSumsBuffer``): a step's lone block is kept as it is; several blocks of
+    a step are summed on the group's row map as they come, the same sums as ``GroupBlock.combine``; other
+    items are kept as they are, and a block added after a read adds to its step's sum again."""
+    from beam_dp.beam.batch_release import StepSumsBuffer
+    from beam_dp.steps.driver import CARRIED
 
-    merge = _MergeBlocks()
-    merge.setup()
     _, emitted = _bundle(_batches(6, 3))
     parts = [block for _, block in (out.value for out in emitted)][:6]
-    lone, = merge.process((("g", 1), [parts[0]]))
-    assert lone[1] is parts[0]
-    for n in (2, 6):
-        (key, got), = merge.process((("g", 2), parts[:n]))
-        want = GroupBlock.combine(parts[:n])
-        assert key == ("g", 2)
-        _assert_sums_equal({key: got}, {key: want})
+    buffer = StepSumsBuffer()
+    buffer.add((1, parts[0]))
+    buffer.add((CARRIED, "carried"))
+    for part in parts[:6]:
+        buffer.add((2, part))
+    buffer.add((3, parts[1]))
+    entries = buffer.read()
+    assert [step for step, _ in entries] == [1, CARRIED, 2, 3]  # one entry per step
+    assert entries[0][1] is parts[0] and entries[1][1] == "carried" and entries[3][1] is parts[1]
+    _assert_sums_equal({2: entries[2][1]}, {2: GroupBlock.combine(parts)})
+    buffer.add((3, parts[2]))
+    _assert_sums_equal({3: buffer.read()[3][1]}, {3: GroupBlock.combine(parts[1:3])})
+    buffer.clear()
+    assert buffer.read() == []
 
 
 @pytest.mark.parametrize("budget", [None, 20_000])  # dense arrays; sparse accumulators
