@@ -29,8 +29,11 @@ was checked on (:data:`CHECKED_BEAM`):
   then processes the elements. (A protobuf message copies a bytes field in, and out again on each read:
   the release stage's input of one stream group, a single key of up to hundreds of MB, was held three
   times while it was processed; now once, decoded.) A key of :data:`PIECE_BYTES` or more is a piece of
-  its own and is never joined: its values are read from the file one at a time, each decoded by the
-  worker's own coder as a one-value element of the key, and gathered into the first one's list.
+  its own and is never joined, nor held decoded: the worker gets the key with an iterable of its values
+  (``_KeyValues``) that reads them from the file one at a time as the DoFn iterates, each decoded by the
+  worker's own coder as a one-value element of the key (re-iterable while held; Beam's size sampling
+  observes the encodings as they are read), so the release stage of a stream group holds one value at a
+  time, not all of them.
 
 Elements, their order and their encoding are unchanged; nothing else about the runner is touched.
 Runners other than the in-process one (Dataflow, Flink, Prism) never use these classes.
@@ -45,6 +48,8 @@ import struct
 import tempfile
 from array import array
 from typing import Any, Iterator
+
+from apache_beam.coders.observable import ObservableMixin
 
 from beam_dp.heap import release_free_heap
 
@@ -137,7 +142,7 @@ class SpilledValues:
         """Append ``other``'s values, key by key (Beam's ``extend``)."""
         for key in list(other.spans):
             where = self.spans.setdefault(key, array("q"))
-            for value in other._values(other.spans.pop(key)):
+            for value in other.values_at(other.spans.pop(key)):
                 where.extend((self._size, len(value)))
                 self._write(value)
         other.close()
@@ -158,13 +163,19 @@ class SpilledValues:
                 keys, size = [], 0
         return pieces + [keys] if keys else pieces
 
-    def take_values(self, key: bytes) -> tuple[bytes, Any]:
-        """``(prefix, values)``: the bytes before the values of a one-value grouped element of ``key`` (its
-        header, the key, a count of 1), and an iterator of the key's values' encodings read from the file
-        one at a time (no mapping, no joined copy); the key is forgotten, the file closed after the last."""
+    def take_values(self, key: bytes) -> tuple[bytes, "SpilledValues", array]:
+        """``(prefix, self, where)``: the bytes before the values of a one-value grouped element of ``key``
+        (its header, the key, a count of 1) and where its values lie (:meth:`values_at`: read from the file
+        one at a time, no mapping, no joined copy). The key is forgotten; the file stays open until
+        :meth:`done_reading` (then closed once every key is taken)."""
         where = self.spans.pop(key)
         self._reading += 1
-        return self._header_of(key) + key + struct.pack(">i", 1), self._values_then_done(where)
+        return self._header_of(key) + key + struct.pack(">i", 1), self, where
+
+    def done_reading(self) -> None:
+        """A key handed on by :meth:`take_values` will not be read again."""
+        self._reading -= 1
+        self._close_if_done()
 
     def take(self, keys: list[bytes]) -> bytes:
         """Beam's grouped encoding of ``keys`` (each: the global-window header, the key, the count of its
@@ -174,7 +185,7 @@ class SpilledValues:
         parts = []
         for key in keys:
             where = self.spans.pop(key)
-            parts += (self._header_of(key), key, struct.pack(">i", len(where) // 2), *self._values(where))
+            parts += (self._header_of(key), key, struct.pack(">i", len(where) // 2), *self.values_at(where))
         data = b"".join(parts)
         self._close_if_done()
         return data
@@ -193,7 +204,7 @@ class SpilledValues:
         self._file.write(data)
         self._size += len(data)
 
-    def _values(self, where: array) -> Iterator[bytes]:
+    def values_at(self, where: array) -> Iterator[bytes]:
         """The values at ``where`` (offset, length pairs), read from the file one at a time (``os.pread``:
         nothing mapped, so no page of the file stays in this process)."""
         if not self._read:
@@ -201,14 +212,6 @@ class SpilledValues:
             self._read = True
         for offset, length in zip(where[::2], where[1::2]):
             yield os.pread(self._file.fileno(), length, offset)
-
-    def _values_then_done(self, where: array) -> Iterator[bytes]:
-        """:meth:`_values` of a key handed on by :meth:`take_values`; the file is closed after the last."""
-        try:
-            yield from self._values(where)
-        finally:
-            self._reading -= 1
-            self._close_if_done()
 
     def _header_of(self, key: bytes) -> bytes:
         """The bytes before a key in Beam's grouped encoding: its global-window timestamp, window and pane
@@ -344,21 +347,41 @@ def _process_held(self, encoded: bytes) -> None:
         self.output(elements.pop())
 
 
-def _one_key(decode: Any, prefix: bytes, values: Any) -> Any:
-    """The grouped element of one key from its values' encodings: each decoded as a one-value element
-    (``prefix`` + the value) by the worker's own coder, its value appended to the first element's list."""
+def _one_key(decode: Any, prefix: bytes, spill: "SpilledValues", where: array) -> Any:
+    """The grouped element of one key whose values lie at ``where`` in ``spill``: its first value decoded as
+    a one-value element (``prefix`` + the value) by the worker's own coder gives the element, whose values
+    become a :class:`_KeyValues` (read and decoded as they are iterated)."""
     from apache_beam.coders.coder_impl import create_InputStream
 
-    element = None
-    for value in values:
-        one = decode(create_InputStream(prefix + value), True)
-        if element is None:
-            element = one
-            if type(element.value[1]) is not list:
-                raise RuntimeError("beam_dp.local_shuffle: Beam's grouped values are not a list")
-        else:
-            element.value[1].append(one.value[1][0])
-    return element
+    values = _KeyValues(decode, prefix, spill, where)
+    first = decode(create_InputStream(prefix + next(spill.values_at(where[:2]))), True)
+    if type(first.value[1]) is not list:
+        raise RuntimeError("beam_dp.local_shuffle: Beam's grouped values are not a list")
+    return first.with_value((first.value[0], values))
+
+
+class _KeyValues(ObservableMixin):
+    """The values of one large key, read from the spill file and decoded one at a time each time it is
+    iterated (a grouped value is re-iterable); Beam's size sampling observes their encodings as they are
+    read. The file is released (closed once every key is taken) when this is dropped."""
+
+    def __init__(self, decode: Any, prefix: bytes, spill: "SpilledValues", where: array) -> None:
+        super().__init__()
+        self._decode, self._prefix, self._spill, self._where = decode, prefix, spill, where
+
+    def __iter__(self) -> Iterator[Any]:
+        from apache_beam.coders.coder_impl import create_InputStream
+
+        decode, prefix = self._decode, self._prefix
+        for encoded in self._spill.values_at(self._where):
+            self.notify_observers(encoded, is_encoded=True)
+            yield decode(create_InputStream(prefix + encoded), True).value[1][0]
+
+    def __repr__(self) -> str:
+        return f"_KeyValues({len(self._where) // 2} values)"
+
+    def __del__(self) -> None:
+        self._spill.done_reading()
 
 
 def _send_in_pieces(self, process_bundle_id: str, read_transform_id: str, byte_streams: Any) -> None:
