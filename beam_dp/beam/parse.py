@@ -126,15 +126,16 @@ class ParseEvents(beam.DoFn):
             bad = np.flatnonzero(codes)
             ok = codes == 0
             sums = dense = None
-            if ok.any():
-                values_ok = values[ok]
-                ids_ok = None if arrow_ids is None else arrow_ids.filter(ok)
+            if len(bad) < n:
+                every = not len(bad)  # every row valid (the usual case): no copies
+                values_ok, micros_ok = (values, micros) if every else (values[ok], micros[ok])
+                ids_ok = None if arrow_ids is None else arrow_ids if every else arrow_ids.filter(ok)
                 if self._bundle is not None and ids_ok is not None:
-                    dense = self._dense_rows(window, ids_ok, micros[ok], values_ok)
+                    dense = self._dense_rows(window, ids_ok, micros_ok, values_ok)
                 if dense is None:  # the ids as objects only where blocks or originals name them
                     streams_ok = None if self._bundle is not None and ids_ok is not None else (
                         streams[ok] if ids_ok is None else _objects(ids_ok))
-                    sums = step_sums(self._mechanism, self._clock, streams_ok, ids_ok, micros[ok], values_ok)
+                    sums = step_sums(self._mechanism, self._clock, streams_ok, ids_ok, micros_ok, values_ok)
         for i in bad.tolist():  # loop over rejected rows only
             reason = ROW_REASONS[codes[i]]
             stream = (streams[i].as_py() if isinstance(streams, pa.Array) else streams[i]) if good_id[i] else None
@@ -154,7 +155,7 @@ class ParseEvents(beam.DoFn):
         self._elements.inc(int(ok.sum()))
         if sums.clipped.sum():
             self._clipped.inc(int(sums.clipped.sum()))
-        seconds_ok = None if self._pre_aggregate else micros[ok] / 1e6
+        seconds_ok = None if self._pre_aggregate else micros_ok / 1e6
         if self._bundle is not None:
             names, key_names, key_of_stream = self._streams_and_keys(sums)
             self._bundle.add(window, key_names.tolist(), names, key_of_stream, sums.stream, sums.step, sums.sums,
