@@ -209,6 +209,7 @@ class JobVerifier:
         self._domains, self._compositions, self._streams, self._mechanisms, self._purposes, self._noises = (
             _Names(), _Names(), _Names(), _Names(), _Names(), _Names())
         self._losses: list[tuple[float, float] | None] = []  # per distinct noise declaration (None: none)
+        self._recomputed: dict[tuple[int, float], float] = {}  # (declaration id, stated delta) -> epsilon
         self._unrecomputable: dict[str, int] = {}
         self._spends: dict[int, _Domain] = {}
         self._high: list[np.ndarray] = []  # per batch: its keys' high words (one value where they agree)
@@ -272,7 +273,7 @@ class JobVerifier:
                 dlt_budget[rows_of] == spend.delta_budget)
             self.problems += [f"{where(i)} of {name(i)!r} disagrees with the domain's other releases about its budget "
                               "or composition" for i in rows_of[~agree]]
-            other = [i for i in rows_of.tolist() if families[mechanism[i]] != spend.family]
+            other = rows_of[np.array([f != spend.family for f in families], dtype=bool)[mechanism[rows_of]]]
             self.problems += [f"{where(i)} of {name(i)!r} comes from mechanism "
                               f"{self._mechanisms.names[mechanism[i]]!r}, "
                               f"the domain's other releases from {spend.family!r}: two transforms share the noise "
@@ -282,7 +283,10 @@ class JobVerifier:
             spend.delta_spent = max(spend.delta_spent, float(dlt[ok].max(initial=0.0)))
             spend.pure_delta = spend.pure_delta or bool(pure_delta[rows_of].any())
             spend.releases += len(ok)
-        self._declared |= set(zip(number["job_epsilon_budget"][valid].tolist(), number["job_delta_budget"][valid].tolist()))
+        budgets = np.stack([number["job_epsilon_budget"][valid], number["job_delta_budget"][valid]], axis=1)
+        if len(budgets) and (budgets == budgets[0]).all():  # the usual case: one job budget
+            budgets = budgets[:1]
+        self._declared |= set(map(tuple, budgets.tolist()))
 
     def _recompute(self, noise: np.ndarray, mechanism: np.ndarray, valid: np.ndarray, eps: np.ndarray,
                    dlt: np.ndarray, domain: np.ndarray, where) -> None:
@@ -302,9 +306,8 @@ class JobVerifier:
             # each (declaration, delta) pair as one integer code: two flat sorts, not np.unique(axis=1) (20x slower)
             deltas, delta_of = np.unique(dlt[checked], return_inverse=True)
             pairs, inverse = np.unique(noise[checked].astype(np.int64) * len(deltas) + delta_of, return_inverse=True)
-            recomputed[checked] = np.array([recomputed_epsilon(self._losses[int(p // len(deltas))],
-                                                               float(deltas[p % len(deltas)])) for p in pairs.tolist()],
-                                           dtype=np.float64)[inverse.ravel()]
+            recomputed[checked] = np.array([self._epsilon_of(int(p // len(deltas)), float(deltas[p % len(deltas)]))
+                                            for p in pairs.tolist()], dtype=np.float64)[inverse.ravel()]
         with np.errstate(invalid="ignore"):
             below = checked & (eps < recomputed * (1 - _RECOMPUTE_TOL))
         for d in np.unique(domain[below]).tolist():
@@ -323,6 +326,15 @@ class JobVerifier:
             name = self._domains.names[d]
             self._unrecomputable[name] = self._unrecomputable.get(name, 0) + int(np.sum(valid & ~declared & ~stripped
                                                                                        & (domain == d)))
+
+    def _epsilon_of(self, declaration: int, delta: float) -> float:
+        """The epsilon recomputed from noise declaration ``declaration`` at ``delta`` (once per pair and job:
+        the steps of a job repeat a few declarations)."""
+        key = (declaration, delta)
+        epsilon = self._recomputed.get(key)
+        if epsilon is None:
+            epsilon = self._recomputed[key] = recomputed_epsilon(self._losses[declaration], delta)
+        return epsilon
 
     def _duplicates(self) -> list[str]:
         """A line for each (domain, purpose, stream, step) released more than once. A job of one domain and
