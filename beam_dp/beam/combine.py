@@ -5,13 +5,14 @@ Beam lifts ``CombinePerKey(MergeClippedSums())`` before the shuffle and keeps on
 (key, step) live for a whole bundle (up to 100,000 keys), so the accumulator's size is the stage's
 memory. Keyed by groups, the parse stage keeps the same accumulators itself (``BundleGroupSums``): a
 batch's blocks are added with one sort and a slice per (group, step), where a lifted combiner took one
-element per (batch, group, step) (31k at 10M events, ~100 µs of Python each), and the shuffle after it
-only merges the bundles' blocks. An accumulator is an ``(n, d + 2)`` array of sums, counts and clipped
+element per (batch, group, step) (31k at 10M events, ~100 µs of Python each), and the release stage
+adds the bundles' blocks of a step as they come (``beam_dp.beam.batch_release.StepSumsBuffer``, on these
+accumulators). An accumulator is an ``(n, d + 2)`` array of sums, counts and clipped
 counts of the rows it was given, found through a stream → row map shared by every step of the group on
 this worker: memory grows with the cells, not with the events or the blocks that carried them (issue
 26.1). A bundle's sums are bounded too: past :data:`BUNDLE_BUDGET_BYTES` they leave as blocks and the
 bundle starts again, so a stage's memory does not grow with the input's cells; a (group, step) may then
-leave in several blocks (events out of time order), which the shuffle merges like any two bundles'.
+leave in several blocks (events out of time order), which the release stage adds like any two bundles'.
 Nothing private leaves it but the sums themselves (the same clipped sums the blocks held); the row maps
 are a worker-local index of stream names, never state, and the output does not depend on them (rows
 are sorted by name on the way out).
@@ -338,7 +339,7 @@ class BundleGroupSums:
     def take(self) -> Iterator[tuple[Any, str, int, GroupBlock]]:
         """``(window, key, step, block)`` for every accumulator and dense array, by (key, step); empties
         this. (A (group, step) that has both a dense array's rows and a sparse accumulator, after a dense
-        array outgrew the budget, leaves in two blocks, which the shuffle's merge sums.)"""
+        array outgrew the budget, leaves in two blocks, which the release stage adds.)"""
         cells = sorted(self._acc, key=lambda cell: cell[1:])
         accs, self._acc, self._bytes = self._acc, {}, 0
         dense, self._dense, self._outgrown = self._dense, {}, False

@@ -83,7 +83,7 @@ def test_a_bundles_blocks_are_the_streams_blocks_summed(seed):
 
 def test_a_bundle_past_its_budget_sends_its_sums_early(monkeypatch):
     """Past the budget a bundle's sums leave as blocks during the bundle (memory bounded whatever the input's
-    cells); a (group, step) may leave several times, and the shuffle's merge of them is the same sums."""
+    cells); a (group, step) may leave several times, and their sum is the same sums."""
     monkeypatch.setattr(combine, "BUNDLE_BUDGET_BYTES", 20_000)
     elements = _batches(3, 5) + [("s03", 150.0, [0.5, -0.25, 4.0])] + _batches(4, 3)
     outputs, emitted = _bundle(elements)
