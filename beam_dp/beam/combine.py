@@ -285,9 +285,9 @@ class BundleGroupSums:
         """Whether ``window``'s dense array can hold every known stream at steps ``first ..= last`` within
         the budget. If not and it holds sums, the bundle is :attr:`full` (time order: take it and start a
         dense array again at later steps); otherwise the sums go to the sparse accumulators."""
-        dense = self._dense.get(window)
-        held = 0 if dense is None else dense.nbytes
-        fits = self._bytes - held + self._dense_bytes(dense, first, last) <= self._budget
+        dense = self._dense.get(window) or DenseSteps(self._dim)
+        held = dense.nbytes
+        fits = self._bytes - held + dense.bytes_for(len(self._table.names), first, last) <= self._budget
         if not fits and held:
             self._outgrown = True
         return fits
@@ -299,12 +299,9 @@ class BundleGroupSums:
         dense = self._dense.get(window)
         if dense is None:
             dense = self._dense[window] = DenseSteps(self._dim)
-        room = self._budget - self._bytes - self._dense_bytes(dense, int(steps.min()), int(steps.max())) + dense.nbytes
-        self._bytes += dense.add(rows, steps, cells, len(self._table.names), max(room, 0))
-
-    def _dense_bytes(self, dense: DenseSteps | None, first: int, last: int) -> int:
-        rows = len(self._table.names)
-        return (last - first + 1) * rows * (self._dim + 2) * 8 if dense is None else dense.bytes_for(rows, first, last)
+        n_rows = len(self._table.names)
+        need = dense.bytes_for(n_rows, int(steps.min()), int(steps.max()))
+        self._bytes += dense.add(rows, steps, cells, n_rows, max(self._budget - self._bytes + dense.nbytes - need, 0))
 
     def add(self, window: Any, keys: list[str], names: list[str], key_of_name: np.ndarray,
             name_of_block: np.ndarray, steps: np.ndarray, sums: np.ndarray, counts: np.ndarray,

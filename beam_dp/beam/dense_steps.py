@@ -86,11 +86,16 @@ class DenseSteps:
         return self.cells.nbytes
 
     def bytes_for(self, rows: int, lo: int, hi: int) -> int:
-        """The bytes it would hold with ``rows`` rows and steps ``lo ..= hi`` added."""
-        span, have = self.cells.shape[0], self.cells.shape[1]
+        """The bytes it would hold with ``rows`` rows and steps ``lo ..= hi`` added (no headroom)."""
+        first, last, width = self._extent(rows, lo, hi)
+        return (last - first + 1) * width * (self.dim + 2) * 8
+
+    def _extent(self, rows: int, lo: int, hi: int) -> tuple[int, int, int]:
+        """``(first step, last step, rows)`` holding what it holds, ``rows`` rows and steps ``lo ..= hi``."""
+        span, width = self.cells.shape[:2]
         if span:
             lo, hi = min(lo, self.first), max(hi, self.first + span - 1)
-        return (hi - lo + 1) * max(rows, have) * (self.dim + 2) * 8
+        return lo, hi, max(rows, width)
 
     def add(self, rows: np.ndarray, steps: np.ndarray, cells: np.ndarray, n_rows: int, room: int) -> int:
         """Add ``cells[j]`` (clipped sum (d), count, clipped count) to row ``rows[j]`` at ``steps[j]``
@@ -107,8 +112,8 @@ class DenseSteps:
         span, width = self.cells.shape[:2]
         if span and lo >= self.first and hi < self.first + span and rows <= width:
             return
-        first, last = (lo, hi) if not span else (min(lo, self.first), max(hi, self.first + span - 1))
-        need_span, need_width = last - first + 1, max(rows, width)
+        first, last, need_width = self._extent(rows, lo, hi)
+        need_span = last - first + 1
         row_bytes = (self.dim + 2) * 8
         if span and need_width > width:  # streams keep coming: a quarter more rows
             extra = min(need_width // 4, room // (need_span * row_bytes))

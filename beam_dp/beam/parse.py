@@ -137,9 +137,9 @@ class ParseEvents(beam.DoFn):
                         streams[ok] if ids_ok is None else _objects(ids_ok))
                     sums = step_sums(self._mechanism, self._clock, streams_ok, ids_ok, micros_ok, values_ok)
         for i in bad.tolist():  # loop over rejected rows only
-            reason = ROW_REASONS[codes[i]]
-            stream = (streams[i].as_py() if isinstance(streams, pa.Array) else streams[i]) if good_id[i] else None
-            yield self._dead_letter(DeadLetter(reason, DETAIL[reason], stream, batch.row(i), batch.source_of(i)))
+            reason, row = ROW_REASONS[codes[i]], batch.row(i)
+            yield self._dead_letter(DeadLetter(reason, DETAIL[reason], row[0] if good_id[i] else None, row,
+                                               batch.source_of(i)))
         if dense is not None:  # added after the pass: the array outlives it
             rows, steps, cells = dense
             self._elements.inc(len(rows))

@@ -53,8 +53,8 @@ class StepsAhead:
             plans = [np.asarray(cells_of(s), dtype=np.int64) for s in steps]
             n, counts = len(streams), [len(plan) for plan in plans]
             index = np.concatenate([np.tile(plan, (n, 1)) for plan in plans])
-            if len(set(counts)) == 1:  # the usual case: the same cells each step, names repeated in C
-                names = (list(streams) if counts[0] == 1 else [s for s in streams for _ in range(counts[0])]) * len(counts)
+            if len(set(counts)) == 1:  # the usual case: the same cells each step, one step's names repeated
+                names = [s for s in streams for _ in range(counts[0])] * len(counts)
             else:
                 names = [s for count in counts for s in streams for _ in range(count)]
             rows = np.asarray(self._source.draw_cells(law, names, purpose, index, scale, size))

@@ -203,9 +203,6 @@ class GroupedSum:
     def block_count(item: GroupBlock) -> int:
         return item.count
 
-    def members(self, state: StreamGroupsState) -> set[str]:
-        return {s for cohort in state.cohorts for s in cohort["streams"]}
-
     def join(self, state: StreamGroupsState, streams: Iterable[str]) -> StreamGroupsState:
         """Add the streams not yet in the group as a cohort starting at the group's next step."""
         new = list(streams)
