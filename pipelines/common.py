@@ -25,7 +25,8 @@ from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentP
 from beam_dp.beam import DeadLetter, Reason
 from beam_dp.beam.manifest import job_manifest, record_release_files
 from beam_dp.beam.parse import DEAD_LETTER
-from beam_dp.io import RELEASE_SCHEMA, ReleaseColumns, WriteReleasesToJsonLines, WriteReleasesToParquet, release_table
+from beam_dp.io import (RELEASE_SCHEMA, ReleaseColumns, WriteReleasesToJsonLines, WriteReleasesToParquet,
+                        release_parquet_writer, release_table)
 from beam_dp.io.manifest import write_manifest
 from pipelines.paths import join, match, read_text_lines
 from pipelines.runner import UsageError
@@ -290,8 +291,9 @@ class _WriteBundleFiles(beam.DoFn):
         columnar = isinstance(self._items[0], ReleaseColumns)  # a group-keyed transform's releases
         with FileSystems.create(path) as fh:
             if self._fmt == "parquet":
-                pq.write_table(release_table(self._items) if columnar else pa.Table.from_pylist(
-                    [r._asdict() for r in self._items], schema=RELEASE_SCHEMA), fh)
+                with release_parquet_writer(fh) as writer:
+                    writer.write_table(release_table(self._items) if columnar else pa.Table.from_pylist(
+                        [r._asdict() for r in self._items], schema=RELEASE_SCHEMA))
             else:
                 rows = [r for c in self._items for r in c.rows()] if columnar else self._items
                 text = "".join((i if isinstance(i, str) else json.dumps(i._asdict(), sort_keys=True)) + "\n"
@@ -301,12 +303,12 @@ class _WriteBundleFiles(beam.DoFn):
 
 
 def release_tables(out_dir: str, name: str, columns: list[str] | tuple[str, ...] | None = None) -> Iterator[pa.Table]:
-    """The releases ``<out_dir>/<name>-*`` as Arrow tables of up to 65,536 rows
-    (``beam_dp.io.iter_release_tables``), none if none were written."""
+    """The releases ``<out_dir>/<name>-*`` as Arrow tables of up to 65,536 rows, text columns as
+    dictionaries (``beam_dp.io.iter_release_tables``), none if none were written."""
     from beam_dp.io import iter_release_tables
 
     try:
-        yield from iter_release_tables(join(out_dir, f"{name}-*"), columns)
+        yield from iter_release_tables(join(out_dir, f"{name}-*"), columns, dictionary_text=True)
     except FileNotFoundError:
         return
 
@@ -366,15 +368,16 @@ def output_summary(out_dir: str, names: list[str]) -> list[str]:
     """Summary lines of a finished local run, public values only: releases, streams and epsilon spent per output."""
     lines = []
     for name in names:
-        rows, streams, eps, first = 0, set(), float("-inf"), None
+        rows, streams, eps, first = 0, [], float("-inf"), None
         for table in release_tables(out_dir, name, ["stream", "mechanism", "epsilon_spent", "epsilon_budget"]):
             rows += table.num_rows
-            streams.update(pc.unique(table.column("stream")).to_pylist())
+            streams.append(pc.unique(table.column("stream")).cast(pa.string()))  # counted in Arrow, not a set
             eps = max(eps, pc.max(table.column("epsilon_spent")).as_py())
             first = first or table.slice(0, 1).to_pylist()[0]
         if not rows:
             lines.append(f"  {name}: no releases")
             continue
-        lines.append(f"  {name}: {rows} releases, {len(streams)} streams, mechanism {first['mechanism']}, max "
+        distinct = pc.count_distinct(pa.chunked_array(streams, pa.string()), mode="only_valid").as_py()
+        lines.append(f"  {name}: {rows} releases, {distinct} streams, mechanism {first['mechanism']}, max "
                      f"epsilon_spent {eps:.4g} of budget {first['epsilon_budget']:g}")
     return lines

@@ -202,8 +202,8 @@ def summary(job: Plan, opts) -> list[str]:
         noise_std = None
         for table in release_tables(job.out_dir, name, VERIFIED_COLUMNS):
             verifier.add(table)
-            last = table.filter(pc.equal(table.column("step"), job.clock.last_step)).slice(0, 1).column("meta")
-            noise_std = noise_std or (json.loads(last[0].as_py()).get("noise_std") if len(last) else None)
+            if noise_std is None and (at := pc.index(table.column("step"), job.clock.last_step).as_py()) >= 0:
+                noise_std = json.loads(table.column("meta")[at].as_py()).get("noise_std")
         if noise_std:
             lines.append(f"  {name}: noise std at the last step {noise_std:.3g}")
     shares = ", ".join(f"{name} epsilon={params.epsilon:.4g}" for name, params in job.params.items())

@@ -138,8 +138,8 @@ class CellKeys:
         cache_key = (streams, purpose, length)
         keys = self._rows_cache.get(cache_key)
         if keys is None:  # each distinct stream's family once (a list drawn ahead repeats a group's streams)
-            first: dict[str, int] = {}
-            where = np.fromiter(map(lambda s: first.setdefault(s, len(first)), streams), np.int64, len(streams))
+            first = {s: i for i, s in enumerate(dict.fromkeys(streams))}
+            where = np.fromiter(map(first.__getitem__, streams), np.int64, len(streams))
             keys = np.stack([self.family(s, purpose, (), length) for s in first])[where]
             keys.setflags(write=False)
             if self._rows_cached + len(keys) > self.MAX_CACHED_ROW_CELLS:

@@ -7,6 +7,7 @@ Exports are loaded on first use (``beam_dp.lazy``): importing the package import
 from beam_dp.lazy import lazy_exports
 
 _EXPORTS = {
+    "DICTIONARY_COLUMNS": "beam_dp.io.sinks",
     "GatherReleaseTables": "beam_dp.io.sinks",
     "LinearPredictor": "beam_dp.io.models",
     "RELEASE_SCHEMA": "beam_dp.steps.schema",
@@ -20,6 +21,7 @@ _EXPORTS = {
     "read_release_table": "beam_dp.io.readers",
     "read_releases": "beam_dp.io.readers",
     "release_dicts": "beam_dp.io.sinks",
+    "release_parquet_writer": "beam_dp.io.sinks",
     "release_table": "beam_dp.steps.schema",
     "release_to_row": "beam_dp.steps.schema",
     "row_to_release": "beam_dp.io.readers",

