@@ -252,7 +252,7 @@ def run(options, job: Job, plan: Any, messages=None, shown: str | None = None) -
     ``shown``: the output folder as the user named it (the run itself may write to a staging folder)."""
     import apache_beam as beam
 
-    from beam_dp.heap import release_free_heap
+    from beam_dp.heap import release_free_heap, scratch_heap
     from pipelines.common import exact_counts, output_summary, write_job_manifest
     from pipelines.outputs import private_dir
     from pipelines.paths import display
@@ -280,8 +280,9 @@ def run(options, job: Job, plan: Any, messages=None, shown: str | None = None) -
                 + f"; releases will be written under {shown}, dead letters (raw data) under "
                 + display(private_dir(opts)))
     lines = [f"beam_dp {job.name}: releases written under {shown}"]
-    lines += job.summary(plan, opts)
-    lines += output_summary(plan.out_dir, plan.outputs)
+    with scratch_heap():  # reading the releases back: each batch's temporaries reuse the heap
+        lines += job.summary(plan, opts)
+        lines += output_summary(plan.out_dir, plan.outputs)
     if opts.print_exact_counts:
         lines += exact_counts(result, private_dir(opts))
     return "\n".join(lines)
