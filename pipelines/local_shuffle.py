@@ -22,7 +22,8 @@ was checked on (:data:`CHECKED_BEAM`):
   one that does); a second read fails loudly instead of finding it empty. Other inputs are sent as
   before, flushed after each of their byte strings (whole elements);
 * **outputs delivered.** What the worker writes to a spilled buffer is handed to it as each message is
-  flushed (about 10 MB), not queued in the channel until the bundle ends (a stage's whole output);
+  flushed (about 10 MB), not queued in the channel until the bundle ends (a stage's whole output); its
+  values are written to the file :data:`_WRITE_BYTES` at a time;
 * **read messages dropped.** The channel lets go of each message once the worker has read it;
 * **pieces held, not copied.** A piece's message carries only a name; its bytes wait in this process
   until the worker's input operation takes them, decodes the piece's elements, lets the bytes go and
@@ -59,6 +60,7 @@ log = logging.getLogger(__name__)
 
 CHECKED_BEAM = ("2.77",)  # Beam major.minor versions whose runner internals these changes were checked on
 PIECE_BYTES = 8 << 20  # bytes of encoded values per piece of a grouped input, about
+_WRITE_BYTES = 256 << 10  # encoded values written to a spill file at a time: a buffer below the mmap threshold
 _UNDECIDED = object()
 _HELD: dict[bytes, bytes] = {}  # pieces made, by the name their message carries, until the worker reads them
 _HELD_PREFIX = b"\0beam_dp-held-piece-%s-" % os.urandom(8).hex().encode()  # no real message starts so
@@ -120,7 +122,9 @@ class SpilledValues:
                    value.get_impl())
 
     def add_encoded(self, elements: bytes) -> None:
-        """Decode windowed key-value ``elements`` (Beam's data-channel bytes); write each value to the file."""
+        """Decode windowed key-value ``elements`` (Beam's data-channel bytes); write each value to the file,
+        :data:`_WRITE_BYTES` at a time from one reused buffer (a whole batch joined, ~10 MB, would be fresh
+        pages twice over: its growing buffer and its copy)."""
         from apache_beam.coders.coder_impl import create_InputStream, create_OutputStream
 
         stream, out = create_InputStream(elements), create_OutputStream()
@@ -136,6 +140,10 @@ class SpilledValues:
                 where = spans[nested] = array("q")
             where.append(base + start)
             where.append(out.size() - start)
+            if out.size() >= _WRITE_BYTES:
+                self._write(out.get())
+                out._clear()
+                base = self._size
         self._write(out.get())
 
     def add_spilled(self, other: "SpilledValues") -> None:
