@@ -6,12 +6,14 @@ traceback instead. No Beam import here."""
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import signal
 import sys
+import threading
 from typing import Callable
 
-__all__ = ["OneLineParser", "guarded", "one_line"]
+__all__ = ["OneLineParser", "exit_now", "guarded", "one_line"]
 
 
 def one_line(exc: BaseException) -> str:
@@ -72,3 +74,17 @@ def _interrupted(prog: str, kept: str, command: bool) -> int:
         sys.stderr.flush()
         os._exit(130)
     raise SystemExit(130)
+
+
+def exit_now(code: int) -> None:
+    """End this command's process with ``code`` now, when no other thread is left: the exit handlers run
+    (``atexit``: logging's flush, a runner's cleanup) and standard output and error are flushed, but the
+    interpreter's teardown (freeing every module and object of numpy, Arrow, Beam, ~0.3 s of CPU after a
+    job) is skipped, as mypy's ``--fast-exit`` does. Returns, and the process ends as usual, where a
+    thread is still running (it would be cut off)."""
+    if threading.active_count() > 1:
+        return
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -314,14 +314,17 @@ def run_cli(argv: list[str] | None, job: Job) -> int:
     if "-h" in argv or "--help" in argv:
         _help(job)
         return 0
-    from beam_dp.cli import guarded
+    from beam_dp.cli import exit_now, guarded
     from pipelines.outputs import OutputError
 
     verbose = _verbose(argv)
     configure_logging(verbose)
     where: list = []  # the run's RunOutputs once opened: a failure says what it kept
-    return guarded(job.prog, verbose, lambda: _launch(argv, job, where), (UsageError, OutputError),
+    code = guarded(job.prog, verbose, lambda: _launch(argv, job, where), (UsageError, OutputError),
                    lambda: f"; {where[0].kept()}" if where else "", command)
+    if command:  # the process's own command line, its outputs published: no interpreter teardown
+        exit_now(code)
+    return code
 
 
 def _launch(argv: list[str], job: Job, where: list) -> int:
