@@ -25,6 +25,7 @@ process of a distributed runner keeps its allocator as it is.
 
 The thresholds are settings of this process's allocator, not job state: nothing is derived from them.
 """
+
 from __future__ import annotations
 
 import contextlib
