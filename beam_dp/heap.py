@@ -54,8 +54,8 @@ def _mallopt():
 
 def limit_heap_retention(threshold: int = MMAP_THRESHOLD, trim: int = TRIM_THRESHOLD) -> bool:
     """Fix the C library's mmap threshold at ``threshold`` bytes and its trim threshold at ``trim`` bytes
-    for this process; ``False`` (and no change) where the C library has no ``mallopt`` (not glibc) or
-    refuses the values."""
+    for this process; ``False`` where the C library has no ``mallopt`` (not glibc: no change) or refuses
+    a value (glibc refuses neither)."""
     global _fixed, _trim
     mallopt = _mallopt()
     if mallopt is None or not mallopt(_M_MMAP_THRESHOLD, int(threshold)) or not mallopt(_M_TRIM_THRESHOLD, int(trim)):

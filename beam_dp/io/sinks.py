@@ -14,7 +14,7 @@ from typing import Iterator
 import apache_beam as beam
 import pyarrow as pa
 import pyarrow.parquet as pq
-from apache_beam.io.filebasedsink import FileBasedSink
+from apache_beam.io import filebasedsink
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.transforms.window import GlobalWindows
 
@@ -93,11 +93,15 @@ def release_parquet_writer(fh) -> pq.ParquetWriter:
                             use_dictionary=list(DICTIONARY_COLUMNS))
 
 
-class _ReleaseTableSink(FileBasedSink):
-    """Beam file sink of release tables: one Parquet file per shard (``release_parquet_writer``)."""
+class _ReleaseTableSink(filebasedsink.FileBasedSink):
+    """Beam file sink of release tables: one Parquet file per shard (``release_parquet_writer``); on an
+    unbounded input, per window too (the shard names Beam's ``WriteToParquetBatched`` gives it; an older
+    Beam, such as the Flink venv's 2.61, has neither windowed file writes nor that template)."""
 
-    def __init__(self, file_path_prefix: str, num_shards: int):
+    def __init__(self, file_path_prefix: str, num_shards: int, windowed: bool = False):
         super().__init__(file_path_prefix, coder=None, file_name_suffix=".parquet", num_shards=num_shards,
+                         shard_name_template=getattr(filebasedsink, "DEFAULT_WINDOW_SHARD_NAME_TEMPLATE", None)
+                         if windowed else None,
                          mime_type="application/x-parquet", compression_type=CompressionTypes.UNCOMPRESSED)
 
     def open(self, temp_path: str) -> "tuple[object, pq.ParquetWriter]":
@@ -132,7 +136,8 @@ class WriteReleasesToParquet(_ReleaseSink):
             return (
                 releases
                 | "Gather" >> beam.ParDo(GatherReleaseTables()).with_output_types(pa.Table)
-                | "Write" >> beam.io.Write(_ReleaseTableSink(self.file_path_prefix, self.num_shards))
+                | "Write" >> beam.io.Write(_ReleaseTableSink(self.file_path_prefix, self.num_shards,
+                                                            windowed=not releases.is_bounded))
             )
         return (
             releases

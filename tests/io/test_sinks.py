@@ -117,3 +117,28 @@ def test_release_tables_with_dictionary_text(tmp_path, suffix):
     assert text and all(pa.types.is_dictionary(coded.schema.field(name).type) for name in text)
     assert coded.cast(plain.schema).equals(plain)
     assert verify_job(iter_release_tables(pattern, VERIFIED_COLUMNS, dictionary_text=True)) == verify_job(plain)
+
+
+def test_the_columnar_sink_names_shards_per_window_on_an_unbounded_input(monkeypatch):
+    """As Beam's ``WriteToParquetBatched`` does: the windowed shard template on an unbounded (windowed)
+    input, Beam's default on a bounded one."""
+    from apache_beam.io import filebasedsink
+    from apache_beam.testing.test_stream import TestStream
+    from apache_beam.transforms.window import FixedWindows
+
+    from beam_dp.io import sinks
+
+    seen = {}
+    original = sinks._ReleaseTableSink.__init__
+
+    def recording(self, prefix, num_shards, windowed=False):
+        original(self, prefix, num_shards, windowed)
+        seen[windowed] = self.shard_name_template
+
+    monkeypatch.setattr(sinks._ReleaseTableSink, "__init__", recording)
+    bounded, unbounded = beam.Pipeline(), beam.Pipeline()
+    bounded | beam.Create(_release_columns()) | WriteReleasesToParquet("/tmp/unused/rel", columnar=True)
+    (unbounded | TestStream().add_elements(_release_columns()) | beam.WindowInto(FixedWindows(60))
+     | WriteReleasesToParquet("/tmp/unused/rel", columnar=True))
+    assert seen == {False: filebasedsink.DEFAULT_SHARD_NAME_TEMPLATE,
+                    True: filebasedsink.DEFAULT_WINDOW_SHARD_NAME_TEMPLATE}
