@@ -41,7 +41,7 @@ import posixpath
 import sys
 from typing import Any
 
-from pipelines.runner import configure_logging
+from pipelines.runner import configure_logging, owned_pipeline
 
 PROG = "python -m pipelines.run_yaml"
 _VARIABLES = "--jinja_variables"
@@ -89,7 +89,6 @@ def _plan(argv: list[str]) -> tuple[list[str], Any, set[str]]:
     or are several with no total, or when releases go to several folders). Returns the flag that gives
     each transform its share in the real build (none without a declared total), the pipeline options
     and the folders of every file sink."""
-    import apache_beam as beam
     from apache_beam.yaml import main as yaml_main
 
     from beam_dp.beam.manifest import release_file_writes, release_folder
@@ -98,11 +97,11 @@ def _plan(argv: list[str]) -> tuple[list[str], Any, set[str]]:
     planning = argv + [f"--beam_dp_budget_plan={PLANNING}"]
     with _argparse_errors():
         options, constructor, _ = yaml_main.build_pipeline_components_from_argv(planning)
-    pipeline = beam.Pipeline(options=options)
-    constructor(pipeline)
-    plan = yaml_budget_plan(pipeline)
-    release_folder(pipeline, lambda pcoll: pcoll.element_type is ReleaseRecord)
-    every_sink = release_file_writes(pipeline, lambda pcoll: True)  # each sink's input counts as "releases"
+    with owned_pipeline(options=options) as pipeline:  # built to be inspected, never run
+        constructor(pipeline)
+        plan = yaml_budget_plan(pipeline)
+        release_folder(pipeline, lambda pcoll: pcoll.element_type is ReleaseRecord)
+        every_sink = release_file_writes(pipeline, lambda pcoll: True)  # each sink's input counts as "releases"
     folders = {posixpath.dirname(prefix) for _, prefix in every_sink}
     return [] if plan is None else [f"--beam_dp_budget_plan={plan}"], options, folders
 
@@ -132,19 +131,18 @@ def _build_and_run(argv: list[str]) -> None:
     """``apache_beam.yaml.main.run``, writing the job's manifest beside its releases before running."""
     import os
 
-    import apache_beam as beam
     from apache_beam.yaml import main as yaml_main
 
     from beam_dp.beam.manifest import write_pipeline_manifest
     from pipelines.yaml_transforms import ReleaseRecord
 
     options, constructor, display_data = yaml_main.build_pipeline_components_from_argv(argv)
-    pipeline = beam.Pipeline(options=options, display_data=display_data)
-    constructor(pipeline)
     job = next((os.path.splitext(os.path.basename(a.split("=", 1)[1]))[0] for a in argv
                 if a.startswith("--yaml_pipeline_file=")), "yaml")
-    write_pipeline_manifest(pipeline, job, lambda pcoll: pcoll.element_type is ReleaseRecord)
-    pipeline.run().wait_until_finish()
+    with owned_pipeline(options=options, display_data=display_data) as pipeline:
+        constructor(pipeline)
+        write_pipeline_manifest(pipeline, job, lambda pcoll: pcoll.element_type is ReleaseRecord)
+        pipeline.run().wait_until_finish()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,13 +34,32 @@ from typing import Any, Callable
 from pipelines import spec
 from pipelines.paths import display
 
-__all__ = ["LOCAL_RUNNERS", "Job", "UsageError", "configure_logging", "is_local_runner", "options_class", "run_cli"]
+__all__ = ["LOCAL_RUNNERS", "Job", "UsageError", "configure_logging", "is_local_runner", "options_class",
+           "owned_pipeline", "run_cli"]
 
 log = logging.getLogger("beam_dp.pipelines")
 
 #: Runners that execute in this process or on this machine (the job waits for them).
 LOCAL_RUNNERS = ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
 KEY_ENV_VAR = "BEAM_DP_NOISE_KEY"
+
+
+@contextlib.contextmanager
+def owned_pipeline(**kwargs: Any):
+    """A ``beam.Pipeline(**kwargs)`` whose local temporary folder is removed when the block ends.
+
+    Beam makes that folder (``beam-pipeline-temp*``) in ``Pipeline.__init__`` and removes it only in
+    ``run``: a pipeline built to be inspected (a YAML job's budget plan) or one whose construction fails
+    would otherwise leave a folder behind at every launch."""
+    import shutil
+
+    import apache_beam as beam
+
+    pipeline = beam.Pipeline(**kwargs)
+    try:
+        yield pipeline
+    finally:
+        shutil.rmtree(pipeline.local_tempdir, ignore_errors=True)
 
 
 class UsageError(Exception):
@@ -250,8 +269,6 @@ def parse(argv: list[str], job: Job):
 def run(options, job: Job, plan: Any, messages=None, shown: str | None = None) -> str:
     """Build and run the job; on a local runner wait and summarise, elsewhere return once submitted.
     ``shown``: the output folder as the user named it (the run itself may write to a staging folder)."""
-    import apache_beam as beam
-
     from beam_dp.heap import release_free_heap, scratch_heap
     from pipelines.common import exact_counts, output_summary, write_job_manifest
     from pipelines.outputs import private_dir
@@ -262,16 +279,16 @@ def run(options, job: Job, plan: Any, messages=None, shown: str | None = None) -
     shown = display(shown or plan.out_dir)
     if plan.demo and job.write_demo is not None:
         log.info("%s", job.write_demo(plan))
-    pipeline = beam.Pipeline(options=options)
-    job.build(pipeline, plan, opts, messages)
     runner = runner_name(options)
     local = is_local_runner(runner)
     size = input_bytes([getattr(opts, name, None) for name in ("input", "queries", "eval_input")]) if local else None
-    with _structural_errors_as_usage_errors(), Progress(size, enabled=None if local else False):
-        result = pipeline.run()
-        if local:
-            result.wait_until_finish()
-            release_free_heap()  # what the stages freed goes back before the releases are read back
+    with owned_pipeline(options=options) as pipeline:
+        job.build(pipeline, plan, opts, messages)
+        with _structural_errors_as_usage_errors(), Progress(size, enabled=None if local else False):
+            result = pipeline.run()
+            if local:
+                result.wait_until_finish()
+                release_free_heap()  # what the stages freed goes back before the releases are read back
     write_job_manifest(pipeline, job.name, plan.out_dir)  # declares the job beside its releases (beam_dp.verify)
     if not local:
         job_id = getattr(result, "job_id", lambda: None)

@@ -1,4 +1,5 @@
 import os
+import tempfile
 
 import pytest
 
@@ -10,6 +11,22 @@ def _noise_key_env(monkeypatch):
     """Every test sees the same secret noise key in the env var the workers read."""
     monkeypatch.setenv("BEAM_DP_NOISE_KEY", TEST_KEY.hex())
     yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_files_under_basetemp(tmp_path_factory):
+    """What the suite and the commands it starts put in the temporary folder (Beam's folder of a pipeline
+    a test builds but never runs, spill files) goes under pytest's base folder, which pytest rotates
+    (three runs kept): a run of the suite leaves nothing behind in the system's temporary folder."""
+    folder = str(tmp_path_factory.mktemp("tmp"))
+    saved = tempfile.tempdir, os.environ.get("TMPDIR")
+    tempfile.tempdir, os.environ["TMPDIR"] = folder, folder
+    yield
+    tempfile.tempdir = saved[0]
+    if saved[1] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = saved[1]
 
 
 def pytest_configure(config):

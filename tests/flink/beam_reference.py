@@ -30,16 +30,16 @@ def events() -> list[tuple]:
 
 
 def beam_outputs() -> dict[str, list[dict]]:
-    folder = tempfile.mkdtemp()
-    with beam.Pipeline(options=PipelineOptions(runner="FnApiRunner")) as p:
-        out = p | beam.Create(events()) | ContinualSum(PARAMS)
-        for name, rows in (("releases", out.releases), ("dead", out.dead_letter)):
-            _ = (rows | f"{name} json" >> beam.Map(lambda r: json.dumps(r._asdict(), default=str))
-                 | f"write {name}" >> beam.io.WriteToText(f"{folder}/{name}"))
-    result = {}
-    for name in ("releases", "dead"):
-        paths = [m.path for m in FileSystems.match([f"{folder}/{name}*"])[0].metadata_list]
-        result[name] = [json.loads(line) for path in paths for line in open(path) if line.strip()]
+    with tempfile.TemporaryDirectory() as folder:
+        with beam.Pipeline(options=PipelineOptions(runner="FnApiRunner")) as p:
+            out = p | beam.Create(events()) | ContinualSum(PARAMS)
+            for name, rows in (("releases", out.releases), ("dead", out.dead_letter)):
+                _ = (rows | f"{name} json" >> beam.Map(lambda r: json.dumps(r._asdict(), default=str))
+                     | f"write {name}" >> beam.io.WriteToText(f"{folder}/{name}"))
+        result = {}
+        for name in ("releases", "dead"):
+            paths = [m.path for m in FileSystems.match([f"{folder}/{name}*"])[0].metadata_list]
+            result[name] = [json.loads(line) for path in paths for line in open(path) if line.strip()]
     return result
 
 
