@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 # pytest workers: 2 by default (CI has 2 cores)
 JOBS ?= 2
 
-.PHONY: demo test venv install install-test bench clean flink-test
+.PHONY: demo test lint venv install install-test bench clean flink-test lock shell
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -14,12 +14,18 @@ $(VENV)/.created:
 	touch $@
 
 # the demo install holds every tool the README shows, the lifelong job's torch (CPU build) included
-$(VENV)/.installed: $(VENV)/.created setup.py
-	$(PIP) install --quiet -e '.[torch]'
+# every install goes through the lock (constraints/main.txt): a new upstream release never changes what a
+# fresh clone installs
+LOCK := constraints/main.txt
+FLINK_LOCK := constraints/flink.txt
+$(VENV)/.installed: $(VENV)/.created setup.py $(LOCK)
+	@echo "make: installing beam_dp and its locked dependencies into $(VENV) (a few minutes on a fresh machine)"
+	$(PIP) install --quiet -c $(LOCK) -e '.[torch]'
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed setup.py
-	$(PIP) install --quiet -e '.[test,torch]'
+$(VENV)/.installed-test: $(VENV)/.installed setup.py $(LOCK)
+	@echo "make: installing the test and lint tools (pytest, ruff, mypy) from $(LOCK)"
+	$(PIP) install --quiet -c $(LOCK) -e '.[test,torch]'
 	touch $@
 
 venv: $(VENV)/.created
@@ -28,19 +34,30 @@ install-test: $(VENV)/.installed-test
 
 ## Run the main job (continual_stats) on the embedded demo dataset.
 demo: install
+	@echo "make: running the demo job (pipelines.continual_stats) into output/demo"
 	$(PY) -m pipelines.continual_stats --output output/demo
+
+## A shell with the venv active (python -m beam_dp.verify output/demo and the README's other commands).
+shell: install
+	@echo "make: a shell with $(VENV) active; 'exit' to leave"
+	@. $(VENV)/bin/activate && exec $${SHELL:-/bin/sh}
+
+## The linter (ruff) and the type checker (mypy) as configured in pyproject.toml.
+lint: install-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 ## Run the whole test suite (TESTS selects a part by hand, e.g. TESTS="-m 'not slow'").
 TESTS ?=
-test: install-test
+test: install-test lint
 	$(PY) -m pytest -q -n $(JOBS) $(TESTS) tests
 
 ## Native Flink: its own venv (PyFlink pins apache-beam<=2.61, pyarrow<21), then a real local Flink job.
 FLINK_VENV ?= .venv-flink
-$(FLINK_VENV)/.installed: beam_dp/flink/requirements.txt
+$(FLINK_VENV)/.installed: beam_dp/flink/requirements.txt $(FLINK_LOCK)
 	$(PYTHON) -m venv $(FLINK_VENV)
 	$(FLINK_VENV)/bin/pip install --quiet --upgrade pip
-	$(FLINK_VENV)/bin/pip install --quiet -r beam_dp/flink/requirements.txt
+	$(FLINK_VENV)/bin/pip install --quiet -c $(FLINK_LOCK) -r beam_dp/flink/requirements.txt
 	touch $@
 
 # the parity test runs the Beam path in the main venv (Beam 2.77) beside the Flink job; the slow cluster
@@ -53,6 +70,17 @@ flink-test: $(FLINK_VENV)/.installed install-test
 ## Benchmarks (by hand; results go to docs/).
 bench: install
 	$(PY) benchmarks/bench_continual_sum.py
+
+## Re-resolve both locks from setup.py and beam_dp/flink/requirements.txt in throwaway venvs (review the diff).
+lock:
+	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock && .venv-lock/bin/pip install --quiet -e '.[test,torch]'
+	{ echo "# The main venv's lock (make demo, make test, .ci/run install through it: pip -c). Regenerate with"; \
+	  echo "# 'make lock' after changing setup.py's requirements, and review the diff."; \
+	  .venv-lock/bin/pip freeze --exclude-editable; } > $(LOCK)
+	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock && .venv-lock/bin/pip install --quiet -r beam_dp/flink/requirements.txt
+	{ echo "# The Flink venv's lock (.venv-flink, make flink-test). Regenerate with 'make lock'."; \
+	  .venv-lock/bin/pip freeze --exclude-editable; } > $(FLINK_LOCK)
+	rm -rf .venv-lock
 
 clean:
 	rm -rf $(VENV) $(FLINK_VENV) output build *.egg-info .pytest_cache

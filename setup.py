@@ -11,7 +11,6 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["beam_dp", "beam_dp.*", "pipelines", "pipelines.*"]),
-    package_data={"pipelines": ["data/*.csv"]},
     # Everything the README shows after `make demo` runs on the base install (README "Dependencies and
     # why"): [yaml] for the YAML templates, scikit-learn for the jobs' bundled demo datasets,
     # matplotlib for `python -m beam_dp.report`. Only torch (lifelong, ~2 GB) stays optional.
@@ -27,7 +26,7 @@ setup(
     extras_require={
         "torch": ["torch==2.13.0"],
         "gcp": ["apache-beam[gcp]>=2.60,<3", "google-cloud-secret-manager>=2.16"],  # Dataflow, gs://, Secret Manager keys
-        "test": ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6"],
+        "test": ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6", "ruff>=0.15", "mypy>=1.10"],  # ruff, mypy: make lint
     },
     entry_points={"console_scripts": ["beam-dp-continual-stats=pipelines.continual_stats:main",
                                       "beam-dp-report=beam_dp.report.__main__:main"]},
