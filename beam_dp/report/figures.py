@@ -1,47 +1,58 @@
-"""Report figures from release rows (any mechanism: one schema, ``beam_dp.io.ReleaseRow``).
+"""Report figures from release files (any mechanism: one schema, ``beam_dp.io.ReleaseRow``).
+
+The releases are read once, an Arrow batch at a time (:mod:`beam_dp.report.aggregate`): totals and
+the per-step spend over every release, the rows of the drawn streams only (per mechanism, the first
+``max_streams`` stream names in sorted order). Each figure's title and caption say how many streams
+it draws of how many there are, and which.
 
 * ``values_<mechanism>.png``: the released value (first coordinates; for mapping-valued releases,
-  the first part) per step, per stream, with a band of ``± band × noise std``: the per-coordinate
-  standard deviation of the release error, ``meta["noise_std"]`` where the mechanism reports it, or
-  derived from an output-perturbed model's ``law``/``noise_scale`` (Gaussian: σ; K-norm in d
-  dimensions: √(d+1)·b). Releases without either (projected or post-processed models) are drawn
-  without a band, and the title says so;
-* ``privacy_spend.png``: ``epsilon_spent`` (and ``delta_spent`` when non-zero) per step per stream,
-  with the budget as a dashed line;
-* ``accuracy.png``: where the release meta has an accuracy (e.g. model-snapshot accuracy; a mapping
-  of per-task accuracies, as lifelong snapshots carry, is drawn as their mean), per step per stream;
-* ``summary.json`` and one summary line: rows read, streams, steps released, dead letters.
+  the first part) per step of each drawn stream, with a band of ``± band × noise std``: the
+  per-coordinate standard deviation of the release error, ``meta["noise_std"]`` where the mechanism
+  reports it, or derived from an output-perturbed model's ``law``/``noise_scale`` (Gaussian: σ;
+  K-norm in d dimensions: √(d+1)·b). Releases without either (projected or post-processed models)
+  are drawn without a band, and the title says so;
+* ``privacy_spend.png``: per mechanism and step, over every stream, the largest ``epsilon_spent``
+  (the shading reaches down to the smallest) and the largest ``delta_spent`` when non-zero, with the
+  budgets as dashed lines;
+* ``accuracy.png``: where a drawn stream's release meta has an accuracy (e.g. model-snapshot
+  accuracy; a mapping of per-task accuracies, as lifelong snapshots carry, is drawn as their mean),
+  per step;
+* ``summary.json`` and the summary lines: rows read, streams, steps released, dead letters, each
+  figure's caption.
 
 Releases hold no raw data, so the report shows nothing the releases did not already publish.
 """
 
 from __future__ import annotations
 
-import glob
 import json
-import logging
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
 
 import numpy as np
-import pyarrow as pa
 
-from beam_dp.io import read_releases
+from beam_dp.report.aggregate import (
+    ACCURACY_KEYS,
+    DrawnSeries,
+    MechanismAggregate,
+    ReleaseAggregate,
+    accuracy,
+    aggregate_files,
+    noise_std,
+)
+from beam_dp.report.progress import ReadProgress
+from beam_dp.report.sources import ReportInputError, release_files
 
-__all__ = ["ACCURACY_KEYS", "ReportSummary", "load_releases", "make_report"]
+__all__ = ["ACCURACY_KEYS", "ReportSummary", "accuracy", "drawn_caption", "make_report", "noise_std"]
 
-log = logging.getLogger("beam_dp.report")
-
-#: Meta keys read as model-snapshot accuracy, first numeric (or mapping of numbers) match wins.
-ACCURACY_KEYS = ("accuracy", "average_accuracy", "snapshot_accuracy", "test_accuracy")
-#: Columns every release row has (``beam_dp.io.RELEASE_SCHEMA``) that the report reads.
-REQUIRED_COLUMNS = ("stream", "step", "mechanism", "value", "epsilon_spent", "delta_spent", "epsilon_budget", "meta")
+_NAMES_IN_CAPTION = 6
 
 
 @dataclass
 class ReportSummary:
+    """What the report read and drew (``summary.json``)."""
+
     files: int = 0
     rows: int = 0
     streams: int = 0
@@ -49,201 +60,192 @@ class ReportSummary:
     last_step: int = 0
     dead_letters: int | None = None
     figures: list = field(default_factory=list)
+    streams_by_mechanism: dict = field(default_factory=dict)
+    drawn: dict = field(default_factory=dict)  # mechanism -> the streams its figures draw
+    captions: dict = field(default_factory=dict)  # figure -> its caption
+    notes: list = field(default_factory=list)
 
     def line(self) -> str:
         dead = "unknown (no dead-letter files)" if self.dead_letters is None else str(self.dead_letters)
+        drawn = max((len(d) for d in self.drawn.values()), default=0)
         return (f"beam_dp report: {self.rows} release rows from {self.files} files; {self.streams} streams, "
                 f"steps released up to {self.last_step}, mechanisms {', '.join(self.mechanisms)}; "
-                f"dead letters: {dead}; figures: {', '.join(self.figures)}")
+                f"dead letters: {dead}; figures: {', '.join(self.figures)} (drawing {drawn} of {self.streams} "
+                "streams, first by name)")
+
+    def lines(self) -> list[str]:
+        """The summary line, then one line per figure (its caption) and per note."""
+        return ([self.line()] + [f"  {name}: {self.captions[name]}" for name in self.figures]
+                + [f"  note: {note}" for note in self.notes])
 
 
-def _paths(patterns: Iterable[str]) -> list[str]:
-    paths: list[str] = []
-    for pattern in patterns:
-        found = sorted(glob.glob(pattern)) or sorted(glob.glob(pattern + "*"))
-        paths.extend(p for p in found if Path(p).is_file() and not Path(p).name.startswith("dead_letter"))
-    if not paths:
-        raise FileNotFoundError(f"no release files match {' '.join(patterns)}")
-    return paths
-
-
-def load_releases(patterns: Iterable[str], progress_every: float = 5.0) -> tuple[list[dict], int]:
-    """All rows of the matching files, logging progress every ``progress_every`` seconds (long replays)."""
-    paths = _paths(patterns)
-    rows: list[dict] = []
-    last = time.monotonic()
-    for i, path in enumerate(paths, 1):
-        rows.extend(_read_release_file(path))
-        if time.monotonic() - last >= progress_every:
-            log.info("read %d/%d files, %d rows", i, len(paths), len(rows))
-            last = time.monotonic()
-    return rows, len(paths)
-
-
-def _read_release_file(path: str) -> list[dict]:
-    """The rows of one release file; ``ValueError`` naming the file when it is not one."""
-    try:
-        rows = read_releases(path)
-    except (ValueError, TypeError, KeyError, OSError, pa.ArrowException) as exc:
-        raise ValueError(f"{path} is not a beam_dp release file (Parquet or JSON lines of release rows): "
-                         f"{type(exc).__name__}") from None
-    for row in rows:
-        missing = [c for c in REQUIRED_COLUMNS if c not in row]
-        if missing or not isinstance(row["meta"], dict):
-            raise ValueError(f"{path} is not a beam_dp release file: its rows lack {', '.join(missing) or 'a meta mapping'}")
-    return rows
+def drawn_caption(drawn: list[str], total: int) -> str:
+    """``"k of N streams drawn (first k by name: a, b, ...)"``."""
+    names = ", ".join(drawn[:_NAMES_IN_CAPTION]) + (", ..." if len(drawn) > _NAMES_IN_CAPTION else "")
+    return f"{len(drawn)} of {total} streams drawn (the first {len(drawn)} by name: {names})"
 
 
 def _count_dead_letters(pattern: str | None, release_paths: list[str]) -> int | None:
+    """Non-blank lines of the dead-letter files (``pattern``, else ``dead_letter*`` beside the releases)."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from beam_dp.report.sources import _match
+
     if pattern is None:
-        folders = {str(Path(p).parent) for p in release_paths}
-        files = sorted(f for d in folders for f in glob.glob(str(Path(d) / "dead_letter*")))
+        folders = sorted({p.rsplit("/", 1)[0] if "/" in p else "." for p in release_paths})
+        files = sorted(f for d in folders for f in _match(FileSystems.join(d, "dead_letter*")))
     else:
-        files = sorted(glob.glob(pattern))
+        files = _match(pattern)
     if not files:
         return None
-    return sum(1 for f in files for line in Path(f).read_text(encoding="utf-8").splitlines() if line.strip())
+    count = 0
+    for path in files:
+        try:
+            with FileSystems.open(path) as fh:
+                count += sum(1 for line in fh if line.strip())
+        except OSError as exc:
+            raise ReportInputError(f"cannot read {path}: {exc.strerror or type(exc).__name__}") from None
+    return count
 
 
-def _first_coordinate(row: dict) -> float:
-    value = row["value"]
-    return float(value[0]) if len(value) else float("nan")
-
-
-def _noise_std(row: dict) -> float:
-    """Per-coordinate standard deviation of the release error; NaN where the release does not say."""
-    meta = row["meta"]
-    std = meta.get("noise_std")
-    if std is not None:
-        return float(np.ravel(std)[0])
-    scale, law = meta.get("noise_scale"), meta.get("law")
-    if isinstance(scale, (int, float)) and law == "gaussian":
-        return float(scale)
-    if isinstance(scale, (int, float)) and law == "gamma":  # K-norm in d dims: variance (d + 1)·b² per coordinate
-        return float(np.sqrt(len(row["value"]) + 1) * scale)
-    return float("nan")
-
-
-def _accuracy(meta: dict) -> float | None:
-    """The first accuracy in ``meta`` (a number, or the mean of a mapping of per-task numbers)."""
-    for key in ACCURACY_KEYS:
-        value = meta.get(key)
-        if isinstance(value, dict):
-            numbers = [v for v in value.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
-            if numbers:
-                return float(np.mean(numbers))
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    return None
-
-
-def _by_stream(rows: list[dict], streams: list[str]) -> dict[str, list[dict]]:
-    out: dict[str, list[dict]] = {s: [] for s in streams}
-    for row in rows:
-        if row["stream"] in out:
-            out[row["stream"]].append(row)
-    for series in out.values():
-        series.sort(key=lambda r: r["step"])
+def _output_folder(out_dir: str | Path) -> Path:
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ReportInputError(f"--out {out} is an existing file, not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReportInputError(f"cannot create --out {out}: {exc.strerror or type(exc).__name__}") from None
     return out
 
 
+def _save(plt, fig, out: Path, name: str, caption: str, summary: ReportSummary) -> None:
+    fig.text(0.01, 0.01, caption, fontsize="small", ha="left", va="bottom", wrap=True)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(out / name, dpi=110)
+    plt.close(fig)
+    summary.figures.append(name)
+    summary.captions[name] = caption
+
+
+def _values_figure(plt, mechanism: MechanismAggregate, series: list[DrawnSeries], band: float):
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    banded = unbanded = 0
+    for s in series:
+        std = s.noise_std
+        (line,) = ax.plot(s.steps, s.first, label=s.stream, lw=1.2)
+        known = np.isfinite(std)
+        banded += int(known.sum())
+        unbanded += int((~known).sum())
+        if known.any():
+            ax.fill_between(s.steps, s.first - band * std, s.first + band * std, where=known,
+                            color=line.get_color(), alpha=0.25, label=f"{s.stream} ±{band:g}·noise std")
+    ax.set_xlabel("step")
+    ax.set_ylabel("released value (first coordinate)")
+    bands = (f"±{band:g}·noise std bands" if banded and not unbanded else
+             f"±{band:g}·noise std bands where the meta gives it" if banded else
+             "no noise std in the release meta: no band")
+    ax.set_title(f"{mechanism.name}: releases of {len(mechanism.drawn)} of {len(mechanism.streams)} streams, {bands}",
+                 fontsize="medium")
+    ax.legend(fontsize="small", ncol=2)
+    return fig
+
+
+def _spend_figure(plt, aggregate: ReleaseAggregate):
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    ax2 = ax.twinx() if aggregate.has_delta else None
+    for mechanism in aggregate.mechanisms.values():
+        spend = mechanism.spend
+        (line,) = ax.step(spend.steps, spend.epsilon_max, where="post",
+                          label=f"{mechanism.name} (largest of {len(mechanism.streams)} streams)")
+        if np.any(spend.epsilon_min < spend.epsilon_max):
+            ax.fill_between(spend.steps, spend.epsilon_min, spend.epsilon_max, step="post", color=line.get_color(),
+                            alpha=0.2)
+        if ax2 is not None:
+            ax2.step(spend.steps, spend.delta_max, where="post", ls=":", color=line.get_color())
+    for budget in sorted(set().union(*(m.epsilon_budgets for m in aggregate.mechanisms.values()))):
+        ax.axhline(budget, ls="--", color="grey", lw=0.8)
+    ax.set_xlabel("step")
+    ax.set_ylabel("epsilon_spent (worst case per element)")
+    if ax2 is not None:
+        ax2.set_ylabel("delta_spent (dotted, largest)")
+    ax.set_title(f"privacy spend per step over all {aggregate.stream_count()} streams (dashed: budget)",
+                 fontsize="medium")
+    ax.legend(fontsize="small", ncol=2)
+    return fig
+
+
+def _accuracy_figure(plt, drawn: dict[str, list[DrawnSeries]]):
+    points = {(m, s.stream): (s.steps[known], s.accuracy[known])
+              for m, series in drawn.items() for s in series if (known := np.isfinite(s.accuracy)).any()}
+    if not points:
+        return None, []
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    for (mechanism, stream), (steps, values) in sorted(points.items()):
+        ax.plot(steps, values, marker=".", label=f"{stream} ({mechanism})")
+    ax.set_xlabel("step")
+    ax.set_ylabel("model-snapshot accuracy")
+    ax.legend(fontsize="small")
+    return fig, sorted({m for m, _ in points})
+
+
 def make_report(patterns: Iterable[str], out_dir: str | Path, dead_letters: str | None = None,
-                max_streams: int = 6, band: float = 2.0) -> ReportSummary:
-    """Write the figures and ``summary.json`` to ``out_dir``; return the summary."""
+                max_streams: int = 6, band: float = 2.0, progress: bool = True) -> ReportSummary:
+    """Write the figures and ``summary.json`` of the releases that ``patterns`` name (job folders,
+    globs, file prefixes or files: :func:`beam_dp.report.sources.release_files`) to ``out_dir``;
+    return the summary.
+
+    Args:
+        patterns: the inputs.
+        out_dir: folder for the figures (created; an existing file is a ``ReportInputError``).
+        dead_letters: glob of dead-letter files to count; default ``dead_letter*`` beside the releases.
+        max_streams: streams drawn per mechanism (the first by name).
+        band: half-width of the noise band in standard deviations.
+        progress: report the read's progress after a few seconds: on stderr when it is a terminal,
+            otherwise as INFO lines of the ``beam_dp.report`` logger.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     if max_streams < 1 or not band > 0:
-        raise ValueError("--max-streams must be >= 1 and --band > 0")
-    patterns = list(patterns)
-    rows, n_files = load_releases(patterns)
-    if not rows:
-        raise ValueError("the release files hold no rows")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    all_streams = sorted({r["stream"] for r in rows})
-    streams = all_streams[:max_streams]
-    mechanisms = sorted({r["mechanism"] for r in rows})
-    summary = ReportSummary(files=n_files, rows=len(rows), streams=len(all_streams), mechanisms=mechanisms,
-                            last_step=max(r["step"] for r in rows),
-                            dead_letters=_count_dead_letters(dead_letters, _paths(patterns)))
+        raise ReportInputError("--max-streams must be >= 1 and --band > 0")
+    paths, notes = release_files(patterns)
+    out = _output_folder(out_dir)
+    reader = ReadProgress(len(paths)) if progress else None
+    try:
+        aggregate = aggregate_files(paths, max_streams, reader)
+    finally:
+        if reader is not None:
+            reader.close()
+    if not aggregate.rows:
+        raise ReportInputError("the release files hold no rows")
+    mechanisms = sorted(aggregate.mechanisms)
+    drawn = {name: aggregate.mechanisms[name].series() for name in mechanisms}
+    summary = ReportSummary(files=len(paths), rows=aggregate.rows, streams=aggregate.stream_count(),
+                            mechanisms=mechanisms, last_step=aggregate.last_step,
+                            dead_letters=_count_dead_letters(dead_letters, paths),
+                            streams_by_mechanism={m: len(aggregate.mechanisms[m].streams) for m in mechanisms},
+                            drawn={m: list(aggregate.mechanisms[m].drawn) for m in mechanisms}, notes=notes)
 
-    for mechanism in mechanisms:
-        series = _by_stream([r for r in rows if r["mechanism"] == mechanism], streams)
-        fig, ax = plt.subplots(figsize=(9, 4.5))
-        banded = unbanded = 0
-        for stream, srows in series.items():
-            if not srows:
-                continue
-            steps = np.array([r["step"] for r in srows])
-            values = np.array([_first_coordinate(r) for r in srows])
-            std = np.array([_noise_std(r) for r in srows])
-            (line,) = ax.plot(steps, values, label=stream, lw=1.2)
-            known = np.isfinite(std)
-            banded += int(known.sum())
-            unbanded += int((~known).sum())
-            if known.any():
-                ax.fill_between(steps, values - band * std, values + band * std, where=known,
-                                color=line.get_color(), alpha=0.25, label=f"{stream} ±{band:g}·noise std")
-        ax.set_xlabel("step")
-        ax.set_ylabel("released value (first coordinate)")
-        ax.set_title(f"{mechanism}: " + (f"releases with ±{band:g}·noise std bands" if banded and not unbanded else
-                                         f"releases, ±{band:g}·noise std bands where the meta gives it" if banded else
-                                         "releases (no noise std in the release meta: no band)"))
-        ax.legend(fontsize="small", ncol=2)
-        name = f"values_{mechanism}.png"
-        fig.tight_layout()
-        fig.savefig(out / name, dpi=110)
-        plt.close(fig)
-        summary.figures.append(name)
+    for name in mechanisms:
+        mechanism = aggregate.mechanisms[name]
+        fig = _values_figure(plt, mechanism, drawn[name], band)
+        _save(plt, fig, out, f"values_{name}.png", drawn_caption(mechanism.drawn, len(mechanism.streams)), summary)
 
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    has_delta = any(r["delta_spent"] > 0 for r in rows)
-    ax2 = ax.twinx() if has_delta else None
-    for (stream, mechanism), srows in sorted(_group(rows, streams).items()):
-        steps = [r["step"] for r in srows]
-        (line,) = ax.step(steps, [r["epsilon_spent"] for r in srows], where="post", label=f"{stream} ({mechanism})")
-        if ax2 is not None:
-            ax2.step(steps, [r["delta_spent"] for r in srows], where="post", ls=":", color=line.get_color())
-    for budget in sorted({r["epsilon_budget"] for r in rows}):
-        ax.axhline(budget, ls="--", color="grey", lw=0.8)
-    ax.set_xlabel("step")
-    ax.set_ylabel("epsilon_spent (worst case per element)")
-    if ax2 is not None:
-        ax2.set_ylabel("delta_spent (dotted)")
-    ax.set_title("privacy spend per stream (dashed: budget)")
-    ax.legend(fontsize="small", ncol=2)
-    fig.tight_layout()
-    fig.savefig(out / "privacy_spend.png", dpi=110)
-    plt.close(fig)
-    summary.figures.append("privacy_spend.png")
+    fig = _spend_figure(plt, aggregate)
+    _save(plt, fig, out, "privacy_spend.png",
+          f"all {aggregate.rows} releases of {summary.streams} streams: per step the largest epsilon_spent of any "
+          "stream (line), shaded down to the smallest", summary)
 
-    accuracy_rows = [r for r in rows if _accuracy(r["meta"]) is not None]
-    if accuracy_rows:
-        fig, ax = plt.subplots(figsize=(9, 4.5))
-        for (stream, mechanism), srows in sorted(_group(accuracy_rows, streams).items()):
-            ax.plot([r["step"] for r in srows], [_accuracy(r["meta"]) for r in srows], marker=".",
-                    label=f"{stream} ({mechanism})")
-        ax.set_xlabel("step")
-        ax.set_ylabel("model-snapshot accuracy")
-        ax.set_title("accuracy of released model snapshots (from release meta)")
-        ax.legend(fontsize="small")
-        fig.tight_layout()
-        fig.savefig(out / "accuracy.png", dpi=110)
-        plt.close(fig)
-        summary.figures.append("accuracy.png")
+    fig, with_accuracy = _accuracy_figure(plt, drawn)
+    if fig is not None:
+        caption = "; ".join(f"{m}: {drawn_caption(aggregate.mechanisms[m].drawn, len(aggregate.mechanisms[m].streams))}"
+                            for m in with_accuracy)
+        fig.axes[0].set_title("accuracy of released model snapshots (from release meta) of the drawn streams",
+                              fontsize="medium")
+        _save(plt, fig, out, "accuracy.png", caption, summary)
 
     (out / "summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n")
     return summary
-
-
-def _group(rows: list[dict], streams: list[str]) -> dict[tuple[str, str], list[dict]]:
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for row in rows:
-        if row["stream"] in streams:
-            groups.setdefault((row["stream"], row["mechanism"]), []).append(row)
-    for series in groups.values():
-        series.sort(key=lambda r: r["step"])
-    return groups

@@ -35,7 +35,8 @@ def _write_releases(folder, steps=12):
     pq.write_table(pa.Table.from_pylist([r._asdict() for r in rows], schema=RELEASE_SCHEMA),
                    folder / "sum-00000-of-00001.parquet")
     (folder / "dead_letter-00000-of-00001.jsonl").write_text(
-        json.dumps({"stage": "sum", "reason": "late"}) + "\n" + json.dumps({"stage": "read", "reason": "malformed"}) + "\n")
+        json.dumps({"stage": "sum", "reason": "late"}) + "\n"
+        + json.dumps({"stage": "read", "reason": "malformed"}) + "\n")
     return len(rows)
 
 

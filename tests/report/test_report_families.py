@@ -13,7 +13,7 @@ import pytest
 
 from beam_dp.io import RELEASE_SCHEMA, read_releases
 from beam_dp.report.__main__ import main
-from beam_dp.report.figures import _accuracy, _noise_std
+from beam_dp.report.figures import accuracy, noise_std
 from tests.reliability import targets
 from tests.reliability.harness import run_pipeline
 
@@ -62,21 +62,21 @@ def test_report_handles_every_family(family, tmp_path, capsys):
     rows = read_releases(str(tmp_path / "releases-*"))
     for mechanism in {r["mechanism"] for r in rows}:
         assert f"values_{mechanism}.png" in summary["figures"]
-    assert ("accuracy.png" in summary["figures"]) == any(_accuracy(r["meta"]) is not None for r in rows)
+    assert ("accuracy.png" in summary["figures"]) == any(accuracy(r["meta"]) is not None for r in rows)
     if family == "lifelong":
         assert "accuracy.png" in summary["figures"]  # the per-task mapping that used to crash float()
     if family in ("sum", "erm"):  # both report their error law: the bands are drawn
-        assert all(np.isfinite(_noise_std(r)) and _noise_std(r) > 0 for r in rows)
+        assert all(np.isfinite(noise_std(r["meta"], len(r["value"]))) and noise_std(r["meta"], len(r["value"])) > 0
+                   for r in rows)
 
 
 def test_model_noise_std_follows_the_output_perturbation_law():
-    value = [0.0] * 8
-    assert _noise_std({"value": value, "meta": {"law": "gaussian", "noise_scale": 0.5}}) == 0.5
+    assert noise_std({"law": "gaussian", "noise_scale": 0.5}, 8) == 0.5
     # K-norm in d = 8 dimensions: each coordinate has variance (d + 1) b^2
-    assert _noise_std({"value": value, "meta": {"law": "gamma", "noise_scale": 0.5}}) == pytest.approx(1.5)
-    assert np.isnan(_noise_std({"value": value, "meta": {"x": 1}}))
-    assert _accuracy({"accuracy": {"t1": 0.5, "t2": 1.0}, "average_accuracy": 0.75}) == 0.75
-    assert _accuracy({"accuracy": {}, "average_accuracy": None}) is None
+    assert noise_std({"law": "gamma", "noise_scale": 0.5}, 8) == pytest.approx(1.5)
+    assert np.isnan(noise_std({"x": 1}, 8))
+    assert accuracy({"accuracy": {"t1": 0.5, "t2": 1.0}, "average_accuracy": 0.75}) == 0.75
+    assert accuracy({"accuracy": {}, "average_accuracy": None}) is None
 
 
 @pytest.mark.parametrize("content", ["a,b\n1,2\n", '{"x": 1}\n', "\x00\x01 not parquet"])
