@@ -30,7 +30,8 @@ from typing import Callable, NamedTuple
 from beam_dp.core.calibration import analytic_gaussian_epsilon
 
 __all__ = ["ACCOUNT_KINDS", "GAUSSIAN_LAWS", "PURE_LAWS", "Account", "DeclaredLoss", "NoiseTerm", "account",
-           "combined_declaration", "declaration_json", "loss_of_declaration", "merge_terms", "recomputed_epsilon"]
+           "combined_declaration", "declaration_json", "declared_terms", "loss_of_declaration", "merge_terms",
+           "recomputed_epsilon"]
 
 PURE_LAWS = ("gamma", "laplace", "discrete_laplace")
 GAUSSIAN_LAWS = ("gaussian",)
@@ -49,6 +50,7 @@ ACCOUNT_KINDS: dict[str, str] = {
     "bbimprover": "beam_dp.mechanisms.schedulers:bbimprover_spend",
     # lifelong learners and PRIVINCERM
     "dpsgd": "beam_dp.mechanisms.lifelong.accounting:dpsgd_spend",
+    "dpsgd_pld": "beam_dp.mechanisms.lifelong.accounting:dpsgd_pld_spend",
     "l2dp_ml": "beam_dp.mechanisms.lifelong.accounting:l2dp_claim",
     "advanced_composition": "beam_dp.mechanisms.regression:advanced_composition",
 }
@@ -108,6 +110,15 @@ def _parsed(text: str) -> tuple[tuple[NoiseTerm, ...], tuple[Account, ...]]:
     return terms, accounts
 
 
+def declared_terms(text: str) -> tuple[tuple[NoiseTerm, ...], tuple[Account, ...]]:
+    """The terms and accounts a ``noise`` declaration states, as written (``ValueError`` when malformed;
+    :func:`loss_of_declaration` checks their ranges)."""
+    try:
+        return _parsed(text)
+    except (KeyError, TypeError, ValueError, AttributeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"malformed noise declaration: {type(exc).__name__}: {exc}") from None
+
+
 def combined_declaration(*texts: str) -> str:
     """The declaration of a release whose loss is the sum of the losses the declarations ``texts`` state
     (e.g. a model computed from two trees' releases): their terms merged; ``""`` if any declares none
@@ -124,15 +135,21 @@ def combined_declaration(*texts: str) -> str:
 
 def loss_of_declaration(text: str) -> DeclaredLoss:
     """The loss recomputed from a ``noise`` declaration; ``ValueError`` when it is malformed (an
-    unknown law or account kind, a scale <= 0, a negative weight, account parameters out of range)."""
+    unknown law or account kind, a scale <= 0, a weight <= 0, account parameters out of range) or
+    declares nothing (no term and no account: no mechanism writes that, ``""`` is a release without
+    a declaration)."""
     try:
         terms, accounts = _parsed(text)
     except (KeyError, TypeError, ValueError, AttributeError, json.JSONDecodeError) as exc:
         raise ValueError(f"malformed noise declaration: {type(exc).__name__}: {exc}") from None
+    if not terms and not accounts:
+        raise ValueError("an empty noise declaration (no term, no account)")
     pure = mu_sq = account_epsilon = account_delta = 0.0
     for law, sensitivity, scale, weight in terms:
+        # a term is a node (or factorization column) the worst-hit element lies in: weight > 0 (a
+        # mechanism leaves out the nodes an element is not in, it never writes them with weight 0)
         if not (math.isfinite(sensitivity) and sensitivity > 0 and math.isfinite(scale) and scale > 0
-                and math.isfinite(weight) and weight >= 0):
+                and math.isfinite(weight) and weight > 0):
             raise ValueError(f"a term ({law}, {sensitivity}, {scale}, {weight}) out of range")
         if law in PURE_LAWS:
             pure += weight * sensitivity / scale

@@ -11,12 +11,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from beam_dp.beam import (ContinualCount, ContinualCountParams, ContinualSum, ContinualSumParams, NoiseKey,
-                          WindowedSum, WindowedSumParams)
+from beam_dp.beam import (
+    ContinualCount,
+    ContinualCountParams,
+    ContinualSum,
+    ContinualSumParams,
+    NoiseKey,
+    WindowedSum,
+    WindowedSumParams,
+)
 from beam_dp.core import StepClock
 from beam_dp.core.budget import JobBudget
 from beam_dp.io import WriteReleasesToParquet, read_releases
-from beam_dp.verify import main as verify_main, verify_job
+from beam_dp.verify import main as verify_main
+from beam_dp.verify import verify_job
 from tests.beam import collect
 from tests.beam.helpers import batch_options
 
@@ -138,7 +146,9 @@ def test_verifier_catches_a_shared_domain_and_unlabelled_rows(tmp_path, monkeypa
     monkeypatch.setenv("BEAM_DP_NOISE_KEY", bytes(range(32)).hex())
     out = _write_job(tmp_path, JobBudget(1.0).split({"sum": "pure", "windowed": "pure"}))
     rows = read_releases(out + "/*.parquet")
-    shared = [dict(r, noise_domain="one") for r in rows if r["noise_domain"] == "Sum"] * 2
+    sums = [dict(r, noise_domain="one") for r in rows if r["noise_domain"] == "Sum"]
+    # a second transform's releases (other values): exact copies of rows would count as one release
+    shared = sums + [dict(r, value=[v + 1.0 for v in r["value"]]) for r in sums]
     assert any("share the noise domain" in p for p in verify_job(shared).problems)
     assert not verify_job([dict(r, noise_domain="") for r in rows]).ok
     assert json.dumps(verify_job(rows).worst_epsilon) and verify_job(rows).worst_epsilon <= 1.0 + 1e-9
@@ -155,7 +165,7 @@ def test_the_verifier_gives_one_verdict_for_rows_and_for_their_table(tmp_path, m
     rows = read_releases(out + "/*.parquet")
     table = read_release_table(out + "/*.parquet", VERIFIED_COLUMNS)
     doctored = [dict(rows[0], epsilon_spent=rows[0]["epsilon_budget"] * 1.5), dict(rows[1], noise_domain=""),
-                rows[2], rows[2]] + rows[3:]
+                rows[2], dict(rows[2], value=[v + 1.0 for v in rows[2]["value"]])] + rows[3:]
     for given in (rows, doctored):
         by_rows, by_table = verify_job(given), verify_job(pa.Table.from_pylist(
             [{k: json.dumps(r[k], sort_keys=True) if k == "meta" else r[k] for k in VERIFIED_COLUMNS} for r in given]))
@@ -181,7 +191,11 @@ def test_the_verifier_reads_a_job_batch_by_batch(tmp_path, monkeypatch):
     by_batch = verify_job(iter_release_tables(out + "/*.parquet", VERIFIED_COLUMNS))
     assert (by_batch.ok, by_batch.worst_epsilon, [d.releases for d in by_batch.domains]) == (
         True, whole.worst_epsilon, [d.releases for d in whole.domains])
-    doubled = pa.concat_tables([table, table.slice(table.num_rows - 1, 1)])
+    last = table.slice(table.num_rows - 1, 1)  # released again with another value (an exact copy is one release)
+    value = VERIFIED_COLUMNS.index("value")
+    last = last.set_column(value, "value", pa.array([[v + 1.0 for v in last.column("value")[0].as_py()]],
+                                                     table.schema.field("value").type))
+    doubled = pa.concat_tables([table, last])
     verifier = JobVerifier()
     for start in range(0, doubled.num_rows, 7):  # the copy lands 6+ batches after its original
         verifier.add(doubled.slice(start, 7))
