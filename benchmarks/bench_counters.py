@@ -46,12 +46,13 @@ def gaussian_curves(T: int) -> dict[str, np.ndarray]:
     t = np.arange(1, T + 1)
     L = T.bit_length()
     c = sqrt_coeffs(T)
-    blt, blt_u = blt_for(T), blt_for(None)
+    blt, blt_u, blt_mean = blt_for(T), blt_for(None), blt_for(T, "mean")
     return {
         "binary tree": popcount(t) * float(L),
         "honaker (binary)": tree_like(t, 2, L, honaker_variances([float(L)] * L, 2)),
         "toeplitz sqrt": np.sum(c**2) * np.cumsum(c**2),
         "blt (4 buffers)": blt.col_norm_sq(T) * blt.direct_row_norm_sq(T),
+        "blt (4 buffers, mean-error fit)": blt_mean.col_norm_sq(T) * blt_mean.direct_row_norm_sq(T),
         "blt unbounded": blt_u.col_norm_sq(math.inf) * blt_u.direct_row_norm_sq(T),
     }
 
@@ -164,11 +165,24 @@ def unbounded_growth() -> list[tuple[int, float, float]]:
     return rows
 
 
+def print_blt_rows() -> None:
+    """The square root's, the max-error BLT fit's and the mean-error fit's max / mean variance (z²Δ₂²)."""
+    for k in (10, 12, 16, 20):
+        curves = gaussian_curves(2**k)
+        rows = (curves["toeplitz sqrt"], curves["blt (4 buffers)"], curves["blt (4 buffers, mean-error fit)"])
+        print(f"T=2^{k}", *(f"{v.max():.3f} / {v.mean():.3f}" for v in rows))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--full", action="store_true")
     parser.add_argument("--figure", default=None)
+    parser.add_argument("--blt-rows", action="store_true",
+                        help="only the BLT fits' and the square root's max / mean variance at T = 2^10 .. 2^20")
     args = parser.parse_args()
+    if args.blt_rows:
+        print_blt_rows()
+        return
     check_against_mechanisms()
     print("## exact per-step variance (max / mean over t in [1, T]); ratio = binary tree max / counter max\n")
     results = {}

@@ -97,9 +97,9 @@ LEARNERS = ("l2dp", "l2dp-nobn", "naive", "bounded", "agem")
 
 def make_config(kind: str, eps: float, common: dict, n_tasks: int):
     """A learner's config; ``common["task_size"]`` (the public task sizes, here the benchmark's own choice)
-    goes to the DP-SGD learners only."""
+    and ``common["accountant"]`` go to the DP-SGD learners only."""
     if kind in ("l2dp", "l2dp-nobn", "agem"):
-        common = {k: v for k, v in common.items() if k != "task_size"}
+        common = {k: v for k, v in common.items() if k not in ("task_size", "accountant")}
     if kind in ("l2dp", "l2dp-nobn"):
         return L2DPConfig(**common, epsilon=eps, encoder_batch_norm=kind == "l2dp")
     if kind == "naive":
@@ -115,10 +115,10 @@ def run_learner(config, tasks, key: bytes):
     noise = NoiseSource(key)
     m = len(tasks)
     acc = np.zeros((m, m))
-    for l, task in enumerate(tasks):
+    for seen, task in enumerate(tasks):
         state, (release,) = learner.step(state, task, noise)
-        for t in range(l + 1):
-            acc[l, t] = release.meta["accuracy"][str(t)]
+        for t in range(seen + 1):
+            acc[seen, t] = release.meta["accuracy"][str(t)]
     return acc, release, str(learner.device)
 
 
@@ -127,7 +127,8 @@ def run_dataset(name, tasks, evals, n_classes, args, seed):
     common = dict(input_dim=tasks[0].x.shape[1], n_classes=n_classes, hidden=args.hidden, g_layers=(64, 32),
                   batch_size=args.batch, learning_rate=args.lr, epochs=args.epochs, task_ids=tuple(t.task_id for t in tasks),
                   eval_sets=evals, device=args.device, dtype=args.dtype,
-                  task_size={t.task_id: len(t) for t in tasks})  # sizes the script chose: public
+                  task_size={t.task_id: len(t) for t in tasks},  # sizes the script chose: public
+                  accountant=args.accountant)
     results = {}
     for kind in args.learners:
         for eps in ([None] if kind == "agem" else args.eps):
@@ -136,6 +137,8 @@ def run_dataset(name, tasks, evals, n_classes, args, seed):
             label = kind if eps is None else f"{kind}@{eps:g}"
             results[label] = {"seed": seed, "acc": acc.tolist(), "A": average_accuracy(acc).tolist(), "F": average_forgetting(acc),
                               "epsilon_spent": release.epsilon_spent, "delta_spent": release.delta_spent,
+                              **{k: release.meta.get(k) for k in ("accountant", "noise_multiplier",
+                                                                   "noise_multiplier_memory")},
                               "seconds": time.time() - t0, "device": device}
             print(f"{name:7s} {label:14s} A_m={100 * results[label]['A'][-1]:6.2f}%  F_m={results[label]['F']:.3f}  "
                   f"eps_spent={release.epsilon_spent:.3g}  {results[label]['seconds']:.1f}s on {device}", flush=True)
@@ -242,6 +245,8 @@ def main(argv=None):
     ap.add_argument("--eps", type=float, nargs="+", default=[0.5, 1.0, 2.0])
     ap.add_argument("--learners", nargs="+", default=["l2dp", "l2dp-nobn", "naive", "bounded", "agem"],
                     choices=LEARNERS, help="l2dp = L2DP-ML with encoder_batch_norm, l2dp-nobn = without it")
+    ap.add_argument("--accountant", default="pld", choices=["pld", "rdp"],
+                    help="DP-SGD learners' accountant: pld (tight, default) or rdp (looser)")
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--hidden", type=int, default=64)

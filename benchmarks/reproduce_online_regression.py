@@ -12,6 +12,11 @@ numpy stays the default and the reference). Small on CPU::
 
     nice -n 10 .venv/bin/python benchmarks/reproduce_online_regression.py --dim 64 --regime-T 256 --backend torch
 
+``--calibrations`` runs only the window tree's Gaussian calibrations side by side (paper's eq. 16
+against the exact analytic sigma, WDP-COCOL and WDP-COCOP regret)::
+
+    nice -n 10 .venv/bin/python benchmarks/reproduce_online_regression.py --calibrations --out /tmp/calib
+
 Parts
 1. Regret vs T: WDP-COCOP (unit ball, d = 5, f_t = ½‖x − z_t‖², W = 16, ε = 4, Gamma noise) against
    non-private FTAL (the same mechanism with the test-only ZeroNoise) and full-horizon privacy
@@ -96,7 +101,7 @@ def part_online(args, res):
     cseeds = range(4 if args.full else 1)
     for name, noise in (("COCOL simplex (1, 1e-5) W=16", NoiseSource(KEY)), ("COCOL simplex non-private", ZeroNoise())):
         mech = WDPCOCOL(dim=2, constraint=Simplex(2), loss=quadratic(1.0, 2.0), epsilon=1.0, delta=1e-5,
-                        noise="gaussian", window=16)
+                        noise="gaussian", window=16, calibration="paper")  # analytic: part_calibrations
         runs = []
         for s in cseeds:
             z = np.array([0.6, 0.4]) + 0.2 * np.random.default_rng(s).standard_normal((Tc, 2))
@@ -107,6 +112,34 @@ def part_online(args, res):
         print(f"[online] {name}: regret {np.round(curves[name], 2).tolist()}", flush=True)
     res["online"] = {"horizons": horizons, "cocol_horizons": hc, "curves": curves, "latency_s": latency,
                      "seeds": len(seeds), "cocol_seeds": len(cseeds)}
+
+
+def part_calibrations(args, res):
+    """Window-tree Gaussian calibrations side by side: WDP-COCOL on the simplex (the part-1 setup:
+    d = 2, paper constants, window (1, 1e-5), W = 16, 1 seed to 2^14) and WDP-COCOP on the unit ball
+    (d = 5, window (4, 1e-5), W = 16, 2 seeds to 2^13), each with ``calibration="paper"`` (eq. 16,
+    certified) and ``"analytic"`` (the exact sigma, the default), and the non-private run (ZeroNoise)."""
+    rows, horizons = {}, {}
+    setups = {
+        "COCOL simplex (1, 1e-5) W=16": (2**14, range(1), lambda cal: WDPCOCOL(
+            dim=2, constraint=Simplex(2), loss=quadratic(1.0, 2.0), epsilon=1.0, delta=1e-5, noise="gaussian",
+            window=16, calibration=cal),
+            lambda T, s: np.array([0.6, 0.4]) + 0.2 * np.random.default_rng(s).standard_normal((T, 2))),
+        "COCOP ball d=5 (4, 1e-5) W=16": (2**13, range(2), lambda cal: WDPCOCOP(
+            dim=5, constraint=L2Ball(5), loss=quadratic(1.0, 2.4), epsilon=4.0, delta=1e-5, noise="gaussian",
+            window=16, calibration=cal), lambda T, s: ball_points(T, 5, s)),
+    }
+    for setup, (T, seeds, make, data) in setups.items():
+        horizons[setup] = [2**k for k in range(8, int(math.log2(T)) + 1)]
+        for label, cal, noise in (("paper", "paper", NoiseSource(KEY)), ("analytic", "analytic", NoiseSource(KEY)),
+                                  ("non-private", "analytic", ZeroNoise())):
+            mech = make(cal)
+            curves = [regret_curve(mech, data(T, s), noise, f"seed{s}", horizons[setup])[0] for s in seeds]
+            rows[f"{setup} {label}"] = {"regret": np.mean(curves, axis=0).tolist(), "sigma": mech.tree.node_noise.scale,
+                                        "seeds": len(seeds)}
+            print(f"[calibration] {setup} {label} (sigma {mech.tree.node_noise.scale:.4g}): regret "
+                  f"{np.round(rows[f'{setup} {label}']['regret'], 2).tolist()}", flush=True)
+    res["calibrations"] = {"horizons": horizons, "rows": rows}
 
 
 def sparse_data(T, d, seed, k=3, nnz=5):
@@ -358,6 +391,8 @@ def main() -> None:
     parser.add_argument("--sweep-dims", type=int, nargs="+", default=[2, 5, 20, 50])
     parser.add_argument("--sweep-eps", type=float, nargs="+", default=[1.0, 4.0, 16.0, 64.0])
     parser.add_argument("--sweep-T", type=int, default=2**12)
+    parser.add_argument("--calibrations", action="store_true",
+                        help="only the window tree's paper vs analytic Gaussian calibration (COCOL, COCOP regret)")
     args = parser.parse_args()
     if args.device != "cpu":
         args.backend = "torch"
@@ -367,6 +402,11 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     res: dict = {"full": args.full}
     t0 = time.time()
+    if args.calibrations:
+        part_calibrations(args, res)
+        (out / "calibrations.json").write_text(json.dumps(res, indent=1))
+        print(f"wall {time.time() - t0:.0f} s", flush=True)
+        return
     if args.regret_sweep:
         part_regret_sweep(args, res)
         (out / "regret_sweep.json").write_text(json.dumps(res, indent=1))

@@ -25,6 +25,13 @@ every share, and the smaller of the two is reported.
 
 Windowed shares (privacy expiration) compose while the contribution is inside every window: a plan
 with windowed shares gives window DP over the smallest window (``BudgetPlan.window``).
+
+Planned against spent: a share is what its transform may spend; :func:`share_use` says how much of
+it the transform's mechanism can actually spend over the public steps (its ``max_spend``, where it
+has one: the window tree and what runs on it). An exactly calibrated mechanism spends its whole share;
+one whose calibration is looser (a paper's closed form, certified) or whose public horizon is too
+short to complete its nodes spends less, and ``ShareUse.unspent`` flags it so that a job can say so
+at construction and show the ratio in its summary and manifest.
 """
 
 from __future__ import annotations
@@ -36,8 +43,8 @@ from typing import Iterable, Literal, Mapping
 from beam_dp.core.calibration import analytic_gaussian_epsilon, analytic_gaussian_sigma
 
 __all__ = [
-    "COMPOSITIONS", "BudgetPlan", "BudgetShare", "JobBudget", "check_params_budget", "check_share", "compose", "composition_of",
-    "gaussian_mu",
+    "COMPOSITIONS", "UNSPENT_TOLERANCE", "BudgetPlan", "BudgetShare", "JobBudget", "ShareUse", "check_params_budget",
+    "check_share", "compose", "composition_of", "gaussian_mu", "max_spend_of", "share_use",
 ]
 
 Composition = Literal["pure", "gaussian", "approx"]
@@ -257,3 +264,58 @@ def check_params_budget(params, mechanism) -> None:
     """Refuse params whose mechanism does not fit ``params.budget`` (a no-op without a budget share)."""
     check_share(params.budget, float(mechanism.guarantee.epsilon), float(mechanism.guarantee.delta),
                 composition_of(mechanism), type(params).__name__)
+
+
+#: a share counts as unspent when its transform can spend less than this fraction below it
+UNSPENT_TOLERANCE = 1e-3
+
+
+def max_spend_of(mechanism, last_step: int | None = None) -> tuple[float, float] | None:
+    """The most ``mechanism`` spends on one contribution over steps ``1..last_step`` (``None``: any
+    step), ``(epsilon, delta)``, where it says: a ``max_spend(last_step)`` method on it, on the
+    mechanism a ``SnappedSum`` wraps (``inner``) or on the window tree an online learner runs
+    (``tree``). ``None`` when it does not say (its guarantee is then the bound)."""
+    for candidate in (mechanism, getattr(mechanism, "inner", None), getattr(mechanism, "tree", None)):
+        method = getattr(candidate, "max_spend", None)
+        if callable(method):
+            epsilon, delta = method(last_step)
+            return float(epsilon), float(delta)
+    return None
+
+
+@dataclass(frozen=True)
+class ShareUse:
+    """A transform's planned share ``(planned_epsilon, planned_delta)`` and the most it can spend of it
+    (``spendable_*``, equal to the planned amounts when its mechanism does not say)."""
+
+    name: str
+    planned_epsilon: float
+    planned_delta: float
+    spendable_epsilon: float
+    spendable_delta: float
+
+    @property
+    def ratio(self) -> float:
+        """Spendable over planned epsilon (1 for an empty share)."""
+        return self.spendable_epsilon / self.planned_epsilon if self.planned_epsilon > 0 else 1.0
+
+    @property
+    def unspent(self) -> bool:
+        """Whether the transform leaves more than ``UNSPENT_TOLERANCE`` of its share unspent."""
+        return self.ratio < 1.0 - UNSPENT_TOLERANCE
+
+    def describe(self) -> str:
+        return (f"{self.name}: share epsilon {self.planned_epsilon:.4g}, spends at most {self.spendable_epsilon:.4g} "
+                f"({100.0 * self.ratio:.1f}%)")
+
+
+def share_use(name: str, params, mechanism=None) -> ShareUse:
+    """How much of its share (``params.budget``, else its own ``epsilon``/``delta``) the transform of
+    ``params`` can spend by its clock's public last step (any step when it has none)."""
+    mechanism = params.build_mechanism() if mechanism is None else mechanism
+    share = getattr(params, "budget", None)
+    planned = ((float(share.epsilon), float(share.delta)) if share is not None
+               else (float(mechanism.guarantee.epsilon), float(mechanism.guarantee.delta)))
+    last_step = getattr(getattr(params, "clock", None), "last_step", None)
+    spendable = max_spend_of(mechanism, last_step) or planned
+    return ShareUse(name, planned[0], planned[1], spendable[0], spendable[1])

@@ -10,8 +10,10 @@ Guarantee
 ---------
 *Window DP, event level* (neighbouring streams differ in one record; one record per step):
 window ε-DP with Gamma/K-norm node noise (``noise="gamma"``, Option I) or window (ε, δ)-DP with
-Gaussian node noise (``noise="gaussian"``, Option II, Lou & Cheung, "Projection-free Online ERM with Privacy-preserving and Privacy Expiration" eq. 16, certified by the analytic
-Gaussian test). A record is protected while fewer than ``B = 2^⌈log₂ W⌉ >= W`` later steps have
+Gaussian node noise (``noise="gaussian"``, Option II): by default (``calibration="analytic"``) the
+smallest sigma passing the exact analytic Gaussian test on the tree's joint sensitivity
+``Δ₂√L_W``, or Lou & Cheung, "Projection-free Online ERM with Privacy-preserving and Privacy Expiration" eq. 16 certified by that test (``calibration="paper"``).
+A record is protected while fewer than ``B = 2^⌈log₂ W⌉ >= W`` later steps have
 been released. **Expired records are effectively published**: from ``B`` steps after a record on,
 its clipped gradient enters every later ``ĝ_t`` without noise; deploy only where
 old data may become public. ``epsilon_spent`` on each release is the tree's worst per-record spend
@@ -20,7 +22,8 @@ so far (at most ε, reached once ``t >= 2^{L_W − 1}``).
 Sensitivity: the tree is fed ``v_t = clip(∇f_t(x̂_t), L)``; ``x̂_t`` depends only on earlier
 releases, so neighbours differ in one ``v_t`` by at most ``2L``. The tree gets
 ``Δ₂ = max(2L, L + μD)`` (Lou & Cheung, "Projection-free Online ERM with Privacy-preserving and Privacy Expiration" uses ``L + μD``; equal when ``μD >= L``, never below the true
-bound). Node scale: Gamma ``c_W = Δ₂(⌈log₂W⌉+1)/ε``, Gaussian ``σ_W² = 8Δ₂²(⌈log₂W⌉+1)² ln²(2/δ)/ε²``.
+bound). Node scale: Gamma ``c_W = Δ₂(⌈log₂W⌉+1)/ε`` (exact), Gaussian the analytic ``σ_W`` or, with
+``calibration="paper"``, ``σ_W² = 8Δ₂²(⌈log₂W⌉+1)² ln²(2/δ)/ε²``.
 
 Steps
 -----
@@ -131,7 +134,7 @@ class OnlineLoss:
         """Features ``(n, d)`` as the loss sees them: rows scaled to L2 norm <= 1 where clipped."""
         if not (self.kind != "custom" if self.clip_features is None else self.clip_features):
             return A
-        return A / np.maximum(np.sqrt(np.einsum("ij,ij->i", A, A)), 1.0)[:, None]  # x / 1.0 == x exactly
+        return clip_l2(A, 1.0)[0] if len(A) else A  # unclipped rows unchanged exactly
 
     def grad(self, x: np.ndarray, a: np.ndarray, b: float) -> np.ndarray:
         """``∇f(x; a, b)`` of one record (the batch of one of ``grad_rows``)."""
@@ -215,7 +218,7 @@ class _PrivateFTAL(FreshGroups):
         delta: float = 0.0,
         noise: Literal["gamma", "gaussian"] = "gamma",
         window: int,
-        calibration: Literal["paper", "analytic"] = "paper",
+        calibration: Literal["paper", "analytic"] = "analytic",
         x1: Sequence[float] | np.ndarray | None = None,
     ) -> None:
         self.constraint = make_convex_set(constraint, dim)
@@ -351,7 +354,7 @@ class _PrivateFTAL(FreshGroups):
         grads = self.loss.grad_rows(group.x, A, b)
         # A custom loss may overflow on a finite record: that row contributes the public zero vector
         # (norm 0 <= L, so the 2L replace-one bound is unchanged) instead of refusing the step, which
-        # would make whether the group releases depend on the data (issue 23.6).
+        # would make whether the group releases depend on the data.
         grads = np.where(np.isfinite(grads).all(axis=1)[:, None], grads, 0.0)
         # one contribution per stream of norm <= L <= Δ₂/2 (the tree's R): a clipped sum of count 1
         v, _ = clip_l2(grads, self.lipschitz)

@@ -42,10 +42,27 @@ Noise and spend per node
   ``c_W = Δ₂ (⌈log₂ W⌉ + 1) / ε`` (Lou & Cheung, "Projection-free Online ERM with Privacy-preserving and Privacy Expiration" eq. 11). One node costs ``Δ₂ / c_W = ε / L_W``;
   a step is in ``L_W`` nodes, so ``L_W · ε / L_W = ε``. Per-coordinate node variance
   ``(d+1) c_W²``.
-* ``noise="gaussian"``: ``N(0, σ_W² I_d)`` with ``σ_W² = 8 Δ₂² L_W² ln²(2/δ) / ε²`` (Lou & Cheung, "Projection-free Online ERM with Privacy-preserving and Privacy Expiration"
-  eq. 13, ``calibration="paper"``), certified by the analytic Gaussian test on the joint
-  sensitivity ``Δ₂ √L_W`` (raises ``ValueError`` if it fails), or the smallest σ passing that test
-  (``calibration="analytic"``). One node is a Gaussian charge ``μ = Δ₂ / σ_W``.
+* ``noise="gaussian"``: ``N(0, σ_W² I_d)``. ``calibration="analytic"`` (default): the smallest σ
+  passing the exact analytic Gaussian test (Balle & Wang 2018) at ``(ε, δ)`` on the joint
+  sensitivity ``Δ₂ √L_W`` of the whole release sequence (below), so a step still protected spends
+  exactly ``ε`` once its ``L_W`` nodes are out. ``calibration="paper"``: ``σ_W² = 8 Δ₂² L_W² ln²(2/δ)
+  / ε²`` (Lou & Cheung, "Projection-free Online ERM with Privacy-preserving and Privacy Expiration" eq. 13), certified by the same test (raises ``ValueError`` if it fails); it
+  is far larger than needed (at ``W = 8``, ``δ = 1e-6`` it spends about 4% of ``ε``). One node is a
+  Gaussian charge ``μ = Δ₂ / σ_W``.
+
+The Gamma scale is exact under either ``calibration`` (K-norm noise of scale ``c`` on a node moved
+by ``Δ₂`` in L2 costs exactly ``Δ₂/c``, and the pure losses of the ``L_W`` nodes add).
+
+Joint sensitivity
+-----------------
+Up to a horizon ``T``, the releases are a function of the exact values of the expired steps (those
+``<= T - B``) and of the noisy nodes they use, so a protected step moves only the noisy nodes that
+contain it and that some release ``<= T`` uses. Those are all of its ``L_W`` nodes in the worst case,
+never more: a left child or root ``N_k(ℓ, i)`` (``i`` odd) enters the prefix of block ``k`` at its
+completion, a right child (``i`` even) the suffix of block ``k-1`` at block ``k+1``'s position
+``(i-1)2^ℓ``, fewer than ``B`` steps after any step it covers. So the joint L2 sensitivity is
+``Δ₂ √L_W`` (``WindowTreeSum.joint_nodes = L_W``; ``tests/mechanisms/test_window_tree_exact.py``
+enumerates it for every position and horizon of small windows).
 
 ``Release.epsilon_spent`` is the spend of the worst step still protected: ``ε · m_t / L_W`` with
 ``m_t = min(L_W, ⌊log₂ t⌋ + 1)`` completed nodes (Gamma), or the analytic ε' at δ of ``m_t``
@@ -236,9 +253,19 @@ class WindowTreeSum(GroupSteppedSum[WindowTreeState]):
         clip_bound: float | None = None,
         sensitivity: float | None = None,
         noise: str = "gamma",
-        calibration: str = "paper",
+        calibration: str = "analytic",
         window: int,
     ) -> None:
+        """Args:
+            dim: vector dimension ``d``.
+            epsilon: the window guarantee's ε (nats).
+            delta: its δ (Gaussian noise only; 0 for Gamma).
+            clip_bound: ``R``, the L2 bound every contribution is clipped to (or give ``sensitivity``).
+            sensitivity: ``Δ₂ = 2R`` instead of ``clip_bound``.
+            noise: ``"gamma"`` (K-norm, window ε-DP) or ``"gaussian"`` (window (ε, δ)-DP).
+            calibration: ``"analytic"`` (the smallest exact σ) or ``"paper"`` (eq. 13, certified).
+            window: ``W >= 1`` steps; protection lasts ``B = 2^⌈log₂ W⌉`` steps.
+        """
         super().__init__(
             dim=dim,
             epsilon=epsilon,
@@ -255,11 +282,12 @@ class WindowTreeSum(GroupSteppedSum[WindowTreeState]):
         self.height = self.block.bit_length() - 1  # h = log2 B
         self.levels = self.height + 1  # L_W = ceil(log2 W) + 1
         self.guarantee = Guarantee(self.epsilon, self.delta, window=self.block, window_requested=self.window)
+        self.joint_nodes = self.levels  # noisy nodes one protected step moves (module docstring)
         if self.noise_law == "gamma":
-            self.node_noise = NodeNoise("gamma", self.sensitivity * self.levels / self.epsilon, "exact")
+            self.node_noise = NodeNoise("gamma", self.sensitivity * self.joint_nodes / self.epsilon, "exact")
         else:
             paper = sigma_window_002(self.epsilon, self.delta, self.sensitivity, self.levels)
-            sigma, how = self.gaussian_sigma(paper, self.epsilon, self.delta, self.levels)
+            sigma, how = self.gaussian_sigma(paper, self.epsilon, self.delta, self.joint_nodes)
             self.node_noise = NodeNoise("gaussian", sigma, how)
 
     def __repr__(self) -> str:
@@ -369,6 +397,13 @@ class WindowTreeSum(GroupSteppedSum[WindowTreeState]):
                 loss = ElementLoss.of_noise("gaussian", self.sensitivity, node.scale, completed)
             cache[completed] = loss
         return loss
+
+    def max_spend(self, last_step: int | None = None) -> tuple[float, float]:
+        """The most any release up to ``last_step`` (``None``: any step) spends, ``(epsilon, delta)``:
+        the spend of :meth:`worst_loss` there. Equals the guarantee (to the calibration's tolerance)
+        once ``last_step >= 2^{L_W - 1}`` with ``calibration="analytic"`` or Gamma noise; less with the
+        paper's Gaussian calibration or a shorter public horizon."""
+        return self.spend(self.worst_loss(self.block if last_step is None else max(1, int(last_step))))
 
     def _release_meta(self, k_t: int) -> dict:
         """The public meta of a release with ``k_t`` noisy nodes (a new dict of memoised values)."""

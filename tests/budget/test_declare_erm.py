@@ -16,9 +16,14 @@ import pytest
 
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.noise_declaration import ACCOUNT_KINDS, _account_function, loss_of_declaration, recomputed_epsilon
-from beam_dp.mechanisms.erm import (ContinualReleaseMechanism, MultiResolutionMechanism, SlidingWindowMechanism,
-                                    accounting, base)
-from beam_dp.mechanisms.erm import declaration
+from beam_dp.mechanisms.erm import (
+    ContinualReleaseMechanism,
+    MultiResolutionMechanism,
+    SlidingWindowMechanism,
+    accounting,
+    base,
+    declaration,
+)
 from beam_dp.mechanisms.erm.declaration import SAMPLED_K_NORM
 from beam_dp.verify import verify_job
 from tests.conftest import TEST_KEY

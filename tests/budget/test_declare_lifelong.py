@@ -46,11 +46,13 @@ def _learners():
     from beam_dp.mechanisms.lifelong import BoundedAGEMConfig, L2DPConfig, NaiveGaussianConfig
 
     sizes = {"a": 30, "b": 80, "c": 200}  # different rates q: different task accounts
-    yield "naive", NaiveGaussianConfig(**_tiny(), task_size=sizes, epsilon=3.0, delta=1e-5, num_tasks=3)
+    # RDP accounts (kind "dpsgd"); the default PLD accounts: tests/lifelong/test_pld_accounting.py
+    yield "naive", NaiveGaussianConfig(**_tiny(), task_size=sizes, epsilon=3.0, delta=1e-5, num_tasks=3,
+                                       accountant="rdp")
     yield "naive-fixed-z", NaiveGaussianConfig(**_tiny(), task_size=40, epsilon=50.0, delta=1e-5, num_tasks=3,
-                                               noise_multiplier=1.3)
+                                               noise_multiplier=1.3, accountant="rdp")
     yield "bounded", BoundedAGEMConfig(**_tiny(steps_per_task=None, epochs={"a": 1, "b": 2, "c": 1}),
-                                       task_size=sizes, epsilon=1.0, delta=1e-5, memory_uses=4)
+                                       task_size=sizes, epsilon=1.0, delta=1e-5, memory_uses=4, accountant="rdp")
     yield "l2dp", L2DPConfig(**_tiny(), epsilon=0.7)
 
 

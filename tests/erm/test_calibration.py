@@ -11,8 +11,14 @@ import pytest
 from scipy import stats
 
 from beam_dp.core import NoiseSource
-from beam_dp.mechanisms.erm import (HuberRegression, LabelledRows, MultiResolutionMechanism, SoftmaxRegression,
-                                    pld_epsilon)
+from beam_dp.mechanisms.erm import (
+    HuberRegression,
+    LabelledRows,
+    MultiResolutionMechanism,
+    SoftmaxRegression,
+    pld_epsilon,
+)
+from beam_dp.mechanisms.erm.solver import certified_slack
 from beam_dp.testing import ZeroNoise
 from beam_dp.testing.stats import gaussian_variance_matches, mean_matches
 from tests.erm.util import blocks, run
@@ -76,7 +82,8 @@ def release_errors(cls, n_keys=1000, **kw):
 
 def test_release_noise_norm_matches_formula():  # check 2
     d = MODEL.dim
-    b = 4 * MODEL.lipschitz / (1.0 * 20 * 1.0)  # Algorithm 2: 4L/(λBε)
+    # Algorithm 2: b = 2Δ(B)/ε, Δ(B) = (1 + s)·L/(λB) with the certified slack s (4L/(λBε) at s = 1)
+    b = 2 * (1 + certified_slack(1e-3, 20)) * MODEL.lipschitz / (1.0 * 20 * 1.0)
     norms = np.linalg.norm(release_errors(MultiResolutionMechanism), axis=1)
     assert mean_matches(norms, d * b, n_se=3)
     assert not mean_matches(np.linalg.norm(release_errors(HalfNoise), axis=1), d * b, n_se=3)

@@ -3,12 +3,18 @@ dead letters; Parquet/JSONL round trip and ``load_model``."""
 
 from __future__ import annotations
 
+import apache_beam as beam
 import numpy as np
 import pytest
 
-import apache_beam as beam
-from beam_dp.beam.erm import (ContinualModelParams, ContinualModelRelease, MultiResolutionParams,
-                              MultiResolutionRelease, SlidingWindowModelParams, SlidingWindowModelRelease)
+from beam_dp.beam.erm import (
+    ContinualModelParams,
+    ContinualModelRelease,
+    MultiResolutionParams,
+    MultiResolutionRelease,
+    SlidingWindowModelParams,
+    SlidingWindowModelRelease,
+)
 from beam_dp.io import WriteReleasesToJsonLines, WriteReleasesToParquet, read_releases, release_to_row
 from beam_dp.io.models import load_model
 from beam_dp.mechanisms.erm import LabelledRows

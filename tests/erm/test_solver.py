@@ -6,8 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from beam_dp.mechanisms.erm import (HuberRegression, LabelledRows, MultiResolutionMechanism, SoftmaxRegression,
-                                    certified_solve)
+from beam_dp.mechanisms.erm import (
+    HuberRegression,
+    LabelledRows,
+    MultiResolutionMechanism,
+    SoftmaxRegression,
+    certified_solve,
+)
 from beam_dp.mechanisms.erm.solver import objective_gradient
 from tests.erm.util import blocks, run
 

@@ -83,7 +83,8 @@ def test_metrics_worked_example():
 
 def test_naive_gaussian_calibration_per_stream():
     """Check 13: z gives ε/(2m) per stream at δ/(2m) (to 1e-6); the totals sum to ε over m tasks."""
-    learner = NaiveGaussianConfig(**small_common(), task_size=480, epsilon=1.0, delta=1e-5, num_tasks=5).build()
+    learner = NaiveGaussianConfig(**small_common(), task_size=480, epsilon=1.0, delta=1e-5, num_tasks=5,
+                                  accountant="rdp").build()
     for q, steps in [(32 / 600, 40), (1.0, 3)]:
         z = learner.noise_multiplier(q, steps)
         eps = epsilon_of(dpsgd_event(q, z, steps), learner.stream_delta)
@@ -95,7 +96,7 @@ def test_naive_gaussian_calibration_per_stream():
 def test_bounded_accountant_fixed_for_any_number_of_tasks():
     """Each example's event (own task + K memory uses) is calibrated to ε: the total does not grow with m."""
     learner = BoundedAGEMConfig(**small_common(task_ids=None), task_size=480, epsilon=1.0, delta=1e-5, memory_uses=20,
-                                memory_share=0.3).build()
+                                memory_share=0.3, accountant="rdp").build()
     assert epsilon_of(dpsgd_event(1.0, learner.memory_noise_multiplier, 20), 1e-5) <= 0.3
     from beam_dp.mechanisms.lifelong.accounting import calibrate_noise_multiplier
 

@@ -8,6 +8,7 @@ import pytest
 
 from beam_dp.beam.lifelong import END_OF_TASK, LifelongLearner, LifelongParams
 from beam_dp.core import NoiseSource
+from beam_dp.core.noise_binding import calibration_binding
 from beam_dp.io import release_to_row
 from beam_dp.io.schema import ReleaseLabels
 from beam_dp.mechanisms.lifelong import AGEMConfig, BoundedAGEMConfig, L2DPConfig
@@ -36,10 +37,10 @@ BAD = [
 DOMAIN = "LifelongLearner"  # the transform's noise domain: its default label
 
 
-def _expected(config, tasks):
+def _expected(config, tasks, params):
     learner = config.build()
     state = learner.init_state("s")
-    noise = NoiseSource(TEST_KEY).for_domain(DOMAIN)
+    noise = NoiseSource(TEST_KEY).for_domain(DOMAIN, calibration_binding(params))
     labels = ReleaseLabels(DOMAIN, "approx")  # DP-SGD steps compose as (epsilon, delta); no job budget
     rows = []
     for task in tasks:
@@ -57,7 +58,7 @@ def test_pipeline_matches_pure_learner(digits, kind):
     params = LifelongParams(config, allow_cuda=False, torch_threads=1)
     elements = _elements(tasks) + BAD
     releases = run(lambda p: (p | beam.Create(elements, reshuffle=False) | LifelongLearner(params)).releases)
-    expected = _expected(config, tasks)
+    expected = _expected(config, tasks, params)
     assert [(r.stream, r.step) for r in releases] == [("s", 1), ("s", 2), ("s", 3)]
     for got, want in zip(releases, expected):
         assert np.allclose(got.value, want.value, rtol=1e-12, atol=1e-12)

@@ -120,6 +120,7 @@ def test_invalid_params_raise():
     with pytest.raises(ValueError):
         IncrementalRegressionParams(dim=2, epsilon=1.0, delta=1e-6)  # no step schedule
     with pytest.raises(ValueError):
-        IncrementalRegressionParams(dim=2, epsilon=100.0, delta=1e-5, horizon=3, block_size=1)  # fails the exact check
+        IncrementalRegressionParams(dim=2, epsilon=100.0, delta=1e-5, horizon=3, block_size=1,
+                                    calibration="paper")  # the paper's sigma fails the exact check
     with pytest.raises(TypeError):
         OnlineLearner(IncrementalRegressionParams(dim=2, epsilon=1.0, delta=1e-6, block_size=1))

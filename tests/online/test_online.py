@@ -81,7 +81,8 @@ def test_sensitivity_and_node_scale():
     assert m.tree.node_noise.scale == pytest.approx(4.0 * (math.ceil(math.log2(5)) + 1) / 0.7, rel=1e-12)
     # μD >= L: the paper's value
     loss2 = OnlineLoss(kind="custom", mu=3.0, lipschitz=2.0, gradient=lambda x, a, b: a)
-    g = WDPCOCOP(dim=3, constraint=L2Ball(3), loss=loss2, epsilon=0.7, delta=1e-6, noise="gaussian", window=16)
+    g = WDPCOCOP(dim=3, constraint=L2Ball(3), loss=loss2, epsilon=0.7, delta=1e-6, noise="gaussian", window=16,
+                 calibration="paper")
     assert g.sensitivity == 2.0 + 3.0 * 2.0
     expected = math.sqrt(8 * 8.0**2 * (4 + 1) ** 2 * math.log(2 / 1e-6) ** 2 / 0.7**2)
     assert g.tree.node_noise.scale == pytest.approx(expected, rel=1e-12)
@@ -223,7 +224,7 @@ def test_cocol_constants_and_override_flag():
 def _cocol_regret(noise, epsilon, C0, T, seeds, horizons):
     mu = 1.0
     mech = WDPCOCOL(dim=2, constraint=Simplex(2), loss=quadratic_loss(mu, 2.0), C0=C0, epsilon=epsilon, delta=1e-5,
-                    noise="gaussian", window=16)
+                    noise="gaussian", window=16, calibration="paper")  # the noise level check 8 was sized for
     out = []
     for seed in seeds:
         z = np.array([0.6, 0.4]) + 0.2 * np.random.default_rng(seed).standard_normal((T, 2))

@@ -84,10 +84,10 @@ def test_noisy_proj_grad_averages_the_first_r_iterates():
 @pytest.mark.parametrize("T,tau", [(20, 5), (23, 5), (50, 50), (1000, 7), (64, 1)])
 def test_privincerm_budget_composes_to_the_guarantee(T, tau):
     m = PrivIncERM(dim=2, epsilon=1.0, delta=1e-6, horizon=T, tau=tau, iterations=20)
-    l = math.ceil(T / tau)
-    eps, delta = advanced_composition(l, m.epsilon_call, m.delta_call, 1e-6 / 2)
+    calls = math.ceil(T / tau)
+    eps, delta = advanced_composition(calls, m.epsilon_call, m.delta_call, 1e-6 / 2)
     assert eps <= 1.0 + 1e-12 and delta <= 1e-6 * (1 + 1e-12)
-    assert m.spend(l)[0] <= 1.0 and m.spend(l)[1] <= 1e-6
+    assert m.spend(calls)[0] <= 1.0 and m.spend(calls)[1] <= 1e-6
     rho = NoisyGradientDescent.rho(m.epsilon_call, m.delta_call)
     assert rho + 2 * math.sqrt(rho * math.log(1 / m.delta_call)) == pytest.approx(m.epsilon_call, abs=1e-9)
 

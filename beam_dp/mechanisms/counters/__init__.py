@@ -1,4 +1,4 @@
-"""Continual counters that beat the binary tree (issue 7). Pure mechanisms, no Beam imports.
+"""Continual counters that beat the binary tree. Pure mechanisms, no Beam imports.
 
 * :class:`HonakerTreeSum` (``honaker.py``): k-ary tree with online Honaker estimation, K-norm or Gaussian;
 * :class:`KaryTreeSum` (``pure.py``): the fitted pure-ε k-ary Honaker tree (default for pure ε);

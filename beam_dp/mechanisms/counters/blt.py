@@ -2,7 +2,9 @@
 (ε, δ) counter of ``ContinualSum``.
 
 ``C`` is a BLT with ``n <= 4`` buffers (decays ``θ``, weights ``ω``; see :mod:`.blt_math`), fitted per
-horizon to minimise the exact max per-step variance and shipped in :mod:`.fitted_params`. The release
+horizon to minimise the exact max per-step variance (``error="max"``, the default) or the exact mean
+per-step variance over the horizon (``error="mean"``) and shipped in :mod:`.fitted_params`. The
+objective only picks ``θ, ω``: σ is calibrated on the column norm of the BLT in use either way. The release
 at ``t`` is ``Σ_{s<=t} x_s + (B z)_t`` with ``B = A C^{-1}``; the correlated noise is generated in
 streaming form through the inverse system: ``w_t = z_t − ω·g_t``, ``g_{t+1} = M g_t + z_t``
 (``M = diag(θ) − 1ωᵀ``), and the released value is the running sum ``Σ_{r<=t}(x_r + w_r)``.
@@ -52,16 +54,26 @@ class BLTState:
 
 
 class BLTSum(ToeplitzFactorizationSum):
-    """BLT counter (module docstring). ``blt=`` overrides the shipped fit for ``horizon``."""
+    """BLT counter (module docstring).
+
+    Args:
+        horizon: public last step ``T`` (``None``: the unbounded mode).
+        blt: a BLT overriding the shipped fit for ``horizon``.
+        error: which shipped fit: ``"max"`` (minimal max per-step variance) or ``"mean"`` (minimal mean
+            per-step variance over ``t <= T``); ignored when ``blt`` is given.
+        purpose: the noise purpose; other keywords as ``ToeplitzFactorizationSum``.
+    """
 
     name = "blt"
     state_type = BLTState
 
-    def __init__(self, *, horizon: int | None = None, blt: BLT | None = None, purpose: str = "blt", **kwargs) -> None:
+    def __init__(self, *, horizon: int | None = None, blt: BLT | None = None, error: str = "max", purpose: str = "blt",
+                 **kwargs) -> None:
         from beam_dp.mechanisms.counters.fitted_params import UNBOUNDED_FIT_HORIZON, blt_for
 
         super().__init__(horizon=horizon, purpose=purpose, **kwargs)
-        self.blt = blt if blt is not None else blt_for(self.horizon)
+        self.error = error
+        self.blt = blt if blt is not None else blt_for(self.horizon, error)
         if not isinstance(self.blt, BLT):
             raise TypeError("blt must be a BLT")
         self.fit_horizon = self.horizon if self.horizon is not None else UNBOUNDED_FIT_HORIZON
@@ -96,5 +108,5 @@ class BLTSum(ToeplitzFactorizationSum):
         w = z - (self._omega @ buffers).reshape(n, self.dim)
         new_g = (self._m @ buffers).reshape(self.blt.buffers, n, self.dim).transpose(1, 0, 2) + z[:, None, :]
         new_total = total + vectors + w
-        meta = self._meta(t, buffers=self.blt.buffers, fit_horizon=self.fit_horizon)
+        meta = self._meta(t, buffers=self.blt.buffers, fit_horizon=self.fit_horizon, fit_error=self.error)
         return GroupState(group.streams, t, {"g": new_g, "total": new_total}), new_total, meta, self._worst_loss(t)

@@ -13,9 +13,15 @@ Both quantities the mechanism needs are then closed-form O(n²) sums of geometri
 per-step variance over σ²). ``direct_*`` compute the same by explicit O(t·n) vectorised sums
 (tests and benchmarks compare the two).
 
-``fit_blt`` minimises the exact max per-step variance at a horizon ``T`` with scipy:
-``log Σ_{j<T'} c_j² + log Σ_{j<T} b_j²`` (``T' = T`` bounded, ``T' = ∞`` unbounded), over
-``θ_i = exp(−e^{a_i})``, ``ω_i = e^{b_i}``, from a few deterministic starts (L-BFGS-B).
+The mean per-step variance over ``t = 1..T`` is closed-form too: ``(1/T) Σ_{t<=T} Σ_{j<t} b_j² =
+(1/T) Σ_{j<T} (T − j) b_j²``, a sum of weighted geometric series (:func:`_geom_weighted`).
+
+``fit_blt`` minimises, at a horizon ``T``, the exact max per-step variance (``error="max"``:
+``log Σ_{j<T'} c_j² + log Σ_{j<T} b_j²``) or the exact mean per-step variance over ``t <= T``
+(``error="mean"``: ``log Σ_{j<T'} c_j² + log (1/T)Σ_{j<T}(T − j) b_j²``), ``T' = T`` bounded,
+``T' = ∞`` unbounded, over ``θ_i = exp(−e^{a_i})``, ``ω_i = e^{b_i}``, from a few deterministic
+starts (L-BFGS-B). Either way σ is calibrated on the same column norm ``Σ_{j<T'} c_j²``: the
+objective picks the parameters, never the privacy accounting.
 """
 
 from __future__ import annotations
@@ -25,7 +31,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["BLT", "fit_blt"]
+__all__ = ["BLT", "ERRORS", "fit_blt"]
+
+#: the error objectives a BLT can be fitted for: the max or the mean per-step variance over the horizon
+ERRORS = ("max", "mean")
 
 
 def _geom(q: np.ndarray, t: float) -> np.ndarray:
@@ -38,6 +47,31 @@ def _geom(q: np.ndarray, t: float) -> np.ndarray:
     out[pos] = -np.expm1(t * np.log(q[pos])) / (1.0 - q[pos])
     neg = ~pos
     out[neg] = (1.0 - np.power(q[neg], t)) / (1.0 - q[neg])
+    return out
+
+
+def _phi(y: np.ndarray) -> np.ndarray:
+    """``e^{−y} − 1 + y`` for ``y >= 0`` without cancellation (a series below 10⁻³)."""
+    y = np.asarray(y, dtype=np.float64)
+    small = y < 1e-3
+    ys = np.where(small, y, 0.0)
+    series = ys * ys * (0.5 - ys * (1.0 / 6.0 - ys / 24.0))
+    return np.where(small, series, np.expm1(-np.where(small, 1.0, y)) + np.where(small, 1.0, y))
+
+
+def _geom_weighted(q: np.ndarray, t: int) -> np.ndarray:
+    """``Σ_{j<t} (t − j) q^j = Σ_{s=1..t} Σ_{j<s} q^j`` elementwise for ``q ∈ (−1, 1)``, finite ``t``.
+    ``q > 0`` (``q = e^{−x}``): ``(φ(tx) − tφ(x) + (1 − q)(1 − q^t))/(1 − q)²`` with
+    ``φ(y) = e^{−y} − 1 + y`` (no cancellation as q → 1); ``q <= 0``: ``(t(1 − q) − q(1 − q^t))/(1 − q)²``."""
+    q = np.asarray(q, dtype=np.float64)
+    out = np.empty_like(q)
+    pos = q > 0
+    x = -np.log(q[pos])
+    a, big_a = -np.expm1(-x), -np.expm1(-t * x)
+    out[pos] = (_phi(t * x) - t * _phi(x) + a * big_a) / (a * a)
+    neg = ~pos
+    qn = q[neg]
+    out[neg] = (t * (1.0 - qn) - qn * (1.0 - np.power(qn, t))) / (1.0 - qn) ** 2
     return out
 
 
@@ -104,6 +138,16 @@ class BLT:
         total = t * alpha**2 + 2.0 * alpha * beta @ _geom(lam, t) + beta @ _geom(np.outer(lam, lam), t) @ beta
         return float(total)
 
+    def mean_row_norm_sq(self, t: int) -> float:
+        """``(1/t) Σ_{s<=t} Σ_{j<s} b_j² = (1/t) Σ_{j<t} (t − j) b_j²``: the mean over steps ``1..t`` of
+        the per-step variance over σ² (finite ``t >= 1``)."""
+        lam, w_hat = self._lam, self._w_hat
+        beta = -w_hat / (1.0 - lam)
+        alpha = 1.0 - beta.sum()
+        total = (t * (t + 1) / 2.0 * alpha**2 + 2.0 * alpha * beta @ _geom_weighted(lam, t)
+                 + beta @ _geom_weighted(np.outer(lam, lam), t) @ beta)
+        return float(total / t)
+
     # -- explicit O(t·n) forms -------------------------------------------------------------------
     def c_coeffs(self, n: int) -> np.ndarray:
         theta, omega = self.arrays
@@ -132,26 +176,38 @@ class BLT:
         """Max per-step variance over ``t <= horizon`` in units of ``z²Δ₂²`` (``z``: noise multiplier)."""
         return self.col_norm_sq(math.inf if unbounded else horizon) * self.row_norm_sq(horizon)
 
+    def mean_variance_units(self, horizon: int, unbounded: bool = False) -> float:
+        """Mean per-step variance over ``t = 1..horizon`` in units of ``z²Δ₂²``."""
+        return self.col_norm_sq(math.inf if unbounded else horizon) * self.mean_row_norm_sq(horizon)
+
+    def variance_units(self, horizon: int, unbounded: bool = False, error: str = "max") -> float:
+        """The ``error`` objective (:data:`ERRORS`): max or mean per-step variance over ``t <= horizon``."""
+        if error not in ERRORS:
+            raise ValueError(f"error must be one of {ERRORS}, got {error!r}")
+        return (self.max_variance_units if error == "max" else self.mean_variance_units)(horizon, unbounded)
+
 
 def _from_vector(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     n = len(x) // 2
     return np.exp(-np.exp(x[:n])), np.exp(x[n:])
 
 
-def _objective(x: np.ndarray, horizon: int, unbounded: bool) -> float:
+def _objective(x: np.ndarray, horizon: int, unbounded: bool, error: str = "max") -> float:
     theta, omega = _from_vector(x)
     if not (np.all((theta > 0) & (theta < 1)) and np.all(np.isfinite(omega)) and np.all(omega > 0)):
         return 1e6
     try:
         blt = BLT(tuple(theta), tuple(omega))
-        value = blt.max_variance_units(horizon, unbounded)
+        value = blt.variance_units(horizon, unbounded, error)
     except (ValueError, np.linalg.LinAlgError, FloatingPointError):
         return 1e6
     return math.log(value) if math.isfinite(value) and value > 0 else 1e6
 
 
-def fit_blt(horizon: int, buffers: int = 4, unbounded: bool = False, starts: int = 10, seed: int = 0) -> BLT:
-    """BLT parameters minimising the exact max per-step variance over ``t <= horizon``.
+def fit_blt(horizon: int, buffers: int = 4, unbounded: bool = False, starts: int = 10, seed: int = 0,
+            error: str = "max") -> BLT:
+    """BLT parameters minimising the exact max (``error="max"``) or mean (``error="mean"``) per-step
+    variance over ``t <= horizon``.
 
     ``unbounded=True`` calibrates to the sensitivity over all steps (``Σ_{j<∞} c_j²``), so the
     guarantee holds forever while the error is optimised up to ``horizon``. Starts (seeded, so the
@@ -161,6 +217,8 @@ def fit_blt(horizon: int, buffers: int = 4, unbounded: bool = False, starts: int
     """
     if horizon < 1 or buffers < 1:
         raise ValueError("horizon and buffers must be >= 1")
+    if error not in ERRORS:
+        raise ValueError(f"error must be one of {ERRORS}, got {error!r}")
     from scipy.optimize import minimize  # on first use (a fit not in the table): ~0.3 s of start-up
 
     rng = np.random.default_rng(seed)
@@ -170,10 +228,11 @@ def fit_blt(horizon: int, buffers: int = 4, unbounded: bool = False, starts: int
             rates = np.sort(np.exp(rng.uniform(math.log(0.3 / max(horizon, 2)), math.log(2.0), buffers)))
             weights = np.sqrt(rates) * math.log(max(horizon, 2)) / (buffers * math.pi) * np.exp(rng.normal(0, 0.3, buffers))
             x0 = np.concatenate([np.log(rates), np.log(weights)])
-            res = minimize(_objective, x0, args=(horizon, unbounded), method="L-BFGS-B", options={"maxiter": 3000})
+            res = minimize(_objective, x0, args=(horizon, unbounded, error), method="L-BFGS-B",
+                           options={"maxiter": 3000})
             if best is None or res.fun < best.fun:
                 best = res
-        polish = minimize(_objective, best.x, args=(horizon, unbounded), method="Nelder-Mead",
+        polish = minimize(_objective, best.x, args=(horizon, unbounded, error), method="Nelder-Mead",
                           options={"maxiter": 4000, "xatol": 1e-9, "fatol": 1e-12})
         if polish.fun < best.fun:
             best = polish

@@ -134,7 +134,7 @@ class ToeplitzFactorizationSum(GroupSteppedSum):
         every group, at step ``t`` shares them). The facts of a chunk of steps (``_chunk_of``: noise std,
         loss, and ``epsilon_spent`` primed in one vectorised bisection) are computed while the steps of
         the chunk before it run, one small unit per call (``_facts_units``), so that no step pays for a
-        whole chunk (issue 26.4); a miss (first chunk, fresh worker, jump) computes its chunk at once,
+        whole chunk; a miss (first chunk, fresh worker, jump) computes its chunk at once,
         with the same floats."""
         memo = self.__dict__.setdefault("_facts_memo", {})
         hit = memo.get(t)

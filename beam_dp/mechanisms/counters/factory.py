@@ -31,6 +31,7 @@ from typing import Any
 
 from beam_dp.mechanisms.base import ContinualSumMechanism
 from beam_dp.mechanisms.counters.blt import BLTSum
+from beam_dp.mechanisms.counters.blt_math import ERRORS
 from beam_dp.mechanisms.counters.fitted_params import UNBOUNDED_FIT_HORIZON
 from beam_dp.mechanisms.counters.honaker import HonakerTreeSum
 from beam_dp.mechanisms.counters.pure import KaryTreeSum
@@ -63,11 +64,19 @@ def make_counter(
     public_end: int | None = None,
     noise: str = "gamma",
     calibration: str = "paper",
+    blt_error: str = "max",
     **kwargs: Any,
 ) -> ContinualSumMechanism:
-    """Build the counter ``counter`` (see the module table). ``kwargs``: ``dim``, ``epsilon``,
-    ``delta``, ``clip_bound`` or ``sensitivity``, ``purpose``."""
+    """Build the counter ``counter`` (see the module table). ``blt_error``: the BLT's fit, ``"max"``
+    (minimal max per-step variance) or ``"mean"`` (minimal mean variance over the horizon); ``"mean"``
+    is refused for any other counter. ``kwargs``: ``dim``, ``epsilon``, ``delta``, ``clip_bound`` or
+    ``sensitivity``, ``purpose``."""
     name = resolve_counter(counter, noise)
+    if blt_error not in ERRORS:
+        raise ValueError(f"blt_error must be one of {ERRORS}, got {blt_error!r}")
+    if blt_error != "max" and name != "blt":
+        raise ValueError(f"blt_error={blt_error!r} selects a BLT fit, but the counter is {name!r} "
+                         f"(counter='blt', or 'auto' with noise='gaussian')")
     if name == "tree":
         return make_tree_sum(horizon=horizon, unbounded=unbounded, noise=noise, calibration=calibration, **kwargs)
     horizon = horizon if horizon is not None else public_end
@@ -77,5 +86,5 @@ def make_counter(
     if name == "toeplitz":
         return ToeplitzSqrtSum(horizon=horizon, noise=noise, **kwargs)
     if name == "blt":
-        return BLTSum(horizon=horizon, noise=noise, **kwargs)
+        return BLTSum(horizon=horizon, noise=noise, error=blt_error, **kwargs)
     return KaryTreeSum(horizon=horizon, noise=noise, **kwargs)

@@ -8,7 +8,7 @@ table use its largest entry. Deterministic: every worker gets the same parameter
 from __future__ import annotations
 
 from beam_dp.mechanisms.counters import fitted_params_data as _data
-from beam_dp.mechanisms.counters.blt_math import BLT
+from beam_dp.mechanisms.counters.blt_math import BLT, ERRORS
 from beam_dp.mechanisms.counters.pure import KaryFit
 
 __all__ = ["UNBOUNDED_FIT_HORIZON", "blt_for", "kary_fit_for"]
@@ -20,11 +20,18 @@ def _key(table: dict, horizon: int) -> int:
     return min(max(int(horizon) - 1, 0).bit_length(), max(table))
 
 
-def blt_for(horizon: int | None) -> BLT:
-    """The 4-buffer BLT fitted for ``horizon`` (``None``: the unbounded-mode fit)."""
+def blt_for(horizon: int | None, error: str = "max") -> BLT:
+    """The 4-buffer BLT fitted for ``horizon`` (``None``: the unbounded-mode fit) to minimise the max
+    (``error="max"``, table ``BLT``) or the mean (``"mean"``, table ``BLT_MEAN``) per-step variance."""
+    if error not in ERRORS:
+        raise ValueError(f"blt error must be one of {ERRORS}, got {error!r}")
+    if error == "max":
+        table, unbounded = _data.BLT, _data.BLT_UNBOUNDED
+    else:
+        table, unbounded = _data.BLT_MEAN, _data.BLT_MEAN_UNBOUNDED
     if horizon is None:
-        return BLT(*_data.BLT_UNBOUNDED)
-    return BLT(*_data.BLT[_key(_data.BLT, horizon)])
+        return BLT(*unbounded)
+    return BLT(*table[_key(table, horizon)])
 
 
 def kary_fit_for(horizon: int | None) -> KaryFit:

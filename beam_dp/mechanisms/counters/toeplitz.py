@@ -20,7 +20,7 @@ state; bounded by ``CACHE_BYTES``, recomputed identically after eviction). Spans
 the group stays under ``CACHE_BYTES / 4`` (a power of two, at least ``BLOCK``). A span is a uniformly
 partitioned FFT convolution (``_SpanJob``) cut into small units of work (one noise block, one chunk
 FFT, one chunk × target product, one inverse), and the next span's units are spread over the steps
-of the current one, so no step pays for a whole span (issue 26.4; a fresh worker mid-span computes
+of the current one, so no step pays for a whole span (a fresh worker mid-span computes
 its span at once, with the same floats). Uncapped, a step costs O(d·log t) amortised and the cache
 holds about ``t·d`` floats per stream; capped (large groups, large ``d``), O(d·(t/B + log B)) with
 ``B`` the partition. Spans of different lengths (a stream stepped alone or in a large group) round

@@ -7,14 +7,15 @@ mechanisms of Algorithms 1–8. Releases are ``Release``s whose value is
 """
 
 from beam_dp.mechanisms.erm.accounting import events_of, pld_epsilon, spend_from_log
-from beam_dp.mechanisms.erm.base import ERMMechanism, LabelledRows, sampling_probability
+from beam_dp.mechanisms.erm.base import ERMMechanism, LabelledRows, call_sensitivity, sampling_probability
 from beam_dp.mechanisms.erm.continual import ContinualReleaseMechanism
 from beam_dp.mechanisms.erm.models import HuberRegression, LinearModel, SoftmaxRegression
 from beam_dp.mechanisms.erm.multires import MultiResolutionMechanism
 from beam_dp.mechanisms.erm.sliding import SlidingWindowMechanism
-from beam_dp.mechanisms.erm.solver import SGDConfig, certified_solve, sgd_solve
+from beam_dp.mechanisms.erm.solver import CertificateError, SGDConfig, certified_slack, certified_solve, sgd_solve
 
 __all__ = [
+    "CertificateError",
     "ContinualReleaseMechanism",
     "ERMMechanism",
     "HuberRegression",
@@ -24,6 +25,8 @@ __all__ = [
     "SGDConfig",
     "SlidingWindowMechanism",
     "SoftmaxRegression",
+    "call_sensitivity",
+    "certified_slack",
     "certified_solve",
     "events_of",
     "pld_epsilon",

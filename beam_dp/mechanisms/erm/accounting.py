@@ -15,9 +15,8 @@ calls with it (account kind ``erm_sampled_k_norm``).
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
-
 import math
+from typing import Iterable, Mapping
 
 import numpy as np
 

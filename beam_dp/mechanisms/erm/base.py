@@ -1,8 +1,15 @@
 """Shared machinery of the ERM release mechanisms: configuration, one private training call
 (Algorithm 1 / PBERM: certified solve + output perturbation), the per-element ledger and releases.
 
-Privacy of one training call: a certified call on a member set with public
-normaliser ``n_norm`` has L2 sensitivity ``Δ(n_norm) = 2L/(λ n_norm)``.
+Privacy of one training call: a certified call on a member set with public normaliser ``n_norm``
+has L2 sensitivity ``Δ(n_norm) = (1 + s)·L/(λ n_norm)``: ``L/(λn)`` is how far the exact minimisers
+of neighbouring member sets can lie apart (F is 2λ-strongly convex), ``s·L/(2λn)`` how far the
+returned point can lie from its exact minimiser (``solver.certified_slack``: the stopping target
+τ·L/n plus float64 rounding headroom; ``s = 2τ = 2·10⁻³`` by default, so Δ ≈ 1.002·L/(λn)). A call
+whose point fails its test is refused (``solver.CertificateError``). ``calibration="spec"``,
+uncertified SGD and the as-published mode use the spec's ``Δ = 2L/(λn)`` (the paper's calibration). Each event records
+its ``sensitivity`` and ``sensitivity_slack``; :func:`call_sensitivity` recomputes them from the
+public parameters.
 
 * ``noise="gamma"`` (pure ε): ``ŵ + ν`` with ν ~ K-norm, ``‖ν‖ ~ Gamma(d, b)``, uniform direction
   (``NoiseSource.k_norm``; never coordinate Laplace). Cost ``Δ/b``; on a Bernoulli(p) subsample
@@ -51,13 +58,23 @@ from beam_dp.core.state import decode_state, encode_state
 from beam_dp.mechanisms.erm.accounting import sampled_k_norm_loss
 from beam_dp.mechanisms.erm.declaration import count_charge, declaration_of
 from beam_dp.mechanisms.erm.models import LinearModel
-from beam_dp.mechanisms.erm.solver import Backend, SGDConfig, SolveResult, certified_solve, resolve_backend, sgd_solve
+from beam_dp.mechanisms.erm.solver import (
+    Backend,
+    CertificateError,
+    SGDConfig,
+    SolveResult,
+    certified_slack,
+    certified_solve,
+    resolve_backend,
+    sgd_solve,
+)
 from beam_dp.mechanisms.torch_device import check_device
 
-__all__ = ["ERMMechanism", "LabelledRows", "NEIGHBOURING", "NotPrivateWarning", "TrainedModel", "is_power_of_two",
-           "sampling_probability"]
+__all__ = ["ERMMechanism", "LabelledRows", "NEIGHBOURING", "NotPrivateWarning", "TrainedModel", "call_sensitivity",
+           "is_power_of_two", "sampling_probability"]
 
 NoiseLaw = Literal["gamma", "gaussian"]
+Calibration = Literal["certified", "spec"]
 NEIGHBOURING = "event-level: replace one element's value at one stream position (absence = null element)"
 
 
@@ -70,6 +87,17 @@ class NotPrivateWarning(UserWarning):
 
 def is_power_of_two(i: int) -> bool:
     return i >= 1 and (i & (i - 1)) == 0
+
+
+def call_sensitivity(model: LinearModel, lam: float, n_norm: int, tolerance: float | None,
+                     granularity: float | None = None) -> float:
+    """L2 sensitivity of one training call at public normaliser ``n_norm``: ``(1 + s)·L/(λn)`` with
+    ``s = solver.certified_slack(tolerance, n_norm)`` for a certified call stopped at
+    ``‖∇F‖ ≤ tolerance·L/n``; ``tolerance=None``: the spec's ``2L/(λn)`` (``s = 1``: uncertified SGD,
+    the as-published mode, ``calibration="spec"``). Plus ``√d·g`` when snapped to the grid ``g``."""
+    slack = 1.0 if tolerance is None else certified_slack(tolerance, n_norm)
+    grid = 0.0 if granularity is None else math.sqrt(model.dim) * granularity
+    return model.sensitivity(lam, n_norm, slack) + grid
 
 
 def sampling_probability(share: float, inner: float) -> float:
@@ -101,11 +129,14 @@ class ERMMechanism:
 
     Parameters common to all: ``model`` (a :class:`LinearModel`), ``lam`` (λ > 0), ``epsilon``,
     ``delta`` (0 for ``noise="gamma"``), ``noise`` ("gamma" or "gaussian"), ``backend`` of the
-    certified solver and its ``tolerance`` (stop at ‖∇F‖ ≤ tolerance·L/n_norm, a fraction ≤ 1 of the
-    certified bound), ``device`` of the torch solver (``"cpu"`` default, ``"cuda"``, ``"auto"``: CUDA when
+    certified solver and its ``tolerance`` τ (stop at ‖∇F‖ ≤ τ·L/n_norm; the sensitivity counts it,
+    Δ = (1 + s)·L/(λn) with s = ``solver.certified_slack(τ, n)``), ``device`` of the torch solver
+    (``"cpu"`` default, ``"cuda"``, ``"auto"``: CUDA when
     present; ignored by numpy), ``uncertified`` (replication SGD, releases marked ``certified=False``),
     ``as_published_not_private`` (the paper's calibration, NOT PRIVATE: see the module docstring;
-    softmax model and ``noise="gamma"`` only).
+    softmax model and ``noise="gamma"`` only), ``calibration``: ``"certified"`` (default, Δ = (1 + s)·L/(λn)
+    with the solver's certified slack s) or ``"spec"`` (Δ = 2L/(λn) and that calibration's noise
+    purposes: about twice the noise, the releases of streams calibrated that way reproduced exactly).
     """
 
     name = "erm"
@@ -115,7 +146,7 @@ class ERMMechanism:
     def __init__(self, *, model: LinearModel, lam: float, epsilon: float, delta: float = 0.0,
                  noise: NoiseLaw = "gamma", backend: Backend = "numpy", device: str = "cpu", uncertified: bool = False,
                  sgd: SGDConfig = SGDConfig(), tolerance: float = 1e-3, granularity: float | None = None,
-                 as_published_not_private: bool = False) -> None:
+                 as_published_not_private: bool = False, calibration: Calibration = "certified") -> None:
         if not isinstance(model, LinearModel):
             raise ValueError("model must be a SoftmaxRegression or HuberRegression")
         if not (isinstance(lam, (int, float)) and math.isfinite(lam) and lam > 0):
@@ -126,6 +157,9 @@ class ERMMechanism:
             raise ValueError("K-norm (gamma) noise gives pure ε-DP: leave delta at 0")
         if noise == "gaussian" and not (isinstance(delta, (int, float)) and 0 < delta < 1):
             raise ValueError(f"Gaussian noise needs 0 < delta < 1, got {delta!r}")
+        if calibration not in ("certified", "spec"):
+            raise ValueError(f"calibration must be 'certified' or 'spec', got {calibration!r}")
+        self.calibration: Calibration = calibration
         if as_published_not_private is not False and as_published_not_private is not True:
             raise ValueError("as_published_not_private must be True or False")
         if as_published_not_private:
@@ -156,10 +190,15 @@ class ERMMechanism:
         self.mu_total = 1.0 / analytic_gaussian_sigma(self.epsilon, self.delta, 1.0) if noise == "gaussian" else 0.0
 
     # -- scales --------------------------------------------------------------------------------
+    @property
+    def certified_tolerance(self) -> float | None:
+        """The solver tolerance the sensitivity is calibrated to; ``None`` (the spec's 2L/(λn)) for
+        ``calibration="spec"``, uncertified SGD and the as-published mode."""
+        return None if self.calibration == "spec" or self.uncertified or self.not_private else self.tolerance
+
     def sens(self, n_norm: int) -> float:
-        """L2 sensitivity of a model trained at size ``n_norm``: ``2L/(λ n)``, plus ``sqrt(d)·g`` when snapped."""
-        grid = 0.0 if self.granularity is None else math.sqrt(self.model.dim) * self.granularity
-        return self.model.sensitivity(self.lam, n_norm) + grid
+        """L2 sensitivity of a model trained at size ``n_norm`` (:func:`call_sensitivity`)."""
+        return call_sensitivity(self.model, self.lam, n_norm, self.certified_tolerance, self.granularity)
 
     def scale(self, n_ref: int, eps_share: float, mu_share: float) -> float:
         """Noise scale so that a call at size ``n_ref`` costs ``eps_share`` (pure: b = Δ/ε_share) or
@@ -200,6 +239,11 @@ class ERMMechanism:
     def _purpose(self, what: str) -> str:
         return f"erm/{self.algorithm}/{what}"
 
+    def _noise_purpose(self, law: str) -> str:
+        """The output noise's purpose: certified-slack calls draw under their own purpose, so that their
+        noise is independent of a release drawn at the spec's 2L/(λn) scale under the same key."""
+        return self._purpose(law if self.certified_tolerance is None else f"{law}/certified-slack")
+
     def sample_mask(self, noise: NoiseSource, stream: str, model_id: int, n: int, p: float) -> np.ndarray:
         """Independent Bernoulli(p) inclusion of each of ``n`` members, keyed by the model id."""
         return noise.generator(stream, self._purpose("sample"), model_id).random(n) < p
@@ -210,8 +254,8 @@ class ERMMechanism:
         if self.not_private:
             return noise.laplace(stream, self._purpose("laplace-not-private"), (model_id,), scale, self.model.dim)
         if self.noise_law == "gamma":
-            return noise.k_norm(stream, self._purpose("gamma"), (model_id,), scale, self.model.dim)
-        return noise.gaussian(stream, self._purpose("gaussian"), (model_id,), scale, self.model.dim)
+            return noise.k_norm(stream, self._noise_purpose("gamma"), (model_id,), scale, self.model.dim)
+        return noise.gaussian(stream, self._noise_purpose("gaussian"), (model_id,), scale, self.model.dim)
 
     def train(self, *, stream: str, noise: NoiseSource, model_id: int, step: int, role: str,
               members: list[tuple[int, int]], X: np.ndarray, y: np.ndarray, n_norm: int, scale: float,
@@ -243,15 +287,26 @@ class ERMMechanism:
             "members": [[int(a), int(b)] for a, b in members], "n_norm": int(n_norm),
             "law": self.noise_law, "noise_scale": float(scale), "sample_p": float(p),
             "w_ref_id": int(w_ref_id), "epsilon": eps, "mu": mu,
-            "certified": bool(result.certified), "solver_target": float(result.target), **(extra or {}),
+            "certified": bool(result.certified), "solver_target": float(result.target),
+            "sensitivity": float(delta_n), "sensitivity_slack": float(self.sens_slack(n_norm)), **(extra or {}),
         }
         if self.not_private:
             event.update(law=NOT_PRIVATE_LAW, not_private=True)
         return TrainedModel(self._add_noise(result.w, nu), event)
 
+    def sens_slack(self, n_norm: int) -> float:
+        """The slack ``s`` of :meth:`sens` (``Δ = (1 + s)·L/(λn) + √d·g``): 1 at the spec's bound."""
+        tolerance = self.certified_tolerance
+        return 1.0 if tolerance is None else certified_slack(tolerance, n_norm)
+
     def _certified(self, X: np.ndarray, y: np.ndarray, n_norm: int, ref: np.ndarray) -> SolveResult:
-        """The certified solve on this mechanism's backend and (torch) device."""
-        return certified_solve(self.model, X, y, n_norm, self.lam, ref, self.backend, self.tolerance, self.device)
+        """The certified solve on this mechanism's backend and (torch) device; a point that fails its
+        stopping test is refused (``CertificateError``): the sensitivity assumes it passed."""
+        result = certified_solve(self.model, X, y, n_norm, self.lam, ref, self.backend, self.tolerance, self.device)
+        if not result.grad_norm <= result.target:
+            raise CertificateError(f"model {self.algorithm}: the certified solver's point fails its stopping test "
+                                   f"‖∇F‖ <= {self.tolerance:g}·L/n at n_norm={n_norm}: call refused")
+        return result
 
     def published_lipschitz(self, X: np.ndarray) -> float:
         """The paper's data-dependent constant ``(C − 1)/(2 m C)·‖X‖_F`` over the m rows of one call

@@ -67,9 +67,12 @@ class LinearModel:
     def smoothness(self) -> float:
         raise NotImplementedError
 
-    def sensitivity(self, lam: float, n_norm: int) -> float:
-        """Δ(n) = 2L/(λn): L2 sensitivity of a certified training call."""
-        return 2.0 * self.lipschitz / (lam * n_norm)
+    def sensitivity(self, lam: float, n_norm: int, slack: float = 1.0) -> float:
+        """Δ(n) = (1 + slack)·L/(λn): L2 sensitivity of a training call whose returned point lies within
+        ``slack·L/(2λn)`` of the exact minimiser (``solver.certified_slack``). ``L/(λn)`` is the exact
+        minimiser's move (∇F moves by ≤ 2L/n, F is 2λ-strongly convex); ``slack = 1`` is the spec's
+        2L/(λn) (solver stopped at ‖∇F‖ ≤ L/n)."""
+        return (1.0 + slack) * self.lipschitz / (lam * n_norm)
 
     # -- data ---------------------------------------------------------------------------------
     def augment(self, features: np.ndarray) -> np.ndarray:

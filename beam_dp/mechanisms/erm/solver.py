@@ -8,10 +8,21 @@ F is μ = 2λ strongly convex and β_F = β + 2λ smooth (β of the model, data 
 
 **Certified mode** (default): Nesterov's accelerated gradient for strongly convex functions
 (step 1/β_F, momentum θ = (√κ−1)/(√κ+1), κ = β_F/μ), full batch, deterministic, warm-started at
-``w_ref``, stopped at the first point with ``‖∇F(ŵ)‖₂ ≤ target = tolerance·L/n_norm``. Then
-``‖ŵ(D) − ŵ(D')‖ ≤ L/(λn) + 2·(L/n)/(2λ) = Δ(n_norm)`` for neighbouring member sets. The
-mechanisms solve to ``tolerance·L/n`` (default 10⁻³): tighter, so the certificate still holds,
-and close to the exact minimiser (the loose L/n test stops after 2–3 iterations when λ is large).
+``w_ref``, stopped at the first point with ``‖∇F(ŵ)‖₂ ≤ target = τ·L/n_norm`` (τ = ``tolerance``,
+10⁻³ in the mechanisms).
+
+**The certificate and the sensitivity it gives.** Changing one member's value moves ∇F by at most
+2L/n_norm everywhere, so the exact minimisers of neighbouring member sets differ by at most
+``(2L/n)/μ = L/(λn)``. A point with ``‖∇F(ŵ)‖ ≤ g`` lies within ``g/μ`` of the exact minimiser
+(strong convexity). The computed test ``‖∇F‖ ≤ τL/n`` is made in float64; the true gradient norm
+is at most ``(τ + ρ)·L/n`` with ``ρ`` the rounding headroom, ``ρ = max(τ, 4·n²·2⁻⁵³)`` (the mean of
+m ≤ n per-example gradients of norm ≤ L, summed in any order, errs by at most (m − 1)·2⁻⁵³·Σ‖∇ℓ‖/n
+≤ n²·2⁻⁵³·L/n; the factor 4 covers forming each gradient, the regulariser term and the norm).
+With ``s = τ + ρ`` (:func:`certified_slack`), ``‖ŵ(D) − ŵ(D')‖ ≤ L/(λn) + 2·s·(L/n)/(2λ) =
+(1 + s)·L/(λn) =: Δ(n_norm)``, the L2 sensitivity the mechanisms calibrate to (``s = 2·10⁻³`` for
+n ≤ 1.5·10⁶ at τ = 10⁻³: Δ ≈ 1.002·L/(λn), half the spec's 2L/(λn), whose ``s = 1`` spends the
+whole 2× slack on a solver stopped at L/n). A point that fails the test is refused
+(:class:`CertificateError`), never released at this calibration.
 
 **No data-dependent refusal: the iteration cap is a public function** (:func:`iteration_cap`).
 With x_1 = y_1 = w_ref, y_{s+1} = x_s − ∇F(x_s)/β_F, x_{s+1} = (1+θ)y_{s+1} − θy_s (the loop
@@ -23,17 +34,18 @@ D₀ = ‖w_ref − w*‖ ≤ ‖∇F(w_ref)‖/μ =: G₀/μ (strong convexity)
 the block, or a sample of it); with target = tolerance·L/n_norm the test passes by loop iteration
 ``K = ⌈1 + 2√κ·ln(3κ√(1+κ)·m/tolerance)⌉``, a function of the public β, λ, tolerance and the row
 count (public under the count-step relation; a sample's size is drawn from the noise key). The
-loop runs at most K + 1 gradient evaluations and always returns: there is no refusal branch, so
-whether a model is released never depends on the data. (The proof is in exact arithmetic; the
-float64 gradient errs by about m·2⁻⁵³·L/n_norm, far below the target while
-tolerance ≫ m·10⁻¹⁶, which holds for every block size the limits allow. The point after K
-iterations is returned whatever the floating-point test then says; ``SolveResult.grad_norm`` stays
-inside the solver, no release carries it.) K grows like √κ·ln(m/tolerance): e.g. κ = 10⁶,
-m = 2⁴⁰, tolerance = 10⁻³ gives K ≈ 1.2·10⁵.
+loop runs at most K + 1 gradient evaluations and always returns. The solver runs to the cap of
+``tolerance/2``: there the exact gradient is at most half the target, so the computed test passes
+unless rounding exceeds ``τL/(2n)`` (it is bounded by ``4n²·2⁻⁵³·L/n``, below that for n ≤ 10⁶ at
+τ = 10⁻³), and whether a model is released does not depend on the data; should the float64 test
+still fail at the cap, the mechanism refuses the call (:class:`CertificateError`) rather than
+release a point its sensitivity does not cover. ``SolveResult.grad_norm`` stays inside the
+solver, no release carries it. K grows like √κ·ln(m/tolerance): e.g. κ = 10⁶, m = 2⁴⁰,
+tolerance = 10⁻³ gives K ≈ 1.2·10⁵.
 
 Backends: ``"numpy"`` (default), ``"torch"`` (float64, CUDA when available) or ``"auto"``
 (torch if importable). Both run the same iteration and the same stopping test; the two returned
-points both satisfy ``‖∇F‖ ≤ L/n``, so they differ by at most ``L/(λ n_norm) = Δ/2`` (strong
+points both satisfy ``‖∇F‖ ≤ τL/n``, so they differ by at most ``τL/(λ n_norm)`` (strong
 convexity), and in practice by ~1e-10 relative. Pin one backend per pipeline: the same noise key
 with two backends gives releases that differ by that rounding.
 
@@ -52,12 +64,33 @@ import numpy as np
 
 from beam_dp.mechanisms.erm.models import LinearModel
 
-__all__ = ["Backend", "SGDConfig", "SolveResult", "certified_solve", "iteration_cap", "objective_gradient", "resolve_backend",
-           "sgd_solve"]
+__all__ = ["Backend", "CertificateError", "SGDConfig", "SolveResult", "certified_slack", "certified_solve",
+           "iteration_cap", "objective_gradient", "resolve_backend", "sgd_solve"]
 
 log = logging.getLogger(__name__)
 
 Backend = Literal["numpy", "torch", "auto"]
+
+
+#: float64 unit roundoff and the factor of the rounding headroom (module docstring)
+_ROUNDOFF = 2.0**-53
+_ROUNDING_FACTOR = 4.0
+
+
+class CertificateError(ValueError):
+    """A certified call whose returned point fails its stopping test ``‖∇F‖ ≤ τ·L/n_norm``: the call
+    is refused (its sensitivity would not cover the point). Exact arithmetic excludes it."""
+
+
+def certified_slack(tolerance: float, n_norm: int) -> float:
+    """``s`` with ``‖ŵ − w*‖ ≤ s·L/(2λ n_norm)`` for a point that passed the float64 test
+    ``‖∇F‖ ≤ tolerance·L/n_norm``: ``tolerance + max(tolerance, 4·n_norm²·2⁻⁵³)`` (the target plus
+    the rounding headroom of the computed gradient; module docstring). The call's sensitivity is
+    ``(1 + s)·L/(λ n_norm)`` (``LinearModel.sensitivity``). A public function of the tolerance and
+    the public normaliser."""
+    if not (0 < tolerance <= 1) or n_norm < 1:
+        raise ValueError(f"certified_slack needs 0 < tolerance <= 1 and n_norm >= 1, got ({tolerance!r}, {n_norm!r})")
+    return tolerance + max(tolerance, _ROUNDING_FACTOR * float(n_norm) ** 2 * _ROUNDOFF)
 
 
 @dataclass(frozen=True)
@@ -134,7 +167,7 @@ def certified_solve(model: LinearModel, X: np.ndarray, y: np.ndarray, n_norm: in
     if not (0 < tolerance <= 1):
         raise ValueError(f"tolerance must lie in (0, 1] (a fraction of L/n), got {tolerance!r}")
     target = tolerance * model.lipschitz / n_norm
-    cap = iteration_cap(model, lam, len(X), tolerance)
+    cap = iteration_cap(model, lam, len(X), tolerance / 2)  # exact ‖∇F‖ ≤ target/2: rounding cannot fail the test
     if resolve_backend(backend) == "torch":
         from beam_dp.mechanisms.erm.solver_torch import torch_certified_solve
 

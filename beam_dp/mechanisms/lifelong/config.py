@@ -175,15 +175,21 @@ class _DPSGDConfig(LifelongConfig):
     """DP-SGD settings: ``epsilon``, ``delta``, ``clip_norm`` C and ``task_size``, the *declared public*
     size N_τ of each task (int or mapping task id → int). Poisson sampling runs at ``q = λ/N_τ`` for
     ``epochs(N_τ) × max(1, round(N_τ/λ))`` steps (or ``steps_per_task``): the true size n_τ only changes
-    which rows the keyed sampler meets (expected batch ``q·n_τ``), never a released number."""
+    which rows the keyed sampler meets (expected batch ``q·n_τ``), never a released number.
+    ``accountant``: ``"pld"`` (default: dp-accounting's pessimistic PLD, tight) or ``"rdp"`` (its RDP
+    accountant, looser) both calibrates the noise multipliers and accounts the spend
+    (:mod:`beam_dp.mechanisms.lifelong.accounting`)."""
 
     epsilon: float = 1.0
     delta: float = 1e-5
     clip_norm: float = 1.0
     task_size: int | Mapping[str, int] | None = None
+    accountant: Literal["pld", "rdp"] = "pld"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.accountant not in ("pld", "rdp"):
+            raise ValueError(f"accountant must be 'pld' or 'rdp', got {self.accountant!r}")
         _positive_float("epsilon", self.epsilon)
         _positive_float("clip_norm", self.clip_norm)
         if check_number("delta", self.delta, 0.0, 1.0, low_open=True) == 1.0:

@@ -1,4 +1,4 @@
-"""DP-SGD + A-GEM learners with standard accounting (dp-accounting RDP), and non-private A-GEM.
+"""DP-SGD + A-GEM learners with standard accounting (dp-accounting PLD, or RDP), and non-private A-GEM.
 
 The network is the same as L2DP-ML's without χ noise and without batch statistics (they would couple
 the examples of a batch); loss: softmax cross-entropy, trained end to end; A-GEM projects the noisy
@@ -29,9 +29,11 @@ both clipped sums are small matrix products and the A-GEM projection is branch-f
   ``epsilon_spent ≤ ε`` however many tasks arrive (it counts the K memory uses before they happen).
 * ``NonPrivateAGEM``: no clipping, no noise. NOT private; a reference line for benchmarks.
 
-A private learner's release declares its spend (``Release.noise``) as ``"dpsgd"`` accounts of public
-parameters (``accounting.dpsgd_spend``, the function that computed it): NaiveGaussian every task and
-memory stream so far, the bounded learner the one task whose account spends most.
+The config's ``accountant`` (``"pld"``, default, or ``"rdp"``) calibrates every noise multiplier and
+accounts every spend. A private learner's release declares its spend (``Release.noise``) as accounts of
+public parameters (``"dpsgd_pld"``: ``accounting.dpsgd_pld_spend`` with its PLD discretisation; ``"dpsgd"``:
+``accounting.dpsgd_spend``, RDP; the function that computed it): NaiveGaussian every task and memory
+stream so far, the bounded learner the one task whose account spends most.
 """
 
 from __future__ import annotations
@@ -43,11 +45,15 @@ import dp_accounting
 import numpy as np
 import torch
 
+from beam_dp.core.clipping import clip_factors_torch
 from beam_dp.core.guarantee import Guarantee
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.noise_declaration import account, declaration_json
 from beam_dp.mechanisms.lifelong.accounting import (
+    accountant_label,
+    dpsgd_account,
     dpsgd_noise_multiplier,
+    dpsgd_pld_spend,
     dpsgd_spend,
     example_event,
 )
@@ -61,6 +67,8 @@ __all__ = ["BoundedDPAGEM", "BudgetExhausted", "NaiveGaussian", "NonPrivateAGEM"
 ADD_REMOVE = "add/remove one training example (task sizes private; declared public sizes set q and the steps)"
 #: most host-drawn numbers (mask cells + noise cells) held for one chunk of steps (~64 MiB of float64)
 CHUNK_CELLS = 1 << 23
+#: account kind -> the function that recomputes its (ε, δ) (the one ``ACCOUNT_KINDS`` names)
+_SPEND = {"dpsgd": dpsgd_spend, "dpsgd_pld": dpsgd_pld_spend}
 
 
 class BudgetExhausted(ValueError):
@@ -177,8 +185,7 @@ class _SGDLearner(Learner):
         n, ref = pieces[0].shape[0], pieces[0]
         if self.clip_norm is None:
             return torch.ones(n, dtype=ref.dtype, device=ref.device)
-        norms = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p, dim=1) for p in pieces]), dim=0)
-        return torch.clamp(self.clip_norm / norms, max=1.0)
+        return clip_factors_torch(pieces, self.clip_norm)  # no overflow to a zero factor
 
     def _clipped_sums(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, split: int) -> torch.Tensor:
         """``(2, P)``: the clipped per-example gradients of rows ``[:split]`` summed, and of ``[split:]``.
@@ -301,16 +308,18 @@ class NaiveGaussian(_SGDLearner):
         """z such that ``steps`` Poisson(q) Gaussian steps spend ε/(2m) at δ/(2m) (or the fixed z)."""
         if self.config.noise_multiplier is not None:
             return float(self.config.noise_multiplier)
-        return dpsgd_noise_multiplier(q, steps, self.stream_epsilon, self.stream_delta)
+        return dpsgd_noise_multiplier(q, steps, self.stream_epsilon, self.stream_delta,
+                                      accountant=self.config.accountant)
 
-    def _task_accounts(self, memory_batches: int, q: float, steps: int) -> list[dict]:
-        """The ``"dpsgd"`` accounts of one task: its task stream and, with ``memory_batches`` stored batches,
-        its memory stream (Poisson at ``1/B``), each at ε/(2m), δ/(2m); none for a task without steps."""
+    def _task_accounts(self, memory_batches: int, q: float, steps: int) -> list[tuple[str, dict]]:
+        """The ``(kind, parameters)`` accounts of one task: its task stream and, with ``memory_batches``
+        stored batches, its memory stream (Poisson at ``1/B``), each at ε/(2m), δ/(2m); none for a task
+        without steps."""
         if not steps:
             return []
         rates = [q] + ([1.0 / memory_batches] if memory_batches else [])
-        return [dict(sampling_rate=r, noise_multiplier=self.noise_multiplier(r, steps), steps=steps,
-                     delta=self.stream_delta) for r in rates]
+        return [dpsgd_account(self.config.accountant, r, self.noise_multiplier(r, steps), steps, self.stream_delta)
+                for r in rates]
 
     def _memory_masks(self, rng, sizes, uses, steps):
         """Poisson rows over the whole memory at the public rate ``1/B`` (B stored batches of nominal size λ);
@@ -326,15 +335,15 @@ class NaiveGaussian(_SGDLearner):
         current = self._task_accounts(memory_batches, q, steps)
         accounts = [a for i, (s, r) in enumerate(self._past_shapes(state)) for a in self._task_accounts(i, r, s)]
         accounts += current
-        spends = [dpsgd_spend(**a) for a in accounts]
+        spends = [_SPEND[kind](**a) for kind, a in accounts]
         eps, delta = sum(e for e, _ in spends), sum(d for _, d in spends)
         if eps > cfg.epsilon * (1 + 1e-9):
             raise BudgetExhausted(f"budget_exhausted: epsilon {eps:.4g} would exceed {cfg.epsilon:g}")
-        z = current[0]["noise_multiplier"] if current else None
-        z_mem = current[1]["noise_multiplier"] if len(current) > 1 else None
-        meta = {"memory_sampling_rate": current[1]["sampling_rate"]} if len(current) > 1 else {}
-        meta.update(noise_multiplier=z, noise_multiplier_memory=z_mem, accountant="dp-accounting RDP")
-        declared = declaration_json((), tuple(account("dpsgd", **a) for a in accounts))
+        z = current[0][1]["noise_multiplier"] if current else None
+        z_mem = current[1][1]["noise_multiplier"] if len(current) > 1 else None
+        meta = {"memory_sampling_rate": current[1][1]["sampling_rate"]} if len(current) > 1 else {}
+        meta.update(noise_multiplier=z, noise_multiplier_memory=z_mem, accountant=accountant_label(cfg.accountant))
+        declared = declaration_json((), tuple(account(kind, **a) for kind, a in accounts))
         return z, z_mem, (min(eps, cfg.epsilon), min(delta, cfg.delta), declared), meta
 
 
@@ -351,31 +360,31 @@ class BoundedDPAGEM(_SGDLearner):
         self._cap = config.memory_uses
         self.guarantee = Guarantee(config.epsilon, config.delta, f"{ADD_REMOVE}; any number of tasks")
         self.memory_noise_multiplier = dpsgd_noise_multiplier(
-            1.0, config.memory_uses, config.memory_share * config.epsilon, config.delta)
+            1.0, config.memory_uses, config.memory_share * config.epsilon, config.delta, accountant=config.accountant)
 
     def example_event(self, q: float, z: float, steps: int) -> dp_accounting.DpEvent:
         """Everything one example of a task can take part in: its task's steps and K memory uses."""
         return example_event(q, z, steps, self.memory_noise_multiplier, self._cap)
 
-    def _task_account(self, q: float, steps: int) -> dict:
-        """The ``"dpsgd"`` account of one example of a task: its ``steps`` Poisson(q) steps at the calibrated
-        ``z_τ`` and its K memory uses at ``z_M``."""
+    def _task_account(self, q: float, steps: int) -> tuple[str, dict]:
+        """The ``(kind, parameters)`` account of one example of a task: its ``steps`` Poisson(q) steps at the
+        calibrated ``z_τ`` and its K memory uses at ``z_M``."""
         cfg = self.config
-        z = dpsgd_noise_multiplier(q, steps, cfg.epsilon, cfg.delta, self.memory_noise_multiplier, self._cap)
-        return dict(sampling_rate=q, noise_multiplier=z, steps=steps, delta=cfg.delta,
-                    memory_noise_multiplier=self.memory_noise_multiplier, memory_uses=self._cap)
+        z = dpsgd_noise_multiplier(q, steps, cfg.epsilon, cfg.delta, self.memory_noise_multiplier, self._cap,
+                                   accountant=cfg.accountant)
+        return dpsgd_account(cfg.accountant, q, z, steps, cfg.delta, self.memory_noise_multiplier, self._cap)
 
     def _plan(self, state, q, steps, memory_batches):
         cfg = self.config
         # tasks are disjoint: the worst example is that of the task whose account spends most
         accounts = [self._task_account(r, s) for s, r in self._past_shapes(state) + [(steps, q)] if s]
-        spends = [dpsgd_spend(**a)[0] for a in accounts]
+        spends = [_SPEND[kind](**a)[0] for kind, a in accounts]
         worst = max(range(len(accounts)), key=spends.__getitem__, default=None)
         eps = state.epsilon_spent if worst is None else max(state.epsilon_spent, spends[worst])
-        declared = "" if worst is None else declaration_json((), (account("dpsgd", **accounts[worst]),))
-        z = accounts[-1]["noise_multiplier"] if steps else None
+        declared = "" if worst is None else declaration_json((), (account(accounts[worst][0], **accounts[worst][1]),))
+        z = accounts[-1][1]["noise_multiplier"] if steps else None
         meta = {"noise_multiplier": z, "noise_multiplier_memory": self.memory_noise_multiplier,
-                "memory_uses_cap": self._cap, "accountant": "dp-accounting RDP"}
+                "memory_uses_cap": self._cap, "accountant": accountant_label(cfg.accountant)}
         return z, self.memory_noise_multiplier, (eps, cfg.delta, declared), meta
 
 

@@ -29,7 +29,7 @@ from beam_dp.core.release import Release
 from beam_dp.core.state import decode_state, encode_state
 from beam_dp.mechanisms.lifelong.config import LifelongConfig, TaskData
 from beam_dp.mechanisms.lifelong.device import select_device
-from beam_dp.mechanisms.lifelong.network import init_params, predict, to_numpy, to_torch
+from beam_dp.mechanisms.lifelong.network import init_params, predict, to_torch
 
 __all__ = ["Learner", "LifelongState", "TaskOrderError"]
 
