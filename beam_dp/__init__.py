@@ -6,25 +6,3 @@ clipping, step clock; no Beam), ``beam_dp.mechanisms`` (pure state machines), ``
 """
 
 __version__ = "0.1.0"
-
-from beam_dp.loading import install_while_loading  # noqa: E402  (signal, os, sys only)
-
-install_while_loading("beam_dp")  # `python -m beam_dp.verify` etc.: Ctrl-C while loading is one line, exit 130
-del install_while_loading
-
-
-def _quiet_third_party_import_noise() -> None:
-    """Drop the one warning Beam logs on the root logger when imported without its gcp extra
-    ("apitools not found ..."): it concerns BigQuery, which beam_dp never uses. Nothing else is hidden."""
-    import logging
-
-    class _DropApitools(logging.Filter):
-        def filter(self, record: logging.LogRecord) -> bool:
-            return not str(record.msg).startswith("apitools not found")
-
-    root = logging.getLogger()
-    if not any(type(f).__name__ == "_DropApitools" for f in root.filters):  # once, also after a reload
-        root.addFilter(_DropApitools())
-
-
-_quiet_third_party_import_noise()

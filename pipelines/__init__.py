@@ -1,8 +1,4 @@
-"""Runnable beam_dp jobs (each a small CLI on Beam PipelineOptions).
+"""Runnable beam_dp jobs (each a small CLI on Beam PipelineOptions), run as ``python -m pipelines.<job>``.
 
-Run as ``python -m pipelines.<job>``, a Ctrl-C while the job's modules are still loading is one line
-and exit code 130 (:mod:`beam_dp.loading`). Importing the package otherwise changes nothing."""
-
-from beam_dp.loading import install_while_loading
-
-install_while_loading("pipelines")
+Importing the package changes nothing in the host process (signals, logging): a job's command sets up
+its logs and its signal handling when it runs (:func:`beam_dp.cli.guarded`, :mod:`pipelines.runner`)."""

@@ -12,22 +12,32 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import uuid
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import apache_beam as beam
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
 from beam_dp.beam import DeadLetter, Reason
 from beam_dp.beam.manifest import job_manifest, record_release_files
 from beam_dp.beam.parse import DEAD_LETTER
-from beam_dp.io import (RELEASE_SCHEMA, ReleaseColumns, WriteReleasesToJsonLines, WriteReleasesToParquet,
-                        release_parquet_writer, release_table)
+from beam_dp.io import (
+    RELEASE_SCHEMA,
+    ReleaseColumns,
+    WriteReleasesToJsonLines,
+    WriteReleasesToParquet,
+    release_parquet_writer,
+    release_table,
+)
 from beam_dp.io.manifest import write_manifest
+from beam_dp.io.tables import csv_header
 from pipelines.paths import join, match, read_text_lines
 from pipelines.runner import UsageError
 
@@ -36,7 +46,9 @@ __all__ = [
     "ReadEvents",
     "ReadMessages",
     "check_flags",
+    "check_key_sources",
     "check_source",
+    "rejected_input",
     "dead_letter_json",
     "file_header",
     "input_header",
@@ -49,17 +61,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("beam_dp.pipelines")
-
-
-class _JobFlagsFilter(logging.Filter):
-    """Beam warns about every flag of a :class:`JobOptions` job when the pipeline runs (it only knows
-    the direct ``PipelineOptions`` subclasses); those flags were validated by :func:`check_flags`."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(("Unparseable argument", "Discarding unparseable args"))
-
-
-logging.getLogger("apache_beam.options.pipeline_options").addFilter(_JobFlagsFilter())
 
 
 class _StrictParser(_BeamArgumentParser):
@@ -125,10 +126,11 @@ def file_header(path: str, flag: str = "--input") -> tuple[list[str], dict]:
             if path.endswith(".parquet"):
                 schema = pq.ParquetFile(fh).schema_arrow
                 return list(schema.names), {f.name: f.type for f in schema}
-            first = fh.readline().decode("utf-8-sig")
+            line = fh.readline()
             if path.endswith((".jsonl", ".json", ".ndjson")):
+                first = line.decode("utf-8-sig")
                 return list(json.loads(first) if first.strip() else []), {}
-            return [n.strip() for n in first.strip().split(",")], {}
+            return [n.strip() for n in csv_header(line)], {}  # RFC 4180: quoted names
     except Exception as exc:  # unreadable header or file
         raise UsageError(f"cannot read the header of {path} ({flag}): {type(exc).__name__}") from None
 
@@ -169,6 +171,75 @@ def check_source(opts, streaming: bool) -> None:
         raise UsageError("give only one of --pubsub-subscription and --pubsub-topic")
     if opts.source == "kafka" and not (opts.kafka_bootstrap_servers and opts.kafka_topic):
         raise UsageError("--source kafka needs --kafka-bootstrap-servers and --kafka-topic")
+
+
+#: how a job's command names its three noise key sources (run_yaml and YAML name them by their config keys)
+KEY_FLAGS = ("--noise-key-secret", "--noise-key-file", "--noise-key-env")
+
+
+def check_key_sources(secret: str | None, key_file: str | None, env_var: str | None, local: bool,
+                      names: tuple[str, str, str] = KEY_FLAGS) -> None:
+    """The launch check of a job's noise key, read here as the workers will read it (never shown);
+    a :class:`UsageError` (one line, exit 2) for anything unusable.
+
+    At most one source may be named (``names``: how the user gives the secret, the key file and the env
+    var). A named secret (``projects/P/secrets/S/versions/V``) or key file (any Beam filesystem) is read
+    and validated now (``beam_dp.core.noise.load_key``: hex of at least 64 digits or at least 32 raw
+    bytes). A named env var must be set here and valid when the run is ``local``; for a remote runner it
+    is the workers' and is checked here only when set. With no source named, the default env var
+    ``BEAM_DP_NOISE_KEY`` is validated when set (else the run may use a random key, said once)."""
+    from beam_dp.core.noise import KEY_ENV_VAR
+    from beam_dp.io.keys import is_secret_version
+
+    given = [(name, value) for name, value in zip(names, (secret, key_file, env_var)) if value]
+    if len(given) > 1:
+        raise UsageError(f"give one noise key source, not {' and '.join(name for name, _ in given)}: "
+                         "the workers would read only one of them")
+    if secret and not is_secret_version(secret):
+        raise UsageError(f"{names[0]} must be a secret version projects/P/secrets/S/versions/V")
+    if secret:
+        _check_key(names[0], secret=secret, local=local)
+    elif key_file:
+        _check_key(names[1], key_file=key_file)
+    elif env_var and not os.environ.get(env_var):
+        if local:
+            raise UsageError(f"{names[2]} {env_var}: the env var {env_var} is not set (a named key source must "
+                             "hold the key; leave the flag out for a random key)")
+    elif os.environ.get(env_var or KEY_ENV_VAR):
+        _check_key("", env_var=env_var or KEY_ENV_VAR)  # load_key's message names the env var
+
+
+def _check_key(what: str, key_file: str | None = None, env_var: str | None = None, secret: str | None = None,
+               local: bool = True) -> None:
+    """Read the key the workers will read and refuse it now if it cannot be used (never shown). A remote
+    run's secret is left to its workers when this machine lacks the Secret Manager client (a WARNING)."""
+    from beam_dp.cli import one_line
+    from beam_dp.core.noise import NoiseSource, load_key
+    from beam_dp.io.keys import read_key_file, read_secret
+    from pipelines.paths import FileSystems, display, is_local
+
+    if key_file:
+        try:
+            found = FileSystems().exists(key_file)
+        except Exception as exc:  # an unknown scheme or no credentials here
+            raise UsageError(f"cannot check {what} {key_file}: {type(exc).__name__}: {one_line(exc)}") from None
+        if not found:
+            raise UsageError(f"{what} {key_file} does not exist")
+        if is_local(key_file) and os.path.isdir(display(key_file)):
+            raise UsageError(f"{what} {key_file} is a folder: give the key file")
+    try:
+        key = load_key(env_var, secret, read_secret) if secret else load_key(env_var, key_file, read_key_file)
+        NoiseSource(key)
+    except ImportError as exc:  # the client library's extra is not installed here
+        if secret and not local:
+            logging.getLogger(__name__).warning("%s: not checked at launch (%s); the workers read it", what,
+                                                one_line(exc))
+            return
+        raise UsageError(f"{what}: {one_line(exc)}" if what else one_line(exc)) from None
+    except ValueError as exc:
+        raise UsageError(f"{what}: {one_line(exc)}" if what else one_line(exc)) from None
+    except Exception as exc:  # unreadable: permissions, I/O, a missing secret
+        raise UsageError(f"cannot read {what} {secret or key_file or ''}: {type(exc).__name__}".rstrip()) from None
 
 
 class ParseMessages(beam.DoFn):
@@ -333,11 +404,29 @@ def write_job_manifest(pipeline: beam.Pipeline, job: str, out_dir: str) -> str:
     return write_manifest(out_dir, job_manifest(pipeline, job))
 
 
+#: the counter namespace of the dead letters written, one counter per stage (:func:`rejected_input`)
+DEAD_LETTER_COUNTS = "beam_dp/dead_letters"
+
+
+class _DeadLetterJson(beam.DoFn):
+    """A stage's dead letter as its JSON line, counted (``DEAD_LETTER_COUNTS``, named by the stage)."""
+
+    def __init__(self, stage: str):
+        self._stage = stage
+
+    def setup(self) -> None:
+        self._count = Metrics.counter(DEAD_LETTER_COUNTS, self._stage)
+
+    def process(self, letter: DeadLetter) -> Iterator[str]:
+        self._count.inc()
+        yield dead_letter_json(letter, self._stage)
+
+
 def write_dead_letters(dead: dict[str, beam.PCollection], out_dir: str, streaming: bool = False):
     """Write every stage's dead letters as JSON lines to ``<out_dir>/dead_letter-*.jsonl`` (batch: one
     file even when there are none, so a reader can tell "none" from "not written"). They hold raw
     data: ``out_dir`` is the job's private folder (``pipelines.outputs.private_dir``), never ``--output``."""
-    tagged = tuple(pc | f"Tag-{stage}" >> beam.Map(dead_letter_json, stage) for stage, pc in dead.items())
+    tagged = tuple(pc | f"Tag-{stage}" >> beam.ParDo(_DeadLetterJson(stage)) for stage, pc in dead.items())
     merged = tagged | "AllDeadLetters" >> beam.Flatten()
     prefix = join(out_dir, "dead_letter")
     if streaming:
@@ -362,6 +451,48 @@ def exact_counts(result, private: str) -> list[str]:
     return ["  exact counts (NOT private, they describe the raw data): "
             f"{accepted} events accepted (all transforms), {len(letters)} dead letters"
             + (f" {dict(sorted(reasons.items()))}" if reasons else "")]
+
+
+@dataclass(frozen=True)
+class RejectedInput:
+    """How many input rows a finished run rejected (dead letters) among those it read. NOT private:
+    these count raw data; they are shown to the operator, never written with the releases."""
+
+    rows: int
+    rejected: int
+
+    @property
+    def fraction(self) -> float:
+        return self.rejected / self.rows if self.rows else 0.0
+
+    def line(self) -> str:
+        return f"{self.rejected} of {self.rows} input rows were rejected (raw-data count, not private)"
+
+
+def rejected_input(result) -> RejectedInput | None:
+    """The rows a finished local run read and rejected, from its counters (None without metrics).
+
+    Rejected: the dead letters of the read stages (stages ``read*``) plus the most any one transform
+    stage dead-lettered (the job's transforms see the same rows). Read: the read stages' rejects plus
+    the most rows any one transform saw (its ``elements``, ``querys`` and ``dead_letters`` counters; a
+    row accepted and later dead-lettered, e.g. a late event, counts twice there)."""
+    from apache_beam.metrics.metric import MetricsFilter
+
+    try:
+        counters = result.metrics().query(MetricsFilter())["counters"]
+    except Exception:  # pragma: no cover - a runner without metrics
+        return None
+    read, stages, seen = 0, Counter(), Counter()
+    for c in counters:
+        value = int(c.committed if c.committed is not None else c.attempted or 0)
+        namespace, name = c.key.metric.namespace, c.key.metric.name
+        if namespace == DEAD_LETTER_COUNTS:
+            read += value if name.startswith("read") else 0
+            stages[name] += 0 if name.startswith("read") else value
+        elif namespace.startswith("beam_dp/") and name in ("elements", "querys", "dead_letters"):
+            seen[c.key.step.split("/")[0]] += value  # by transform (two may share a mechanism's namespace)
+    rejected = read + max(stages.values(), default=0)
+    return RejectedInput(max(read + max(seen.values(), default=0), rejected), rejected)
 
 
 def output_summary(out_dir: str, names: list[str]) -> list[str]:

@@ -17,19 +17,30 @@ total from the written release files (``python -m beam_dp.verify``).
 
 from __future__ import annotations
 
-import logging
 import dataclasses
+import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipelines import demo_data
 from pipelines.outputs import private_dir
 from pipelines.paths import join
 from pipelines.rows import require_columns
 from pipelines.runner import (
-    Job, UsageError, budget_shares, lateness, noise_key_of, options_class, params_or_usage_error, run_cli,
-    split_list, verified_lines,
+    Job,
+    UsageError,
+    budget_shares,
+    lateness,
+    noise_key_of,
+    options_class,
+    params_or_usage_error,
+    run_cli,
+    split_list,
+    verified_lines,
 )
+
+if TYPE_CHECKING:
+    from beam_dp.core.clock import StepClock
 
 log = logging.getLogger("beam_dp.continual_stats")
 
@@ -65,8 +76,8 @@ def plan(options) -> Plan:
     from apache_beam.options.pipeline_options import StandardOptions
 
     from beam_dp.beam import ContinualCountParams, ContinualSumParams, WindowedSumParams
-    from pipelines.spec import step_clock
     from pipelines.common import check_source
+    from pipelines.spec import step_clock
 
     opts = options.view_as(options_class(NAME))
     streaming = bool(options.view_as(StandardOptions).streaming)
@@ -113,7 +124,7 @@ def plan(options) -> Plan:
                   streams=tuple(streams) if streams else None, noise_key=noise_key_of(opts),
                   **lateness(opts, ContinualSumParams))
     vector = dict(dim=dim, clip_bound=opts.clip_bound, granularity=opts.granularity, **common)
-    counter = dict(horizon=opts.horizon, unbounded=opts.unbounded, counter=opts.counter)
+    counter = dict(horizon=opts.horizon, unbounded=opts.unbounded, counter=opts.counter, blt_error=opts.blt_error)
     idle = dict(idle_steps=opts.idle_steps, idle_threshold=opts.idle_threshold)
     params: dict[str, Any] = {"sum": params_or_usage_error(
         lambda: ContinualSumParams(**counter, **vector, **idle, **budget["sum"].params()), "sum")}
@@ -127,7 +138,24 @@ def plan(options) -> Plan:
     if groups < 0:
         raise UsageError(f"--stream-groups must be an integer >= 0, got {groups}")
     params = {name: _with_stream_groups(p, groups) for name, p in params.items()}
+    warn_unspent(params)
     return Plan(demo, pattern, out_dir, dim, clock, params, streaming)
+
+
+def warn_unspent(params: dict[str, Any]) -> list[str]:
+    """Say (a warning per share, returned too) which transforms can spend less than their budget share
+    by the public last step (``beam_dp.core.budget.share_use``): e.g. ``--calibration paper``, whose
+    certified sigma is far above the exact one, or a clock too short for the window tree's nodes."""
+    from beam_dp.core.budget import share_use
+
+    said = []
+    for name, p in params.items():
+        use = share_use(name, p)
+        if use.unspent:
+            said.append(f"{use.describe()} of its share: the rest of the job's budget is left unspent"
+                        + (" (--calibration analytic spends it)" if getattr(p, "calibration", None) == "paper" else ""))
+            log.warning("beam_dp: %s", said[-1])
+    return said
 
 
 def default_stream_groups(streaming: bool) -> int:
@@ -194,6 +222,7 @@ def summary(job: Plan, opts) -> list[str]:
 
     import pyarrow.compute as pc
 
+    from beam_dp.core.budget import share_use
     from beam_dp.verify import VERIFIED_COLUMNS, JobVerifier
     from pipelines.common import release_tables
 
@@ -208,6 +237,9 @@ def summary(job: Plan, opts) -> list[str]:
             lines.append(f"  {name}: noise std at the last step {noise_std:.3g}")
     shares = ", ".join(f"{name} epsilon={params.epsilon:.4g}" for name, params in job.params.items())
     lines.append(f"  job budget: ({opts.epsilon:g}, {opts.delta:g}) per contribution, split as {shares}")
+    uses = [share_use(name, params) for name, params in job.params.items()]
+    lines.append("  share planned -> most spent: " + ", ".join(
+        f"{u.name} {u.planned_epsilon:.4g} -> {u.spendable_epsilon:.4g} ({100 * u.ratio:.1f}%)" for u in uses))
     return lines + verified_lines(verifier)
 
 

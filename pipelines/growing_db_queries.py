@@ -23,7 +23,14 @@ from pipelines.outputs import private_dir
 from pipelines.paths import join, write_text
 from pipelines.rows import number, require_columns
 from pipelines.runner import (
-    Job, UsageError, lateness, noise_key_of, options_class, params_or_usage_error, run_cli, split_list,
+    Job,
+    UsageError,
+    lateness,
+    noise_key_of,
+    options_class,
+    params_or_usage_error,
+    run_cli,
+    split_list,
 )
 
 NAME = "growing_db_queries"
@@ -79,8 +86,8 @@ def plan(options) -> Plan:
     from apache_beam.options.pipeline_options import StandardOptions
 
     from beam_dp.beam import GrowingDatabaseParams
-    from pipelines.spec import step_clock
     from pipelines.common import check_source
+    from pipelines.spec import step_clock
 
     opts = options.view_as(options_class(NAME))
     streaming = bool(options.view_as(StandardOptions).streaming)

@@ -144,7 +144,7 @@ def plan(options) -> Plan:
 
 _LEARNER_FLAGS = ("task_size", "micro_batch", "hidden", "batch_size", "epochs", "steps_per_task", "learning_rate", "optimizer", "dtype",
                   "eval_batch", "agem_always_project", "epsilon", "delta", "clip_norm", "memory_uses", "memory_share",
-                  "noise_multiplier", "rho_s", "b_theta", "ae_mode", "label_path", "encoder_batch_norm")
+                  "accountant", "noise_multiplier", "rho_s", "b_theta", "ae_mode", "label_path", "encoder_batch_norm")
 
 
 def _layers(text: str) -> tuple[int, ...]:

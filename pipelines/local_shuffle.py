@@ -5,7 +5,7 @@ shuffle) in memory: its ``GroupingBuffer`` decodes every value and keeps it unti
 starts, then encodes *all* of it into one byte string and writes that into its in-memory data channel
 as one message (a protobuf copy), which the worker copies again before decoding it; the channel keeps
 every message until the bundle ends. At 10M events (10,000 streams × 1,000 steps, 4 stream groups) the
-release stage's input is ~600 MB encoded, so the job held it three or four times at once (issue 26).
+release stage's input is ~600 MB encoded, so the job held it three or four times at once.
 :func:`stream_local_shuffles` changes this, for this process only, and only on the Beam versions it
 was checked on (:data:`CHECKED_BEAM`):
 

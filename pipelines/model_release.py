@@ -48,9 +48,9 @@ class Plan:
 
 
 def plan(options) -> Plan:
-    import beam_dp.beam as transforms
     from apache_beam.options.pipeline_options import StandardOptions
 
+    import beam_dp.beam as transforms
     from pipelines.common import check_source
     from pipelines.records import column_names, indexed_columns
 

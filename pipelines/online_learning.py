@@ -20,8 +20,16 @@ from typing import Any
 from pipelines.outputs import private_dir
 from pipelines.paths import join, write_text
 from pipelines.rows import features_of, number, require_columns
-from pipelines.runner import (Job, UsageError, lateness, noise_key_of, options_class, params_or_usage_error, run_cli,
-                              split_list)
+from pipelines.runner import (
+    Job,
+    UsageError,
+    lateness,
+    noise_key_of,
+    options_class,
+    params_or_usage_error,
+    run_cli,
+    split_list,
+)
 
 NAME = "online_learning"
 PROG = f"python -m pipelines.{NAME}"
@@ -68,8 +76,8 @@ def plan(options) -> Plan:
     from apache_beam.options.pipeline_options import StandardOptions
 
     from beam_dp.beam import IncrementalRegressionParams, OnlineLearnerParams
-    from pipelines.spec import step_clock
     from pipelines.common import check_source
+    from pipelines.spec import step_clock
 
     opts = options.view_as(options_class(NAME))
     streaming = bool(options.view_as(StandardOptions).streaming)

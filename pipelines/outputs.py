@@ -11,10 +11,11 @@ Two locations per job:
 A local batch run (the launcher waits for it) writes both into staging folders beside them
 (``<location>.staging-<run id>``) and publishes them when the pipeline succeeded: the previous
 folder is renamed aside, the staging folder renamed into place, and only then is the previous one
-deleted. A failure or Ctrl-C before that leaves the previous output byte for byte as it was (the
-staging folder is removed). A run holds ``<location>.lock`` (created exclusively; a lock left by a
-dead process on this host is taken over) so a second run into the same folder is refused instead
-of mixing. On an object store (``gs://``, ``s3://``) renames are per file and the lock file is not
+deleted. A failure, Ctrl-C, SIGTERM or SIGHUP before that leaves the previous output byte for byte
+as it was (the staging folder is removed). A run holds ``<location>.lock`` (created exclusively; a
+lock left by a dead process on this host is taken over) so a second run into the same folder is
+refused instead of mixing; holding it, a run removes the staging folders a killed run left beside
+the location, and says so. On an object store (``gs://``, ``s3://``) renames are per file and the lock file is not
 atomic: publish is still "complete output first, then swap", but two launches at once are not
 excluded there: give each run its own ``--output``.
 
@@ -28,7 +29,9 @@ import contextlib
 import fnmatch
 import importlib
 import json
+import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -37,6 +40,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from beam_dp.io.locations import overlap_error
 from pipelines.paths import FileSystems, display, is_local, join, write_text
 
 __all__ = ["BEAM_DP_FILES", "PRIVATE_README", "OutputError", "RunOutputs", "check_location", "normal_location",
@@ -124,6 +128,7 @@ class _Target:
     final: str
     staging: str = ""
     lock: str | None = None
+    created: bool = False  # this run made the folder it writes in place (removed again if left empty)
 
 
 @dataclass
@@ -147,6 +152,9 @@ class RunOutputs:
                          _Target(self.flags[1], normal_location(self.private))]
         if self._targets[0].final == self._targets[1].final:
             raise OutputError(f"{self.flags[1]} must differ from {self.flags[0]}: dead letters are raw data")
+        nested = overlap_error([(t.flag, t.final) for t in self._targets])  # nothing is written before
+        if nested:
+            raise OutputError(nested)
 
     # -- entering --------------------------------------------------------------------------------
     def __enter__(self) -> "RunOutputs":
@@ -167,6 +175,7 @@ class RunOutputs:
                     raise OutputError(f"{t.flag} {display(t.final)} is not empty: a job that is not waited for "
                                       "writes in place, so give each such run a new folder")
                 t.staging = f"{t.final}.staging-{self.run_id}" if self.staged else t.final
+                t.created = not self.staged and is_local(t.final) and not os.path.exists(display(t.final))
                 try:
                     _make_folder(t.staging)
                 except OSError as exc:
@@ -176,6 +185,7 @@ class RunOutputs:
         except BaseException:
             self._clean()
             raise
+        _remove_dead_staging(self._targets)
         self.output, self.private = self._targets[0].staging, self._targets[1].staging
         return self
 
@@ -202,28 +212,31 @@ class RunOutputs:
         raise OutputError(f"cannot take the lock {path}: another job is starting; try again")
 
     # -- leaving ---------------------------------------------------------------------------------
-    def publish(self) -> None:
-        """Swap each staging folder into place (SIGINT held off for the few renames)."""
+    def publish(self, releases: bool = True) -> None:
+        """Swap each staging folder into place (SIGINT, SIGTERM and SIGHUP ignored for the few renames).
+        ``releases=False``: only the raw-data folder (the run's dead letters); the previous ``--output``
+        stays as it was and this run's releases are removed with its staging folder."""
         if not self.staged:
             self.published = True
             return
-        previous = signal.getsignal(signal.SIGINT)
         held = threading.current_thread() is threading.main_thread()  # signals: main thread only
-        if held:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in _HELD_OFF} if held else {}
         try:
-            for t in self._targets:
+            for t in self._targets if releases else self._targets[1:]:
                 _swap(t.staging, t.final, f"{t.final}.previous-{self.run_id}")
-            self.published = True
+                t.staging = ""
+            self.published = releases
         finally:
-            if held:
-                signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def kept(self) -> str:
         """One line: what a failed or interrupted run left as it was."""
         out = self._targets[0].final
-        if not self.staged:
-            return f"files written so far are under {display(out)}"
+        if not self.staged and not self.published:
+            if _entries(out):
+                return f"files written so far are under {display(out)}"
+            return f"nothing was written under {display(out)}"
         if _entries(out):
             return f"the previous output under {display(out)} is kept unchanged"
         return f"nothing was published under {display(out)}"
@@ -235,6 +248,8 @@ class RunOutputs:
         for t in self._targets:
             if self.staged and t.staging and not self.published:
                 _remove(t.staging)
+            elif t.created and not self.published and set(_entries(t.final)) <= {PRIVATE_README}:
+                _remove(t.final)  # a run in place that wrote nothing: no empty folder left behind
             if t.lock:
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(t.lock)
@@ -247,6 +262,35 @@ class RunOutputs:
     @property
     def final_private(self) -> str:
         return self._targets[1].final
+
+
+#: signals that would end the process between the renames of a publish
+_HELD_OFF = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _remove_dead_staging(targets: list[_Target]) -> None:
+    """Remove ``<final>.staging-*`` folders beside locked local targets, and say so in one line: a run
+    writes there only while it holds ``<final>.lock``, which this run now holds, so they were left by
+    runs that were killed (SIGKILL, a power cut) and hold partial releases and raw dead letters."""
+    dead = []
+    for t in targets:
+        if not t.lock:
+            continue
+        final = display(t.final)
+        parent, name = os.path.dirname(final) or ".", os.path.basename(final)
+        pattern = re.compile(re.escape(name) + r"\.staging-\d{8}T\d{6}-[0-9a-f]{8}")  # RunOutputs.run_id
+        with contextlib.suppress(OSError):
+            dead += [os.path.join(parent, n) for n in sorted(os.listdir(parent))
+                     if pattern.fullmatch(n) and os.path.join(parent, n) != display(t.staging)]
+    if not dead:
+        return
+    size = sum(os.path.getsize(os.path.join(d, f)) for path in dead for d, _, files in os.walk(path) for f in files
+               if not os.path.islink(os.path.join(d, f)))
+    for path in dead:
+        shutil.rmtree(path, ignore_errors=True)
+    logging.getLogger("beam_dp.pipelines").warning(
+        "beam_dp: removed %d staging folder%s left by runs that were killed (%s; %.1f MB of partial output and "
+        "raw dead letters)", len(dead), "" if len(dead) == 1 else "s", ", ".join(dead), size / 1e6)
 
 
 def normal_location(path: str) -> str:

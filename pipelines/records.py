@@ -10,8 +10,11 @@ element with a small per-job function. The labelled-record jobs (``model_release
 does ``growing_db_queries`` with its elements (:class:`Elements`, one
 :class:`~beam_dp.steps.columns.ElementColumns` per batch, :func:`element_columns`). Rows
 that cannot be read (a wrong column count, a line that is not a JSON object) go to the dead letters
-with reason ``malformed``; a value of the wrong type stays as it is, and the family's own parse stage
-dead-letters the element (never a crash).
+with reason ``malformed`` (a CSV line over ``beam_dp.io.tables.MAX_LINE_BYTES``: ``line_too_long``);
+a value of the wrong type stays as it is, and the family's own parse stage dead-letters the element
+(never a crash). CSV is read as common writers write it (quoting, CRLF, a byte-order mark); a file's
+blocks carry where each row was read, so a dead letter's ``source`` is ``<file>#record=<n>``
+(:func:`beam_dp.steps.events.record_source`) for the rows read in columns and the reader's own letters.
 
 Streaming: the same flags as ``continual_stats`` (``--source pubsub|kafka``); one JSON object per
 message, with the same field names as the file columns.
@@ -27,13 +30,14 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.csv as pacsv
 from apache_beam.io.filesystems import FileSystems
 
 from beam_dp.beam import DeadLetter, Reason
 from beam_dp.beam.blocks import ElementColumns, LabelledColumns  # imported from here: registered with their coder
 from beam_dp.beam.parse import DEAD_LETTER
-from beam_dp.io.tables import read_csv_batches, read_parquet_batches
+from beam_dp.io.sources import StructuralInputError
+from beam_dp.io.tables import read_csv_rows, read_parquet_batches
+from beam_dp.steps.events import record_source
 from pipelines.common import ReadMessages, input_header, match_files
 from pipelines.rows import features_of, indexed_columns, number
 from pipelines.runner import UsageError
@@ -51,15 +55,6 @@ def _is_jsonl(path: str) -> bool:
     return path.endswith((".jsonl", ".json", ".ndjson"))
 
 
-class _BadCsvRows:
-    def __init__(self) -> None:
-        self.texts: list[str] = []
-
-    def __call__(self, row) -> str:
-        self.texts.append(row.text or "")
-        return "skip"
-
-
 @dataclass(frozen=True)
 class Labelled:
     """How a job reads labelled records in columns: ``dim`` features (columns ``x_0 ..``), labels as
@@ -73,15 +68,18 @@ class Labelled:
 
     block_type: ClassVar[type] = LabelledColumns
 
-    def columns(self, batch: pa.RecordBatch) -> LabelledColumns:
-        """One Arrow batch as a block (:func:`labelled_columns`)."""
-        return labelled_columns(batch, self)
+    def columns(self, batch: pa.RecordBatch, source: str | None = None, records: np.ndarray | None = None
+                ) -> LabelledColumns:
+        """One Arrow batch as a block (:func:`labelled_columns`), its rows records ``records`` of ``source``."""
+        return labelled_columns(batch, self, source, records)
 
-    def rows(self, rows: list[dict]) -> LabelledColumns:
-        """Rows read one by one (a JSON-lines file) as a block of odd rows."""
+    def rows(self, rows: list[dict], source: str | None = None, records: np.ndarray | None = None
+             ) -> LabelledColumns:
+        """Rows read one by one (a JSON-lines file; ``records``: their record numbers in ``source``) as a
+        block of odd rows."""
         n = len(rows)
         return LabelledColumns(np.full(n, None, dtype=object), np.zeros((n, self.dim)), np.zeros(n), None,
-                               dict(enumerate(map(self.record, rows))))
+                               dict(enumerate(map(self.record, rows))), source, records)
 
 
 @dataclass(frozen=True)
@@ -97,16 +95,19 @@ class Elements:
 
     block_type: ClassVar[type] = ElementColumns
 
-    def columns(self, batch: pa.RecordBatch) -> ElementColumns:
-        """One Arrow batch as a block (:func:`element_columns`)."""
-        return element_columns(batch, self)
+    def columns(self, batch: pa.RecordBatch, source: str | None = None, records: np.ndarray | None = None
+                ) -> ElementColumns:
+        """One Arrow batch as a block (:func:`element_columns`), its rows records ``records`` of ``source``."""
+        return element_columns(batch, self, source, records)
 
-    def rows(self, rows: list[dict]) -> ElementColumns:
-        """Rows read one by one (a JSON-lines file) as a block of odd rows."""
+    def rows(self, rows: list[dict], source: str | None = None, records: np.ndarray | None = None
+             ) -> ElementColumns:
+        """Rows read one by one (a JSON-lines file; ``records``: their record numbers in ``source``) as a
+        block of odd rows."""
         n = len(rows)
         return ElementColumns(np.full(n, None, dtype=object), np.zeros(n), tuple(name for name, _ in self.fields),
                               tuple(np.zeros(n) for _ in self.fields), tuple(None for _ in self.fields),
-                              dict(enumerate(map(self.record, rows))))
+                              dict(enumerate(map(self.record, rows))), source, records)
 
 
 def _column(batch: pa.RecordBatch, name: str) -> pa.Array:
@@ -163,7 +164,8 @@ def _odd_records(batch: pa.RecordBatch, odd: np.ndarray, record: Callable[[dict]
     return dict(zip(rows.tolist(), map(record, batch.take(pa.array(rows)).to_pylist()))) if len(rows) else {}
 
 
-def labelled_columns(batch: pa.RecordBatch, spec: Labelled) -> LabelledColumns:
+def labelled_columns(batch: pa.RecordBatch, spec: Labelled, source: str | None = None,
+                     records: np.ndarray | None = None) -> LabelledColumns:
     """One Arrow batch as a :class:`LabelledColumns` whose row ``i`` is ``spec.record(row i)``: stream
     ids, features and labels column by column; rows with a cell the arrays cannot hold (a missing or
     non-numeric value, a non-text stream id, a ``features`` list) keep ``spec.record`` of their row."""
@@ -179,7 +181,7 @@ def labelled_columns(batch: pa.RecordBatch, spec: Labelled) -> LabelledColumns:
     else:
         labels, names, bad = _class_labels(_column(batch, "label"), spec.label)
     odd |= bad
-    return LabelledColumns(stream_ids, features, labels, names, _odd_records(batch, odd, spec.record))
+    return LabelledColumns(stream_ids, features, labels, names, _odd_records(batch, odd, spec.record), source, records)
 
 
 def _seconds(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -197,7 +199,8 @@ def _seconds(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return pc.fill_null(column, 0).to_numpy(zero_copy_only=False).astype(dtype), odd
 
 
-def element_columns(batch: pa.RecordBatch, spec: Elements) -> ElementColumns:
+def element_columns(batch: pa.RecordBatch, spec: Elements, source: str | None = None,
+                    records: np.ndarray | None = None) -> ElementColumns:
     """One Arrow batch as an :class:`ElementColumns` whose row ``i`` is ``spec.record(row i)``: stream
     ids, timestamps and each field column by column (numbers as ``number`` makes them, other values
     once per distinct cell); rows with a cell the arrays cannot hold (a missing timestamp, a
@@ -219,28 +222,45 @@ def element_columns(batch: pa.RecordBatch, spec: Elements) -> ElementColumns:
     if pa.types.is_struct(nested.type):  # {"record": {field: ..}}: the fields come from it
         odd |= nested.is_valid().to_numpy(zero_copy_only=False)
     return ElementColumns(stream_ids, timestamps, tuple(name for name, _ in spec.fields), tuple(values),
-                          tuple(labels), _odd_records(batch, odd, spec.record))
+                          tuple(labels), _odd_records(batch, odd, spec.record), source, records)
 
 
-def _json_rows(fh) -> Iterator:
-    """The objects of a JSON-lines file; a line that is not one -> a ``malformed`` dead letter."""
-    for line in fh.read().decode("utf-8-sig").splitlines():
-        if not line.strip():
-            continue
+def _json_rows(fh, path: str) -> tuple[list[dict], np.ndarray, list[DeadLetter]]:
+    """``(objects, their record numbers, letters)`` of a JSON-lines file: record ``n`` is its ``n``-th
+    non-blank line; a line that is not a JSON object -> a ``malformed`` dead letter with its source."""
+    rows, records, letters = [], [], []
+    lines = (line for line in fh.read().decode("utf-8-sig").splitlines() if line.strip())
+    for n, line in enumerate(lines, start=1):
         try:
             row = json.loads(line)
         except ValueError:
             row = None
         if isinstance(row, dict):
-            yield row
+            rows.append(row)
+            records.append(n)
         else:
-            yield beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(Reason.MALFORMED, "line is not a JSON object", None,
-                                                                   line))
+            letters.append(DeadLetter(Reason.MALFORMED, "line is not a JSON object", None, line,
+                                      record_source(path, n)))
+    return rows, np.asarray(records, dtype=np.int64), letters
+
+
+def _read_file(path: str) -> tuple[list[pa.RecordBatch], np.ndarray | None, list[DeadLetter]]:
+    """``(batches, each row's record number or None, letters of unreadable records)`` of a CSV or
+    Parquet file (CSV as common writers write it: ``beam_dp.io.tables.read_csv_rows``)."""
+    with FileSystems.open(path) as fh:
+        if path.endswith(".parquet"):
+            batches = read_parquet_batches(fh)
+            return batches, np.arange(1, 1 + sum(b.num_rows for b in batches), dtype=np.int64), []
+        try:
+            read = read_csv_rows(fh)
+        except ValueError as exc:  # a header line over the line bound
+            raise StructuralInputError(path, str(exc)) from None
+    return read.batches, read.records, read.letters(path)
 
 
 class _ReadRecordFile(beam.DoFn):
-    """One file -> its rows as mappings, or (``columns``) its batches as the spec's blocks;
-    unreadable rows -> ``malformed`` dead letters."""
+    """One file -> its rows as mappings, or (``columns``) its batches as the spec's blocks (each row with
+    its ``file#record=n``); unreadable records -> ``malformed`` or ``line_too_long`` dead letters."""
 
     def __init__(self, columns: Labelled | Elements | None = None):
         self._columns = columns
@@ -248,32 +268,23 @@ class _ReadRecordFile(beam.DoFn):
     def process(self, path: str) -> Iterator:
         if _is_jsonl(path):
             with FileSystems.open(path) as fh:
-                items = list(_json_rows(fh))
+                rows, records, letters = _json_rows(fh, path)
+            yield from (beam.pvalue.TaggedOutput(DEAD_LETTER, letter) for letter in letters)
             if self._columns is None:
-                yield from items
-                return
-            rows = [item for item in items if not isinstance(item, beam.pvalue.TaggedOutput)]
-            yield from (item for item in items if isinstance(item, beam.pvalue.TaggedOutput))
-            if rows:
-                yield self._columns.rows(rows)
+                yield from rows
+            elif rows:
+                yield self._columns.rows(rows, path, records)
             return
-        with FileSystems.open(path) as fh:
-            if path.endswith(".parquet"):
-                batches = read_parquet_batches(fh)
-                bad: list[str] = []
-            else:
-                handler = _BadCsvRows()
-                batches = read_csv_batches(
-                    fh, parse_options=pacsv.ParseOptions(invalid_row_handler=handler),
-                    convert_options=pacsv.ConvertOptions(strings_can_be_null=False))
-                bad = handler.texts
-        for text in bad:
-            yield beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(Reason.MALFORMED, "wrong column count", None, text))
+        batches, records, letters = _read_file(path)
+        yield from (beam.pvalue.TaggedOutput(DEAD_LETTER, letter) for letter in letters)
+        offset = 0
         for batch in batches:
             if self._columns is None:
                 yield from batch.to_pylist()
             elif batch.num_rows:
-                yield self._columns.columns(batch)
+                yield self._columns.columns(batch, path, None if records is None
+                                            else records[offset:offset + batch.num_rows])
+            offset += batch.num_rows
 
 
 class ReadRecords(beam.PTransform):

@@ -39,6 +39,7 @@ import io
 import json
 import posixpath
 import sys
+import textwrap
 from typing import Any
 
 from pipelines.runner import configure_logging, owned_pipeline
@@ -83,16 +84,24 @@ def _with(argv: list[str], variables: dict) -> list[str]:
     return argv + [f"{_VARIABLES}={json.dumps(variables)}"]
 
 
-def _plan(argv: list[str]) -> tuple[list[str], Any, set[str]]:
+def _plan(argv: list[str]) -> tuple[list[str], Any, set[str], list[tuple[str, str, str]]]:
     """Build the pipeline once without running it: collect every beam_dp transform's share of the
     declared job total (``options: job_epsilon, job_delta``; ``ValueError`` when they compose above it
     or are several with no total, or when releases go to several folders). Returns the flag that gives
-    each transform its share in the real build (none without a declared total), the pipeline options
-    and the folders of every file sink."""
+    each transform its share in the real build (none without a declared total), the pipeline options,
+    the folders of every file sink and the file sinks fed by anything but beam_dp release rows."""
+    from apache_beam.options.pipeline_options import StandardOptions
     from apache_beam.yaml import main as yaml_main
 
     from beam_dp.beam.manifest import release_file_writes, release_folder
-    from pipelines.yaml_transforms import PLANNING, ReleaseRecord, yaml_budget_plan
+    from pipelines.runner import is_local_runner, runner_name
+    from pipelines.yaml_transforms import (
+        PLANNING,
+        ReleaseRecord,
+        check_launch_keys,
+        non_release_file_writes,
+        yaml_budget_plan,
+    )
 
     planning = argv + [f"--beam_dp_budget_plan={PLANNING}"]
     with _argparse_errors():
@@ -100,15 +109,20 @@ def _plan(argv: list[str]) -> tuple[list[str], Any, set[str]]:
     with owned_pipeline(options=options) as pipeline:  # built to be inspected, never run
         constructor(pipeline)
         plan = yaml_budget_plan(pipeline)
+        runner = options.view_as(StandardOptions).runner
+        check_launch_keys(pipeline, local=runner is None or is_local_runner(runner_name(options)))
         release_folder(pipeline, lambda pcoll: pcoll.element_type is ReleaseRecord)
         every_sink = release_file_writes(pipeline, lambda pcoll: True)  # each sink's input counts as "releases"
+        raw = non_release_file_writes(pipeline)
     folders = {posixpath.dirname(prefix) for _, prefix in every_sink}
-    return [] if plan is None else [f"--beam_dp_budget_plan={plan}"], options, folders
+    return [] if plan is None else [f"--beam_dp_budget_plan={plan}"], options, folders, raw
 
 
-def _locations(variables: dict, folders: set[str]) -> tuple[str, str] | None:
+def _locations(variables: dict, folders: set[str], raw: list[tuple[str, str, str]] = ()) -> tuple[str, str] | None:
     """``(output, dead_letter_output)`` of a pipeline writing files (None when it writes none);
-    ``ValueError`` when a file sink writes outside both (it could not be staged)."""
+    ``ValueError`` when a file sink writes outside both (it could not be staged), or when a sink of
+    ``raw`` (fed by anything but beam_dp release rows) writes under ``output``, which holds releases only."""
+    from beam_dp.io.locations import overlap_error
     from pipelines.outputs import normal_location, private_default
 
     if not folders:
@@ -119,12 +133,22 @@ def _locations(variables: dict, folders: set[str]) -> tuple[str, str] | None:
                          "write every file under {{ output }} (releases) or {{ dead_letter_output }} (dead letters)")
     private = variables.get("dead_letter_output") or private_default(output)
     roots = [normal_location(output), normal_location(str(private))]
+    if roots[0] != roots[1] and (nested := overlap_error([("output", output), ("dead_letter_output", str(private))])):
+        raise ValueError(nested)
     for folder in sorted(folders):
         place = normal_location(folder)
-        if not any(place == root or place.startswith(root.rstrip("/") + "/") for root in roots):
+        if not any(_under(place, root) for root in roots):
             raise ValueError(f"the pipeline writes files under {place}, outside its output ({roots[0]}) and "
                              f"dead_letter_output ({roots[1]}): write every file under one of them")
+    for label, prefix, origin in raw:
+        if _under(normal_location(posixpath.dirname(prefix)), roots[0]):
+            raise ValueError(f"{label} writes data that is not beam_dp releases (from {origin}) under output "
+                             f"({roots[0]}), which holds the releases only: write it under dead_letter_output")
     return output, str(private)
+
+
+def _under(place: str, root: str) -> bool:
+    return place == root or place.startswith(root.rstrip("/") + "/")
 
 
 def _build_and_run(argv: list[str]) -> None:
@@ -145,12 +169,43 @@ def _build_and_run(argv: list[str]) -> None:
         pipeline.run().wait_until_finish()
 
 
+def _help() -> None:
+    """What the command does and its flags (no Beam import: fast)."""
+    parser = argparse.ArgumentParser(
+        prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=textwrap.fill(
+            "Run a beam_dp Beam YAML pipeline (templates/yaml/*.yaml): checked at launch (its budget plan, noise "
+            "key sources, output folders: the Jinja variable output holds beam_dp releases only), run quietly, "
+            "its releases and manifest published under output at success and its raw data (dead letters) under "
+            "dead_letter_output (default <output>.private).", 100),
+        epilog=textwrap.fill("Any Apache Beam pipeline option (--runner, --streaming, Dataflow or Flink options) is "
+                             "accepted too. Exit codes: 0 done, 2 a usage error (one line), 1 a failure, 130 "
+                             "interrupted.", 100) + "\n"
+               "Example:\n  python -m pipelines.run_yaml --yaml_pipeline_file=templates/yaml/continual_sum.yaml \\\n"
+               "    --jinja_variables='{\"input\": \"events.csv\", \"output\": \"out\", \"start\": 0, "
+               "\"period\": 10, \"end\": 40}'")
+    parser.add_argument("--yaml_pipeline_file", metavar="PATH", required=True,
+                        help="the YAML pipeline to run (a beam_dp template or your own using templates/yaml/"
+                             "providers.yaml); relative includes resolve from the current folder")
+    parser.add_argument(_VARIABLES, metavar="JSON",
+                        help="the template's Jinja variables as a JSON object, e.g. input, output, "
+                             "dead_letter_output, epsilon, the schedule and the noise key location "
+                             "(noise_key_env | noise_key_file | noise_key_secret; never the key itself)")
+    parser.add_argument("--jinja_variable_flags", metavar="NAMES",
+                        help="Beam's: names of flags (--NAME=value) read as further Jinja variables")
+    parser.add_argument("--verbose", action="store_true", help="show Beam's logs and a failure's traceback")
+    parser.print_help()
+
+
 def main(argv: list[str] | None = None) -> int:
     from beam_dp.cli import guarded
     from pipelines.outputs import OutputError
 
     command = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        _help()
+        return 0
     verbose = "--verbose" in argv
     argv = [a for a in argv if a != "--verbose"]
     configure_logging(verbose)
@@ -180,8 +235,8 @@ def _run(argv: list[str], verbose: bool, where: list) -> int:
     argv, variables = _jinja_variables(argv)
     said = io.StringIO()
     with contextlib.redirect_stdout(sys.stdout if verbose else said):
-        budget, options, folders = _plan(_with(argv, variables))
-        locations = _locations(variables, folders)
+        budget, options, folders, raw = _plan(_with(argv, variables))
+        locations = _locations(variables, folders, raw)
         if locations is None:
             _build_and_run(_with(argv, variables) + budget)
         else:

@@ -11,13 +11,21 @@ files, build the params; raise :class:`UsageError` for anything the user must fi
   where one is needed, or a whole input rejected for one structural cause prints **one line**
   ``<prog>: error: <what to fix>`` on stderr and exits with code 2;
 * logs of Beam and other libraries are hidden unless ``--verbose``; beam_dp's own warnings show;
+* Ctrl-C, SIGTERM and SIGHUP end the run with one line and exit code 130, 143 or 129, the previous
+  output kept and the run's staging folders, locks and Beam temporary folder removed
+  (``beam_dp.cli.guarded``); nothing is set up when a module is imported;
+* a local run that rejected input rows ends with a warning counting them (raw data, not private);
+  with ``--fail-on-rejected FRACTION``, more than that fraction rejected is exit code 3, the dead
+  letters published and the previous releases kept;
 * the default runner is the FnApiRunner; on a local runner the job waits and prints a summary of
   its outputs, on any other runner (Dataflow, Flink, a Flex Template launch) it returns once submitted.
 
 Noise key rules: a streaming job, or a job on any runner but the local ones, must name a fixed key
 (``--noise-key-secret``, ``--noise-key-file``, or ``--noise-key-env`` for an env var set on the
 workers; locally an env var already set counts): with a random key per worker a retried or
-duplicated bundle would draw different noise. ``--allow-random-noise-key`` waives the rule.
+duplicated bundle would draw different noise. ``--allow-random-noise-key`` waives the rule. One
+source at most may be named, and a named one that is missing or unusable is a usage error at launch
+(``pipelines.common.check_key_sources``); a local batch job naming none uses one random key, said once.
 """
 
 from __future__ import annotations
@@ -91,9 +99,21 @@ class _OwnWarnings(logging.Filter):
         return record.name.startswith("beam_dp") and record.levelno >= logging.WARNING
 
 
+class _JobFlagsFilter(logging.Filter):
+    """Beam warns about every flag of a ``JobOptions`` job when the pipeline runs (it only knows the
+    direct ``PipelineOptions`` subclasses); those flags were validated by ``pipelines.common.check_flags``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(("Unparseable argument", "Discarding unparseable args"))
+
+
 def configure_logging(verbose: bool) -> None:
-    """Quiet (default) or verbose (INFO from every library) logs on stderr, set before Beam is imported
-    so that its import-time warnings (e.g. about apitools) follow the same rule."""
+    """A command's logs (never set at import): quiet (default) or verbose (INFO from every library) on
+    stderr, set before Beam is imported so that its import-time warnings (e.g. about apitools) follow
+    the same rule; Beam's warnings about the job's own flags are dropped."""
+    flags_logger = logging.getLogger("apache_beam.options.pipeline_options")
+    if not any(isinstance(f, _JobFlagsFilter) for f in flags_logger.filters):
+        flags_logger.addFilter(_JobFlagsFilter())
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
@@ -166,48 +186,18 @@ def is_local_runner(name: str) -> bool:
 
 # -- noise key -------------------------------------------------------------------------------------
 def noise_key_of(opts) -> Any:
-    """The key *location* (never the key) from the flags, checked here: the secret (a version
-    resource name, read through the ``gcp`` extra's client with the launcher's credentials), a key
-    file (on any Beam filesystem) or a key env var set here is read and validated now (at least 16
-    bytes), as the workers will read it, so a bad key is one line at launch, not a worker failure."""
-    from beam_dp.beam import NoiseKey
-    from beam_dp.io.keys import is_secret_version
+    """The key *location* (never the key) from the flags, checked at launch as the workers will read it
+    (``pipelines.common.check_key_sources``: one source at most; a named one that is missing or
+    unusable is a usage error)."""
+    from apache_beam.options.pipeline_options import StandardOptions
 
-    if opts.noise_key_secret and not is_secret_version(opts.noise_key_secret):
-        raise UsageError("--noise-key-secret must be a secret version projects/P/secrets/S/versions/V")
-    if opts.noise_key_secret:  # the workers read the secret first (beam_dp.io.keys.load_noise_source)
-        _check_key("--noise-key-secret", secret=opts.noise_key_secret)
-    elif opts.noise_key_file:
-        _check_key("--noise-key-file", key_file=opts.noise_key_file)
-    elif not opts.noise_key_secret and os.environ.get(opts.noise_key_env or KEY_ENV_VAR):
-        _check_key(f"the env var {opts.noise_key_env or KEY_ENV_VAR}", env_var=opts.noise_key_env or KEY_ENV_VAR)
+    from beam_dp.beam import NoiseKey
+    from pipelines.common import check_key_sources
+
+    local = opts.view_as(StandardOptions).runner is None or is_local_runner(runner_name(opts))  # None: Beam's local
+    check_key_sources(opts.noise_key_secret, opts.noise_key_file, opts.noise_key_env, local)
     return NoiseKey(env_var=opts.noise_key_env or KEY_ENV_VAR, key_file=opts.noise_key_file,
                     secret=opts.noise_key_secret)
-
-
-def _check_key(what: str, key_file: str | None = None, env_var: str | None = None, secret: str | None = None) -> None:
-    """Read the key the workers will read and refuse it now if it cannot be used (never shown)."""
-    from beam_dp.cli import one_line
-    from beam_dp.core.noise import NoiseSource, load_key
-    from beam_dp.io.keys import read_key_file, read_secret
-    from pipelines.paths import FileSystems, is_local
-
-    if key_file:
-        try:
-            found = FileSystems().exists(key_file)
-        except Exception as exc:  # an unknown scheme or no credentials here
-            raise UsageError(f"cannot check {what} {key_file}: {type(exc).__name__}: {one_line(exc)}") from None
-        if not found:
-            raise UsageError(f"{what} {key_file} does not exist")
-        if is_local(key_file) and os.path.isdir(display(key_file)):
-            raise UsageError(f"{what} {key_file} is a folder: give the key file")
-    try:
-        key = load_key(env_var, secret, read_secret) if secret else load_key(env_var, key_file, read_key_file)
-        NoiseSource(key)
-    except (ValueError, ImportError) as exc:  # ImportError: the client library's extra is not installed
-        raise UsageError(f"{what}: {one_line(exc)}") from None
-    except Exception as exc:  # unreadable: permissions, I/O, a missing secret
-        raise UsageError(f"cannot read {what} {secret or key_file or ''}: {type(exc).__name__}".rstrip()) from None
 
 
 @contextlib.contextmanager
@@ -266,11 +256,12 @@ def parse(argv: list[str], job: Job):
     return options
 
 
-def run(options, job: Job, plan: Any, messages=None, shown: str | None = None) -> str:
+def run(options, job: Job, plan: Any, messages=None, shown: str | None = None, rejected: list | None = None) -> str:
     """Build and run the job; on a local runner wait and summarise, elsewhere return once submitted.
-    ``shown``: the output folder as the user named it (the run itself may write to a staging folder)."""
+    ``shown``: the output folder as the user named it (the run itself may write to a staging folder).
+    ``rejected``: gets the run's ``pipelines.common.RejectedInput`` (local runs; raw-data counts)."""
     from beam_dp.heap import release_free_heap, scratch_heap
-    from pipelines.common import exact_counts, output_summary, write_job_manifest
+    from pipelines.common import exact_counts, output_summary, rejected_input, write_job_manifest
     from pipelines.outputs import private_dir
     from pipelines.paths import display
     from pipelines.progress import Progress, input_bytes
@@ -302,6 +293,8 @@ def run(options, job: Job, plan: Any, messages=None, shown: str | None = None) -
         lines += output_summary(plan.out_dir, plan.outputs)
     if opts.print_exact_counts:
         lines += exact_counts(result, private_dir(opts))
+    if rejected is not None:
+        rejected.append(rejected_input(result))
     return "\n".join(lines)
 
 
@@ -324,8 +317,9 @@ def _structural_errors_as_usage_errors():
 def run_cli(argv: list[str] | None, job: Job) -> int:
     """Parse, validate (``plan``), check the noise key and the output locations, run into staging
     folders, publish at success and print the summary. Exit codes: 2 and one line for a usage error,
-    130 and one line for Ctrl-C, 1 and one line for any other failure (``--verbose``: its traceback);
-    in each case the line says what was kept of the previous output."""
+    3 for more rejected rows than ``--fail-on-rejected``, 130 / 143 / 129 and one line for Ctrl-C /
+    SIGTERM / SIGHUP, 1 and one line for any other failure (``--verbose``: its traceback); in each case
+    the line says what was kept of the previous output."""
     command = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
@@ -338,15 +332,20 @@ def run_cli(argv: list[str] | None, job: Job) -> int:
     configure_logging(verbose)
     where: list = []  # the run's RunOutputs once opened: a failure says what it kept
     code = guarded(job.prog, verbose, lambda: _launch(argv, job, where), (UsageError, OutputError),
-                   lambda: f"; {where[0].kept()}" if where else "", command)
+                   lambda: f"; {where[0].kept()}" if where else "", command)  # SIGTERM/SIGHUP too (command)
     if command:  # the process's own command line, its outputs published: no interpreter teardown
         exit_now(code)
     return code
 
 
+#: exit code of a run that rejected more than ``--fail-on-rejected`` of its input rows
+REJECTED_EXIT = 3
+
+
 def _launch(argv: list[str], job: Job, where: list) -> int:
     from apache_beam.options.pipeline_options import StandardOptions
 
+    from beam_dp.cli import CommandError
     from pipelines.outputs import RunOutputs, private_dir
 
     options = parse(_normalise(argv), job)
@@ -355,6 +354,12 @@ def _launch(argv: list[str], job: Job, where: list) -> int:
     params_or_usage_error(lambda: spec.validate(job.name, opts), "flags")
     check_noise_key(opts, runner_name(options), streaming)
     local = is_local_runner(runner_name(options))
+    limit = opts.fail_on_rejected
+    if limit is not None and not 0 <= limit <= 1:
+        raise UsageError(f"--fail-on-rejected must be a fraction from 0 to 1, got {limit:g}")
+    if limit is not None and (streaming or not local):
+        raise UsageError("--fail-on-rejected needs a local batch run (the launcher counts the rejected rows "
+                         "when the run has ended)")
     if local:  # this process runs the pipeline: give freed memory back (beam_dp.heap), hold a shuffle once
         from beam_dp.heap import limit_heap_retention
         from pipelines.local_shuffle import stream_local_shuffles
@@ -365,13 +370,23 @@ def _launch(argv: list[str], job: Job, where: list) -> int:
         where.append(outputs)
         opts.output, opts.dead_letter_output = outputs.output, outputs.private
         plan = job.plan(options)
+        found: list = []
         with one_random_key(opts) if local else contextlib.nullcontext():
-            summary = run(options, job, plan, shown=outputs.final_output)
+            summary = run(options, job, plan, shown=outputs.final_output, rejected=found)
+        rejected = found[0] if found else None
+        if rejected is not None and limit is not None and rejected.fraction > limit:
+            outputs.publish(releases=False)  # the dead letters say why; the releases of so little data do not replace
+            raise CommandError(f"{rejected.line()}, more than --fail-on-rejected {limit:g}: this run's releases "
+                               f"were not published, its dead letters are under {display(outputs.final_private)}",
+                               REJECTED_EXIT)
         outputs.publish()
     if local:
         summary += (f"\n  dead letters (raw data, not private) and any demo input: under "
                     f"{display(outputs.final_private)}")
     print(summary)
+    if rejected is not None and rejected.rejected:
+        sys.stdout.flush()
+        print(f"warning: {rejected.line()}; dead letters under {display(outputs.final_private)}", file=sys.stderr)
     return 0
 
 

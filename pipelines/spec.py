@@ -130,6 +130,9 @@ def _output(default: str, files: str) -> tuple[Param, ...]:
           regex=r"^(gs://[a-z0-9][-_.a-z0-9]*[a-z0-9]|/)[^\s]*$", param_type="GCS_WRITE_FOLDER", yaml=False),
         P("print_exact_counts", "Also print the exact number of accepted events and of dead letters per reason "
           "(NOT private: they describe the raw data).", kind="bool", default=False, yaml=False),
+        P("fail_on_rejected", "Exit with code 3, publishing the dead letters but not the releases (the previous "
+          "--output is kept), when more than this fraction (0 to 1) of the input rows was rejected; without it a "
+          "run with rejected rows ends with a warning. Local batch runs only.", kind="float", yaml=False),
         P("format", "Release file format.", choices=("parquet", "jsonl"), default="parquet", yaml=False),
     )
 
@@ -140,8 +143,8 @@ KEY = (
     P("noise_key_secret", "Secret Manager version projects/P/secrets/S/versions/V holding the noise key (raw or hex), "
       "read by the workers (needs the gcp extra and secretAccessor for the worker service account).",
       regex=r"^projects/[^/\s]+/secrets/[^/\s]+/versions/[^/\s]+$", fields=("noise_key",)),
-    P("noise_key_file", "File holding the noise key (raw bytes or hex) on any Beam filesystem (gs://...), read by "
-      "the workers.", regex=r"^(gs://|/)[^\s]+$", fields=("noise_key",)),
+    P("noise_key_file", "File holding the noise key (at least 64 hex digits, or at least 32 raw bytes; text must "
+      "be hex) on any Beam filesystem (gs://...), read by the workers. Name one key source at most.", regex=r"^(gs://|/)[^\s]+$", fields=("noise_key",)),
     P("noise_key_env", "Name of the env var holding the noise key as hex on the workers (default BEAM_DP_NOISE_KEY).",
       regex=r"^[A-Z_][A-Z0-9_]*$", fields=("noise_key",)),
     P("allow_random_noise_key", "Let a streaming or remote job start without a fixed noise key: each worker then "
@@ -175,7 +178,7 @@ EPSILON = P("epsilon", "Total privacy budget epsilon of the job per contribution
 NOISE = P("noise", "gamma: K-norm noise, pure epsilon-DP under the L2 bound; gaussian: (epsilon, delta)-DP.",
           choices=("gamma", "gaussian"), default="gamma", fields=("noise",))
 CALIBRATION = P("calibration", "Gaussian only: the paper's sigma (certified exactly, refused if it fails) or the "
-                "smallest exact (analytic) sigma.", choices=("paper", "analytic"), default="paper",
+                "smallest exact (analytic) sigma.", choices=("paper", "analytic"), default="analytic",
                 fields=("calibration",))
 DIM = P("dim", "Number of value / feature coordinates (required with a streaming source; files: from the header).",
         kind="int", regex=_POSITIVE_INT, fields=("dim", "n_features", "input_dim"))
@@ -208,6 +211,8 @@ JOBS: dict[str, tuple[Param, ...]] = {
         P("counter", "Counter mechanism: auto (BLT for gaussian, fitted k-ary tree for gamma), tree, honaker, "
           "toeplitz (needs a horizon), blt or kary.",
           choices=("auto", "tree", "honaker", "toeplitz", "blt", "kary"), default="auto", fields=("counter",)),
+        P("blt_error", "BLT counter's fit: max (minimal max per-step variance) or mean (minimal mean variance "
+          "over the horizon).", choices=("max", "mean"), default="max", fields=("blt_error",)),
         P("window", "Also run WindowedSum protecting the last W steps (privacy expiration).", kind="int",
           regex=_POSITIVE_INT, fields=("window",)),
         P("granularity", "Release sums on the grid g = the power of two >= this value, with exact arithmetic and "
@@ -363,6 +368,9 @@ JOBS: dict[str, tuple[Param, ...]] = {
           kind="bool", default=False, fields=("agem_always_project",)),
         P("memory_share", "bounded_agem: share of epsilon reserved for the memory uses.", kind="float",
           default=0.3, fields=("memory_share",)),
+        P("accountant", "DP-SGD learners: pld (dp-accounting's PLD, tight; default) or rdp (its RDP accountant, "
+          "looser) calibrates the noise and accounts the spend.", choices=("pld", "rdp"), default="pld",
+          fields=("accountant",)),
         P("noise_multiplier", "naive_gaussian: fix the DP-SGD noise multiplier z (the paper's grid) instead of "
           "calibrating it from epsilon, delta.", kind="float", fields=("noise_multiplier",)),
         P("rho_s", "l2dp (paper claim): share of epsilon for the reconstruction side.", kind="float", default=0.5,

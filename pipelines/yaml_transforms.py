@@ -63,15 +63,15 @@ from beam_dp.beam import (
     WindowedSumParams,
 )
 from beam_dp.beam.domains import pipeline_of as _pipeline_of
-from beam_dp.core import StepClock
 from beam_dp.beam.manifest import params_composition
+from beam_dp.core import StepClock
 from beam_dp.core.budget import BudgetPlan, JobBudget
 from beam_dp.core.noise import KEY_ENV_VAR
 from beam_dp.io.schema import ReleaseRow
 from beam_dp.mechanisms.stream_groups import groups_for
-from beam_dp.steps.schema import ReleaseColumns
 from beam_dp.mechanisms.universe import Universe
 from beam_dp.steps.events import json_value
+from beam_dp.steps.schema import ReleaseColumns
 from pipelines import spec
 from pipelines.growing_db_queries import parse_universe, to_element, to_query
 from pipelines.model_release import to_example
@@ -81,7 +81,8 @@ from pipelines.runner import UsageError
 __all__ = [
     "REGISTRY", "ContinualCountYaml", "ContinualModelReleaseYaml", "ContinualSumYaml", "DeadLetterRow",
     "GrowingDatabaseQueriesYaml", "IncrementalRegressionYaml", "JobBudgetOptions", "OnlineLearnerYaml",
-    "ReleaseRecord", "SINKS", "WindowedSumYaml", "WriteDeadLettersYaml", "YamlRelease", "yaml_budget_plan",
+    "ReleaseRecord", "SINKS", "WindowedSumYaml", "WriteDeadLettersYaml", "YamlRelease", "check_launch_keys",
+    "is_release_rows", "non_release_file_writes", "yaml_budget_plan",
 ]
 
 
@@ -271,8 +272,49 @@ def _items(value: Any) -> Optional[tuple]:
 
 
 def _noise_key(c: dict) -> NoiseKey:
-    return NoiseKey(env_var=c["noise_key_env"] or KEY_ENV_VAR, key_file=c["noise_key_file"],
-                    secret=c["noise_key_secret"])
+    """The key location, checked when the pipeline is built (``pipelines.common.check_key_sources``; a
+    named env var unset here may be the workers'): one source at most, a named one usable."""
+    from pipelines.common import check_key_sources
+    from pipelines.runner import UsageError
+
+    env = _named_env(c["noise_key_env"])
+    try:
+        check_key_sources(c["noise_key_secret"], c["noise_key_file"], env, local=False, names=KEYS)
+    except UsageError as exc:
+        raise ValueError(f"{exc}") from None
+    return NoiseKey(env_var=env or KEY_ENV_VAR, key_file=c["noise_key_file"], secret=c["noise_key_secret"])
+
+
+def _named_env(env: Optional[str]) -> Optional[str]:
+    """A named key env var; the default ``BEAM_DP_NOISE_KEY`` (the templates' value) is not a named source,
+    as a job without ``--noise-key-env``: beside a key file or secret it is unused, and unset it means a
+    random key for a local run."""
+    return None if env == KEY_ENV_VAR else env or None
+
+
+def check_launch_keys(pipeline: beam.Pipeline, local: bool) -> None:
+    """Refuse (``ValueError``, one line) a built YAML pipeline whose beam_dp transform names a key env var
+    that a ``local`` run cannot read here, as the jobs do at launch (``pipelines.common.check_key_sources``;
+    key files and secrets are read when each transform is built)."""
+    from apache_beam.pipeline import PipelineVisitor
+
+    from pipelines.common import check_key_sources
+
+    keys: list[NoiseKey] = []
+
+    class _Keys(PipelineVisitor):
+        def enter_composite_transform(self, node) -> None:
+            if isinstance(node.transform, YamlRelease):
+                keys.append(node.transform.transform.params.noise_key)
+
+    pipeline.visit(_Keys())
+    for key in keys:
+        if key.secret or key.key_file:
+            continue
+        try:
+            check_key_sources(None, None, _named_env(key.env_var), local, names=KEYS)
+        except UsageError as exc:
+            raise ValueError(f"{exc}") from None
 
 
 def _lateness(c: dict, params_class: type) -> dict:
@@ -293,7 +335,7 @@ _SUM = ("epsilon", "clip_bound", "dim", "delta", "noise", "calibration", "granul
     "allowed_lateness", "streams") + KEYS
 
 
-@_from_spec("continual_stats", _SUM + ("horizon", "unbounded", "counter", "stream_groups"),
+@_from_spec("continual_stats", _SUM + ("horizon", "unbounded", "counter", "blt_error", "stream_groups"),
             required=("epsilon", "clip_bound"), defaults={"dim": 1})
 def ContinualSumYaml(c: dict) -> beam.PTransform:
     """Private running sum of vectors per stream, released at every step (tree and matrix mechanisms).
@@ -303,18 +345,20 @@ def ContinualSumYaml(c: dict) -> beam.PTransform:
     clip_bound. Public: the schedule, the streams, the release times."""
     params = ContinualSumParams(
         dim=int(c["dim"]), clip_bound=float(c["clip_bound"]), horizon=c["horizon"], unbounded=c["unbounded"],
-        counter=c["counter"], granularity=c["granularity"], **_sum_common(c, ContinualSumParams))
+        counter=c["counter"], blt_error=c["blt_error"], granularity=c["granularity"], **_sum_common(c, ContinualSumParams))
     groups = groups_for(params.build_mechanism(), c["stream_groups"])  # None where the mechanism keys by stream
     return YamlRelease(ContinualSum(dataclasses.replace(params, stream_groups=groups) if groups else params))
 
 
-@_from_spec("continual_stats", ("epsilon", "delta", "noise", "calibration", "horizon", "unbounded", "counter")
+@_from_spec("continual_stats", ("epsilon", "delta", "noise", "calibration", "horizon", "unbounded", "counter",
+                                 "blt_error")
             + SCHEDULE + ("allowed_lateness", "streams") + KEYS, required=("epsilon",))
 def ContinualCountYaml(c: dict) -> beam.PTransform:
     """Private running number of events per stream (a continual sum of 1 per event, sensitivity 2).
 
     Same guarantee as ContinualSum; the value field of the input rows is ignored."""
     params = ContinualCountParams(horizon=c["horizon"], unbounded=c["unbounded"], counter=c["counter"],
+                                  blt_error=c["blt_error"],
                                   **_sum_common(c, ContinualCountParams))
     return YamlRelease(ContinualCount(params))
 
@@ -481,6 +525,63 @@ class WriteDeadLettersYaml(beam.PTransform):
                 | "ToJson" >> beam.Map(lambda row, stage: json.dumps(
                     {"stage": stage, **_fields(row)}, sort_keys=True), self.stage)
                 | "Write" >> beam.io.WriteToText(self.path, file_name_suffix=".jsonl", num_shards=1))
+
+
+def is_release_rows(pcoll: Any) -> bool:
+    """Whether ``pcoll`` holds release rows made by a beam_dp transform (the ``releases`` or
+    ``snapshots`` output of a :class:`YamlRelease`), not rows that merely look like them."""
+    if getattr(pcoll, "element_type", None) is not ReleaseRecord:
+        return False
+    node = getattr(pcoll, "producer", None)
+    while node is not None:
+        if isinstance(node.transform, YamlRelease):
+            return True
+        node = node.parent
+    return False
+
+
+def _raw_origin(pcoll: Any) -> Optional[str]:
+    """The label of a transform above ``pcoll`` (main or side input) reached without passing through
+    beam_dp release rows, i.e. where non-release data enters; None when every path starts at releases."""
+    todo, seen = [(pcoll, "the pipeline's input")], set()
+    while todo:
+        current, reader = todo.pop()
+        if id(current) in seen or is_release_rows(current):
+            continue
+        seen.add(id(current))
+        producer = getattr(current, "producer", None)
+        if producer is None:  # the pipeline's root (PBegin): ``reader`` reads from outside
+            return reader
+        parents = list(producer.inputs) + [side.pvalue for side in producer.side_inputs]
+        if not parents:
+            return producer.full_label
+        todo += [(parent, producer.full_label) for parent in parents]
+    return None
+
+
+def non_release_file_writes(pipeline: beam.Pipeline) -> list[tuple[str, str, str]]:
+    """``(sink label, file prefix, origin label)`` of every file sink of a built ``pipeline`` fed by
+    anything other than beam_dp release rows (dead letters, raw input, rows mapped to look like
+    releases); such data never goes under the ``output`` folder, which holds the releases only."""
+    from apache_beam.pipeline import PipelineVisitor
+
+    from beam_dp.beam.manifest import _file_prefix
+
+    found: list[tuple[str, str, str]] = []
+
+    class _Sinks(PipelineVisitor):
+        def enter_composite_transform(self, node) -> None:
+            prefix = _file_prefix(node.transform)
+            if prefix is None:
+                return
+            for pcoll in node.inputs:
+                origin = _raw_origin(pcoll)
+                if origin is not None:
+                    found.append((node.full_label, prefix, origin))
+                    return
+
+    pipeline.visit(_Sinks())
+    return found
 
 
 #: YAML sinks of beam_dp (listed in ``templates/yaml/providers.yaml`` too).

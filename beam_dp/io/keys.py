@@ -43,7 +43,7 @@ def secret_manager_client() -> Any:
 
 
 def read_secret(name: str, client_factory: Callable[[], Any] | None = None) -> bytes:
-    """The payload of a Secret Manager secret version (raw key bytes or hex text)."""
+    """The payload of a Secret Manager secret version (hex text or raw key bytes, as a key file)."""
     if not is_secret_version(name):
         raise ValueError("a noise key secret must be a version resource projects/P/secrets/S/versions/V")
     client = (client_factory or secret_manager_client)()
@@ -51,8 +51,11 @@ def read_secret(name: str, client_factory: Callable[[], Any] | None = None) -> b
 
 
 def load_noise_source(env_var: str | None, key_file: str | None, secret: str | None) -> NoiseSource:
-    """The worker's ``NoiseSource``: the secret wins, then the key file, then the env var; with none
-    of them a random key (logged as not reproducible, see ``NoiseSource.from_config``)."""
+    """The worker's ``NoiseSource``: the secret wins, then the key file, then the env var (the commands
+    accept one source at most: ``pipelines.common.check_key_sources``). A secret or key file holds hex
+    text of at least 64 hex digits or at least 32 raw bytes (``beam_dp.core.noise.load_key``); a named
+    source that is missing or unusable is a ``ValueError``; only with none named and the default env var
+    unset is a random key drawn (logged as not reproducible, see ``NoiseSource.from_config``)."""
     if secret:
         return NoiseSource.from_config(env_var, secret, lambda name: read_secret(name))
     return NoiseSource.from_config(env_var, key_file, read_key_file)

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-
 import pyarrow as pa
 
 from beam_dp.core.release import Release

@@ -1,9 +1,11 @@
 """Event-file sources that emit columnar ``EventBatch`` blocks (the fast path into the transforms).
 
 Files are CSV or Parquet with columns ``stream_id``, ``timestamp`` (seconds since the epoch or an
-ISO-8601 string) and either ``value`` (dim 1) or ``value_0 .. value_{d-1}``. Rows that cannot be
-parsed (wrong column count, text in a number column) go to the ``dead_letter`` output with the
-reason ``malformed``; they never stop the job.
+ISO-8601 string) and either ``value`` (dim 1) or ``value_0 .. value_{d-1}``; CSV as common writers
+write it (quoting, CRLF, a byte-order mark: :func:`beam_dp.io.tables.read_csv_rows`). Rows that cannot
+be parsed (wrong column count, text in a number column) go to the ``dead_letter`` output with the
+reason ``malformed``, a line over ``beam_dp.io.tables.MAX_LINE_BYTES`` with ``line_too_long``, each
+with its ``source`` ``<file>#record=<n>``; they never stop the job.
 """
 
 from __future__ import annotations
@@ -15,13 +17,12 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.csv as pacsv
 from apache_beam.io.filesystems import FileSystems
 
 from beam_dp.heap import scratch_heap
 from beam_dp.io.coders import register_block_coders
-from beam_dp.io.tables import iter_parquet_batches, read_csv_batches
-from beam_dp.steps.events import DEAD_LETTER, DETAIL, DeadLetter, EventBatch, Reason, to_micros
+from beam_dp.io.tables import iter_parquet_batches, read_csv_rows
+from beam_dp.steps.events import DEAD_LETTER, DETAIL, DeadLetter, EventBatch, Reason, record_source, to_micros
 
 __all__ = ["STRUCTURAL", "ReadEventFiles", "StructuralInputError", "nested_value_column", "value_columns"]
 
@@ -116,53 +117,41 @@ def nested_value_column(types: "pa.Schema | Mapping[str, pa.DataType]", columns:
     return None
 
 
-class _BadRows:
-    """pyarrow's invalid-row handler: remember the row text, skip the row."""
-
-    def __init__(self) -> None:
-        self.texts: list[str] = []
-        self.lines: list[int | None] = []
-
-    def __call__(self, row) -> str:
-        self.texts.append(row.text or "")
-        self.lines.append(row.number if row.number is not None and row.number >= 0 else None)
-        return "skip"
-
-
 class _ReadEventFile(beam.DoFn):
     def __init__(self, batch_rows: int, timestamps: bool):
         self._batch_rows = batch_rows
         self._timestamps = timestamps
 
     def process(self, path: str) -> Iterator:
-        bad_rows = _BadRows()
-        offset = 0  # records (rows) of the file before the batch
         if path.endswith(".parquet"):
+            offset = 0  # rows of the file before the batch
             with FileSystems.open(path) as fh:
                 for batch in iter_parquet_batches(fh, self._batch_rows):
-                    yield from self._convert(batch, path, offset)
+                    yield from self._convert(batch, path, np.arange(offset + 1, offset + 1 + batch.num_rows))
                     offset += batch.num_rows
             return
         with FileSystems.open(path) as fh:
-            batches = read_csv_batches(
-                fh,
-                parse_options=pacsv.ParseOptions(invalid_row_handler=bad_rows),
-                # stream ids as bytes: a non-UTF-8 id is one dead letter, not a failed file
-                convert_options=pacsv.ConvertOptions(strings_can_be_null=False,
-                                                     column_types={"stream_id": pa.binary()}),
-                batch_size=self._batch_rows,
-            )
-        for text, line in zip(bad_rows.texts, bad_rows.lines):
-            source = path if line is None else f"{path}#line={line}"
-            yield beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(Reason.MALFORMED, "wrong column count", None, text,
-                                                                   source))
-        for batch in batches:
-            yield from self._convert(batch, path, offset)
+            try:
+                read = read_csv_rows(
+                    fh,
+                    # stream ids as bytes: a non-UTF-8 id is one dead letter, not a failed file
+                    column_types={"stream_id": pa.binary()},
+                    batch_size=self._batch_rows,
+                )
+            except ValueError as exc:  # a header line over the line bound
+                raise StructuralInputError(path, str(exc)) from None
+        for letter in read.letters(path):
+            yield beam.pvalue.TaggedOutput(DEAD_LETTER, letter)
+        offset = 0
+        for batch in read.batches:
+            records = (np.arange(offset + 1, offset + 1 + batch.num_rows) if read.records is None
+                       else read.records[offset:offset + batch.num_rows])
+            yield from self._convert(batch, path, records)
             offset += batch.num_rows
 
-    def _convert(self, batch: pa.RecordBatch, path: str, offset: int) -> Iterator:
-        """Rows of one batch (records ``offset + 1 ..`` of ``path``) -> an ``EventBatch`` of the good
-        rows (with their record numbers) and a dead letter per bad row (with ``path#record=n``)."""
+    def _convert(self, batch: pa.RecordBatch, path: str, records: np.ndarray) -> Iterator:
+        """Rows of one batch (``records``: their record numbers in ``path``) -> an ``EventBatch`` of the
+        good rows (with their record numbers) and a dead letter per bad row (with ``path#record=n``)."""
         names = batch.schema.names
         if "stream_id" not in names or (self._timestamps and "timestamp" not in names):
             raise StructuralInputError(path, f"event files need columns stream_id, timestamp, value...; got {names}")
@@ -177,7 +166,7 @@ class _ReadEventFile(beam.DoFn):
         for i in np.flatnonzero(~utf8):
             row = {name: batch.column(name)[i].as_py() for name in names}
             yield beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(
-                Reason.BAD_STREAM_ID, DETAIL[Reason.BAD_STREAM_ID], None, row, f"{path}#record={offset + i + 1}"))
+                Reason.BAD_STREAM_ID, DETAIL[Reason.BAD_STREAM_ID], None, row, record_source(path, int(records[i]))))
         ok = utf8.copy()
         with scratch_heap():  # the batch's arrays reuse the heap: they are let go once the parse stage took them
             values = np.empty((batch.num_rows, len(cols)))
@@ -193,13 +182,12 @@ class _ReadEventFile(beam.DoFn):
             stream = streams[i].as_py() if isinstance(streams, pa.Array) else streams[i]
             row["stream_id"] = stream  # the id as read (UTF-8 text), not the reader's bytes
             yield beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(
-                Reason.MALFORMED, "unparsable number", stream or None, row, f"{path}#record={offset + i + 1}"))
+                Reason.MALFORMED, "unparsable number", stream or None, row, record_source(path, int(records[i]))))
         if ok.all():
-            yield EventBatch(streams, seconds, values, path, np.arange(offset + 1, offset + 1 + len(ok)))
+            yield EventBatch(streams, seconds, values, path, records)
         elif ok.any():
             kept = streams.filter(ok) if isinstance(streams, pa.Array) else streams[ok]
-            yield EventBatch(kept, None if seconds is None else seconds[ok], values[ok], path,
-                             np.flatnonzero(ok) + offset + 1)
+            yield EventBatch(kept, None if seconds is None else seconds[ok], values[ok], path, records[ok])
 
 
 class ReadEventFiles(beam.PTransform):

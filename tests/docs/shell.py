@@ -3,7 +3,6 @@ and the small example input files the commands read (``train.csv``, ``events/*.p
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -80,45 +79,7 @@ def script(block: Block, key_dir: Path) -> str:
 
 
 def write_inputs(folder: Path) -> None:
-    """The example inputs the docs' commands read, made from the jobs' public default datasets (small)."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    """The example inputs the docs' commands read: ``python -m pipelines.demo_data --out folder``'s files."""
+    from pipelines.demo_data import write_examples
 
-    from pipelines import growing_db_queries, lifelong, model_release, online_learning
-    from pipelines.demo_data import demo_events
-
-    folder.mkdir(parents=True, exist_ok=True)
-    # ERM examples: the digits of classes 0, 1, 2 (the commands' --classes 0,1,2), 64 features
-    model_release.write_demo(str(folder / "digits.csv"))
-    lines = (folder / "digits.csv").read_text().splitlines()
-    train = "\n".join([lines[0], *(row for row in lines[1:] if row.rsplit(",", 1)[1] in "012")]) + "\n"
-    (folder / "train.csv").write_text(train)
-    (folder / "train").mkdir(exist_ok=True)
-    (folder / "train" / "part-0.csv").write_text(train)
-    (folder / "digits.csv").unlink()
-    # events: every 50th demo event (10 shops, 2 values, 14 days of hourly steps from 1767225600)
-    ids, ts, values = demo_events()
-    keep = slice(None, None, 50)
-    (folder / "events").mkdir(exist_ok=True)
-    pq.write_table(pa.table({"stream_id": ids[keep], "timestamp": ts[keep], "value_0": values[keep, 0],
-                             "value_1": values[keep, 1]}), folder / "events" / "part-0.parquet")
-    # one-value events for the YAML templates' schedule (start 0, period 10, end 40)
-    rng = np.random.default_rng(0)
-    (folder / "events.csv").write_text("stream_id,timestamp,value_0\n" + "".join(
-        f"{s},{t:.2f},{v:.3f}\n" for s, t, v in zip(rng.choice(["a", "b"], 60), rng.uniform(0, 40, 60),
-                                                   rng.uniform(-1, 1, 60))))
-    # growing database: elements and queries (predicate as JSON text in the CSV)
-    growing_db_queries.write_demo(str(folder / "elements.csv"), str(folder / "queries.jsonl"))
-    queries = [json.loads(line) for line in (folder / "queries.jsonl").read_text().splitlines()]
-    (folder / "queries.jsonl").unlink()
-    (folder / "queries.csv").write_text("stream_id,query_id,t,predicate\n" + "".join(
-        f'{q["stream_id"]},{q["query_id"]},{q["t"]},"{json.dumps(q["predicate"]).replace(chr(34), chr(34) * 2)}"\n'
-        for q in queries))
-    # online records (labels -1/+1) with a timestamp in [0, 60) for the event-time regression schedule
-    online_learning.write_demo(str(folder / "r.csv"), "online")
-    rows = (folder / "r.csv").read_text().splitlines()
-    (folder / "r.csv").write_text("\n".join([rows[0] + ",timestamp"] + [f"{row},{60 * i / len(rows):.3f}"
-                                                                       for i, row in enumerate(rows[1:])]) + "\n")
-    # lifelong: permuted digits in 3 tasks and their eval sets
-    lifelong.write_demo(str(folder / "tasks.csv"), str(folder / "eval.csv"))
+    write_examples(folder)

@@ -62,4 +62,6 @@ def test_shell_block_runs_as_shown(block, tmp_path):
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, f"{block.id} exit {result.returncode}:\n{result.stderr[-3000:]}"
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    left = [str(p.relative_to(tmp_path)) for p in tmp_path.rglob("beam-*temp*")]
+    assert not left, f"{block.id} left Beam's temporary folders: {left}"
     print(f"{block.id}: {time.monotonic() - started:.0f} s")

@@ -12,11 +12,11 @@ import pytest
 
 import beam_dp.io.coders as coders
 from beam_dp.beam.combine import MergeClippedSums
+from beam_dp.core.guarantee import Guarantee
+from beam_dp.core.release_batch import ReleaseBatch
 from beam_dp.io import sinks, sources  # noqa: F401  (they register their types)
 from beam_dp.mechanisms.base import ClippedSum
 from beam_dp.mechanisms.stream_groups import GroupBlock
-from beam_dp.core.guarantee import Guarantee
-from beam_dp.core.release_batch import ReleaseBatch
 from beam_dp.steps.events import EventBatch
 from beam_dp.steps.schema import ReleaseColumns
 

@@ -7,18 +7,17 @@ import sys
 import textwrap
 
 import pyarrow as pa
-import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from beam_dp.io.tables import read_csv_batches, read_parquet_batches
+from beam_dp.io.tables import read_csv_rows, read_parquet_batches
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts native threads via /proc")
 
 SCRIPT = textwrap.dedent("""
     import io, os, sys, threading, time
     import pyarrow as pa, pyarrow.csv as pacsv, pyarrow.parquet as pq
-    from beam_dp.io.tables import iter_parquet_batches, read_csv_batches, read_parquet_batches
+    from beam_dp.io.tables import iter_parquet_batches, read_csv_rows, read_parquet_batches
     def threads():  # live native threads, less jemalloc's background thread (a plain pthread)
         names = []
         for task in os.listdir("/proc/self/task"):
@@ -37,7 +36,7 @@ SCRIPT = textwrap.dedent("""
             read_parquet_batches(io.BytesIO(parquet.getvalue()))
             with open(path, "rb") as fh:  # a file read row group by row group (what the job's readers do)
                 assert sum(batch.num_rows for batch in iter_parquet_batches(fh, batch_size=500)) == 5000
-            read_csv_batches(io.BytesIO(text), pacsv.ParseOptions(), pacsv.ConvertOptions())
+            read_csv_rows(io.BytesIO(text))
         else:  # Arrow's streaming readers, which start its pools
             list(pq.ParquetFile(io.BytesIO(parquet.getvalue())).iter_batches())
             list(pacsv.open_csv(io.BytesIO(text)))
@@ -73,8 +72,5 @@ def test_batches_hold_every_row_and_bad_rows_go_to_the_handler():
     pq.write_table(pa.table({"a": list(range(10))}), parquet)
     batches = read_parquet_batches(io.BytesIO(parquet.getvalue()), batch_size=4)
     assert [b.num_rows for b in batches] == [4, 4, 2]
-    bad = []
-    handler = lambda row: bad.append(row.text) or "skip"  # noqa: E731
-    batches = read_csv_batches(io.BytesIO(b"a,b\n1,2\n3\n4,5\n"), pacsv.ParseOptions(invalid_row_handler=handler),
-                               pacsv.ConvertOptions())
-    assert sum(b.num_rows for b in batches) == 2 and bad == ["3"]
+    read = read_csv_rows(io.BytesIO(b"a,b\n1,2\n3\n4,5\n"))
+    assert sum(b.num_rows for b in read.batches) == 2 and [text for *_, text in read.rejected] == ["3"]

@@ -16,8 +16,8 @@ from beam_dp.io import read_releases
 from beam_dp.verify import verify_job
 from pipelines import continual_stats
 from tests.beam.helpers import expected_rows
-from tests.release_checks import assert_close_values
 from tests.pipelines.jobs_helpers import dead_letters
+from tests.release_checks import assert_close_values
 
 pytestmark = pytest.mark.pipeline
 

@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 
 from beam_dp.beam.growing_db import GrowingDatabaseParams, replay_growing_database
-from beam_dp.core import StepClock
+from beam_dp.core import NoiseSource, StepClock
 from beam_dp.io import read_releases, release_to_row
+from beam_dp.io.manifest import read_manifest
 from pipelines import growing_db_queries as job
 from tests.beam.helpers import domain_noise, labelled
+from tests.conftest import TEST_KEY
 from tests.pipelines.jobs_helpers import assert_usage_error, dead_letters
 
 pytestmark = pytest.mark.pipeline
@@ -40,8 +42,10 @@ def _data(seed=0):
 DOMAIN = "GrowingDatabaseQueries"  # the job's label of the transform: its noise domain
 
 
-def _expected(params, elements, queries):
-    mech, rows, noise = params.build_mechanism(), [], domain_noise(params, DOMAIN)
+def _expected(params, elements, queries, binding=None):
+    """The pure mechanism's rows; ``binding``: the job's noise binding (its manifest's), else ``params``'."""
+    noise = domain_noise(params, DOMAIN) if binding is None else NoiseSource(TEST_KEY).for_domain(DOMAIN, binding)
+    mech, rows = params.build_mechanism(), []
     for stream in ("a", "b"):
         els = [(ts, UNIVERSE.encode_one({"colour": c, "size": s})) for st, ts, c, s in elements if st == stream]
         qs = [(qid, t, UNIVERSE.predicate(p) if p else UNIVERSE.counting_query(i))
@@ -87,7 +91,7 @@ def test_cli_on_two_files_equals_the_pure_mechanism_and_dead_letters_bad_rows(tm
     assert "answers:" in capsys.readouterr().out
     params = GrowingDatabaseParams(universe=UNIVERSE, n=10, epsilon=1.0, delta=1e-6, mechanism="bbimprover",
                                    clock=StepClock(0, 10, 50))
-    want = sorted(_expected(params, elements, queries), key=_key)
+    want = sorted(_expected(params, elements, queries, read_manifest(str(out)).transforms[0].noise_binding), key=_key)
     got = sorted(read_releases(str(out / "answers-*")), key=_key)
     assert [_key(r) for r in got] == [_key(r._asdict() | {"meta": json.loads(r.meta)}) for r in want]
     for g, w in zip(got, want):

@@ -3,13 +3,12 @@ test key (with public-eval accuracy), bad rows to dead letters, one-line usage e
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
 from beam_dp.core import NoiseSource
 from beam_dp.io import read_releases, release_to_row
+from beam_dp.io.manifest import read_manifest
 from beam_dp.io.schema import ReleaseLabels
 from tests.conftest import TEST_KEY
 from tests.pipelines.jobs_helpers import assert_usage_error, dead_letters, value_reasons_merged
@@ -68,7 +67,8 @@ def test_cli_on_a_csv_equals_the_pure_learner_with_accuracy(tmp_path, capsys):
                                epsilon=1.0, delta=1e-5, memory_uses=50, device="cpu", task_size=500)
     learner, want = config.build(), []
     state = learner.init_state("s")
-    noise = NoiseSource(TEST_KEY).for_domain("LifelongLearner")  # the job's label of the transform
+    binding = read_manifest(str(out)).transforms[0].noise_binding  # the job's calibration
+    noise = NoiseSource(TEST_KEY).for_domain("LifelongLearner", binding)  # the job's label of the transform
     labels = ReleaseLabels("LifelongLearner", "approx")  # DP-SGD composes as (epsilon, delta); no job budget
     for task in tasks:
         state, releases = learner.step(state, learner.merge_blocks([task]), noise)

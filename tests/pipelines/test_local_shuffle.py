@@ -20,6 +20,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from pipelines import local_shuffle, runner
 
+
 def _beams(function):
     """Beam's own function, also once a job in this process has applied the changes."""
     return getattr(function, "__wrapped__", function)
@@ -34,7 +35,7 @@ def _filled_buffer(keys: int, values_per_key: int, floats: int) -> execution.Gro
                                       core.Windowing(window.GlobalWindows()))
     rng = np.random.default_rng(0)
     stream = coders.WindowedValueCoder(_KV).get_impl()
-    for v in range(values_per_key):
+    for _v in range(values_per_key):
         out = beam.coders.coder_impl.create_OutputStream()
         for k in range(keys):
             value = WindowedValue((f"key-{k:04d}", rng.standard_normal(floats)), 0, [window.GlobalWindow()])
@@ -59,7 +60,7 @@ def _encoded_rows(keys: int, values_per_key: int, floats: int, seed: int = 0) ->
     rng = np.random.default_rng(seed)
     stream = coders.WindowedValueCoder(_KV).get_impl()
     rows = []
-    for v in range(values_per_key):
+    for _v in range(values_per_key):
         out = beam.coders.coder_impl.create_OutputStream()
         for k in range(keys):
             value = WindowedValue((f"key-{k:04d}", rng.standard_normal(floats)), 0, [window.GlobalWindow()])

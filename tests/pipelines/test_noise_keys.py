@@ -96,7 +96,7 @@ def _job(tmp_path) -> list[str]:
             f"--noise-key-secret={SECRET}"]
 
 
-@pytest.mark.parametrize("client,fix", [(FakeSecretManager(b"abcd"), "at least 16 bytes"),
+@pytest.mark.parametrize("client,fix", [(FakeSecretManager(b"abcd"), "at least 64 hex digits"),
                                         (MissingSecret(b""), f"cannot read --noise-key-secret {SECRET}: NotFound")])
 def test_a_missing_or_short_secret_is_one_line_at_launch(tmp_path, monkeypatch, capsys, client, fix):
     """Read at launch, as the workers would read it: exit 2 and one line before the pipeline starts

@@ -123,7 +123,7 @@ def test_a_bad_key_on_rerun_is_one_line_at_launch_and_keeps_the_output(tmp_path,
     assert continual_stats.main(argv) == 0
     before = tree(tmp_path / "out")
     capsys.readouterr()
-    for i, (content, fix) in enumerate(((b"", "at least 16 bytes"), (b"abcd", "at least 16 bytes"),
+    for i, (content, fix) in enumerate(((b"", "is empty"), (b"abcd", "has 4 hex digits"),
                                         (None, "is a folder"))):
         key = tmp_path / f"key{i}"
         if content is None:

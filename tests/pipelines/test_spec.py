@@ -85,7 +85,7 @@ def test_each_job_source_help_is_its_own():
 def test_yaml_signatures_come_from_the_spec(yaml_type):
     job = {p.name: p for p in spec.JOBS[YAML_JOB[yaml_type]]}
     constructor = yaml_transforms.REGISTRY[yaml_type]
-    for name, param in inspect.signature(constructor).parameters.items():
+    for name, _param in inspect.signature(constructor).parameters.items():
         if name == "options":  # IncrementalRegression's mapping of mechanism keywords, YAML only
             continue
         assert name in job and job[name].yaml, name

@@ -1,6 +1,7 @@
 """Fuzz campaign over every job's flags and input files (issue 25): random flag sets (valid, extreme
 and junk values; for ``pipelines.run_yaml`` random Jinja variables of ``continual_sum.yaml``), random
-input files (good, mixed-width globs, BOM, repeated columns, empty, folders), random key files and
+input files (good, mixed-width globs, BOM, repeated columns, empty, folders; the good ones as pyarrow and
+the csv module's QUOTE_ALL write them, or with a line over the reader's bound), random key files and
 output locations (fresh, a previous output, a file, a foreign folder, a folder in use, object stores
 without their extra).
 
@@ -89,6 +90,7 @@ def make_world(root: Path) -> dict[str, list[str]]:
         f"s,{t},{0.1 * i:.2f},0.5,{i % 2}\n" for t in (0, 1) for i in range(40)))
     (w / "elements.csv").write_text("stream_id,timestamp,color\n" + "".join(f"s,{i},red\n" for i in range(1, 40)))
     (w / "queries.csv").write_text('stream_id,query_id,t,predicate,indices\ns,q,2,,"[0]"\n')
+    _real_writers(w, events, xy)
     (w / "folder").mkdir(exist_ok=True)
     keys = root / "keys"
     keys.mkdir(exist_ok=True)
@@ -98,9 +100,52 @@ def make_world(root: Path) -> dict[str, list[str]]:
     (keys / "dir.key").mkdir(exist_ok=True)
     inputs = [str(w / n) for n in ("events.csv", "events_bom.csv", "events_dup.csv", "empty.csv", "junk.csv",
                                    "examples.csv", "tasks.csv", "elements.csv", "queries.csv", "folder",
-                                   "missing.csv")] + [str(w / "wide" / "*.csv"), str(w / "*.csv")]
+                                   "missing.csv", *(v for vs in VARIANTS.values() for v in vs))
+              ] + [str(w / "wide" / "*.csv"), str(w / "*.csv")]
     return {"input": inputs, "key": [str(keys / n) for n in ("good.key", "empty.key", "short.key", "dir.key",
                                                              "missing.key")]}
+
+
+#: the good inputs a real run reads, and the same rows as common writers write them (quoted headers and
+#: fields, CRLF, a byte-order mark) or with one line over the reader's bound among them
+VARIANTS = {"events.csv": ("events_pyarrow.csv", "events_long.csv"),
+            "examples.csv": ("examples_quoted.csv", "examples_long.csv"),
+            "tasks.csv": ("tasks_quoted.csv",), "elements.csv": ("elements_pyarrow.csv",)}
+LONG_LINE = 9 << 20  # bytes: over beam_dp.io.tables.MAX_LINE_BYTES
+
+
+def _real_writers(w: Path, events: str, xy: str) -> None:
+    """The :data:`VARIANTS` files: pyarrow's ``write_csv``, the csv module's QUOTE_ALL (CRLF; a BOM for
+    the tasks), and a line of ``LONG_LINE`` bytes in the middle of a plain file."""
+    import csv
+
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    def rows(text: str) -> tuple[list[str], list[list[str]]]:
+        lines = [line.split(",") for line in text.splitlines()]
+        return lines[0], lines[1:]
+
+    def quoted(name: str, text: str, bom: bool = False) -> None:
+        with open(w / name, "w", newline="", encoding="utf-8-sig" if bom else "utf-8") as fh:
+            csv.writer(fh, quoting=csv.QUOTE_ALL).writerows([rows(text)[0], *rows(text)[1]])
+
+    def arrow(name: str, text: str) -> None:
+        header, body = rows(text)
+        pacsv.write_csv(pa.table({h: [r[j] for r in body] for j, h in enumerate(header)}), str(w / name))
+
+    def long(name: str, text: str) -> None:
+        lines = text.splitlines(keepends=True)
+        fields = lines[1].rstrip("\n").split(",")
+        fields[-2] += "9" * LONG_LINE  # a number column grown past the bound
+        (w / name).write_text("".join(lines[:10] + [",".join(fields) + "\n"] + lines[10:]))
+
+    arrow("events_pyarrow.csv", events)
+    long("events_long.csv", events)
+    quoted("examples_quoted.csv", xy)
+    long("examples_long.csv", xy)
+    quoted("tasks_quoted.csv", (w / "tasks.csv").read_text(), bom=True)
+    arrow("elements_pyarrow.csv", (w / "elements.csv").read_text())
 
 
 def previous_output(folder: Path) -> dict[str, str]:
@@ -300,6 +345,14 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _variant(rng: random.Random, arg: str) -> str:
+    """``--input=<dir>/<good file>`` as one of its :data:`VARIANTS` (or itself), at random."""
+    name = arg.rsplit("/", 1)[-1]
+    if not arg.startswith("--input=") or name not in VARIANTS:
+        return arg
+    return arg[: -len(name)] + rng.choice((name, *VARIANTS[name]))
+
+
 def subprocess_cases(n_full: int, n_interrupted: int, seed: int, root: Path, tally: Tally) -> None:
     world = make_world(root)
     rng = random.Random(seed + 1)
@@ -312,9 +365,10 @@ def subprocess_cases(n_full: int, n_interrupted: int, seed: int, root: Path, tal
         if job == YAML:  # the template's good variables, one of them random
             argv = yaml_argv(rng, {**world, "input": [str(root / "in" / "events.csv")]}, str(prev), most=1)
         else:
-            argv = [a.format(**{"in": str(root / "in")}) for a in FULL[job]] + [f"--output={prev}"]
+            argv = [_variant(rng, a.format(**{"in": str(root / "in")})) for a in FULL[job]] + [f"--output={prev}"]
             extra = random_argv(rng, job, world, str(prev))
             argv += [a for a in extra if not a.startswith(("--output", "--input", "--queries", "--dead-letter"))][:1]
+        tally.outcomes.update(f"input {a.rsplit('/', 1)[-1]}" for a in argv if a.startswith("--input="))
         proc = _process(job, argv)
         if interrupted:
             time.sleep(rng.uniform(0.2, 8.0))

@@ -9,9 +9,18 @@ from typing import Any, Callable
 
 import numpy as np
 
-from beam_dp.beam import (ContinualCountParams, ContinualModelParams, ContinualSumParams, GrowingDatabaseParams,
-                          IncrementalRegressionParams, LifelongParams, MultiResolutionParams, OnlineLearnerParams,
-                          SlidingWindowModelParams, WindowedSumParams)
+from beam_dp.beam import (
+    ContinualCountParams,
+    ContinualModelParams,
+    ContinualSumParams,
+    GrowingDatabaseParams,
+    IncrementalRegressionParams,
+    LifelongParams,
+    MultiResolutionParams,
+    OnlineLearnerParams,
+    SlidingWindowModelParams,
+    WindowedSumParams,
+)
 from beam_dp.core import StepClock
 from beam_dp.mechanisms.universe import Bucketed, Categorical, Universe
 

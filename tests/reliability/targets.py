@@ -14,11 +14,28 @@ import apache_beam as beam
 import numpy as np
 from hypothesis import strategies as st
 
-from beam_dp.beam import (ContinualCount, ContinualCountParams, ContinualModelParams, ContinualModelRelease,
-                          ContinualSum, ContinualSumParams, GrowingDatabaseParams, GrowingDatabaseQueries,
-                          IncrementalRegression, IncrementalRegressionParams, LifelongLearner, LifelongParams,
-                          MultiResolutionParams, MultiResolutionRelease, OnlineLearner, OnlineLearnerParams,
-                          SlidingWindowModelParams, SlidingWindowModelRelease, WindowedSum, WindowedSumParams)
+from beam_dp.beam import (
+    ContinualCount,
+    ContinualCountParams,
+    ContinualModelParams,
+    ContinualModelRelease,
+    ContinualSum,
+    ContinualSumParams,
+    GrowingDatabaseParams,
+    GrowingDatabaseQueries,
+    IncrementalRegression,
+    IncrementalRegressionParams,
+    LifelongLearner,
+    LifelongParams,
+    MultiResolutionParams,
+    MultiResolutionRelease,
+    OnlineLearner,
+    OnlineLearnerParams,
+    SlidingWindowModelParams,
+    SlidingWindowModelRelease,
+    WindowedSum,
+    WindowedSumParams,
+)
 from beam_dp.beam.lifelong import END_OF_TASK
 from beam_dp.core import StepClock
 from beam_dp.mechanisms.universe import Bucketed, Categorical, Universe

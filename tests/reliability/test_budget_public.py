@@ -16,9 +16,17 @@ import apache_beam as beam
 import numpy as np
 import pytest
 
-from beam_dp.beam import (ContinualModelParams, ContinualModelRelease, ContinualSum, ContinualSumParams,
-                          GrowingDatabaseParams, GrowingDatabaseQueries, OnlineLearner, OnlineLearnerParams,
-                          WindowedSumParams)
+from beam_dp.beam import (
+    ContinualModelParams,
+    ContinualModelRelease,
+    ContinualSum,
+    ContinualSumParams,
+    GrowingDatabaseParams,
+    GrowingDatabaseQueries,
+    OnlineLearner,
+    OnlineLearnerParams,
+    WindowedSumParams,
+)
 from beam_dp.core import NoiseSource, StepClock
 from beam_dp.core.guarantee import PrivacyLedger
 from beam_dp.mechanisms.counters import make_counter

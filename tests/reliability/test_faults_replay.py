@@ -27,17 +27,22 @@ import beam_dp.beam.transforms as transforms_module
 from beam_dp.beam import ContinualSum, ContinualSumParams
 from beam_dp.beam.batch_release import KeyReleaseDoFn
 from beam_dp.beam.dofn import ContinualReleaseDoFn
-from beam_dp.steps.events import DEAD_LETTER
 from beam_dp.core import NoiseSource, StepClock
 from beam_dp.mechanisms.counters import make_counter
-from beam_dp.mechanisms.erm import (ContinualReleaseMechanism, HuberRegression, LabelledRows,
-                                    MultiResolutionMechanism, SlidingWindowMechanism)
+from beam_dp.mechanisms.erm import (
+    ContinualReleaseMechanism,
+    HuberRegression,
+    LabelledRows,
+    MultiResolutionMechanism,
+    SlidingWindowMechanism,
+)
 from beam_dp.mechanisms.online import make_online_learner
 from beam_dp.mechanisms.pmwg import PMWG, GrowingBlock, Query
 from beam_dp.mechanisms.regression import make_incremental_regression
 from beam_dp.mechanisms.schedulers import BBScheduler, LaplaceHistogram
 from beam_dp.mechanisms.tree import DoublingTreeSum, HybridTreeSum
 from beam_dp.mechanisms.window_tree import WindowTreeSum
+from beam_dp.steps.events import DEAD_LETTER
 from tests.conftest import TEST_KEY
 from tests.reliability.harness import run_pipeline, sorted_releases
 from tests.reliability.targets import _sum_events
@@ -252,5 +257,6 @@ def test_replay_under_a_different_key_changes_the_noise_not_the_schedule(monkeyp
 
 def test_readme_warns_that_replaying_different_data_under_the_same_key_leaks_the_difference():
     readme = (ROOT / "README.md").read_text()
-    assert "Replaying *different* data under the *same* key" in readme
-    assert "difference of the data" in readme
+    assert "run *different* data under the same key, labels and parameters" in readme
+    assert "exact difference of the data" in readme
+    assert "**changed parameter** under one key draws independent noise" in readme

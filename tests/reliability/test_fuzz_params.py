@@ -10,8 +10,6 @@ Any other exception is a failure. The number of cases is counted, printed (``-s`
 
 from __future__ import annotations
 
-import itertools
-import math
 import os
 
 import numpy as np
@@ -19,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from beam_dp.beam.params import _VectorSumParams, ContinualCountParams
+from beam_dp.beam.params import ContinualCountParams, _VectorSumParams
 from beam_dp.core import NoiseSource
 from tests.conftest import TEST_KEY
 from tests.reliability.param_cases import CASES, EXTREMES

@@ -32,6 +32,7 @@ from beam_dp.beam import (
 from beam_dp.beam.growing_db import replay_growing_database
 from beam_dp.core import NoiseSource, StepClock
 from beam_dp.core.budget import composition_of
+from beam_dp.core.noise_binding import calibration_binding
 from beam_dp.io import ReleaseRow, release_to_row
 from beam_dp.io.schema import ReleaseLabels
 from beam_dp.mechanisms.erm import LabelledRows
@@ -181,7 +182,8 @@ def _sum_expectations(template: str, domain: str) -> tuple[list, list]:
 
 def _model_release_expectations(domain: str) -> tuple[list, list]:
     """Blocks of ``update`` valid examples per stream in row order; a partial last block is not released."""
-    params, noise = _params("model_release"), NoiseSource(TEST_KEY).for_domain(domain)
+    params = _params("model_release")
+    noise = NoiseSource(TEST_KEY).for_domain(domain, calibration_binding(params))
     mech, unit = params.build_mechanism(), params.block_size
     examples = [to_example(row, params.n_features, True) for row in EXAMPLES]
     dead = [_letter("bad_label", "label is not one of the declared classes", "s1", examples[6]),
@@ -201,7 +203,8 @@ def _model_release_expectations(domain: str) -> tuple[list, list]:
 
 
 def _online_learner_expectations(domain: str) -> tuple[list, list]:
-    params, noise = _params("online_learner"), NoiseSource(TEST_KEY).for_domain(domain)
+    params = _params("online_learner")
+    noise = NoiseSource(TEST_KEY).for_domain(domain, calibration_binding(params))
     mech = params.build_mechanism()
     records = [to_record(row, params.dim, False) for row in ONLINE_ROWS]
     dead = [_letter("bad_value", "logistic labels must be -1 or +1", "a", records[3]),
@@ -215,7 +218,8 @@ def _online_learner_expectations(domain: str) -> tuple[list, list]:
 
 
 def _incremental_regression_expectations(domain: str) -> tuple[list, list]:
-    params, noise = _params("incremental_regression"), NoiseSource(TEST_KEY).for_domain(domain)
+    params = _params("incremental_regression")
+    noise = NoiseSource(TEST_KEY).for_domain(domain, calibration_binding(params))
     mech, clock = params.build_mechanism(), params.clock
     records = [to_record(row, params.dim, True) for row in REGRESSION_ROWS]
     dead = [_letter("after_end", "timestamp outside the public schedule", "a", records[-1])]
@@ -237,7 +241,8 @@ def _weights(query: dict, universe):
 
 
 def _growing_db_expectations(domain: str) -> tuple[list, list]:
-    params, noise = _params("growing_db_queries"), NoiseSource(TEST_KEY).for_domain(domain)
+    params = _params("growing_db_queries")
+    noise = NoiseSource(TEST_KEY).for_domain(domain, calibration_binding(params))
     universe, mech = params.universe, params.build_mechanism()
     elements = [to_element(row, universe) for row in DB_ELEMENTS]
     queries = [to_query(row, universe.size) for row in DB_QUERIES]
