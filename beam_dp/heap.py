@@ -4,8 +4,7 @@ glibc's ``malloc`` moves its mmap threshold up (to 32 MiB) once large blocks are
 job's long-lived blocks (accumulators, decoded shuffle blocks) and its temporaries share the heap and
 fragment it, and freed memory stays in the process. :func:`limit_heap_retention` fixes the threshold
 (:data:`MMAP_THRESHOLD`, 1 MiB): every larger allocation is a mapping of its own, returned to the
-system when freed (issue 26.1: 10M events, 10,000 streams × 200 steps, peak RSS 1,219 → 1,033 MB at
-128 KiB; docs/benchmarks.md).
+system when freed (the peak RSS this saves is measured in docs/benchmarks.md).
 
 The price is that every large temporary is fresh pages: the kernel maps and zeroes them on first touch
 (~5 µs a 4 KiB page on the 2-core machine of docs/benchmarks.md). Two settings keep that price down:

@@ -34,17 +34,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import apache_beam as beam  # noqa: E402
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions  # noqa: E402
+from report import emit_report  # noqa: E402
 
 from beam_dp.beam import ContinualSum, ContinualSumParams  # noqa: E402
 from beam_dp.core import NoiseSource, StepClock  # noqa: E402
 from beam_dp.io import WriteReleasesToParquet, read_releases, release_to_row  # noqa: E402
 from beam_dp.io.schema import RELEASE_SCHEMA  # noqa: E402
 from beam_dp.io.sources import ReadEventFiles  # noqa: E402
-from beam_dp.steps.params import NoiseKey  # noqa: E402
 from beam_dp.mechanisms.replay import replay_event_time  # noqa: E402
 from beam_dp.mechanisms.tree import HybridTreeSum  # noqa: E402
 from beam_dp.mechanisms.window_tree import WindowTreeSum  # noqa: E402
-from report import emit_report  # noqa: E402
+from beam_dp.steps.params import NoiseKey  # noqa: E402
 
 KEY = bytes(range(32))
 

@@ -38,13 +38,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's beam_dp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from report import machine_comment  # noqa: E402
+
 from beam_dp.core import NoiseSource  # noqa: E402
 from beam_dp.mechanisms.erm import SoftmaxRegression  # noqa: E402
 from beam_dp.mechanisms.erm.solver import certified_solve  # noqa: E402
 from beam_dp.mechanisms.erm.solver_torch import device_tolerance  # noqa: E402
 from beam_dp.mechanisms.lifelong import BoundedAGEMConfig, L2DPConfig, TaskData  # noqa: E402
 from beam_dp.mechanisms.regression import PrivIncReg1  # noqa: E402
-from report import machine_comment  # noqa: E402
 
 KEY = bytes(range(32))  # public benchmark key
 START, END = "<!-- bench_device:start -->", "<!-- bench_device:end -->"

@@ -72,9 +72,8 @@ def _count(out_dir: Path) -> int:
 def run_pipelinedp(data: Path, out_dir: Path) -> dict:
     import apache_beam as beam
     import pipeline_dp
-    from pipeline_dp import private_beam
-
     import pyarrow.parquet as pq
+    from pipeline_dp import private_beam
 
     streams = sorted(set(pq.read_table(data, columns=["stream_id"]).column(0).to_pylist()))
     accountant = pipeline_dp.NaiveBudgetAccountant(total_epsilon=EPSILON, total_delta=0.0)

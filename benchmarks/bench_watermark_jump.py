@@ -26,6 +26,7 @@ from apache_beam.transforms.window import TimestampedValue
 from beam_dp.beam import ContinualSum, ContinualSumParams
 from beam_dp.core import StepClock
 
+
 def _count(row, path: str) -> None:
     with open(path, "a") as f:  # the DirectRunner runs in this process: a local tally file
         f.write("1\n")

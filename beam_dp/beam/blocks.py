@@ -39,7 +39,7 @@ from beam_dp.steps.events import DETAIL, DeadLetter
 from beam_dp.steps.policies import split_rows
 
 __all__ = ["BlockOriginals", "BundleBlocks", "ColumnRows", "ColumnarParse", "ElementColumns", "LabelledColumns",
-           "column_rows", "stack_rows", "stream_parts"]
+           "column_rows", "sourced", "stack_rows", "stream_parts"]
 
 register_block_coders(LabelledColumns, ElementColumns)  # a file's batch of rows: Beam's sizing must not pickle it
 
@@ -50,8 +50,22 @@ class BlockOriginals(tuple):
     for its rows' records."""
 
     def letters(self, letter: DeadLetter) -> list[DeadLetter]:
-        """A dead letter written for the whole block, as one letter per element."""
-        return [letter._replace(element=element) for element in self.elements()]
+        """A dead letter written for the whole block, as one letter per element (a columnar row's with its source)."""
+        out = []
+        for item in self:
+            if isinstance(item, RowColumns):
+                out += [letter._replace(element=item.record(i), source=item.source_of(i)) for i in range(len(item))]
+            else:
+                out.append(letter._replace(element=item))
+        return out
+
+    def sources(self) -> Iterator[str | None]:
+        """Each element's source (``file#record=n`` of a columnar row, else None), in :meth:`elements` order."""
+        for item in self:
+            if isinstance(item, RowColumns):
+                yield from (item.source_of(i) for i in range(len(item)))
+            else:
+                yield None
 
     def elements(self) -> Iterator[Any]:
         """The elements, a columnar item's records built now."""
@@ -217,6 +231,7 @@ def column_rows(block: LabelledColumns, streams: frozenset[str] | None,
         else:
             extra.append((i, *checked))
     letters.sort(key=lambda item: item[0])
+    letters = [(i, sourced(letter, block.source_of(i))) for i, letter in letters]
     rows, ids = accepted, block.stream_ids[accepted]
     if extra:  # rows only the per-record check accepted, merged in arrival order
         rows = np.concatenate([accepted, [i for i, _, _ in extra]])
@@ -227,6 +242,15 @@ def column_rows(block: LabelledColumns, streams: frozenset[str] | None,
         labels = np.concatenate([labels, np.array([y for _, _, (_, y) in extra])])[order]
     chunks = [(name, rows[part], features[part], labels[part]) for name, part in stream_parts(ids)]
     return ColumnRows([letter for _, letter in letters], chunks)
+
+
+def sourced(out: Any, source: str | None) -> Any:
+    """A dead letter (or a ``TaggedOutput`` of one) with ``source`` where it has none; anything else unchanged."""
+    if isinstance(out, TaggedOutput) and isinstance(out.value, DeadLetter):
+        return TaggedOutput(out.tag, sourced(out.value, source))
+    if isinstance(out, DeadLetter) and out.source is None and source is not None:
+        return out._replace(source=source)
+    return out
 
 
 def stream_parts(ids: np.ndarray) -> list[tuple[str, np.ndarray]]:

@@ -61,15 +61,24 @@ from apache_beam.transforms.window import GlobalWindow, TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_dp.beam.blocks import BlockOriginals
-from beam_dp.steps.coder import (KeyState, UnreadableState, decode_entry, decode_key_state, encode_entry,
-                                 encode_key_state, join_entries, split_entries)
+from beam_dp.io.keys import load_noise_source
 from beam_dp.mechanisms.base import ClippedSum
 from beam_dp.mechanisms.stream_groups import GroupBlock, GroupedSum
+from beam_dp.steps.coder import (
+    KeyState,
+    UnreadableState,
+    decode_entry,
+    decode_key_state,
+    encode_entry,
+    encode_key_state,
+    join_entries,
+    split_entries,
+)
 from beam_dp.steps.driver import CARRIED, END_RUNG, RELEASE, ListBuffer, Output, StepDriver, release_step
 from beam_dp.steps.events import DEAD_LETTER
+from beam_dp.steps.params import legacy_noise_of, noise_source_of
 from beam_dp.steps.policies import BlockPolicy, GroupPolicy
 from beam_dp.steps.schema import ReleaseColumns
-from beam_dp.io.keys import load_noise_source
 
 __all__ = ["BufferCoder", "ContinualReleaseDoFn", "DriverDoFn", "DriverShell", "EncodedBuffer", "SummingBuffer",
            "continual_driver"]
@@ -236,7 +245,7 @@ class DriverDoFn(DriverShell):
         """The key's stored state, or (state this version cannot read, or written under another group
         count) the ended state and ``unreadable_state`` dead letter of :meth:`StepDriver.unreadable`."""
         try:
-            state = decode_key_state(key_state.read())
+            state = decode_key_state(key_state.read(), self._driver.binding)
             if state.stream_groups is not None and state.stream_groups != self._groups:
                 raise UnreadableState(f"written under stream_groups={state.stream_groups or None}, this job has "
                                       f"stream_groups={self._groups or None}: stream groups are fixed at launch")
@@ -384,8 +393,11 @@ class ContinualReleaseDoFn(DriverDoFn):
 
 def continual_driver(params: Any) -> StepDriver:
     """The driver of a family fed blocks or records per key (sums, stream groups, learners, ERM), on a worker."""
-    noise = params.noise_key.load(load_noise_source)  # the key is read here, on the worker
+    noise = noise_source_of(params, load_noise_source)  # the key is read here, on the worker
     mechanism = params.build_mechanism()
     if getattr(params, "stream_groups", None) is not None:
-        return StepDriver.for_params(params, GroupPolicy(GroupedSum(mechanism), noise))
-    return StepDriver.for_params(params, BlockPolicy(mechanism, noise))
+        driver = StepDriver.for_params(params, GroupPolicy(GroupedSum(mechanism), noise))
+    else:
+        driver = StepDriver.for_params(params, BlockPolicy(mechanism, noise))
+    driver.legacy_noise = legacy_noise_of(params, load_noise_source)  # keys written before the binding
+    return driver

@@ -1,11 +1,12 @@
 """Noise domains: one per transform instance of a job, claimed when the transform is applied.
 
-Every noise draw is keyed by (key, domain, stream, purpose, index). A beam_dp transform binds its
-params' ``NoiseKey`` to its domain in ``expand``: the explicit ``NoiseKey(domain=...)`` if set, else the
-transform's full label in the pipeline (unique within a pipeline and stable across replays of the
-same job). A domain claimed twice in one pipeline (two transforms given the same explicit domain) is
-refused at construction: their noise would be identical, and a difference of their releases would
-cancel it.
+Every noise draw is keyed by (key, domain, calibration binding, stream, purpose, index): the binding
+(``beam_dp.core.noise_binding``) is computed from the bound params where the noise is loaded.
+A beam_dp transform binds its params' ``NoiseKey`` to its domain in ``expand``: the explicit
+``NoiseKey(domain=...)`` if set, else the transform's full label in the pipeline (unique within a
+pipeline and stable across replays of the same job). A domain claimed twice in one pipeline (two
+transforms given the same explicit domain) is refused at construction: their noise would be
+identical, and a difference of their releases would cancel it.
 """
 
 from __future__ import annotations

@@ -31,20 +31,35 @@ import numpy as np
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import PCollection
 
-from beam_dp.beam.blocks import BundleBlocks, ColumnarParse, stack_rows
 from beam_dp.beam.batch_release import release_stage
+from beam_dp.beam.blocks import BundleBlocks, ColumnarParse, stack_rows
 from beam_dp.beam.domains import bind_noise_domain, release_labels
-from beam_dp.core.limits import (EPSILON_RANGE, LAMBDA_RANGE, MAX_DIM, MAX_SCALE, MIN_SCALE, check_count,
-                                 check_delta, check_number)
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.beam.transforms import ContinualOutputs
 from beam_dp.core.budget import BudgetShare, check_params_budget
+from beam_dp.core.limits import (
+    EPSILON_RANGE,
+    LAMBDA_RANGE,
+    MAX_DIM,
+    MAX_SCALE,
+    MIN_SCALE,
+    check_count,
+    check_delta,
+    check_number,
+)
+from beam_dp.mechanisms.erm import (
+    ContinualReleaseMechanism,
+    HuberRegression,
+    LabelledRows,
+    LinearModel,
+    MultiResolutionMechanism,
+    SlidingWindowMechanism,
+    SoftmaxRegression,
+)
 from beam_dp.steps.columns import LabelledColumns
 from beam_dp.steps.events import DeadLetter, coerce_value, split_event, value_letter
 from beam_dp.steps.params import NoiseKey, check_streams
 from beam_dp.steps.schema import ReleaseRow
-from beam_dp.mechanisms.erm import (ContinualReleaseMechanism, HuberRegression, LabelledRows, LinearModel,
-                                    MultiResolutionMechanism, SlidingWindowMechanism, SoftmaxRegression)
 
 __all__ = [
     "BAD_LABEL",

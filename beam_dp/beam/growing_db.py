@@ -43,26 +43,45 @@ import numpy as np
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import PCollection
 
-from beam_dp.beam.blocks import BlockOriginals, BundleBlocks, ElementColumns, stream_parts
+from beam_dp.beam.blocks import BlockOriginals, BundleBlocks, ElementColumns, sourced, stream_parts
 from beam_dp.beam.dofn import DriverDoFn
 from beam_dp.beam.domains import bind_noise_domain, release_labels
 from beam_dp.core.budget import BudgetShare, check_params_budget
-from beam_dp.core.limits import (EPSILON_RANGE, MAX_COUNT, MAX_SCALE, MIN_SCALE, check_clock, check_count,
-                                 check_delta, check_number, is_utf8)
 from beam_dp.core.clock import StepClock
+from beam_dp.core.limits import (
+    EPSILON_RANGE,
+    MAX_COUNT,
+    MAX_SCALE,
+    MIN_SCALE,
+    check_clock,
+    check_count,
+    check_delta,
+    check_number,
+    is_utf8,
+)
 from beam_dp.core.noise import NoiseSource
+from beam_dp.core.noise_binding import calibration_binding
 from beam_dp.core.release import Release
-from beam_dp.steps.batch import stream_reasons
-from beam_dp.steps.driver import CARRIED, SNAPSHOTS, StepDriver
-from beam_dp.steps.events import (DEAD_LETTER, DETAIL, DeadLetter, Reason, checked_stream, column_micros, named_fields,
-                                  split_event, to_micros)
-from beam_dp.steps.params import NoiseKey, check_schedule, check_streams
-from beam_dp.steps.policies import GrowingPolicy, plan_block
-from beam_dp.steps.schema import ReleaseRow
+from beam_dp.io.keys import load_noise_source
 from beam_dp.mechanisms.pmwg import PMWG, GrowingQueryMechanism
 from beam_dp.mechanisms.schedulers import BBImprover, BBScheduler, BlackBox, LaplaceHistogram
 from beam_dp.mechanisms.universe import Universe, check_query
-from beam_dp.io.keys import load_noise_source
+from beam_dp.steps.batch import stream_reasons
+from beam_dp.steps.driver import CARRIED, SNAPSHOTS, StepDriver
+from beam_dp.steps.events import (
+    DEAD_LETTER,
+    DETAIL,
+    DeadLetter,
+    Reason,
+    checked_stream,
+    column_micros,
+    named_fields,
+    split_event,
+    to_micros,
+)
+from beam_dp.steps.params import NoiseKey, check_schedule, check_streams, legacy_noise_of, noise_source_of
+from beam_dp.steps.policies import GrowingPolicy, plan_block
+from beam_dp.steps.schema import ReleaseRow
 
 __all__ = [
     "GrowingDatabaseOutputs",
@@ -237,8 +256,8 @@ class _ParseGrowing(beam.DoFn):
         self._dead = Metrics.counter("beam_dp/growing_db", "dead_letters")
         self._count = Metrics.counter("beam_dp/growing_db", f"{self._kind}s")
 
-    def _letter(self, reason: str, detail: str, stream: Any, element: Any):
-        return self._dead_letter(DeadLetter(reason, detail, stream, element))
+    def _letter(self, reason: str, detail: str, stream: Any, element: Any, source: str | None = None):
+        return self._dead_letter(DeadLetter(reason, detail, stream, element, source))
 
     def _dead_letter(self, letter: DeadLetter):
         self._dead.inc()
@@ -258,14 +277,18 @@ class _ParseGrowing(beam.DoFn):
         else:
             yield from self._element(element, timestamp, window)
 
-    def _element(self, element: Any, timestamp: Any, window: Any) -> Iterator:
+    def _element(self, element: Any, timestamp: Any, window: Any, source: str | None = None,
+                 original: Any = None) -> Iterator:
+        """One element (``original``: what stands for it in its block, e.g. its one-row ``ElementColumns``
+        that knows its source; the element itself by default)."""
         # the head checked here, its place in the schedule and the universe for the whole block
         head = split_event(element, ("value",), None, self._streams, timestamp=True)
         if isinstance(head, DeadLetter):
-            yield self._dead_letter(head)
+            yield self._dead_letter(sourced(head, source))
             return
         stream, micros, _, (record,) = head
-        yield from self._blocks.add(stream, (micros, record), element, timestamp, window)
+        yield from self._blocks.add(stream, (micros, record), element if original is None else original, timestamp,
+                                    window)
 
     def _element_columns(self, block: ElementColumns, timestamp: Any, window: Any) -> Iterator:
         """A block of elements in columns, as its rows one by one would go through :meth:`_element`: the
@@ -276,7 +299,7 @@ class _ParseGrowing(beam.DoFn):
         are not the universe's) goes through :meth:`_element` itself, in its place in arrival order."""
         if block.names != tuple(f.name for f in self._universe.fields):
             for i in range(len(block)):
-                yield from self._element(block.record(i), timestamp, window)
+                yield from self._element(block.record(i), timestamp, window, block.source_of(i), block.take([i]))
             return
         odd = np.fromiter(sorted(block.odd), dtype=np.int64, count=len(block.odd))
         plain = np.ones(len(block), dtype=bool)
@@ -285,8 +308,9 @@ class _ParseGrowing(beam.DoFn):
         micros, times = column_micros(block.timestamps)
         reasons = np.where(reasons == "", times, reasons)
         for i in np.flatnonzero(plain & (reasons != "")).tolist():  # split_event's letters
-            yield self._letter(reasons[i], DETAIL[reasons[i]], block.stream_ids[i] if good_id[i] else None,
-                               block.record(i))
+            yield self._dead_letter(DeadLetter(reasons[i], DETAIL[reasons[i]],
+                                               block.stream_ids[i] if good_id[i] else None, block.record(i),
+                                               block.source_of(i)))
         accepted = np.flatnonzero(plain & (reasons == ""))
         index, valid = self._column_index(block, accepted)
         pieces = np.split(np.arange(len(accepted)), np.searchsorted(accepted, odd))  # the runs between odd rows
@@ -297,18 +321,19 @@ class _ParseGrowing(beam.DoFn):
                 yield from self._blocks.add_rows(stream, _Rows(micros[rows], index[at], valid[at]), block.take(rows),
                                                  timestamp, window)
             if k < len(odd):
-                yield from self._element(block.odd[int(odd[k])], timestamp, window)
+                at = int(odd[k])
+                yield from self._element(block.odd[at], timestamp, window, block.source_of(at), block.take([at]))
 
     def _column_index(self, block: ElementColumns, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(index, valid)`` of ``rows`` of a block: each field's codes (``_Field.codes``) of its numbers,
         or of its distinct values once (``labels``), combined (:meth:`Universe.combine`); exactly
         :meth:`Universe.encode_records` of the rows' records."""
         codes = []
-        for field, cells, labels in zip(self._universe.fields, block.values, block.labels):
+        for universe_field, cells, labels in zip(self._universe.fields, block.values, block.labels):
             if labels is None:
-                codes.append(field.codes(cells[rows]))
+                codes.append(universe_field.codes(cells[rows]))
             else:
-                distinct, ok = field.codes(labels)
+                distinct, ok = universe_field.codes(labels)
                 codes.append((distinct[cells[rows]], ok[cells[rows]]))
         return self._universe.combine(codes)
 
@@ -334,8 +359,8 @@ class _ParseGrowing(beam.DoFn):
         numbers = np.unique(steps).tolist()
         groups = [good[steps == step] for step in numbers]
         letters, *by_step = originals.parts([bad] + groups)
-        out: list = [self._letter(reason, _DETAIL[reason], stream, element)
-                     for reason, element in zip(reasons[bad].tolist(), letters.elements())]
+        out: list = [self._letter(reason, _DETAIL[reason], stream, element, source)
+                     for reason, element, source in zip(reasons[bad].tolist(), letters.elements(), letters.sources())]
         for step, rows_of, elements in zip(numbers, groups, by_step):
             out.append((stream, ("b", step, micros[rows_of], index[rows_of], elements)))
         return out
@@ -417,9 +442,11 @@ class GrowingDatabaseDoFn(DriverDoFn):
 
     def make_driver(self) -> StepDriver:
         params = self._params
-        policy = GrowingPolicy(params.build_mechanism(), params.noise_key.load(load_noise_source), params.snapshots)
-        return StepDriver(policy, clock=params.clock, last_step=params.clock.last_step,
-                          allowed_lateness=params.allowed_lateness)
+        policy = GrowingPolicy(params.build_mechanism(), noise_source_of(params, load_noise_source), params.snapshots)
+        driver = StepDriver(policy, clock=params.clock, last_step=params.clock.last_step,
+                            allowed_lateness=params.allowed_lateness, binding=calibration_binding(params))
+        driver.legacy_noise = legacy_noise_of(params, load_noise_source)  # keys written before the binding
+        return driver
 
     def process(self, element, key_state=beam.DoFn.StateParam(DriverDoFn.KEY_STATE),
                 buffer=beam.DoFn.StateParam(DriverDoFn.BUFFER), close=beam.DoFn.TimerParam(DriverDoFn.CLOSE),

@@ -35,18 +35,26 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from beam_dp.beam.blocks import BundleBlocks, ColumnarParse, stack_rows
 from beam_dp.beam.batch_release import release_stage
+from beam_dp.beam.blocks import BundleBlocks, ColumnarParse, stack_rows
 from beam_dp.beam.domains import bind_noise_domain, release_labels
-from beam_dp.steps.columns import LabelledColumns
-from beam_dp.steps.events import DeadLetter, Reason, numeric_array, split_event
-from beam_dp.steps.params import NoiseKey, check_schedule, check_streams
-from beam_dp.core.limits import (EPSILON_RANGE, MAX_DIM, MAX_SCALE, check_clock, check_count, check_delta,
-                                 check_number, check_window)
 from beam_dp.beam.parse import DEAD_LETTER
 from beam_dp.beam.transforms import ContinualOutputs
 from beam_dp.core.budget import BudgetShare, check_params_budget
 from beam_dp.core.clock import StepClock
+from beam_dp.core.limits import (
+    EPSILON_RANGE,
+    MAX_DIM,
+    MAX_SCALE,
+    check_clock,
+    check_count,
+    check_delta,
+    check_number,
+    check_window,
+)
+from beam_dp.steps.columns import LabelledColumns
+from beam_dp.steps.events import DeadLetter, Reason, numeric_array, split_event
+from beam_dp.steps.params import NoiseKey, check_schedule, check_streams
 from beam_dp.steps.policies import RecordRows
 from beam_dp.steps.schema import ReleaseRow
 
@@ -73,7 +81,7 @@ class OnlineLearnerParams:
     mu: float = 1.0
     delta: float = 0.0
     noise: Literal["gamma", "gaussian"] = "gamma"
-    calibration: Literal["paper", "analytic"] = "paper"
+    calibration: Literal["paper", "analytic"] = "analytic"  # the window tree's exact sigma; "paper": eq. 16
     beta: float = 0.05
     alpha: float | None = None
     C0: float | None = None
@@ -139,7 +147,7 @@ class IncrementalRegressionParams:
     constraint: Any = "l2_ball"
     horizon: int | None = None
     release_every: int = 1
-    calibration: Literal["paper", "analytic"] = "paper"
+    calibration: Literal["paper", "analytic"] = "analytic"  # the trees' exact sigma, as the jobs' --calibration
     options: Mapping[str, Any] = field(default_factory=dict)
     clock: StepClock | None = None
     block_size: int | None = None

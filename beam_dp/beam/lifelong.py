@@ -41,14 +41,15 @@ from beam_dp.beam.dofn import DriverDoFn, EncodedBuffer
 from beam_dp.beam.domains import bind_noise_domain, release_labels
 from beam_dp.beam.transforms import ContinualOutputs
 from beam_dp.core.budget import BudgetShare, check_share
+from beam_dp.core.noise_binding import calibration_binding
+from beam_dp.io.keys import load_noise_source
+from beam_dp.mechanisms.lifelong.config import BoundedAGEMConfig, L2DPConfig, NaiveGaussianConfig, TaskData
 from beam_dp.steps.coder import encode_key_state
 from beam_dp.steps.driver import StepDriver
 from beam_dp.steps.events import DEAD_LETTER, DeadLetter, Reason, coerce_value, numeric_array, split_event, value_letter
-from beam_dp.steps.params import NoiseKey, check_streams
+from beam_dp.steps.params import NoiseKey, check_streams, legacy_noise_of, noise_source_of
 from beam_dp.steps.policies import TaskPolicy
 from beam_dp.steps.schema import ReleaseRow
-from beam_dp.mechanisms.lifelong.config import BoundedAGEMConfig, L2DPConfig, NaiveGaussianConfig, TaskData
-from beam_dp.io.keys import load_noise_source
 
 __all__ = ["END_OF_TASK", "LifelongLearner", "LifelongParams"]
 
@@ -197,8 +198,10 @@ class _LifelongDoFn(DriverDoFn):
             log.warning("beam_dp: L2DP-ML's epsilon is the paper's claim (Lai et al. Thm 2), not a standard DP "
                         "proof; see docs/lifelong.md. BoundedAGEMConfig gives a standard (epsilon, delta).")
         cfg = self._params.learner
-        policy = TaskPolicy(learner, self._params.noise_key.load(load_noise_source), cfg.task_ids, cfg.input_dim)
-        return StepDriver(policy, last_step=len(cfg.task_ids))
+        policy = TaskPolicy(learner, noise_source_of(self._params, load_noise_source), cfg.task_ids, cfg.input_dim)
+        driver = StepDriver(policy, last_step=len(cfg.task_ids), binding=calibration_binding(self._params))
+        driver.legacy_noise = legacy_noise_of(self._params, load_noise_source)  # keys written before the binding
+        return driver
 
     def process(self, element, key_state=beam.DoFn.StateParam(DriverDoFn.KEY_STATE),
                 buffer=beam.DoFn.StateParam(DriverDoFn.BUFFER), close=beam.DoFn.TimerParam(DriverDoFn.CLOSE),

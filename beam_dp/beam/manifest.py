@@ -17,7 +17,8 @@ import posixpath
 from typing import Any, Callable
 
 from beam_dp.beam.domains import bound_domains
-from beam_dp.core.budget import COMPOSITIONS, compose, composition_of
+from beam_dp.core.budget import COMPOSITIONS, compose, composition_of, share_use
+from beam_dp.core.noise_binding import calibration_binding
 from beam_dp.io.manifest import JobManifest, ManifestTransform, write_manifest
 
 __all__ = ["job_manifest", "params_composition", "record_release_files", "release_file_writes", "release_folder",
@@ -60,7 +61,9 @@ def job_manifest(pipeline: Any, job: str) -> JobManifest:
             epsilon, delta = float(mechanism.guarantee.epsilon), float(mechanism.guarantee.delta)
         composition = params_composition(params, mechanism)
         prefixes = tuple(sorted({prefix for producer, prefix in files if _top(producer) == _top(label)}))
-        transforms.append(ManifestTransform(domain, mechanism.name, composition, epsilon, delta, prefixes))
+        use = share_use(domain, params, mechanism)
+        transforms.append(ManifestTransform(domain, mechanism.name, composition, epsilon, delta, prefixes,
+                                            calibration_binding(params), use.spendable_epsilon, use.spendable_delta))
         shares.append((composition, epsilon, delta))
     if len(plans) == 1 and budgeted == len(shares):
         total_epsilon, total_delta = plans.pop()

@@ -21,9 +21,18 @@ from typing import Callable, ClassVar, Literal
 import numpy as np
 
 from beam_dp.core.budget import check_params_budget
-from beam_dp.core.limits import (EPSILON_RANGE, MAX_DIM, MAX_SCALE, MIN_SCALE, check_count, check_delta, check_noise_std,
-                                 check_number, check_window)
 from beam_dp.core.clock import StepClock
+from beam_dp.core.limits import (
+    EPSILON_RANGE,
+    MAX_DIM,
+    MAX_SCALE,
+    MIN_SCALE,
+    check_count,
+    check_delta,
+    check_noise_std,
+    check_number,
+    check_window,
+)
 from beam_dp.mechanisms.base import ContinualSumMechanism
 from beam_dp.mechanisms.snapping import SnappedSum
 from beam_dp.steps.params import NoiseKey, StepParams, check_idle, check_stream_groups
@@ -43,7 +52,8 @@ class _VectorSumParams(StepParams):
     clip_bound: float = 1.0
     delta: float = 0.0
     noise: Literal["gamma", "gaussian"] = "gamma"
-    calibration: Literal["paper", "analytic"] = "paper"
+    #: Gaussian noise: "analytic" (the smallest exact sigma) or "paper" (the paper's closed form, certified)
+    calibration: Literal["paper", "analytic"] = "analytic"
     #: key the engine by this many groups of streams (a public, stable hash of the stream name): one
     #: state and timer per group, the group stepped in one numpy operation, releases as Arrow tables;
     #: None keys by stream. Releases do not depend on it (noise is keyed per stream).
@@ -103,13 +113,16 @@ class ContinualSumParams(_VectorSumParams):
     ``None`` -> unbounded: ``"hybrid"`` (default) or ``"doubling"``); also ``"honaker"``,
     ``"toeplitz"`` (needs a horizon), ``"blt"``, ``"kary"``. For counters other than ``"tree"`` a missing
     ``horizon`` defaults to the clock's public end, else to the counter's unbounded mode;
-    ``calibration`` applies to ``"tree"`` only. Guarantee: epsilon-DP (``noise="gamma"``) or
+    ``calibration`` applies to ``"tree"`` only. ``blt_error`` picks the BLT's shipped fit: ``"max"``
+    (default, minimal max per-step variance) or ``"mean"`` (minimal mean per-step variance over the
+    horizon; the BLT only). Guarantee: epsilon-DP (``noise="gamma"``) or
     (epsilon, delta)-DP (``"gaussian"``) for each contribution, over the whole stream.
     """
 
     horizon: int | None = None
     unbounded: Literal["hybrid", "doubling"] = "hybrid"
     counter: str = "auto"
+    blt_error: Literal["max", "mean"] = "max"  # the BLT's fit: minimal max or mean per-step variance
 
     # Only the unit contributions of ContinualCount are integers; a real-valued sum plus integer noise
     # would release its fractional part exactly, so ContinualSum refuses discrete_laplace.
@@ -139,7 +152,8 @@ class ContinualSumParams(_VectorSumParams):
 
         def make(clip_bound: float):
             return make_counter(self.counter, horizon=self.horizon, unbounded=self.unbounded,
-                                public_end=_public_end(self.clock), **self._mechanism_kwargs(clip_bound))
+                                public_end=_public_end(self.clock), blt_error=self.blt_error,
+                                **self._mechanism_kwargs(clip_bound))
 
         # a count's steps are integers, already on any grid g <= 1: snapping them costs no sensitivity
         return self._snapped(make, inputs_on_grid=self._integer_contributions and (self.granularity or 1.0) <= 1.0)
@@ -158,7 +172,8 @@ class _UnitCountSumParams(ContinualSumParams):
 class WindowedSumParams(_VectorSumParams):
     """Private running sums with privacy expiration: each contribution is protected while fewer than
     ``window`` (rounded up to a power of two) later steps have been released; afterwards it appears
-    un-noised in later releases."""
+    un-noised in later releases. ``calibration`` (Gaussian noise): ``"analytic"`` (default, the
+    smallest exact sigma: the transform spends its whole share) or ``"paper"`` (certified)."""
 
     window: int = 1
 
@@ -194,10 +209,11 @@ class ContinualCountParams(StepParams):
     epsilon: float = 1.0
     delta: float = 0.0
     noise: Literal["gamma", "gaussian", "discrete_laplace"] = "gamma"
-    calibration: Literal["paper", "analytic"] = "paper"
+    calibration: Literal["paper", "analytic"] = "analytic"
     horizon: int | None = None
     unbounded: Literal["hybrid", "doubling"] = "hybrid"
     counter: str = "auto"
+    blt_error: Literal["max", "mean"] = "max"  # as ContinualSumParams.blt_error
     stream_groups: int | None = None  # as ContinualSumParams.stream_groups (needs granularity=None)
 
     def __post_init__(self) -> None:
@@ -210,7 +226,8 @@ class ContinualCountParams(StepParams):
             restore_states=self.restore_states, granularity=self.granularity, allowed_lateness=self.allowed_lateness,
             dim=1, epsilon=self.epsilon,
             clip_bound=1.0, delta=self.delta, noise=self.noise, calibration=self.calibration, horizon=self.horizon,
-            unbounded=self.unbounded, counter=self.counter, budget=self.budget, stream_groups=self.stream_groups,
+            unbounded=self.unbounded, counter=self.counter, blt_error=self.blt_error, budget=self.budget,
+            stream_groups=self.stream_groups,
         )
 
     def build_mechanism(self):

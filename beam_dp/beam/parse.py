@@ -21,11 +21,18 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_dp.beam.combine import BundleGroupSums, MergeClippedSums  # MergeClippedSums: the lifted combiner
 from beam_dp.heap import scratch_heap
-from beam_dp.steps.batch import (ROW_REASONS, StepSums, event_steps, key_step_parts, row_reasons, rows_by_group,
-                                 step_sums)
-from beam_dp.steps.events import DEAD_LETTER, DETAIL, DeadLetter, EventBatch, Reason, parse_contribution
 from beam_dp.mechanisms.base import ClippedSum
 from beam_dp.mechanisms.stream_groups import GroupBlock, group_key, group_of
+from beam_dp.steps.batch import (
+    ROW_REASONS,
+    StepSums,
+    event_steps,
+    key_step_parts,
+    row_reasons,
+    rows_by_group,
+    step_sums,
+)
+from beam_dp.steps.events import DEAD_LETTER, DETAIL, DeadLetter, EventBatch, Reason, parse_contribution
 
 __all__ = ["DEAD_LETTER", "MergeClippedSums", "ParseEvents"]
 

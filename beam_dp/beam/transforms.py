@@ -34,11 +34,11 @@ from apache_beam.pvalue import PCollection
 
 from beam_dp.beam.batch_release import release_stage
 from beam_dp.beam.domains import bind_noise_domain, release_labels
-from beam_dp.steps.events import EventBatch
 from beam_dp.beam.params import ContinualCountParams, ContinualSumParams, WindowedSumParams
 from beam_dp.beam.parse import DEAD_LETTER, MergeClippedSums, ParseEvents
-from beam_dp.mechanisms.stream_groups import GroupBlock, group_key, group_of
 from beam_dp.mechanisms.base import ClippedSum
+from beam_dp.mechanisms.stream_groups import GroupBlock, group_key, group_of
+from beam_dp.steps.events import EventBatch
 from beam_dp.steps.schema import ReleaseColumns, ReleaseRow
 
 __all__ = ["ContinualCount", "ContinualOutputs", "ContinualSum", "WindowedSum"]

@@ -7,7 +7,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from beam_dp.core.limits import MAX_STEPS, MAX_STREAM_STEPS, check_count, check_step_count
+from beam_dp.core.limits import (
+    MAX_ABS_SECONDS,
+    MAX_STEPS,
+    MAX_STREAM_STEPS,
+    check_count,
+    check_number,
+    check_step_count,
+)
 
 __all__ = ["StepClock"]
 
@@ -42,9 +49,12 @@ class StepClock:
             raise ValueError("period must be at least one microsecond")
         if self.end is not None and not (math.isfinite(self.end) and self.end > self.start):
             raise ValueError(f"end must be finite and after start, got {self.end!r}")
+        for name in ("start", "end"):  # event times are int64 microseconds
+            if getattr(self, name) is not None:
+                check_number(f"{name} (epoch seconds)", getattr(self, name), -MAX_ABS_SECONDS, MAX_ABS_SECONDS)
         check_count("max_steps", self.max_steps)
         check_count("max_stream_steps", self.max_stream_steps)
-        if self.end is not None:
+        if self.end is not None and self.last_step is not None:
             check_step_count(self.last_step, self.max_steps,
                              f"start {self.start:g} s, period {self.period:g} s, end {self.end:g} s")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Generator, Iterable, Sequence
+from typing import Generator, Iterable, Sequence, cast
 
 import numpy as np
 
@@ -126,13 +126,14 @@ def spends(losses: Sequence[ElementLoss], delta: float) -> list[tuple[float, flo
 
 def spends_paced(losses: Sequence[ElementLoss], delta: float) -> Generator[None, None, list[tuple[float, float]]]:
     """``spends`` as a paced computation (``beam_dp.core.paced``): one unit per step of the bisection."""
-    out = [loss.spend(delta) if loss.gaussian_mu_sq == 0.0 or delta <= 0.0 else None for loss in losses]
+    out: list[tuple[float, float] | None] = [
+        loss.spend(delta) if loss.gaussian_mu_sq == 0.0 or delta <= 0.0 else None for loss in losses]
     gaussian = [i for i, spent in enumerate(out) if spent is None]
     if gaussian:
         eps = yield from analytic_gaussian_epsilons_paced(np.sqrt([losses[i].gaussian_mu_sq for i in gaussian]), delta)
         for i, e in zip(gaussian, eps.tolist()):
             out[i] = (losses[i].pure_epsilon + e, delta)
-    return out
+    return cast("list[tuple[float, float]]", out)  # every entry is set by now
 
 
 def require_within_budget(guarantee: Guarantee, loss: ElementLoss, what: str, rel_tol: float = 1e-12) -> None:

@@ -255,7 +255,7 @@ def sample_uniforms(law: str, uniforms: Callable[[int, int], np.ndarray], scale:
     out: np.ndarray | None = None
     pending: np.ndarray | None = None
     r = 0
-    while out is None or pending.any():
+    while out is None or pending is None or pending.any():
         u = uniforms(3 * size, r * per_round)
         y = _discrete_laplace(u, t, size)
         accept = u[:, 2 * size: 3 * size] < np.exp(-((np.abs(y) - sigma**2 / t) ** 2) / (2.0 * sigma**2))

@@ -4,9 +4,11 @@
 key: a keyed BLAKE2b hash of the cell's family and a counter-based generator (Philox-4x64-10) whose
 counter holds the cell's index (:mod:`beam_dp.core.keyed_noise`, derivation version
 ``CELL_PERSON``). ``draw_cells`` draws many cells in one vectorised call, with exactly the numbers
-one-cell calls give. ``for_domain(domain)`` derives the source of one *noise domain* (one transform
-instance of one job): every draw a transform makes is keyed by ``(key, domain, stream, purpose,
-index)``, so two transforms never share noise. The same cell always gets the same noise, so a bundle
+one-cell calls give. ``for_domain(domain, binding)`` derives the source of one *noise domain* (one
+transform instance of one job) under one calibration (``binding``, the hash of every public parameter
+that sets the noise: :mod:`beam_dp.core.noise_binding`): every draw a transform makes is keyed by
+``(key, domain, binding, stream, purpose, index)``, so two transforms never share noise and a changed
+parameter draws independent noise. The same cell always gets the same noise, so a bundle
 retry or a replay re-emits identical releases instead of fresh, averageable noise (Chan, Shi & Song,
 "Private and Continual Release of Statistics"). ``generator(stream, purpose, *index)`` gives a numpy ``Generator`` per node
 for non-noise randomness (sampling, permutations). The key is a secret: it is never shown by
@@ -54,9 +56,11 @@ log = logging.getLogger(__name__)
 KEY_ENV_VAR = "BEAM_DP_NOISE_KEY"
 _MIN_KEY_BYTES = 16
 _PERSON = b"beam_dp-noise-v1"  # generator() keys (sampling, permutations); noise cells: keyed_noise
-# Version tag of the domain-key derivation (BLAKE2b personalisation, at most 16 bytes): bump it if the
-# derivation ever changes, so that old and new releases can never share noise by accident.
-_DOMAIN_PERSON = b"beam_dp-domain-1"
+# Version tags of the domain-key derivation (BLAKE2b personalisations, at most 16 bytes): bump on any
+# change, so that old and new releases can never share noise by accident. Version 2 binds the
+# calibration; version 1 (the domain alone) is kept for noise drawn before the binding.
+_DOMAIN_PERSON = b"beam_dp-domain-2"
+_LEGACY_DOMAIN_PERSON = b"beam_dp-domain-1"
 
 
 def _check_scale(name: str, value: float) -> None:
@@ -118,33 +122,72 @@ def _read_local(path: str | os.PathLike) -> bytes:
         return fh.read()
 
 
+#: a key read from a file, a secret or an env var: at least 256 bits
+_MIN_LOADED_KEY_BYTES = 32
+KEY_FORMAT = (f"a noise key is hex text of at least {2 * _MIN_LOADED_KEY_BYTES} hex digits or at least "
+              f"{_MIN_LOADED_KEY_BYTES} raw bytes")
+
+
+def _is_text(raw: bytes) -> bool:
+    """Printable UTF-8 text (whitespace allowed): what a password, base64 or a typo looks like, and what
+    random key bytes are not (32 random bytes are printable ASCII with probability below 1e-13)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return all(c.isprintable() or c in "\t\n\r" for c in text)
+
+
+def _key_bytes(raw: bytes, where: str, raw_allowed: bool) -> bytes:
+    """The key a file, secret or env var holds, or a ``ValueError`` saying why it cannot be one (never
+    showing it): hex text (whitespace and line breaks ignored, upper or lower case) of at least 64
+    digits, or (``raw_allowed``) at least 32 bytes that do not read as text."""
+    raw = bytes(raw)
+    compact = b"".join(raw.split())
+    rule = KEY_FORMAT if raw_allowed else f"it must hold at least {2 * _MIN_LOADED_KEY_BYTES} hex digits"
+    if not compact:
+        raise ValueError(f"the noise key in {where} is empty: {rule}")
+    if all(c in b"0123456789abcdefABCDEF" for c in compact):
+        if len(compact) % 2 or len(compact) < 2 * _MIN_LOADED_KEY_BYTES:
+            raise ValueError(f"the noise key in {where} has {len(compact)} hex digits: {rule}")
+        return bytes.fromhex(compact.decode("ascii"))
+    if not raw_allowed:
+        raise ValueError(f"the noise key in {where} is not hex text: {rule}")
+    if _is_text(raw):
+        raise ValueError(f"the noise key in {where} is text but not hex (a password or base64 is not a key): "
+                         f"{KEY_FORMAT}")
+    if len(raw) < _MIN_LOADED_KEY_BYTES:
+        raise ValueError(f"the noise key in {where} has {len(raw)} raw bytes: {KEY_FORMAT}")
+    return raw
+
+
 def load_key(
     env_var: str | None = KEY_ENV_VAR,
     key_file: str | os.PathLike | None = None,
     read: Callable[[str], bytes] | None = None,
 ) -> bytes | None:
-    """Read a secret key from a file (raw bytes, or hex text) or from an env var (hex text).
+    """Read a secret key from a file (hex text or raw bytes) or from an env var (hex text).
 
-    ``read(key_file) -> bytes`` fetches the file (default: a local file; the Beam side passes a
-    reader for any Beam filesystem or a secret store, so this module stays engine-free). The file
-    wins over the env var. Returns ``None`` when neither is set. Never logs the key.
+    A key file (or a secret's payload) holds hex text of at least 64 hex digits (whitespace and line
+    breaks ignored) or at least 32 raw bytes; a file that reads as printable text must be hex, so a
+    password, base64 or a short hex string is refused rather than used as raw bytes (:data:`KEY_FORMAT`).
+    ``read(key_file) -> bytes`` fetches the file (default: a local file; the Beam side passes a reader
+    for any Beam filesystem or a secret store, so this module stays engine-free). The file wins over
+    the env var. Returns ``None`` when neither is set; raises ``ValueError`` for a key that cannot be
+    used or a local file that cannot be read. Never shows or logs the key.
     """
-    raw: bytes | None = None
     if key_file:
-        raw = (read or _read_local)(key_file)
-    elif env_var and os.environ.get(env_var):
-        raw = os.environ[env_var].encode()
-    if raw is None:
-        return None
-    text = raw.strip()
-    try:
-        if len(text) >= 2 * _MIN_KEY_BYTES and len(text) % 2 == 0:
-            return bytes.fromhex(text.decode("ascii"))
-    except (UnicodeDecodeError, ValueError):
-        pass
-    if not key_file:
-        raise ValueError(f"the env var {env_var} must hold at least {2 * _MIN_KEY_BYTES} hex characters")
-    return raw
+        try:
+            raw = read(os.fspath(key_file)) if read is not None else _read_local(key_file)
+        except OSError as exc:
+            if read is not None:
+                raise
+            raise ValueError(f"cannot read the noise key file {key_file}: {exc.strerror or type(exc).__name__}") \
+                from None
+        return _key_bytes(raw, os.fspath(key_file), raw_allowed=True)
+    if env_var and os.environ.get(env_var):
+        return _key_bytes(os.environ[env_var].encode(), f"the env var {env_var}", raw_allowed=False)
+    return None
 
 
 class NoiseSource:
@@ -165,8 +208,13 @@ class NoiseSource:
     def from_config(
         cls, env_var: str | None = KEY_ENV_VAR, key_file: str | None = None, read: Callable[[str], bytes] | None = None
     ) -> "NoiseSource":
-        """Load the key (file read by ``read``, then env var); without one, draw a random key and say so."""
+        """Load the key (file read by ``read``, else the env var; formats: :func:`load_key`). A key file,
+        or an env var other than the default :data:`KEY_ENV_VAR`, is a *named* source: missing or unusable
+        it is a ``ValueError``. Only when no source is named and the default env var is unset is a random
+        key drawn, and said (its releases are not reproducible)."""
         key = load_key(env_var, key_file, read)
+        if key is None and env_var and env_var != KEY_ENV_VAR:
+            raise ValueError(f"the noise key env var {env_var} is not set")
         if key is None:
             log.warning(
                 "beam_dp: no noise key configured (env var %s or a key file); using a random key. "
@@ -176,11 +224,15 @@ class NoiseSource:
             key = os.urandom(32)
         return cls(key)
 
-    def for_domain(self, domain: str) -> "NoiseSource":
-        """The noise source of one noise domain (one transform instance of one job).
+    def for_domain(self, domain: str, binding: str | None = None) -> "NoiseSource":
+        """The noise source of one noise domain (one transform instance of one job) under one calibration.
 
-        Its key is ``BLAKE2b(domain, key=self's key)``: sources of different domains are independent
-        (pseudo-random under the secret key) and a domain's draws are the same on every replay.
+        Its key is ``BLAKE2b(len(domain) || domain || binding, key=self's key)`` (personalisation
+        ``beam_dp-domain-2``), ``binding`` being ``calibration_binding(params)``: sources of different
+        domains, or of one domain under different parameters, are independent (pseudo-random under the
+        secret key), and a domain's draws are the same on every identical replay. ``binding=None`` is
+        the legacy derivation (``BLAKE2b(domain)``, personalisation ``beam_dp-domain-1``), which ignores
+        the parameters: only for reading back noise drawn before the binding, never for a new release.
         """
         if not isinstance(domain, str) or not domain:
             raise ValueError(f"a noise domain must be a non-empty string, got {domain!r}")
@@ -188,7 +240,13 @@ class NoiseSource:
             message = domain.encode("utf-8")
         except UnicodeEncodeError:
             raise ValueError("a noise domain must be encodable as UTF-8") from None
-        return NoiseSource(hashlib.blake2b(message, key=self._key, digest_size=32, person=_DOMAIN_PERSON).digest())
+        if binding is None:
+            person = _LEGACY_DOMAIN_PERSON
+        elif isinstance(binding, str) and binding.isascii() and binding:
+            message, person = struct.pack("<I", len(message)) + message + binding.encode("ascii"), _DOMAIN_PERSON
+        else:
+            raise ValueError(f"a noise binding must be a non-empty ASCII string or None, got {binding!r}")
+        return NoiseSource(hashlib.blake2b(message, key=self._key, digest_size=32, person=person).digest())
 
     def __repr__(self) -> str:
         return "NoiseSource(<secret key>)"

@@ -1,7 +1,8 @@
 """Noise domains of Flink release functions: one per release operator of a job, claimed when the job is built.
 
-Every noise draw is keyed by (key, domain, stream, purpose, index). A release function's domain is
-its params' explicit ``NoiseKey(domain=...)``, else the ``uid`` it is built with
+Every noise draw is keyed by (key, domain, calibration binding, stream, purpose, index): the binding
+(``beam_dp.core.noise_binding``) is computed from the params where the noise is loaded. A release
+function's domain is its params' explicit ``NoiseKey(domain=...)``, else the ``uid`` it is built with
 (:func:`beam_dp.flink.job.release_stream`); there is no default, so two release functions cannot
 fall back to one shared domain. The operator's Flink uid is ``beam_dp/<domain>``: the job graph
 itself is the job's registry (read when a release function is added, on the client that builds

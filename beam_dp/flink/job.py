@@ -12,7 +12,7 @@ added to the step's state as one contribution would be); ``params`` a
 With ``params.stream_groups`` the function is keyed by groups of streams
 (:mod:`beam_dp.mechanisms.stream_groups`: the same public hash, join rule and releases as on Beam).
 ``releases`` is a DataStream of release rows as JSON (the columns of ``beam_dp.io.ReleaseRow``),
-``dead`` the dead-letter side output (JSON ``reason``, ``detail``, ``stream``, ``element``).
+``dead`` the dead-letter side output (JSON ``stage``, ``reason``, ``detail``, ``stream``, ``source``, ``element``).
 With a clock every release record of step ``s`` has the Flink record timestamp
 ``StepDriver.release_time(s) // 1000`` (ms, exact: the step start, period and grace are whole ms),
 ``end(s) + allowed_lateness``, whichever firing closed the step (docs/steps.md rule 9), and the
@@ -39,7 +39,6 @@ import time
 from typing import Any, Iterator
 
 import numpy as np
-
 from pyflink.common import Configuration, Duration, Row, Types, WatermarkStrategy
 from pyflink.common.watermark_strategy import TimestampAssigner
 from pyflink.datastream import OutputTag, RuntimeExecutionMode, StreamExecutionEnvironment
@@ -52,10 +51,17 @@ from beam_dp.flink.blocks import BlockParser, StepBlock, read_split
 from beam_dp.flink.domains import bind_noise_domain
 from beam_dp.flink.rows import json_rows
 from beam_dp.mechanisms.stream_groups import GroupBlock, GroupedSum, group_key, group_of
-from beam_dp.steps.coder import (KeyState, UnreadableState, decode_entry, decode_key_state, encode_entry,
-                                 encode_key_state)
+from beam_dp.steps.coder import (
+    KeyState,
+    UnreadableState,
+    decode_entry,
+    decode_key_state,
+    encode_entry,
+    encode_key_state,
+)
 from beam_dp.steps.driver import RELEASE, Output, StepDriver, release_step
 from beam_dp.steps.events import DEAD_LETTER, DeadLetter, parse_contribution
+from beam_dp.steps.params import legacy_noise_of, noise_source_of
 from beam_dp.steps.policies import BlockPolicy, GroupPolicy
 from beam_dp.steps.schema import ReleaseLabels
 
@@ -115,9 +121,10 @@ class _LetterCounts:
         self._by_reason[reason].inc()
 
 
-def _dead_json(letter: DeadLetter) -> str:
-    return json.dumps({"reason": letter.reason, "detail": letter.detail, "stream": letter.stream,
-                       "element": None if letter.element is None else repr(letter.element)[:2000]})
+def _dead_json(letter: DeadLetter, stage: str) -> str:
+    """One dead letter as the Beam jobs write it (``DeadLetter.to_json``): ``stage`` ("parse": a line or
+    event refused; "release": the keyed function's late, unclosed or ended-stream letters)."""
+    return json.dumps(letter.to_json(stage), allow_nan=False)
 
 
 class ContinualReleaseFunction(KeyedProcessFunction):
@@ -132,9 +139,10 @@ class ContinualReleaseFunction(KeyedProcessFunction):
         params = self._params
         self._mechanism = params.build_mechanism()
         self._grouped = getattr(params, "stream_groups", None) is not None
-        noise = params.noise_key.load()
+        noise = noise_source_of(params)
         policy = GroupPolicy(GroupedSum(self._mechanism), noise) if self._grouped else BlockPolicy(self._mechanism, noise)
         self._driver = StepDriver.for_params(params, policy)
+        self._driver.legacy_noise = legacy_noise_of(params)  # keys written before the binding
         self._labels = ReleaseLabels(params.noise_key.domain, composition_of(self._mechanism), params.budget)
         self._streams = frozenset(params.streams) if params.streams is not None else None
         self._step_records = getattr(params, "step_records", False)
@@ -157,7 +165,7 @@ class ContinualReleaseFunction(KeyedProcessFunction):
         for tag, value in outputs:
             if tag != RELEASE:
                 self._count_letter(value.reason)
-                yield DEAD_LETTERS, _dead_json(value)
+                yield DEAD_LETTERS, _dead_json(value, "release")
                 continue
             rows = json_rows(value, self._labels)
             self._releases.inc(len(rows))
@@ -185,7 +193,7 @@ class ContinualReleaseFunction(KeyedProcessFunction):
         data = self._key.value()
         if data is None:
             return None
-        state = decode_key_state(bytes(data))
+        state = decode_key_state(bytes(data), self._driver.binding)
         if mechanism:
             state.mechanism = np.frombuffer(bytes(self._mechanism_state.value()), dtype=np.uint8).copy()
         return state
@@ -249,7 +257,7 @@ class ContinualReleaseFunction(KeyedProcessFunction):
         parsed = parse_contribution((stream, seconds, payload), self._mechanism, self._driver.clock, self._streams)
         if isinstance(parsed, DeadLetter):
             self._count_letter(parsed.reason)
-            yield DEAD_LETTERS, _dead_json(parsed)
+            yield DEAD_LETTERS, _dead_json(parsed, "parse")
             return
         stream, step, block = parsed
         if self._grouped:
@@ -311,7 +319,7 @@ class _ParseBlocks(ProcessFunction):
         records, letters = self._parser.parse(read_split(*value))
         for letter in letters:
             self._count_letter(letter.reason)
-            yield DEAD_LETTERS, _dead_json(letter)
+            yield DEAD_LETTERS, _dead_json(letter, "parse")
         yield from records
 
 

@@ -28,7 +28,9 @@ noise domain is ``--noise-domain`` (default ``continual-sums``; one noise key pe
 its own for each job under one key). The noise key is read on the workers from ``BEAM_DP_NOISE_KEY`` or
 ``--key-file``. With files, the job's manifest (``_beam_dp_manifest.json``: its release function, noise
 domain, guarantee and release files) is written into ``--output`` before the job runs, so that
-``python -m beam_dp.verify <output>`` checks the releases against it.
+``python -m beam_dp.verify <output>`` checks the releases against it. A job started (a savepoint
+resumed, or a run repeated) into an ``--output`` whose manifest declares other privacy parameters is
+refused with one line, exit code 2 (:func:`resume_problem`): the noise is bound to the parameters.
 """
 
 from __future__ import annotations
@@ -43,13 +45,16 @@ import sys
 
 from beam_dp.core.budget import composition_of
 from beam_dp.core.clock import StepClock
+from beam_dp.core.noise import KEY_ENV_VAR, load_key
+from beam_dp.core.noise_binding import calibration_binding
 from beam_dp.flink.blocks import SPLIT_BYTES, file_splits, parse_line
+from beam_dp.io.locations import overlap_error
 from beam_dp.io.manifest import JobManifest, ManifestTransform, write_manifest
 from beam_dp.mechanisms.counters import make_counter
 from beam_dp.mechanisms.stream_groups import groups_for
 from beam_dp.steps.params import NoiseKey
 
-__all__ = ["checkpoint_settings", "exact_counts", "main", "parse_line", "private_default"]
+__all__ = ["checkpoint_settings", "exact_counts", "main", "parse_line", "private_default", "resume_problem"]
 
 
 UID = "continual-sums"  # the release function's uid: its default noise domain
@@ -59,14 +64,6 @@ _STATE_BACKENDS = ("rocksdb", "hashmap")
 def private_default(output: str) -> str:
     """The default raw-data location of ``output``: its sibling ``<output>.private`` (as the Beam jobs)."""
     return output.rstrip("/") + ".private"
-
-
-def _inside(path: str, folder: str) -> bool:
-    """Whether ``path`` is ``folder`` or lies under it (local paths resolved; URIs compared as text)."""
-    if "://" not in path and "://" not in folder:
-        path, folder = os.path.abspath(path), os.path.abspath(folder)
-    path, folder = path.rstrip("/") + "/", folder.rstrip("/") + "/"
-    return path.startswith(folder)
 
 
 def _uri(path: str) -> str:
@@ -137,8 +134,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         args.dead_letter_output = args.dead_letter_output or private_default(args.output)
         args.checkpoint_dir = args.checkpoint_dir or args.output.rstrip("/") + ".checkpoints"
         for flag, path in (("--dead-letter-output", args.dead_letter_output), ("--checkpoint-dir", args.checkpoint_dir)):
-            if _inside(path, args.output) or _inside(args.output, path):
-                p.error(f"{flag} {path} overlaps --output {args.output}: --output holds the private releases only")
+            if nested := overlap_error([("--output", args.output), (flag, path)]):
+                p.error(nested)
     if args.stream_groups < 0:
         p.error(f"--stream-groups must be >= 0, got {args.stream_groups}")
     if args.split_mib < 1:
@@ -155,6 +152,7 @@ def _params(args: argparse.Namespace):
     build = functools.partial(make_counter, args.counter, public_end=clock.last_step, dim=args.dim,
                               epsilon=args.epsilon, delta=args.delta, clip_bound=args.clip_bound, noise=args.noise)
     streams = tuple(args.streams.split(",")) if args.streams else None
+    load_key(KEY_ENV_VAR, args.key_file)  # read at launch as the workers read it: an unusable key is exit 2
     key = NoiseKey(key_file=args.key_file) if args.key_file else NoiseKey()
     if args.noise_domain is not None:
         key = dataclasses.replace(key, domain=args.noise_domain)
@@ -182,8 +180,40 @@ def job_manifest(params) -> JobManifest:
     mechanism = params.build_mechanism()
     epsilon, delta = float(mechanism.guarantee.epsilon), float(mechanism.guarantee.delta)
     transform = ManifestTransform(params.noise_key.domain or UID, mechanism.name, composition_of(mechanism), epsilon,
-                                  delta, (RELEASE_FILES,))
+                                  delta, (RELEASE_FILES,), calibration_binding(params))
     return JobManifest("flink_continual_sums", epsilon, delta, (transform,))
+
+
+def resume_problem(output: str, manifest: JobManifest) -> str | None:
+    """Why a job must not write into ``output``, whose existing manifest (a run resumed, or run again,
+    into the same folder) declares other privacy parameters, else None.
+
+    The parameters are bound into the noise (``calibration_binding``), so resuming a savepoint under
+    changed ones would continue its keys' open noise cells with new draws beside releases made under
+    the old ones (an averaging leak); such a resume is refused. What does not touch the state or the
+    noise (checkpoint interval, split size, parallelism) resumes. A manifest written before the binding
+    (no ``noise_binding``) is compared on its declared transforms only."""
+    from beam_dp.io.manifest import manifest_path, read_manifest
+
+    path = manifest_path(output)
+    try:
+        old = read_manifest(path)
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:
+        return f"{path} is not a beam_dp manifest ({exc}): give a new --output"
+
+    def declared(m: JobManifest, bound: bool):
+        return [(t.noise_domain, t.mechanism, t.composition, t.epsilon, t.delta) + ((t.noise_binding,) if bound else ())
+                for t in m.transforms]
+
+    bound = all(t.noise_binding is not None for t in old.transforms)
+    if (old.job, old.epsilon, old.delta) != (manifest.job, manifest.epsilon, manifest.delta) or \
+            declared(old, bound) != declared(manifest, bound):
+        return (f"{output} holds releases of a job with other privacy parameters (its manifest {path} differs: "
+                "epsilon, delta, clip bound, noise, counter, schedule, streams or noise domain): a resumed job keeps "
+                "its parameters; give a new --output (and no savepoint) to release under new ones")
+    return None
 
 
 def checkpoint_settings(checkpoint_ms: int, checkpoint_dir: str, state_backend: str) -> dict[str, str]:
@@ -220,8 +250,12 @@ def main(argv: list[str] | None = None) -> int:
         params = _params(args)
         blocks = block_input(args)
         splits = None if blocks is None else file_splits(blocks, args.split_mib << 20)
+        problem = None if args.kafka_brokers else resume_problem(args.output, job_manifest(params))
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     from pyflink.common import Encoder, WatermarkStrategy
     from pyflink.datastream.connectors.file_system import FileSink, FileSource, StreamFormat
@@ -233,8 +267,12 @@ def main(argv: list[str] | None = None) -> int:
                             settings=checkpoint_settings(args.checkpoint_ms, args.checkpoint_dir, args.state_backend))
     if args.kafka_brokers:
         from pyflink.common.serialization import SimpleStringSchema
-        from pyflink.datastream.connectors.kafka import (KafkaOffsetsInitializer, KafkaRecordSerializationSchema,
-                                                         KafkaSink, KafkaSource)
+        from pyflink.datastream.connectors.kafka import (
+            KafkaOffsetsInitializer,
+            KafkaRecordSerializationSchema,
+            KafkaSink,
+            KafkaSource,
+        )
 
         if args.kafka_jar:
             env.add_jars(args.kafka_jar)

@@ -28,7 +28,8 @@ MANIFEST_VERSION = 1
 @dataclass(frozen=True)
 class ManifestTransform:
     """One transform of a job: its noise domain, mechanism name, composition, its ``(epsilon, delta)``
-    share of the job's total, and the prefixes of the files holding its releases."""
+    share of the job's total, the prefixes of the files holding its releases, and the calibration its
+    noise is bound to (``calibration_binding(params)``; None in a manifest written before the binding)."""
 
     noise_domain: str
     mechanism: str
@@ -36,6 +37,11 @@ class ManifestTransform:
     epsilon: float
     delta: float
     files: tuple[str, ...]
+    noise_binding: str | None = None
+    #: the most the transform can spend of its share by the job's public last step
+    #: (``beam_dp.core.budget.share_use``); None in a manifest written without it
+    epsilon_spendable: float | None = None
+    delta_spendable: float | None = None
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,11 @@ class JobManifest:
                 raise ValueError(f"not a version {MANIFEST_VERSION} beam_dp manifest")
             transforms = tuple(ManifestTransform(str(t["noise_domain"]), str(t["mechanism"]), str(t["composition"]),
                                                  _number(t["epsilon"]), _number(t["delta"]),
-                                                 tuple(str(f) for f in t["files"])) for t in data["transforms"])
+                                                 tuple(str(f) for f in t["files"]),
+                                                 None if t.get("noise_binding") is None else str(t["noise_binding"]),
+                                                 *(None if t.get(k) is None else _number(t[k])
+                                                   for k in ("epsilon_spendable", "delta_spendable")))
+                               for t in data["transforms"])
             return cls(str(data["job"]), _number(data["epsilon"]), _number(data["delta"]), transforms)
         except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
             raise ValueError(f"malformed beam_dp manifest: {type(exc).__name__}: {exc}") from None

@@ -10,6 +10,7 @@ Post-processing of a private release: using it costs no privacy.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,7 +73,7 @@ def _as_release(snapshot: Any) -> Release:
 def load_model(snapshot: Any) -> LinearPredictor:
     """A predictor from a model snapshot (``Release``, ``ReleaseRow`` or row dict)."""
     release = _as_release(snapshot)
-    meta = release.meta if isinstance(release.meta, dict) else json.loads(release.meta)
+    meta = release.meta if isinstance(release.meta, Mapping) else json.loads(release.meta)
     arrays = release.arrays()
     if set(arrays) != {"weights", "intercepts"} or meta.get("model") not in ("softmax", "huber"):
         raise ValueError("not an ERM model snapshot (needs weights, intercepts and meta['model'])")

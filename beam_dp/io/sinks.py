@@ -9,7 +9,7 @@ A transform keyed by stream emits :class:`ReleaseRow` s; one keyed by groups of 
 from __future__ import annotations
 
 import json
-from typing import Iterator
+from typing import Any, Iterator
 
 import apache_beam as beam
 import pyarrow as pa
@@ -104,14 +104,14 @@ class _ReleaseTableSink(filebasedsink.FileBasedSink):
                          if windowed else None,
                          mime_type="application/x-parquet", compression_type=CompressionTypes.UNCOMPRESSED)
 
-    def open(self, temp_path: str) -> "tuple[object, pq.ParquetWriter]":
+    def open(self, temp_path: str) -> "tuple[Any, pq.ParquetWriter]":
         handle = super().open(temp_path)
         return handle, release_parquet_writer(handle)
 
-    def write_record(self, file_handle: "tuple[object, pq.ParquetWriter]", value: pa.Table) -> None:
+    def write_record(self, file_handle: "tuple[Any, pq.ParquetWriter]", value: pa.Table) -> None:
         file_handle[1].write_table(value)
 
-    def close(self, file_handle: "tuple[object, pq.ParquetWriter]") -> None:
+    def close(self, file_handle: "tuple[Any, pq.ParquetWriter]") -> None:
         handle, writer = file_handle
         writer.close()
         handle.close()

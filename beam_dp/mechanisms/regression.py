@@ -830,11 +830,11 @@ class PrivIncERM(_RegressionBase):
                                radius=C.radius, nu=nu, width=width, curvature=curvature)
         self.tau = _check_int("tau", tau)
         self.calls_total = math.ceil(self.horizon / self.tau)
-        l = self.calls_total
+        calls = self.calls_total
         if eps > 2.0 * math.log(2.0 / delta):
             raise ValueError(f"epsilon={eps} exceeds 2 ln(2/delta): the composition theorem used does not apply")
-        self.epsilon_call = eps / (2.0 * math.sqrt(2.0 * l * math.log(2.0 / delta)))
-        self.delta_call = delta / (2.0 * l)
+        self.epsilon_call = eps / (2.0 * math.sqrt(2.0 * calls * math.log(2.0 / delta)))
+        self.delta_call = delta / (2.0 * calls)
         if self.epsilon_call > 1.0:
             raise ValueError(f"per-call epsilon' = {self.epsilon_call:.4g} > 1: the composition theorem needs <= 1")
         self.default_solver = solver is None

@@ -1,4 +1,4 @@
-"""Grid-snapped continual sums: exact arithmetic on the data, data-independent noise (issue 8 item 6).
+"""Grid-snapped continual sums: exact arithmetic on the data, data-independent noise.
 
 Floating-point noise addition leaks (Mironov, CCS 2012): ``fl(x + n)`` has low-order bits and a set
 of reachable outputs that depend on ``x``. :class:`SnappedSum` wraps any *linear* continual-sum

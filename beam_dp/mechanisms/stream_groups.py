@@ -77,7 +77,7 @@ class GroupBlock:
         """Pickled compactly (engines shuffle blocks by pickle): the names as one NUL-joined string (a
         tuple when a name holds a NUL), read back as interned strings, so that the blocks of a group
         decoded on one worker share one string object per stream instead of one per (stream, step) cell
-        (about 56 bytes each; issue 26.1)."""
+        (about 56 bytes each)."""
         joined = "\0".join(self.streams)
         names = joined if len(self.streams) > 1 and joined.count("\0") == len(self.streams) - 1 else self.streams
         return _unpickle_group_block, (names, self.sums, self.counts, self.clipped)

@@ -157,10 +157,12 @@ class KeyState:
     released values, public); ``stream_ended``: the mechanism refused a step at its public end (horizon or budget); the stream
     is over and its mechanism state freed; ``lowest``: the lowest step with buffered items (0 when
     items are carried across steps, None when nothing is buffered), so closing empty steps never
-    reads the buffer.
+    reads the buffer; ``noise_binding``: the calibration the key's noise is bound to
+    (``calibration_binding(params)``, version 4; None: written before the binding), checked on every
+    read (:func:`decode_key_state`).
     """
 
-    STATE_VERSION: ClassVar[int] = 3
+    STATE_VERSION: ClassVar[int] = 4
     key: str
     mechanism: np.ndarray
     next_step: int
@@ -174,14 +176,16 @@ class KeyState:
     stream_groups: int | None = None
     first_rung: int | None = None
     recent: np.ndarray | None = None
+    noise_binding: str | None = None
 
 
 #: per class, ``{v: fields of version v -> fields of version v + 1}`` (absent: the identity, i.e. the
 #: next version only added fields with defaults)
 MIGRATIONS: dict[type, dict[int, Callable[[dict], dict]]] = {
     KeyState: {1: dict,  # v2 added ``provisional`` (False) and ``stream_groups`` (None: not recorded)
-               2: dict},  # v3 added ``first_rung`` (None: not recorded; the end rule then takes the key as at
+               2: dict,  # v3 added ``first_rung`` (None: not recorded; the end rule then takes the key as at
                          # rest) and ``recent`` (None: the idle rule starts its window at the next release)
+               3: dict},  # v4 added ``noise_binding`` (None: written before the noise was bound to the parameters)
 }
 
 
@@ -189,5 +193,19 @@ def encode_key_state(state: KeyState) -> bytes:
     return encode_state(state)
 
 
-def decode_key_state(data: bytes) -> KeyState:
-    return decode_versioned(KeyState, data)
+def decode_key_state(data: bytes, binding: str | None = None) -> KeyState:
+    """The key's state; given this job's noise ``binding``, :class:`UnreadableState` if the state was
+    written under another one.
+
+    A key's noise cells are re-derived on every read (a tree's open nodes, a counter's buffers), so a
+    state continued under another calibration would draw new noise for nodes already released under
+    the old one: the two releases could be averaged. A different binding (a changed epsilon, delta,
+    budget share, clip bound, noise law, counter, schedule, ...) is therefore refused. A state written
+    before the binding (``noise_binding`` None) is read: the driver continues it under the legacy
+    derivation it was released with (``StepDriver.legacy_noise``). A key whose stream has ended draws
+    nothing more and is read as it is."""
+    state = decode_versioned(KeyState, data)
+    if binding is not None and state.noise_binding not in (None, binding) and not state.stream_ended:
+        raise UnreadableState(f"the state was written under other privacy parameters (noise binding "
+                              f"{state.noise_binding}, this job has {binding}): a resumed state keeps its calibration")
+    return state

@@ -17,18 +17,32 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from beam_dp.steps.events import record_source
+
 __all__ = ["ElementColumns", "LabelledColumns", "RowColumns"]
 
 
 class RowColumns:
     """What every block of rows in columns has: ``len``, ``odd`` (row -> its element, for the rows the
-    arrays do not describe) and ``record(i)``, row ``i`` as the per-row element."""
+    arrays do not describe), ``record(i)``, row ``i`` as the per-row element, and where the rows were
+    read: ``source`` (the file, or None) and ``rows`` ((n,) int64 record numbers in it, or None)."""
 
     odd: Mapping[int, Any]
+    source: str | None
+    rows: np.ndarray | None
 
     def records(self) -> list:
         """Every row's element, in order (built only when asked: a dead letter for the rows is written)."""
         return [self.record(i) for i in range(len(self))]
+
+    def source_of(self, i: int) -> str | None:
+        """``<file>#record=<n>`` of row ``i`` (:func:`~beam_dp.steps.events.record_source`), None if unknown."""
+        if self.source is None or self.rows is None:
+            return None
+        return record_source(self.source, int(self.rows[i]))
+
+    def _rows_of(self, rows: np.ndarray) -> np.ndarray | None:
+        return None if self.rows is None else self.rows[rows]
 
     def _odd_of(self, rows: np.ndarray) -> dict[int, Any]:
         """``odd`` of the block of ``rows`` (int indices, in their order), renumbered."""
@@ -50,6 +64,8 @@ class LabelledColumns(RowColumns):
     labels: np.ndarray
     label_names: np.ndarray | None = None
     odd: Mapping[int, tuple] = field(default_factory=dict)
+    source: str | None = None
+    rows: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.stream_ids)
@@ -70,7 +86,7 @@ class LabelledColumns(RowColumns):
         """The block of ``rows`` (int indices, in their order)."""
         rows = np.asarray(rows, dtype=np.int64)
         return LabelledColumns(self.stream_ids[rows], self.features[rows], self.labels[rows], self.label_names,
-                               self._odd_of(rows))
+                               self._odd_of(rows), self.source, self._rows_of(rows))
 
 
 @dataclass(frozen=True, eq=False)
@@ -88,6 +104,8 @@ class ElementColumns(RowColumns):
     values: tuple[np.ndarray, ...]
     labels: tuple[np.ndarray | None, ...]
     odd: Mapping[int, dict] = field(default_factory=dict)
+    source: str | None = None
+    rows: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.stream_ids)
@@ -104,4 +122,5 @@ class ElementColumns(RowColumns):
         """The block of ``rows`` (int indices, in their order)."""
         rows = np.asarray(rows, dtype=np.int64)
         return ElementColumns(self.stream_ids[rows], self.timestamps[rows], self.names,
-                              tuple(cells[rows] for cells in self.values), self.labels, self._odd_of(rows))
+                              tuple(cells[rows] for cells in self.values), self.labels, self._odd_of(rows),
+                              self.source, self._rows_of(rows))

@@ -44,12 +44,14 @@ The driver holds no privacy arithmetic: clipping, noise and accounting are the m
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, Iterable, NamedTuple, Protocol
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Protocol
 
 import numpy as np
 
 from beam_dp.core.clock import StepClock
+from beam_dp.core.noise_binding import calibration_binding
 from beam_dp.core.release_batch import ReleaseBatch
 from beam_dp.steps.coder import UNREADABLE_STATE, KeyState, UnreadableState
 from beam_dp.steps.events import DEAD_LETTER, DeadLetter, Reason
@@ -102,14 +104,22 @@ class StepDriver:
 
     ``clock`` (event-time steps) or ``block_size`` (count steps) or neither (marker steps: the engine
     calls :meth:`close_through`); ``last_step`` the public end (None: open-ended);
-    ``allowed_lateness`` the grace in seconds; ``restored`` encoded mechanism states by key.
+    ``allowed_lateness`` the grace in seconds; ``restored`` encoded mechanism states by key; ``binding``
+    the calibration the policy's noise is bound to (recorded in every key's state, ``KeyState.noise_binding``).
+
+    A key whose state was written before the binding (``noise_binding`` None) continues under the legacy
+    derivation it was released with: ``legacy_noise`` (a zero-argument loader of that source, set by the
+    shell) replaces the policy's noise while the driver works on that key, so its open noise cells keep
+    the draws its earlier releases used. Without a loader such a key is :class:`UnreadableState`.
     """
 
     def __init__(self, policy: Any, clock: StepClock | None = None, block_size: int | None = None,
                  last_step: int | None = None, allowed_lateness: float = 0.0,
                  restored: Iterable[tuple[str, bytes]] | None = None, idle_steps: int | None = None,
-                 idle_threshold: float = 0.0):
+                 idle_threshold: float = 0.0, binding: str | None = None):
         self.policy = policy
+        self.binding = binding
+        self.legacy_noise: Callable[[], Any] | None = None
         self.clock = clock
         self.block_size = block_size
         self.last_step = last_step
@@ -126,7 +136,8 @@ class StepDriver:
                    last_step=None if clock is None else clock.last_step,
                    allowed_lateness=params.allowed_lateness, restored=params.restore_states,
                    idle_steps=getattr(params, "idle_steps", None),
-                   idle_threshold=getattr(params, "idle_threshold", None) or 0.0)
+                   idle_threshold=getattr(params, "idle_threshold", None) or 0.0,
+                   binding=calibration_binding(params))
 
     # -- keys and timers ------------------------------------------------------------------------
     def open(self, key: str, watermark: int | None = None, provisional: bool = False) -> KeyState:
@@ -139,15 +150,16 @@ class StepDriver:
         restored = self._restored.get(key)
         if restored is not None:
             state = self._decode(restored)
-            return KeyState(key, _as_array(restored), int(state.t) + 1, watermark=watermark)
+            return KeyState(key, _as_array(restored), int(state.t) + 1, watermark=watermark, noise_binding=self.binding)
         if provisional and self.clock is not None:
             encoded = self.policy.mechanism.encode_state(self.policy.mechanism.init_state(key))
-            return KeyState(key, _as_array(encoded), 0, provisional=True)
+            return KeyState(key, _as_array(encoded), 0, provisional=True, noise_binding=self.binding)
         first = 1
         if self.clock is not None and watermark is not None:
             first = max(1, int(self.clock.step_of_micros(watermark - self.grace)))
         encoded = self.policy.mechanism.encode_state(self.policy.mechanism.init_state(key))
-        return KeyState(key, _as_array(encoded), first, watermark=watermark, offset=first - 1)
+        return KeyState(key, _as_array(encoded), first, watermark=watermark, offset=first - 1,
+                        noise_binding=self.binding)
 
     def declare(self, state: KeyState) -> None:
         """A declared stream (or a group with one) releases from step 1: fixes a provisional key there."""
@@ -159,7 +171,8 @@ class StepDriver:
         an ended state (later items are dead-lettered ``stream_ended``) and one ``unreadable_state``
         dead letter; nothing is released for it again."""
         buffer.clear()
-        state = KeyState(key, np.zeros(0, dtype=np.uint8), 0, ended=True, stream_ended=True)
+        state = KeyState(key, np.zeros(0, dtype=np.uint8), 0, ended=True, stream_ended=True,
+                         noise_binding=self.binding)
         return state, [_dead(UNREADABLE_STATE, f"the key's state cannot be read ({detail[:200]}); its stream ends", key)]
 
     def release_time(self, step: int) -> int | None:
@@ -209,6 +222,22 @@ class StepDriver:
         return self.clock.step_end_micros(self.last_step) + self.grace
 
     # -- items ----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _noise_of(self, state: KeyState) -> Iterator[None]:
+        """The policy draws with the noise ``state`` was released under while the block runs: the bound
+        source, or for a state written before the binding the legacy one (``legacy_noise``)."""
+        if state.noise_binding is not None or self.binding is None:
+            yield
+            return
+        if self.legacy_noise is None:
+            raise UnreadableState("the state was written before noise was bound to the privacy parameters and "
+                                  "this engine cannot load the legacy noise")
+        bound, self.policy.noise = self.policy.noise, self.legacy_noise()
+        try:
+            yield
+        finally:
+            self.policy.noise = bound
+
     def add(self, state: KeyState, buffer: Buffer, step: int | None, item: Any, original: Any = None,
             stream: str | None = None) -> list[Output]:
         """Buffer ``item`` for ``step`` (None: the next count step); a closed step's item is dead-lettered
@@ -217,7 +246,8 @@ class StepDriver:
         if state.stream_ended:
             return [_dead(Reason.STREAM_ENDED, "the stream has ended at its public horizon", key, original)]
         if self.block_size is not None:
-            return self._add_count(state, buffer, item)
+            with self._noise_of(state):
+                return self._add_count(state, buffer, item)
         if state.provisional and step >= 1 and (state.next_step < 1 or step < state.next_step):
             state.next_step, state.offset = step, step - 1  # nothing closed yet: open at the lowest item
         if state.ended or step < state.next_step:
@@ -287,6 +317,10 @@ class StepDriver:
 
     def close_through(self, state: KeyState, buffer: Buffer, upto: int) -> list[Output]:
         """Close the open steps ``next_step..upto`` (clipped to the public end) in order, in one call."""
+        with self._noise_of(state):
+            return self._close_through(state, buffer, upto)
+
+    def _close_through(self, state: KeyState, buffer: Buffer, upto: int) -> list[Output]:
         if self.last_step is not None:
             upto = min(upto, self.last_step)
         if state.ended or upto < state.next_step:
@@ -394,7 +428,8 @@ class StepDriver:
                        for step in unclosed)
             if not state.ended:
                 carried = [item for step, item in buffer.read() if step == CARRIED]
-                out.extend(self.policy.end(state.key, None, self.policy.begin(carried), True)[0])
+                with self._noise_of(state):
+                    out.extend(self.policy.end(state.key, None, self.policy.begin(carried), True)[0])
             buffer.clear()
             state.lowest = None
         state.ended = True

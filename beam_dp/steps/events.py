@@ -16,8 +16,8 @@ so every family dead-letters with the same reasons and messages; :func:`numeric_
 check that a value is an array of real numbers.
 
 A dead letter leaves a job as one JSON object (:meth:`DeadLetter.to_json`): ``reason``, ``detail``,
-``stream`` (the stream id whenever it is a valid one), ``source`` (``file:row`` where the reader
-knows it, else null) and ``element``, the rejected input as JSON values as read
+``stream`` (the stream id whenever it is a valid one), ``source`` (``<file>#record=<n>`` where the reader
+knows it, :func:`record_source`, else null) and ``element``, the rejected input as JSON values as read
 (:func:`json_value`: text, numbers, null, lists, objects; bytes as UTF-8 text) — never a Python repr.
 """
 
@@ -34,9 +34,9 @@ import pyarrow as pa
 from beam_dp.core.limits import MAX_ABS_SECONDS, is_utf8
 
 __all__ = [
-    "DEAD_LETTER", "DETAIL", "DeadLetter", "EventBatch", "OutOfRange", "Reason", "checked_stream", "coerce_value",
-    "column_micros", "encodable", "json_value", "named_fields", "numeric_array", "parse_contribution", "parse_event",
-    "split_event", "timestamp_letter", "to_micros", "value_letter",
+    "DEAD_LETTER", "DETAIL", "REASONS", "DeadLetter", "EventBatch", "OutOfRange", "Reason", "checked_stream",
+    "coerce_value", "column_micros", "encodable", "json_value", "named_fields", "numeric_array", "parse_contribution",
+    "parse_event", "record_source", "split_event", "timestamp_letter", "to_micros", "value_letter",
 ]
 
 DEAD_LETTER = "dead_letter"  # the tag of every engine's dead-letter output
@@ -61,6 +61,16 @@ class Reason:
     # (element None), then one per later element (element kept); its state is freed
     STREAM_ENDED = "stream_ended"
     UNCLOSED = "unclosed"  # buffered for a step the input ended before (see beam_dp.steps.driver)
+    LINE_TOO_LONG = "line_too_long"  # a CSV line over beam_dp.io.tables.MAX_LINE_BYTES (never parsed)
+    OUTSIDE_UNIVERSE = "outside_universe"  # growing databases: a record outside the declared universe
+    UNKNOWN_TASK = "unknown_task"  # lifelong learning: a task id that is not declared
+    BAD_LABEL = "bad_label"  # lifelong learning: a label that is not an integer class
+    TASK_BACKWARDS = "task_backwards"  # lifelong learning: a row for a task already closed
+    UNREADABLE_STATE = "unreadable_state"  # a key's stored state cannot be decoded: its stream ends
+
+
+#: every dead-letter reason any job or engine writes (the values of :class:`Reason`)
+REASONS: tuple[str, ...] = tuple(v for k, v in vars(Reason).items() if k.isupper() and isinstance(v, str))
 
 
 #: the one message of each check of an event's head (every family; per element and per EventBatch row)
@@ -72,6 +82,7 @@ DETAIL = {
     Reason.BEFORE_START: "timestamp outside the public schedule",
     Reason.AFTER_END: "timestamp outside the public schedule",
     Reason.NON_FINITE: "non-finite coordinate",
+    Reason.LINE_TOO_LONG: "line longer than the reader's bound; the element holds its first bytes",
 }
 
 
@@ -85,7 +96,7 @@ class _DeadLetterFields(NamedTuple):
 
 class DeadLetter(_DeadLetterFields):
     """A rejected input: why (``reason``), a value-free explanation, the stream (when its id is valid),
-    the original element and where it was read (``source``: ``file:row`` when the reader knows it).
+    the original element and where it was read (``source``: ``<file>#record=<n>``, :func:`record_source`).
 
     Text that Beam's coders cannot encode (lone surrogates) and integers beyond int64 in ``stream`` or
     ``element`` are kept as escaped text (``encodable``), so any rejected input can be written out."""
@@ -154,6 +165,14 @@ def encodable(value: Any) -> Any:
     return value
 
 
+def record_source(path: str | None, record: int | None) -> str | None:
+    """A dead letter's ``source``: ``<path>#record=<n>`` (record ``n`` of the file: 1-based, the header
+    excluded, blank lines not counted, rejected records counted), ``path`` when the record is unknown."""
+    if path is None or record is None:
+        return path
+    return f"{path}#record={record}"
+
+
 class OutOfRange(ValueError):
     """A timestamp that is a number, but beyond ±``MAX_ABS_SECONDS`` (dead-lettered ``out_of_range``)."""
 
@@ -180,7 +199,7 @@ class EventBatch:
         """``<file>#record=<n>`` of row ``i`` when the reader said where it came from, else None."""
         if self.source is None or self.records is None:
             return None
-        return f"{self.source}#record={int(self.records[i])}"
+        return record_source(self.source, int(self.records[i]))
 
     def row(self, i: int) -> tuple:
         ts = None if self.timestamps is None else float(self.timestamps[i])

@@ -17,8 +17,10 @@ from beam_dp.core import limits
 from beam_dp.core.budget import BudgetShare
 from beam_dp.core.clock import StepClock
 from beam_dp.core.noise import KEY_ENV_VAR, NoiseSource
+from beam_dp.core.noise_binding import calibration_binding
 
-__all__ = ["NoiseKey", "StepParams", "check_idle", "check_schedule", "check_stream_groups", "check_streams"]
+__all__ = ["NoiseKey", "StepParams", "check_idle", "check_schedule", "check_stream_groups", "check_streams",
+           "legacy_noise_of", "noise_source_of"]
 
 
 @dataclass(frozen=True)
@@ -29,8 +31,9 @@ class NoiseKey:
     Only the *location* travels in the pipeline graph, never the key. With neither present the
     workers draw a random key and log that the run is not reproducible.
 
-    ``domain`` names one transform instance of one job; every draw is keyed by (key, domain, stream,
-    purpose, index), so two transforms never share noise. Leave it ``None``: a beam_dp transform binds
+    ``domain`` names one transform instance of one job; every draw is keyed by (key, domain, calibration
+    binding, stream, purpose, index), so two transforms never share noise and a changed parameter draws
+    independent noise (:func:`noise_source_of`). Leave it ``None``: a beam_dp transform binds
     it to its full label in the pipeline when it is applied (``beam_dp.beam.domains``) and refuses a
     domain already claimed in the same pipeline. Set it explicitly to keep a transform's noise when it
     is renamed, or to separate two jobs that reuse one key with the same labels.
@@ -46,22 +49,48 @@ class NoiseKey:
         if self.domain is not None and (not isinstance(self.domain, str) or not self.domain):
             raise ValueError(f"NoiseKey.domain must be a non-empty string or None, got {self.domain!r}")
 
-    def load(self, fetch: Callable[[str | None, str | None, str | None], NoiseSource] | None = None) -> NoiseSource:
-        """The noise source of this key's domain (read on the worker; never pickled).
+    def load(self, fetch: Callable[[str | None, str | None, str | None], NoiseSource] | None = None,
+             binding: str | None = None) -> NoiseSource:
+        """The noise source of this key's domain under ``binding`` (read on the worker; never pickled).
 
         ``fetch(env_var, key_file, secret)`` reads the key where the engine can: the Beam shells pass
         ``beam_dp.io.keys.load_noise_source`` (files on any Beam filesystem, Secret Manager). Without it
-        the key comes from a local file or the env var."""
+        the key comes from a local file or the env var. ``binding``: the calibration the noise is bound
+        to (``calibration_binding(params)``; transforms load through :func:`noise_source_of`, which
+        passes it); None is the legacy derivation that ignores the parameters (``NoiseSource.for_domain``)."""
         if self.domain is None:
             raise ValueError(
                 "this noise key has no noise domain: apply the params through a beam_dp transform (which "
                 "binds its full label) or set NoiseKey(domain=...)"
             )
         if fetch is not None:
-            return fetch(self.env_var, self.key_file, self.secret).for_domain(self.domain)
+            return fetch(self.env_var, self.key_file, self.secret).for_domain(self.domain, binding)
         if self.secret:
             raise ValueError("a Secret Manager noise key is read by the Beam key loader (beam_dp.io.keys)")
-        return NoiseSource.from_config(self.env_var, self.key_file).for_domain(self.domain)
+        return NoiseSource.from_config(self.env_var, self.key_file).for_domain(self.domain, binding)
+
+
+def noise_source_of(params: Any, fetch: Callable[[str | None, str | None, str | None], NoiseSource] | None = None
+                    ) -> NoiseSource:
+    """The noise source a transform draws from: its key's domain bound to its calibration
+    (``calibration_binding(params)``, :mod:`beam_dp.core.noise_binding`), so a changed parameter under
+    one key and domain draws independent noise and only an identical run reproduces it."""
+    return params.noise_key.load(fetch, calibration_binding(params))
+
+
+def legacy_noise_of(params: Any, fetch: Callable[[str | None, str | None, str | None], NoiseSource] | None = None
+                    ) -> Callable[[], NoiseSource]:
+    """A loader (read once, on first use) of the legacy noise source of ``params``' domain, the derivation
+    that ignores the parameters: only for keys whose state was written before the binding
+    (``StepDriver.legacy_noise``), which continue with the draws their earlier releases used."""
+    loaded: list[NoiseSource] = []
+
+    def load() -> NoiseSource:
+        if not loaded:
+            loaded.append(params.noise_key.load(fetch, None))
+        return loaded[0]
+
+    return load
 
 
 def check_streams(params: Any) -> None:

@@ -11,7 +11,7 @@ bound stays below its claim; a mechanism with too little noise exceeds it.
 Thresholds are chosen on a first half of the samples and evaluated on the second half, so the
 selection does not bias the bound.
 
-The reusable harness (issue 8) around :func:`epsilon_lower_bound`:
+The reusable harness around :func:`epsilon_lower_bound`:
 
 * :class:`ScaledNoise` — the *mutant*: the real keyed samplers with every scale multiplied by
   ``factor`` (``0.5`` = half noise). It plugs into any mechanism that draws its noise from a

@@ -11,6 +11,7 @@ from beam_dp.beam import ContinualCountParams, ContinualSumParams, WindowedSumPa
 from beam_dp.beam.params import _UnitCountSumParams
 from beam_dp.core import NoiseSource
 from beam_dp.core.budget import composition_of
+from beam_dp.core.noise_binding import calibration_binding
 from beam_dp.io import ReleaseColumns, release_to_row
 from beam_dp.io.schema import ReleaseLabels
 from beam_dp.mechanisms.replay import replay_event_time
@@ -39,9 +40,14 @@ def domain_of(params, domain: str | None = None) -> str:
     return domain or params.noise_key.domain or DEFAULT_DOMAINS[type(params)]
 
 
+def bound_params(params):
+    """The params a transform's workers draw under (a count's are its unit sum's)."""
+    return params.as_sum_params() if isinstance(params, ContinualCountParams) else params
+
+
 def domain_noise(params, domain: str | None = None) -> NoiseSource:
-    """The test key's noise source in the transform's noise domain."""
-    return NoiseSource(TEST_KEY).for_domain(domain_of(params, domain))
+    """The test key's noise source in the transform's noise domain, bound to its calibration."""
+    return NoiseSource(TEST_KEY).for_domain(domain_of(params, domain), calibration_binding(bound_params(params)))
 
 
 def labelled(rows, params, domain: str | None = None) -> list:
@@ -58,7 +64,7 @@ def expected_rows(params, stream_ids, timestamps, values, streams=None, domain=N
     domain = domain_of(params, domain)
     by_stream = replay_event_time(mechanism, np.asarray(stream_ids), np.asarray(timestamps, dtype=float),
                                   np.asarray(values, dtype=float).reshape(len(stream_ids), mechanism.dim),
-                                  clock, NoiseSource(TEST_KEY).for_domain(domain), streams)
+                                  clock, domain_noise(params, domain), streams)
     labels = ReleaseLabels(domain, composition_of(mechanism), params.budget)
     return [
         labels(release_to_row(r, mechanism.guarantee, clock.step_start_micros(r.step), clock.step_end_micros(r.step)))

@@ -116,6 +116,7 @@ def test_a_bounded_replay_uses_the_key_shell_and_a_stream_the_stateful_one():
     assert "KeyReleaseDoFn" in names and "ContinualReleaseDoFn" not in names
 
     from apache_beam.testing.test_stream import TestStream
+
     from tests.beam.helpers import streaming_options
 
     unbounded = beam.Pipeline(options=streaming_options())

@@ -23,7 +23,7 @@ from beam_dp.beam import (
 )
 from beam_dp.beam.dofn import ContinualReleaseDoFn
 from beam_dp.core import StepClock
-from beam_dp.io import release_to_row, row_to_release
+from beam_dp.io import release_to_row
 from tests.beam.helpers import batch_options, domain_noise, expected_rows, labelled, reasons_are, rows_match
 from tests.conftest import TEST_KEY
 
@@ -214,7 +214,7 @@ def test_invalid_parameters_raise_at_construction():
         ContinualSumParams(dim=2, epsilon=1.0, clip_bound=1.0, clock=CLOCK, horizon=0)
     with pytest.raises(ValueError):  # the paper's sigma_tree_004 fails the exact check at eps=20, L=1
         ContinualSumParams(dim=1, epsilon=20.0, delta=1e-5, noise="gaussian", clip_bound=0.5, horizon=1,
-                           block_size=1, counter="tree")
+                           block_size=1, counter="tree", calibration="paper")
     with pytest.raises(ValueError):
         ContinualSumParams(dim=2, epsilon=1.0, clip_bound=1.0)  # no step schedule
     with pytest.raises(ValueError):
@@ -227,11 +227,11 @@ def test_invalid_parameters_raise_at_construction():
 
 def test_secret_key_is_never_in_the_pipeline_graph(tmp_path):
     key_file = tmp_path / "key"
-    key_file.write_bytes(b"S" * 40)
+    key_file.write_bytes(b"\xa7" * 40)  # raw bytes (text would have to be hex)
     params = ContinualSumParams(dim=1, epsilon=1.0, clip_bound=1.0, clock=CLOCK,
                                 noise_key=NoiseKey(key_file=str(key_file), domain="job/ContinualSum"))
     blob = pickle.dumps(ContinualReleaseDoFn(params, per_step_timers=False))
-    assert b"S" * 40 not in blob and TEST_KEY.hex().encode() not in blob and TEST_KEY not in blob
+    assert b"\xa7" * 40 not in blob and TEST_KEY.hex().encode() not in blob and TEST_KEY not in blob
     dofn = ContinualReleaseDoFn(params, per_step_timers=False)
     dofn.setup()
     with pytest.raises(TypeError):

@@ -12,7 +12,16 @@ from apache_beam.transforms.window import TimestampedValue
 from beam_dp.beam import ContinualSum, ContinualSumParams, Reason
 from beam_dp.core import StepClock
 from tests.beam.helpers import streaming_options
-from tests.beam.idle_cases import EPSILON, EVENTS, IDLE_STEPS, IDLE_THRESHOLD, PERIOD, STEPS, idle_end_from_rows, margin_holds
+from tests.beam.idle_cases import (
+    EPSILON,
+    EVENTS,
+    IDLE_STEPS,
+    IDLE_THRESHOLD,
+    PERIOD,
+    STEPS,
+    idle_end_from_rows,
+    margin_holds,
+)
 
 OPEN = StepClock(start=0.0, period=PERIOD)
 _SEEN: dict[str, list] = {}

@@ -7,8 +7,8 @@ import pytest
 
 from beam_dp.beam import ContinualSumParams, EventBatch
 from beam_dp.beam.parse import ParseEvents
-from beam_dp.steps.batch import rows_by_group
 from beam_dp.core import StepClock
+from beam_dp.steps.batch import rows_by_group
 
 CLOCK = StepClock(start=1000.0, period=10.0, end=1000.0 + 10 * 37)
 

@@ -8,8 +8,6 @@ the releases are behind the downstream watermark by up to the jump; releases of 
 
 from __future__ import annotations
 
-import dataclasses
-
 import apache_beam as beam
 import pytest
 from apache_beam.testing.test_stream import TestStream

@@ -10,8 +10,15 @@ import apache_beam as beam
 import numpy as np
 import pytest
 
-from beam_dp.beam import (ContinualCount, ContinualCountParams, ContinualSum, ContinualSumParams, Reason, WindowedSum,
-                          WindowedSumParams)
+from beam_dp.beam import (
+    ContinualCount,
+    ContinualCountParams,
+    ContinualSum,
+    ContinualSumParams,
+    Reason,
+    WindowedSum,
+    WindowedSumParams,
+)
 from beam_dp.core import StepClock
 from beam_dp.io import ReleaseColumns, WriteReleasesToJsonLines, WriteReleasesToParquet, read_releases
 from beam_dp.steps.events import EventBatch

@@ -91,3 +91,32 @@ def test_a_v1_state_written_by_the_previous_coder_is_read_and_continues():
         assert [o.value.step for o in out] == [5, 6, 7] and counter(NAMESPACE, "unreadable_states") == 0
     state = decode_key_state(cell.read())
     assert state.next_step == 8 and encode_key_state(state) != v1  # written back as v2
+
+
+def test_a_state_written_under_other_privacy_parameters_is_refused_and_one_from_before_the_binding_continues():
+    """The noise is bound to the parameters: a key's state written under epsilon 1, read by a job under
+    epsilon 2 (an ``--update`` or a restored snapshot that changed it), ends with one ``unreadable_state``
+    letter instead of drawing new noise for its open cells. The v1 fixture (written before the binding)
+    continues under the legacy derivation: its releases are those of the legacy noise source."""
+    dofn, cell, bag, close, end = _shell()
+    list(dofn.process(("a", (1, _block(dofn), "e1")), cell, bag, close, end, bag.sums))
+    assert decode_key_state(cell.read()).noise_binding == dofn._driver.binding is not None
+    changed, *_ = _shell(dataclasses.replace(PARAMS, epsilon=2.0))
+    with metrics() as counter:
+        out = list(changed.on_close(Timestamp(micros=10 * S), "1", "a", cell, bag, close, bag.sums))
+        assert _letters(out) == [(UNREADABLE_STATE, "a")] and "other privacy parameters" in out[0].value.detail
+        assert counter(NAMESPACE, "releases") == 0
+    # the v1 key continues with the legacy source's draws: equal to a driver drawing from it alone
+    from beam_dp.steps.driver import ListBuffer, StepDriver
+    from beam_dp.steps.policies import BlockPolicy
+
+    v1 = (Path(__file__).parents[1] / "steps" / "fixtures" / "key_state_v1.bin").read_bytes()
+    dofn, cell, bag, close, end = _shell()
+    cell.write(v1)
+    got = [o.value for o in dofn.on_close(Timestamp(micros=70 * S), "1", "a", cell, bag, close, bag.sums)]
+    legacy = StepDriver(BlockPolicy(PARAMS.build_mechanism(), dofn._driver.legacy_noise()), clock=CLOCK)
+    want = [o.value for o in legacy.close_through(decode_key_state(v1), ListBuffer(), 7)]
+    assert [r.step for r in got] == [r.step for r in want] == [5, 6, 7]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.value, w.value, rtol=1e-12, atol=0)
+    assert decode_key_state(cell.read()).noise_binding is None  # it stays a legacy key

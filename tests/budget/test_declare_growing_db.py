@@ -19,8 +19,14 @@ import pytest
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.noise_declaration import loss_of_declaration, recomputed_epsilon
 from beam_dp.mechanisms.pmwg import PMWG, GrowingBlock, Query, cdp_epsilon, pmwg_spend
-from beam_dp.mechanisms.schedulers import (BBImprover, BBScheduler, LaplaceHistogram, bbimprover_epsilon,
-                                           bbimprover_spend, bbscheduler_spend)
+from beam_dp.mechanisms.schedulers import (
+    BBImprover,
+    BBScheduler,
+    LaplaceHistogram,
+    bbimprover_epsilon,
+    bbimprover_spend,
+    bbscheduler_spend,
+)
 from beam_dp.verify import DECLARING_MECHANISMS, verify_job
 from tests.conftest import TEST_KEY
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -107,7 +108,7 @@ def test_invalid_parameters(kwargs):
 def test_clock_is_frozen_and_hashable():
     c = StepClock(0.0, 1.0)
     assert c == StepClock(0.0, 1.0) and hash(c) == hash(StepClock(0.0, 1.0))
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         c.period = 2.0
 
 

@@ -52,8 +52,8 @@ def test_guarantee_valid_and_describe():
         "window_requested": 10,
     }
     Guarantee(np.float64(0.5), delta=0, window=np.int64(3))  # numpy scalars accepted
-    with pytest.raises(Exception):
-        g.epsilon = 3.0  # frozen
+    with pytest.raises(AttributeError):  # frozen
+        g.epsilon = 3.0
 
 
 # ---- ElementLoss -----------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 ``python -m tests.flink.beam_reference OUT`` runs ``ContinualSum`` on the FnApiRunner over the events
 of :mod:`tests.flink.cases` (good rows and bad rows) with the noise key in ``BEAM_DP_NOISE_KEY`` and
-the Flink function's noise domain (its uid), and writes ``{"releases": [...], "dead": [...]}`` as JSON to OUT.
+the Flink function's noise domain (its uid), and writes ``{"releases": [...], "dead": [...], "binding": ...}``
+as JSON to OUT (``binding``: the Beam params' noise binding; the engines' params differ, so their noise does).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_dp.beam import ContinualSum, ContinualSumParams
+from beam_dp.core.noise_binding import calibration_binding
 from beam_dp.steps.params import NoiseKey
 from tests.flink.cases import BAD, CLOCK, DOMAIN, STREAMS, good_events
 
@@ -36,7 +38,7 @@ def beam_outputs() -> dict[str, list[dict]]:
             for name, rows in (("releases", out.releases), ("dead", out.dead_letter)):
                 _ = (rows | f"{name} json" >> beam.Map(lambda r: json.dumps(r._asdict(), default=str))
                      | f"write {name}" >> beam.io.WriteToText(f"{folder}/{name}"))
-        result = {}
+        result = {"binding": calibration_binding(PARAMS)}
         for name in ("releases", "dead"):
             paths = [m.path for m in FileSystems.match([f"{folder}/{name}*"])[0].metadata_list]
             result[name] = [json.loads(line) for path in paths for line in open(path) if line.strip()]

@@ -9,9 +9,10 @@ import numpy as np
 
 from beam_dp.core import NoiseSource, StepClock
 from beam_dp.core.budget import composition_of
-from beam_dp.steps.schema import ReleaseLabels, release_to_row
+from beam_dp.core.noise_binding import calibration_binding
 from beam_dp.mechanisms.replay import replay_event_time
 from beam_dp.mechanisms.tree import make_tree_sum
+from beam_dp.steps.schema import ReleaseLabels, release_to_row
 from tests.conftest import TEST_KEY
 
 DOMAIN = "flink-test"  # the release function's uid in these tests: its noise domain
@@ -52,12 +53,26 @@ def entry_args(input_path, output, *extra: str) -> list[str]:
             "--counter", "tree", *extra]
 
 
-def expected_rows(events: list[tuple], domain: str = DOMAIN) -> list[dict]:
+def entry_binding(*extra: str) -> str:
+    """The noise binding of ``beam_dp.flink.run`` under :func:`entry_args` (and ``extra`` flags)."""
+    from beam_dp.flink.run import _args, _params
+
+    return calibration_binding(_params(_args(entry_args("in", "out", *extra))))
+
+
+def expected_rows(events: list[tuple], domain: str = DOMAIN, binding: str | None = None) -> list[dict]:
+    """The pure replay's rows in ``domain`` under ``binding`` (default: the entry point's for its domain
+    ``continual-sums``, else that of ``FlinkReleaseParams(build=BUILD, clock=CLOCK, streams=STREAMS)``)."""
+    from beam_dp.flink.params import FlinkReleaseParams
+
+    if binding is None:
+        binding = entry_binding() if domain == "continual-sums" else calibration_binding(
+            FlinkReleaseParams(build=BUILD, clock=CLOCK, streams=STREAMS))
     ids = np.array([e[0] for e in events])
     ts = np.array([e[1] for e in events])
     values = np.array([e[2] for e in events])
     mechanism = BUILD()
-    noise = NoiseSource(TEST_KEY).for_domain(domain)
+    noise = NoiseSource(TEST_KEY).for_domain(domain, binding)
     by_stream = replay_event_time(mechanism, ids, ts, values, CLOCK, noise, STREAMS)
     labels = ReleaseLabels(domain, composition_of(mechanism))
     rows = [labels(release_to_row(r, mechanism.guarantee, CLOCK.step_start_micros(r.step),

@@ -77,7 +77,16 @@ def test_an_idle_stream_ends_a_busy_one_does_not_as_recomputed_from_the_rows():
     import functools
 
     from beam_dp.mechanisms.tree import make_tree_sum
-    from tests.beam.idle_cases import EPSILON, EVENTS, IDLE_STEPS, IDLE_THRESHOLD, PERIOD, STEPS, idle_end_from_rows, margin_holds
+    from tests.beam.idle_cases import (
+        EPSILON,
+        EVENTS,
+        IDLE_STEPS,
+        IDLE_THRESHOLD,
+        PERIOD,
+        STEPS,
+        idle_end_from_rows,
+        margin_holds,
+    )
 
     build = functools.partial(make_tree_sum, horizon=None, unbounded="hybrid", dim=1, epsilon=EPSILON,
                               clip_bound=1.0, noise="gamma")

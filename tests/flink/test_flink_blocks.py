@@ -12,6 +12,7 @@ import pytest
 
 pytest.importorskip("pyflink")
 
+from beam_dp.steps.events import REASONS  # noqa: E402
 from tests.flink.cases import assert_rows_equal, csv_lines, entry_args, expected_rows, good_events  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,4 +59,6 @@ def test_block_input_equals_line_input(tmp_path, groups):
     assert_rows_equal(lines, want)
     reasons = sorted(reason for _, reason in LINES if reason)
     assert sorted(d["reason"] for d in blocks_dead) == sorted(d["reason"] for d in lines_dead) == reasons
-    assert sorted(d["element"] for d in blocks_dead) == sorted(repr(line) for line, reason in LINES if reason)
+    assert sorted(d["element"] for d in blocks_dead) == sorted(line for line, reason in LINES if reason)  # as written
+    assert all(set(d) == {"stage", "reason", "detail", "stream", "source", "element"} and d["reason"] in REASONS
+               for d in blocks_dead + lines_dead)

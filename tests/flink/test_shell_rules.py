@@ -17,6 +17,7 @@ pytest.importorskip("pyflink")
 
 from beam_dp.core import NoiseSource, StepClock  # noqa: E402
 from beam_dp.core.budget import composition_of  # noqa: E402
+from beam_dp.core.noise_binding import calibration_binding  # noqa: E402
 from beam_dp.flink.job import DEAD_LETTERS, ContinualReleaseFunction  # noqa: E402
 from beam_dp.flink.params import FlinkReleaseParams  # noqa: E402
 from beam_dp.mechanisms.replay import replay_event_time  # noqa: E402
@@ -184,13 +185,16 @@ def _params(**kwargs):
     return FlinkReleaseParams(build=BUILD, clock=OPEN, noise_key=NoiseKey(domain=DOMAIN), **kwargs)
 
 
-def _expected(events, last_step, first_step=1):
+def _expected(events, last_step, first_step=1, params=None):
+    """The pure replay's rows, noise bound as the function's (``params``, default ``_params()``)."""
+    binding = calibration_binding(params or _params())
     mechanism = BUILD()
     offset = first_step - 1
     replay = StepClock(start=OPEN.start + offset * OPEN.period, period=OPEN.period,
                        end=OPEN.start + last_step * OPEN.period)
+    noise = NoiseSource(TEST_KEY).for_domain(DOMAIN, binding)
     by_stream = replay_event_time(mechanism, np.array([e[0] for e in events]), np.array([e[1] for e in events]),
-                                  np.array([e[2] for e in events]), replay, NoiseSource(TEST_KEY).for_domain(DOMAIN))
+                                  np.array([e[2] for e in events]), replay, noise)
     labels = ReleaseLabels(DOMAIN, composition_of(mechanism))
     rows = [labels(release_to_row(dataclasses.replace(r, step=r.step + offset), mechanism.guarantee,
                                   OPEN.step_start_micros(r.step + offset), OPEN.step_end_micros(r.step + offset)))
@@ -203,7 +207,8 @@ def _ms(seconds):
 
 
 def test_data_within_the_grace_counts_and_later_data_is_dead_lettered():
-    flink = ScriptedFlink(_params(allowed_lateness=5.0))
+    params = _params(allowed_lateness=5.0)
+    flink = ScriptedFlink(params)
     on_time = [("a", 1.0, [0.5]), ("a", 3.0, [0.25]), ("a", 12.0, [0.75])]
     flink.element(*on_time[0])
     flink.element(*on_time[2])
@@ -214,7 +219,7 @@ def test_data_within_the_grace_counts_and_later_data_is_dead_lettered():
     flink.advance(_ms(30))
     flink.advance(END)
     # the end rule: the first open step is 3 (its end 30 s + 5 s grace > 30 s): through step 16
-    assert_rows_equal(flink.releases, _expected(on_time, 16))
+    assert_rows_equal(flink.releases, _expected(on_time, 16, params=params))
     assert [d["reason"] for d in flink.dead] == ["late"]
 
 
@@ -273,3 +278,28 @@ def test_state_holds_one_merged_block_per_open_step_not_one_entry_per_event():
     assert not flink.states["a"]["beam_dp_step_sums"].items  # closed steps leave nothing behind
     flink.advance(END)
     assert_rows_equal(flink.releases, _expected(events, 16))
+
+
+
+def test_a_restore_under_other_privacy_parameters_ends_each_key_with_an_unreadable_state_letter():
+    """A savepoint's keys were written under epsilon 1; the job restored under epsilon 2 (noise bound to
+    the parameters) ends each of them with one ``unreadable_state`` letter and releases nothing more for
+    them, instead of drawing new noise for their open cells; restored unchanged, they continue."""
+    changed = FlinkReleaseParams(build=functools.partial(BUILD, epsilon=2.0), clock=OPEN,
+                                 noise_key=NoiseKey(domain=DOMAIN))
+    for params, continues in ((_params(), True), (changed, False)):
+        flink = ScriptedFlink(_params())
+        flink.element("a", 1.0, [0.5])
+        flink.advance(_ms(10))  # step 1 released
+        released = len(flink.releases)
+        assert released == 1
+        flink.params = params
+        flink.restore()
+        flink.element("a", 12.0, [0.5])
+        flink.advance(_ms(30))
+        if continues:
+            assert flink.dead == [] and len(flink.releases) == 3  # steps 2 and 3
+        else:
+            assert [d["reason"] for d in flink.dead] == ["unreadable_state"]
+            assert "other privacy parameters" in flink.dead[0]["detail"]
+            assert len(flink.releases) == released

@@ -7,8 +7,15 @@ import numpy as np
 import pytest
 
 from beam_dp.core import NoiseSource
-from beam_dp.mechanisms.pmwg import (DEFAULT_SEGMENTS, PMWG, Query, cdp_epsilon, planned_xi_n, replay_growing,
-                                     worst_case_xi_n)
+from beam_dp.mechanisms.pmwg import (
+    DEFAULT_SEGMENTS,
+    PMWG,
+    Query,
+    cdp_epsilon,
+    planned_xi_n,
+    replay_growing,
+    worst_case_xi_n,
+)
 from beam_dp.mechanisms.schedulers import BBImprover, BBScheduler, LaplaceHistogram
 from beam_dp.mechanisms.universe import clamp_answer
 from tests.conftest import TEST_KEY

@@ -14,11 +14,11 @@ from beam_dp.mechanisms.pmwg import (
     Query,
     cdp_budget_sq,
     cdp_epsilon,
-    worst_case_xi_n,
     greedy_worst_case_spend,
     hard_query_bound,
     relative_entropy,
     replay_growing,
+    worst_case_xi_n,
 )
 from beam_dp.testing import ZeroNoise
 from tests.conftest import TEST_KEY

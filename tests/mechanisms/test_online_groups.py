@@ -18,15 +18,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.mechanisms.group_checks import assert_stack_refusals
-from tests.release_checks import assert_release_matches
-
 from beam_dp.core.noise import NoiseSource
+from beam_dp.io import release_dicts
 from beam_dp.mechanisms.convex_sets import Box, L1Ball, L2Ball, Polytope, Simplex
-from beam_dp.mechanisms.online import OnlineLoss, OnlineState, WDPCOCOL, WDPCOCOP, make_online_learner
+from beam_dp.mechanisms.online import WDPCOCOL, WDPCOCOP, OnlineLoss, OnlineState, make_online_learner
 from beam_dp.mechanisms.replay import replay_learner
 from beam_dp.steps.schema import ReleaseColumns, release_table
-from beam_dp.io import release_dicts
+from tests.mechanisms.group_checks import assert_stack_refusals
+from tests.release_checks import assert_release_matches
 
 KEY = bytes(range(32))
 # > 4 cells per node: the array Philox path, not numpy's per-cell one; not in sorted order
@@ -168,7 +167,7 @@ def test_a_group_of_one_releases_what_the_per_stream_code_released(name):
     same values (1e-12), spend and meta; the old encoded state decodes and continues to the recorded
     releases alone and in a group with another stream."""
     case = FIXTURE["cases"][name]
-    mech = make_online_learner(dim=FIXTURE["dim"], **case["config"])
+    mech = make_online_learner(dim=FIXTURE["dim"], **{"calibration": "paper", **case["config"]})  # recorded so
     A, b = np.array(case["features"]), np.array(case["labels"])
     expected = case["releases"]
 

@@ -19,9 +19,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.mechanisms.group_checks import assert_stack_refusals
-from tests.release_checks import assert_release_matches
-
 from beam_dp.core.noise import NoiseSource
 from beam_dp.mechanisms.regression import (
     PrivIncReg1,
@@ -30,6 +27,8 @@ from beam_dp.mechanisms.regression import (
     RegState,
     make_incremental_regression,
 )
+from tests.mechanisms.group_checks import assert_stack_refusals
+from tests.release_checks import assert_release_matches
 
 KEY = bytes(range(32))
 STREAMS = [f"user-{i}" for i in (3, 1, 4, 15, 9, 2, 6)]  # not in sorted order

@@ -10,8 +10,8 @@ import pytest
 from scipy import stats
 
 from beam_dp.core import NoiseSource
-from beam_dp.mechanisms.counters import make_counter
 from beam_dp.core.grid import power_of_two_at_least
+from beam_dp.mechanisms.counters import make_counter
 from beam_dp.mechanisms.snapping import SnappedSum
 from beam_dp.mechanisms.window_tree import WindowTreeSum
 from beam_dp.testing import ZeroNoise

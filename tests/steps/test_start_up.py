@@ -50,4 +50,4 @@ def test_lazy_exports_resolve_every_name():
         for name in package.__all__:
             assert getattr(package, name) is not None, (package.__name__, name)
         with pytest.raises(AttributeError, match="no attribute"):
-            getattr(package, "NoSuchName")
+            _ = package.NoSuchName

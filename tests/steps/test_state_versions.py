@@ -14,8 +14,14 @@ from beam_dp.core import NoiseSource, StepClock
 from beam_dp.core.state import encode_state
 from beam_dp.mechanisms.base import ClippedSum
 from beam_dp.mechanisms.tree import make_tree_sum
-from beam_dp.steps.coder import (UNREADABLE_STATE, KeyState, UnreadableState, decode_entry, decode_key_state,
-                                 encode_key_state)
+from beam_dp.steps.coder import (
+    UNREADABLE_STATE,
+    KeyState,
+    UnreadableState,
+    decode_entry,
+    decode_key_state,
+    encode_key_state,
+)
 from beam_dp.steps.driver import RELEASE, ListBuffer, StepDriver
 from beam_dp.steps.events import DEAD_LETTER, Reason
 from beam_dp.steps.policies import BlockPolicy
