@@ -68,7 +68,7 @@ from beam_dp.io.manifest import JobManifest
 from beam_dp.verify_calibration import RECOMPUTED_FAMILIES, Calibrations
 
 __all__ = ["KNOWN_MECHANISMS", "PROBLEM_LINES", "RELEASE_PURPOSES", "VERIFIED_COLUMNS", "DomainSpend", "JobVerdict",
-           "JobVerifier", "main", "verify_job"]
+           "JobVerifier", "main", "manifest_release_files", "verify_job"]
 
 _TOL = 1e-9
 # a stated spend may sit this far (relative) below the one recomputed from its noise declaration: float
@@ -758,7 +758,7 @@ def _matching(pattern: str) -> list[str]:
     raise FileNotFoundError(f"no release files match {pattern!r}")
 
 
-def _release_files(folder: str, manifest: JobManifest) -> tuple[list[str], list[str]]:
+def manifest_release_files(folder: str, manifest: JobManifest) -> tuple[list[str], list[str]]:
     """The files of every transform the manifest declares (``<folder>/<prefix>-*``), and a problem per
     prefix that matches no file (a transform's releases missing from the folder)."""
     from apache_beam.io.filesystems import FileSystems
@@ -895,7 +895,7 @@ def _verify(args) -> int:
                 raise  # a usage error: one line, exit 2 (beam_dp.cli.guarded)
             print(f"{exc}: cannot tell which transforms the job ran\nNOT verified")
             return 1
-        declared, missing = _release_files(folder, manifest)
+        declared, missing = manifest_release_files(folder, manifest)
         verifier.problems += missing
         public = {_local(manifest_path(folder))} | {_local(FileSystems.join(folder, n)) for n in SUMMARY_NAMES}
         known = {_local(path) for path in declared}

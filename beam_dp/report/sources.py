@@ -71,11 +71,11 @@ def _folder_files(folder: str) -> tuple[list[str], list[str]]:
     from apache_beam.io.filesystems import FileSystems
 
     from beam_dp.io.manifest import manifest_path, read_manifest
-    from beam_dp.verify import _release_files
+    from beam_dp.verify import manifest_release_files
 
     if not FileSystems.exists(manifest_path(folder)):
         return [p for p in _match(FileSystems.join(folder, "*")) if _is_release_name(p)], []
-    patterns, missing = _release_files(folder, read_manifest(folder))
+    patterns, missing = manifest_release_files(folder, read_manifest(folder))
     return [p for pattern in patterns for p in _match(pattern) if _is_release_name(p)], missing
 
 
