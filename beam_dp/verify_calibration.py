@@ -42,44 +42,44 @@ def _gaussian_calibration(meta: dict) -> dict:
 
 
 def _kary(meta: dict, common: dict):
-    from beam_dp.mechanisms.counters.pure import KaryTreeSum
+    from beam_dp.mechanisms.sums.pure import KaryTreeSum
 
     return KaryTreeSum(horizon=meta["fit_horizon"], **common), {"arity": "arity", "levels": "levels"}
 
 
 def _honaker(meta: dict, common: dict):
-    from beam_dp.mechanisms.counters.honaker import HonakerTreeSum
+    from beam_dp.mechanisms.sums.honaker import HonakerTreeSum
 
     return HonakerTreeSum(arity=int(meta["arity"]), levels=int(meta["levels"]), **common), {}
 
 
 def _binary(meta: dict, common: dict):
-    from beam_dp.mechanisms.tree import BinaryTreeSum
+    from beam_dp.mechanisms.sums.tree import BinaryTreeSum
 
     return BinaryTreeSum(horizon=int(meta["horizon"]), **common, **_gaussian_calibration(meta)), {}
 
 
 def _hybrid(meta: dict, common: dict):
-    from beam_dp.mechanisms.tree import HybridTreeSum
+    from beam_dp.mechanisms.sums.tree import HybridTreeSum
 
     return HybridTreeSum(**common, **_gaussian_calibration(meta)), {}
 
 
 def _doubling(meta: dict, common: dict):
-    from beam_dp.mechanisms.tree import DoublingTreeSum
+    from beam_dp.mechanisms.sums.tree import DoublingTreeSum
 
     return DoublingTreeSum(**common, **_gaussian_calibration(meta)), {}
 
 
 def _window(meta: dict, common: dict):
-    from beam_dp.mechanisms.window_tree import WindowTreeSum
+    from beam_dp.mechanisms.sums.window_tree import WindowTreeSum
 
     mechanism = WindowTreeSum(window=int(meta["window_requested"]), **common, **_gaussian_calibration(meta))
     return mechanism, {"levels": "levels", "window": "block"}
 
 
 def _blt(meta: dict, common: dict):
-    from beam_dp.mechanisms.counters.blt import BLTSum
+    from beam_dp.mechanisms.sums.blt import BLTSum
 
     horizon = meta["horizon"]
     error = meta.get("fit_error", "max")  # the fit's objective (releases without the field: the max-error fit)
@@ -88,7 +88,7 @@ def _blt(meta: dict, common: dict):
 
 
 def _toeplitz(meta: dict, common: dict):
-    from beam_dp.mechanisms.counters.toeplitz import ToeplitzSqrtSum
+    from beam_dp.mechanisms.sums.toeplitz import ToeplitzSqrtSum
 
     return ToeplitzSqrtSum(horizon=int(meta["horizon"]), **common), {}
 

@@ -42,8 +42,8 @@ from beam_dp.io import WriteReleasesToParquet, read_releases, release_to_row  # 
 from beam_dp.io.schema import RELEASE_SCHEMA  # noqa: E402
 from beam_dp.io.sources import ReadEventFiles  # noqa: E402
 from beam_dp.mechanisms.replay import replay_event_time  # noqa: E402
-from beam_dp.mechanisms.tree import HybridTreeSum  # noqa: E402
-from beam_dp.mechanisms.window_tree import WindowTreeSum  # noqa: E402
+from beam_dp.mechanisms.sums.tree import HybridTreeSum  # noqa: E402
+from beam_dp.mechanisms.sums.window_tree import WindowTreeSum  # noqa: E402
 from beam_dp.steps.params import NoiseKey  # noqa: E402
 
 KEY = bytes(range(32))

@@ -22,11 +22,11 @@ import numpy as np
 
 from beam_dp.core import NoiseSource
 from beam_dp.mechanisms import BinaryTreeSum, HybridTreeSum
-from beam_dp.mechanisms.counters import make_counter
-from beam_dp.mechanisms.counters.fitted_params import UNBOUNDED_FIT_HORIZON, blt_for, kary_fit_for
-from beam_dp.mechanisms.counters.honaker import honaker_variances, kary_digits
-from beam_dp.mechanisms.counters.pure import _pure_estimate_vars
-from beam_dp.mechanisms.counters.toeplitz import sqrt_coeffs
+from beam_dp.mechanisms.sums import make_counter
+from beam_dp.mechanisms.sums.fitted_params import UNBOUNDED_FIT_HORIZON, blt_for, kary_fit_for
+from beam_dp.mechanisms.sums.honaker import honaker_variances, kary_digits
+from beam_dp.mechanisms.sums.pure import _pure_estimate_vars
+from beam_dp.mechanisms.sums.toeplitz import sqrt_coeffs
 
 HORIZONS = (2**10, 2**12, 2**16, 2**20)
 EPS, DELTA = 1.0, 1e-6

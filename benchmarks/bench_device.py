@@ -13,7 +13,7 @@ Rows (each on every device of ``--devices`` that is present; CUDA rows are skipp
 
 Agreement: the ERM points (within ``device_tolerance`` of float64 and the iteration count, or ``target/λ``
 when the devices stop an iteration apart) and the regression releases (1e-8 absolute: the float64
-reassociation bound of ``tests/mechanisms/test_regression_torch.py`` at these sizes) of CUDA against CPU.
+reassociation bound of ``tests/mechanisms/online/test_regression_torch.py`` at these sizes) of CUDA against CPU.
 Lifelong data are synthetic (MNIST-shaped: 784 features in [−1, 1], 10 classes): the speed does not depend
 on the pixels. Lifelong learners come from their public configs (``benchmarks/reproduce_lifelong.py``).
 
@@ -45,7 +45,7 @@ from beam_dp.mechanisms.erm import SoftmaxRegression  # noqa: E402
 from beam_dp.mechanisms.erm.solver import certified_solve  # noqa: E402
 from beam_dp.mechanisms.erm.solver_torch import device_tolerance  # noqa: E402
 from beam_dp.mechanisms.lifelong import BoundedAGEMConfig, L2DPConfig, TaskData  # noqa: E402
-from beam_dp.mechanisms.regression import PrivIncReg1  # noqa: E402
+from beam_dp.mechanisms.online.regression import PrivIncReg1  # noqa: E402
 
 KEY = bytes(range(32))  # public benchmark key
 START, END = "<!-- bench_device:start -->", "<!-- bench_device:end -->"

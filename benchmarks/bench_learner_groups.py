@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from report import machine_comment  # noqa: E402
 
 from beam_dp.core import NoiseSource  # noqa: E402
-from beam_dp.mechanisms.online import WDPCOCOL, WDPCOCOP  # noqa: E402
+from beam_dp.mechanisms.online.learners import WDPCOCOL, WDPCOCOP  # noqa: E402
 
 KEY = bytes(range(32))
 

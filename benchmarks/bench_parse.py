@@ -24,7 +24,7 @@ import numpy as np
 
 import beam_dp
 from beam_dp.beam import ContinualSumParams, EventBatch
-from beam_dp.beam.parse import ParseEvents
+from beam_dp.beam.shell.parse import ParseEvents
 from beam_dp.core import StepClock
 
 

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from report import machine_comment  # noqa: E402
 
 from beam_dp.core import NoiseSource  # noqa: E402
-from beam_dp.mechanisms.regression import PrivIncReg1, RegressionBlock  # noqa: E402
+from beam_dp.mechanisms.online.regression import PrivIncReg1, RegressionBlock  # noqa: E402
 
 KEY = bytes(range(32))
 

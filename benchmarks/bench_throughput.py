@@ -47,8 +47,8 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from beam_dp.core import NoiseSource, StepClock  # noqa: E402
-from beam_dp.mechanisms.counters import make_counter  # noqa: E402
 from beam_dp.mechanisms.replay import replay_event_time  # noqa: E402
+from beam_dp.mechanisms.sums import make_counter  # noqa: E402
 
 KEY = bytes(range(32))
 EPSILON, DELTA, CLIP = 1.0, 1e-6, 1.0
@@ -185,8 +185,8 @@ def check_group_invariance(dim: int) -> dict:
 def toeplitz_steps(dim: int, t0: int = 2**17, steps: int = 65536) -> dict:
     """Amortised CPU per step from ``t0`` on, for one stream: square-root Toeplitz vs BLT. Toeplitz computes
     its noise in spans (65,536 steps here at d <= 128), so time at least one whole span."""
-    from beam_dp.mechanisms.counters.blt import BLTState
-    from beam_dp.mechanisms.counters.toeplitz import ToeplitzSqrtState
+    from beam_dp.mechanisms.sums.blt import BLTState
+    from beam_dp.mechanisms.sums.toeplitz import ToeplitzSqrtState
 
     out = {}
     for counter, state in (("toeplitz", ToeplitzSqrtState("s", t0, np.zeros(dim))),
@@ -210,7 +210,7 @@ def toeplitz_stalls(dim: int, t0: int = 2**17, window: int = 4096) -> dict:
     steps, and the max over all steps after the first."""
     import gc
 
-    from beam_dp.mechanisms.counters.toeplitz import ToeplitzSqrtState
+    from beam_dp.mechanisms.sums.toeplitz import ToeplitzSqrtState
 
     mech = make_counter("toeplitz", noise="gaussian", horizon=2 * t0, dim=dim, epsilon=EPSILON, delta=DELTA, clip_bound=CLIP)
     state, noise = ToeplitzSqrtState("s", t0 // 2, np.zeros(dim)), NoiseSource(KEY)

@@ -38,8 +38,8 @@ from bench_throughput import KEY, make_events  # noqa: E402
 from beam_dp.core import NoiseSource, StepClock  # noqa: E402
 from beam_dp.mechanisms.base import ClippedSum  # noqa: E402
 from beam_dp.mechanisms.replay import replay_batches  # noqa: E402
-from beam_dp.mechanisms.tree import BinaryTreeSum, DoublingTreeSum, HybridTreeSum  # noqa: E402
-from beam_dp.mechanisms.window_tree import WindowTreeSum  # noqa: E402
+from beam_dp.mechanisms.sums.tree import BinaryTreeSum, DoublingTreeSum, HybridTreeSum  # noqa: E402
+from beam_dp.mechanisms.sums.window_tree import WindowTreeSum  # noqa: E402
 
 EPSILON, CLIP = 1.0, 1.0
 

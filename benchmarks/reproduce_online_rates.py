@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from reproduce_online_regression import KEY, ls_min, quadratic, regret_curve, signal_data  # noqa: E402
 
 from beam_dp.core import NoiseSource  # noqa: E402
-from beam_dp.mechanisms.convex_sets import L1Ball, L2Ball, Simplex  # noqa: E402
-from beam_dp.mechanisms.online import WDPCOCOL  # noqa: E402
-from beam_dp.mechanisms.regression import make_incremental_regression  # noqa: E402
+from beam_dp.mechanisms.online.convex_sets import L1Ball, L2Ball, Simplex  # noqa: E402
+from beam_dp.mechanisms.online.learners import WDPCOCOL  # noqa: E402
+from beam_dp.mechanisms.online.regression import make_incremental_regression  # noqa: E402
 from beam_dp.testing.noise import ZeroNoise  # noqa: E402
 
 

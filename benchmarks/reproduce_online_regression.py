@@ -41,9 +41,9 @@ from pathlib import Path
 import numpy as np
 
 from beam_dp.core import NoiseSource
-from beam_dp.mechanisms.convex_sets import L1Ball, L2Ball, Simplex
-from beam_dp.mechanisms.online import WDPCOCOL, WDPCOCOP, OnlineLoss
-from beam_dp.mechanisms.regression import make_incremental_regression
+from beam_dp.mechanisms.online.convex_sets import L1Ball, L2Ball, Simplex
+from beam_dp.mechanisms.online.learners import WDPCOCOL, WDPCOCOP, OnlineLoss
+from beam_dp.mechanisms.online.regression import make_incremental_regression
 from beam_dp.testing.noise import ZeroNoise
 
 KEY = bytes(range(32))  # public benchmark key: results are reproducible, not secret

@@ -26,8 +26,8 @@ from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
 from beam_dp.beam import DeadLetter, Reason
-from beam_dp.beam.manifest import job_manifest, record_release_files
-from beam_dp.beam.parse import DEAD_LETTER
+from beam_dp.beam.shell.manifest import job_manifest, record_release_files
+from beam_dp.beam.shell.parse import DEAD_LETTER
 from beam_dp.io import (
     RELEASE_SCHEMA,
     ReleaseColumns,

@@ -61,7 +61,7 @@ class Plan:
 
 def parse_universe(text: str):
     """The ``--universe`` JSON -> a :class:`Universe` (a usage error when it is not one)."""
-    from beam_dp.mechanisms.universe import Bucketed, Categorical, IntRange, Universe
+    from beam_dp.mechanisms.growing_db.universe import Bucketed, Categorical, IntRange, Universe
 
     try:
         spec = json.loads(text)
@@ -133,7 +133,7 @@ def plan(options) -> Plan:
 
 # -- rows -> the transform's elements and queries -------------------------------------------------
 def _field_value(field, value: Any) -> Any:
-    from beam_dp.mechanisms.universe import Categorical, IntRange
+    from beam_dp.mechanisms.growing_db.universe import Categorical, IntRange
 
     if isinstance(field, Categorical):
         if value not in field.categories and str(value) in field.categories:
@@ -156,7 +156,7 @@ def elements(universe):
     """How the job reads its elements (``pipelines.records.Elements``): files in columns (a bucketed
     field's cells as numbers, the others once per distinct cell by ``_field_value``), messages and
     odd rows by ``to_element``."""
-    from beam_dp.mechanisms.universe import Bucketed
+    from beam_dp.mechanisms.growing_db.universe import Bucketed
     from pipelines.records import Elements
 
     fields = tuple((f.name, None if isinstance(f, Bucketed) else partial(_field_value, f)) for f in universe.fields)

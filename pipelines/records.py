@@ -33,8 +33,8 @@ import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
 
 from beam_dp.beam import DeadLetter, Reason
-from beam_dp.beam.blocks import ElementColumns, LabelledColumns  # imported from here: registered with their coder
-from beam_dp.beam.parse import DEAD_LETTER
+from beam_dp.beam.shell.blocks import ElementColumns, LabelledColumns  # imported from here: registered with their coder
+from beam_dp.beam.shell.parse import DEAD_LETTER
 from beam_dp.io.sources import StructuralInputError
 from beam_dp.io.tables import read_csv_rows, read_parquet_batches
 from beam_dp.steps.events import record_source

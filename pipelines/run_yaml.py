@@ -93,7 +93,7 @@ def _plan(argv: list[str]) -> tuple[list[str], Any, set[str], list[tuple[str, st
     from apache_beam.options.pipeline_options import StandardOptions
     from apache_beam.yaml import main as yaml_main
 
-    from beam_dp.beam.manifest import release_file_writes, release_folder
+    from beam_dp.beam.shell.manifest import release_file_writes, release_folder
     from pipelines.runner import is_local_runner, runner_name
     from pipelines.yaml_transforms import (
         PLANNING,
@@ -157,7 +157,7 @@ def _build_and_run(argv: list[str]) -> None:
 
     from apache_beam.yaml import main as yaml_main
 
-    from beam_dp.beam.manifest import write_pipeline_manifest
+    from beam_dp.beam.shell.manifest import write_pipeline_manifest
     from pipelines.yaml_transforms import ReleaseRecord
 
     options, constructor, display_data = yaml_main.build_pipeline_components_from_argv(argv)

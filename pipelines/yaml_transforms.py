@@ -62,14 +62,14 @@ from beam_dp.beam import (
     WindowedSum,
     WindowedSumParams,
 )
-from beam_dp.beam.domains import pipeline_of as _pipeline_of
-from beam_dp.beam.manifest import params_composition
+from beam_dp.beam.shell.domains import pipeline_of as _pipeline_of
+from beam_dp.beam.shell.manifest import params_composition
 from beam_dp.core import StepClock
 from beam_dp.core.budget import BudgetPlan, JobBudget
 from beam_dp.core.noise import KEY_ENV_VAR
 from beam_dp.io.schema import ReleaseRow
+from beam_dp.mechanisms.growing_db.universe import Universe
 from beam_dp.mechanisms.stream_groups import groups_for
-from beam_dp.mechanisms.universe import Universe
 from beam_dp.steps.events import json_value
 from beam_dp.steps.schema import ReleaseColumns
 from pipelines import spec
@@ -565,7 +565,7 @@ def non_release_file_writes(pipeline: beam.Pipeline) -> list[tuple[str, str, str
     releases); such data never goes under the ``output`` folder, which holds the releases only."""
     from apache_beam.pipeline import PipelineVisitor
 
-    from beam_dp.beam.manifest import _file_prefix
+    from beam_dp.beam.shell.manifest import _file_prefix
 
     found: list[tuple[str, str, str]] = []
 

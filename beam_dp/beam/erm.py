@@ -31,11 +31,11 @@ import numpy as np
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import PCollection
 
-from beam_dp.beam.batch_release import release_stage
-from beam_dp.beam.blocks import BundleBlocks, ColumnarParse, stack_rows
-from beam_dp.beam.domains import bind_noise_domain, release_labels
-from beam_dp.beam.parse import DEAD_LETTER
-from beam_dp.beam.transforms import ContinualOutputs
+from beam_dp.beam.shell.batch_release import release_stage
+from beam_dp.beam.shell.blocks import BundleBlocks, ColumnarParse, stack_rows
+from beam_dp.beam.shell.domains import bind_noise_domain, release_labels
+from beam_dp.beam.shell.outputs import ContinualOutputs
+from beam_dp.beam.shell.parse import DEAD_LETTER
 from beam_dp.core.budget import BudgetShare, check_params_budget
 from beam_dp.core.limits import (
     EPSILON_RANGE,
@@ -197,9 +197,9 @@ class SlidingWindowModelParams(_ERMParams):
 
 class ParseLabelledExamples(ColumnarParse, beam.DoFn):
     """Validate labelled examples (one by one, or a ``LabelledColumns`` block at once:
-    :func:`~beam_dp.beam.blocks.column_rows`); emit their blocks ``(stream, (None, LabelledRows,
+    :func:`~beam_dp.beam.shell.blocks.column_rows`); emit their blocks ``(stream, (None, LabelledRows,
     elements))`` (a bundle's valid examples of one stream in arrival order,
-    :class:`~beam_dp.beam.blocks.BundleBlocks`) or a dead letter per bad one. The value never appears
+    :class:`~beam_dp.beam.shell.blocks.BundleBlocks`) or a dead letter per bad one. The value never appears
     in a dead letter's ``detail``."""
 
     MAX_ROWS = 4096  # rows per block: a bundle's examples of one stream leave in blocks of at most this

@@ -5,7 +5,7 @@ Two inputs keyed by stream (Cummings et al., "Differential Privacy for Growing D
 * **elements** ``(stream_id, timestamp, record)`` (or mappings with fields ``stream_id``,
   ``timestamp``, ``value``, or :class:`~beam_dp.steps.columns.ElementColumns` blocks of such mappings,
   a file's batch read in columns): ``record`` is a row of the declared
-  :class:`~beam_dp.mechanisms.universe.Universe` (a mapping by field, a tuple in field order, or a bare
+  :class:`~beam_dp.mechanisms.growing_db.universe.Universe` (a mapping by field, a tuple in field order, or a bare
   value for a one-field universe). Elements join the database in event-time
   order (ties by universe index): steps of the public ``StepClock`` close when the watermark passes,
   and a closed step's elements are absorbed one at a time (mixing per element);
@@ -43,9 +43,9 @@ import numpy as np
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import PCollection
 
-from beam_dp.beam.blocks import BlockOriginals, BundleBlocks, ElementColumns, sourced, stream_parts
-from beam_dp.beam.dofn import DriverDoFn
-from beam_dp.beam.domains import bind_noise_domain, release_labels
+from beam_dp.beam.shell.blocks import BlockOriginals, BundleBlocks, ElementColumns, sourced, stream_parts
+from beam_dp.beam.shell.dofn import DriverDoFn
+from beam_dp.beam.shell.domains import bind_noise_domain, release_labels
 from beam_dp.core.budget import BudgetShare, check_params_budget
 from beam_dp.core.clock import StepClock
 from beam_dp.core.limits import (
@@ -63,9 +63,9 @@ from beam_dp.core.noise import NoiseSource
 from beam_dp.core.noise_binding import calibration_binding
 from beam_dp.core.release import Release
 from beam_dp.io.keys import load_noise_source
-from beam_dp.mechanisms.pmwg import PMWG, GrowingQueryMechanism
-from beam_dp.mechanisms.schedulers import BBImprover, BBScheduler, BlackBox, LaplaceHistogram
-from beam_dp.mechanisms.universe import Universe, check_query
+from beam_dp.mechanisms.growing_db.pmwg import PMWG, GrowingQueryMechanism
+from beam_dp.mechanisms.growing_db.schedulers import BBImprover, BBScheduler, BlackBox, LaplaceHistogram
+from beam_dp.mechanisms.growing_db.universe import Universe, check_query
 from beam_dp.steps.batch import stream_reasons
 from beam_dp.steps.driver import CARRIED, SNAPSHOTS, StepDriver
 from beam_dp.steps.events import (
@@ -131,7 +131,7 @@ class GrowingDatabaseParams:
 
     def __post_init__(self) -> None:
         if not isinstance(self.universe, Universe):
-            raise ValueError("universe must be a beam_dp.mechanisms.universe.Universe")
+            raise ValueError("universe must be a beam_dp.mechanisms.growing_db.universe.Universe")
         if not isinstance(self.clock, StepClock):
             raise ValueError("clock must be a StepClock (event-time steps)")
         check_schedule(self.clock, None, self.allowed_lateness)
@@ -236,7 +236,7 @@ def _flatten(rows: list) -> tuple[_Rows, np.ndarray, list]:
 class _ParseGrowing(beam.DoFn):
     """Validate elements (``kind="element"``) or queries (``"query"``); dead-letter the bad ones. A
     bundle's valid elements of one stream leave as one block per step ``(stream, ("b", step, micros,
-    indices, elements))`` (:class:`~beam_dp.beam.blocks.BundleBlocks`). An ``ElementColumns`` block (a
+    indices, elements))`` (:class:`~beam_dp.beam.shell.blocks.BundleBlocks`). An ``ElementColumns`` block (a
     file's batch) is checked in vectorised passes and reaches the same blocks (:meth:`_element_columns`)."""
 
     MAX_ROWS = 4096  # elements per block

@@ -36,10 +36,10 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from beam_dp.beam.blocks import BundleBlocks
-from beam_dp.beam.dofn import DriverDoFn, EncodedBuffer
-from beam_dp.beam.domains import bind_noise_domain, release_labels
-from beam_dp.beam.transforms import ContinualOutputs
+from beam_dp.beam.shell.blocks import BundleBlocks
+from beam_dp.beam.shell.dofn import DriverDoFn, EncodedBuffer
+from beam_dp.beam.shell.domains import bind_noise_domain, release_labels
+from beam_dp.beam.shell.outputs import ContinualOutputs
 from beam_dp.core.budget import BudgetShare, check_share
 from beam_dp.core.noise_binding import calibration_binding
 from beam_dp.io.keys import load_noise_source
@@ -106,8 +106,8 @@ def _dead(reason: str, detail: str, stream, element, source=None) -> beam.pvalue
 class _ParseTaskRows(beam.DoFn):
     """Validate rows and markers; emit ``(stream, (task_index, x (k, d) | None, y (k,) | None, original))``.
 
-    A bundle's valid rows of one (stream, task) leave as one block (:class:`~beam_dp.beam.blocks.BundleBlocks`,
-    at most :attr:`MAX_ROWS` elements, ``original`` their :class:`~beam_dp.beam.blocks.BlockOriginals`), so
+    A bundle's valid rows of one (stream, task) leave as one block (:class:`~beam_dp.beam.shell.blocks.BundleBlocks`,
+    at most :attr:`MAX_ROWS` elements, ``original`` their :class:`~beam_dp.beam.shell.blocks.BlockOriginals`), so
     the keyed stage buffers one entry per block, not per row; a marker leaves after its stream's open blocks.
     The learner trains on a task's rows in a canonical order, so the blocks do not change a release."""
 
@@ -189,7 +189,7 @@ class _LifelongDoFn(DriverDoFn):
 
     def make_driver(self) -> StepDriver:
         global _warned_paper_claim
-        from beam_dp.mechanisms.lifelong.device import set_threads
+        from beam_dp.mechanisms.torch_device import set_threads
 
         set_threads(self._params.torch_threads)
         learner = self._params.build_mechanism()  # device chosen here, per worker

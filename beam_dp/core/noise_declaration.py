@@ -45,14 +45,14 @@ ACCOUNT_KINDS: dict[str, str] = {
     # ERM sampling variants: K-norm output perturbation on a Bernoulli(p) sample (amplified pure ε)
     "erm_sampled_k_norm": "beam_dp.mechanisms.erm.accounting:sampled_k_norm_loss",
     # growing databases: PMWG's sparse-vector segments, the schedulers' per-run composition
-    "pmwg": "beam_dp.mechanisms.pmwg:pmwg_spend",
-    "bbscheduler": "beam_dp.mechanisms.schedulers:bbscheduler_spend",
-    "bbimprover": "beam_dp.mechanisms.schedulers:bbimprover_spend",
+    "pmwg": "beam_dp.mechanisms.growing_db.pmwg:pmwg_spend",
+    "bbscheduler": "beam_dp.mechanisms.growing_db.schedulers:bbscheduler_spend",
+    "bbimprover": "beam_dp.mechanisms.growing_db.schedulers:bbimprover_spend",
     # lifelong learners and PRIVINCERM
     "dpsgd": "beam_dp.mechanisms.lifelong.accounting:dpsgd_spend",
     "dpsgd_pld": "beam_dp.mechanisms.lifelong.accounting:dpsgd_pld_spend",
     "l2dp_ml": "beam_dp.mechanisms.lifelong.accounting:l2dp_claim",
-    "advanced_composition": "beam_dp.mechanisms.regression:advanced_composition",
+    "advanced_composition": "beam_dp.mechanisms.online.regression:advanced_composition",
 }
 
 

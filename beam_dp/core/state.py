@@ -4,7 +4,9 @@ A state is a frozen dataclass whose fields are ints, floats, bools, strings, Non
 and tuples/lists/str-keyed dicts of those. The encoding is
 ``b"BDPS" | u16 format | u32 header length | JSON header | array buffers``; floats are stored
 exactly (``float.hex``), arrays as raw little-endian bytes with dtype and shape in the header.
-The header names the state class and its ``STATE_VERSION``; decoding checks both.
+The header names the state class and its ``STATE_VERSION``; decoding checks both. A class's
+module path is read through :data:`FORMER_MODULES`, so a state written before a module moved still
+decodes (a move adds its old path there; the state tests decode the shipped fixtures of old outputs).
 """
 
 from __future__ import annotations
@@ -65,8 +67,30 @@ def _unpack(node: Any, buffers: list[bytes]) -> Any:
     return {k: _unpack(v, buffers) for k, v in node["d"].items()}
 
 
+#: Modules that held state classes in earlier releases, and where those classes live now.
+FORMER_MODULES = {
+    "beam_dp.mechanisms.tree": "beam_dp.mechanisms.sums.tree",
+    "beam_dp.mechanisms.window_tree": "beam_dp.mechanisms.sums.window_tree",
+    "beam_dp.mechanisms.snapping": "beam_dp.mechanisms.sums.snapping",
+    "beam_dp.mechanisms.counters.blt": "beam_dp.mechanisms.sums.blt",
+    "beam_dp.mechanisms.counters.honaker": "beam_dp.mechanisms.sums.honaker",
+    "beam_dp.mechanisms.counters.toeplitz": "beam_dp.mechanisms.sums.toeplitz",
+    "beam_dp.mechanisms.pmwg": "beam_dp.mechanisms.growing_db.pmwg",
+    "beam_dp.mechanisms.schedulers": "beam_dp.mechanisms.growing_db.schedulers",
+    "beam_dp.mechanisms.online": "beam_dp.mechanisms.online.learners",
+    "beam_dp.mechanisms.regression": "beam_dp.mechanisms.online.regression",
+    "beam_dp.mechanisms.regression_torch": "beam_dp.mechanisms.online.regression_torch",
+}
+
+
 def _class_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _current_name(class_name: str) -> str:
+    """``class_name`` with a former module path replaced by the module that holds the class now."""
+    module, _, name = class_name.rpartition(".")
+    return f"{FORMER_MODULES[module]}.{name}" if module in FORMER_MODULES else class_name
 
 
 def encode_state(state: Any) -> bytes:
@@ -92,7 +116,7 @@ def decode_state(cls: type[S], data: bytes) -> S:
     Raises ``ValueError`` for anything that is not a complete, well-formed encoding of ``cls``.
     """
     class_name, version, fields = decode_fields(data)
-    if class_name != _class_name(cls):
+    if _current_name(class_name) != _class_name(cls):
         raise ValueError(f"state is a {class_name}, not a {_class_name(cls)}")
     expected = int(getattr(cls, "STATE_VERSION", 1))
     migrations = getattr(cls, "STATE_MIGRATIONS", {})

@@ -50,8 +50,8 @@ from beam_dp.core.noise_binding import calibration_binding
 from beam_dp.flink.blocks import SPLIT_BYTES, file_splits, parse_line
 from beam_dp.io.locations import overlap_error
 from beam_dp.io.manifest import JobManifest, ManifestTransform, write_manifest
-from beam_dp.mechanisms.counters import make_counter
 from beam_dp.mechanisms.stream_groups import groups_for
+from beam_dp.mechanisms.sums import make_counter
 from beam_dp.steps.params import NoiseKey
 
 __all__ = ["checkpoint_settings", "exact_counts", "main", "parse_line", "private_default", "resume_problem"]

@@ -6,21 +6,21 @@ Exports are loaded on first use (``beam_dp.lazy``): importing the package import
 from beam_dp.lazy import lazy_exports
 
 _EXPORTS = {
-    "BinaryTreeSum": "beam_dp.mechanisms.tree",
-    "DoublingTreeSum": "beam_dp.mechanisms.tree",
-    "HybridTreeSum": "beam_dp.mechanisms.tree",
-    "make_tree_sum": "beam_dp.mechanisms.tree",
+    "BinaryTreeSum": "beam_dp.mechanisms.sums.tree",
+    "DoublingTreeSum": "beam_dp.mechanisms.sums.tree",
+    "HybridTreeSum": "beam_dp.mechanisms.sums.tree",
+    "make_tree_sum": "beam_dp.mechanisms.sums.tree",
     "ClippedSum": "beam_dp.mechanisms.base",
     "ContinualSumMechanism": "beam_dp.mechanisms.base",
     "Mechanism": "beam_dp.mechanisms.base",
     "NodeNoise": "beam_dp.mechanisms.base",
-    "OnlineLoss": "beam_dp.mechanisms.online",
-    "WDPCOCOL": "beam_dp.mechanisms.online",
-    "WDPCOCOP": "beam_dp.mechanisms.online",
-    "PrivIncERM": "beam_dp.mechanisms.regression",
-    "PrivIncReg1": "beam_dp.mechanisms.regression",
-    "PrivIncReg2": "beam_dp.mechanisms.regression",
-    "WindowTreeSum": "beam_dp.mechanisms.window_tree",
+    "OnlineLoss": "beam_dp.mechanisms.online.learners",
+    "WDPCOCOL": "beam_dp.mechanisms.online.learners",
+    "WDPCOCOP": "beam_dp.mechanisms.online.learners",
+    "PrivIncERM": "beam_dp.mechanisms.online.regression",
+    "PrivIncReg1": "beam_dp.mechanisms.online.regression",
+    "PrivIncReg2": "beam_dp.mechanisms.online.regression",
+    "WindowTreeSum": "beam_dp.mechanisms.sums.window_tree",
 }
 __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -21,7 +21,7 @@ from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
 from beam_dp.core.release_batch import ReleaseBatch
 from beam_dp.mechanisms.base import ClippedSum, ContinualSumMechanism, GroupSteppedSum
-from beam_dp.mechanisms.online import WDPCOCOL, WDPCOCOP
+from beam_dp.mechanisms.online.learners import WDPCOCOL, WDPCOCOP
 
 __all__ = ["replay_batches", "replay_event_time", "replay_learner"]
 

@@ -1,4 +1,4 @@
-"""The one device rule of the torch paths outside lifelong (the ERM torch solver, PRIVINCREG's torch backend).
+"""The one device rule of every torch path (the ERM torch solver, PRIVINCREG's torch backend, the lifelong learners).
 
 ``"cpu"`` (default everywhere): the CPU, also when a GPU is present; ``"cuda"``: the GPU, refused
 (``ValueError``) where torch sees none rather than silently changing device; ``"auto"``: CUDA when
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DEVICES", "check_device", "resolve_device"]
+__all__ = ["DEVICES", "check_device", "resolve_device", "set_threads"]
 
 DEVICES = ("cpu", "cuda", "auto")
 
@@ -36,3 +36,11 @@ def resolve_device(device: Any = "cpu"):
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' but torch sees no CUDA device (use 'auto' to fall back to the CPU)")
     return device if isinstance(device, torch.device) else torch.device(name)
+
+
+def set_threads(n: int | None) -> None:
+    """Limit torch's intra-op threads (small networks on shared cores train faster with 1); ``None`` leaves them."""
+    if n is not None:
+        import torch
+
+        torch.set_num_threads(int(n))

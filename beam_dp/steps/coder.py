@@ -40,8 +40,8 @@ class UnreadableState(ValueError):
 KINDS = {
     "clipped_sum": "beam_dp.mechanisms.base:ClippedSum",
     "group_block": "beam_dp.mechanisms.stream_groups:GroupBlock",
-    "regression_block": "beam_dp.mechanisms.regression:RegressionBlock",
-    "online_record": "beam_dp.mechanisms.online:OnlineRecord",
+    "regression_block": "beam_dp.mechanisms.online.regression:RegressionBlock",
+    "online_record": "beam_dp.mechanisms.online.learners:OnlineRecord",
     "labelled_rows": "beam_dp.mechanisms.erm.base:LabelledRows",
     "task_data": "beam_dp.mechanisms.lifelong.config:TaskData",
     "record_rows": "beam_dp.steps.policies:RecordRows",

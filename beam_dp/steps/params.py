@@ -34,7 +34,7 @@ class NoiseKey:
     ``domain`` names one transform instance of one job; every draw is keyed by (key, domain, calibration
     binding, stream, purpose, index), so two transforms never share noise and a changed parameter draws
     independent noise (:func:`noise_source_of`). Leave it ``None``: a beam_dp transform binds
-    it to its full label in the pipeline when it is applied (``beam_dp.beam.domains``) and refuses a
+    it to its full label in the pipeline when it is applied (``beam_dp.beam.shell.domains``) and refuses a
     domain already claimed in the same pipeline. Set it explicitly to keep a transform's noise when it
     is renamed, or to separate two jobs that reuse one key with the same labels.
     """
@@ -169,7 +169,7 @@ class StepParams:
     # snapshot taken mid-stream. A snapshot holds un-noised sums: it is as sensitive as the raw data.
     restore_states: tuple[tuple[str, bytes], ...] | None = None
     # Release on the grid g = 2^k (the power of two >= granularity) with exact arithmetic and
-    # data-independent noise (beam_dp.mechanisms.snapping.SnappedSum): closes the floating-point channel
+    # data-independent noise (beam_dp.mechanisms.sums.snapping.SnappedSum): closes the floating-point channel
     # of Mironov 2012; the mechanism is calibrated for the clip bound R + sqrt(dim)*g (see docs/reliability.md).
     granularity: float | None = None
     # this transform's share of its job's budget (JobBudget(...).split(...)[name]; pass **share.params()):

@@ -11,7 +11,7 @@ Columns:
 * ``step_start``, ``step_end``: the step's public event-time interval (UTC, µs; null for count steps);
 * ``meta``: public facts as sorted JSON (noise law, scale, ``noise_std``, node counts, calibration);
 * ``noise_domain``: the transform instance that made the release (its noise domain; see
-  ``beam_dp.beam.domains``) and ``composition`` (``"pure"``, ``"gaussian"`` or ``"approx"``: how its
+  ``beam_dp.beam.shell.domains``) and ``composition`` (``"pure"``, ``"gaussian"`` or ``"approx"``: how its
   spend composes with other transforms', ``beam_dp.core.budget``);
 * ``job_epsilon_spent``, ``job_delta_spent``: the job's worst per-contribution loss so far (this
   transform's spend composed with every other transform's full share of the job's budget);

@@ -16,8 +16,8 @@ from typing import Callable
 import numpy as np
 
 from beam_dp.core.noise import NoiseSource
-from beam_dp.mechanisms.online import OnlineLoss, OnlineRecord
-from beam_dp.mechanisms.regression import RegressionBlock
+from beam_dp.mechanisms.online.learners import OnlineLoss, OnlineRecord
+from beam_dp.mechanisms.online.regression import RegressionBlock
 from beam_dp.testing import ZeroNoise
 from beam_dp.testing.audit import ScaledNoise, linear_statistic_weights, seeded_key
 

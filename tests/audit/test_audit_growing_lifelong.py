@@ -1,6 +1,6 @@
 """Black-box privacy audits of the growing-database schedulers with their black boxes and of the
 lifelong DP-SGD learners (issue 8, item 1), on the harness ``beam_dp.testing.audit`` (drivers in
-``tests.audit.growing_lifelong_helpers``). PMWG's audit lives in tests/growing_db/test_pmwg_stats.py.
+``tests.audit.growing_lifelong_helpers``). PMWG's audit lives in tests/mechanisms/growing_db/test_pmwg_stats.py.
 
 Method. Each mechanism runs many times with a fresh key per run on neighbouring inputs D, D' that
 differ in ONE element chosen to attain the sensitivity; each run's releases are reduced to a scalar
@@ -58,8 +58,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from beam_dp.mechanisms.growing_db.schedulers import MWEM, BBImprover, BBScheduler, LaplaceHistogram, SmallDB
 from beam_dp.mechanisms.lifelong import BoundedAGEMConfig, NaiveGaussianConfig, TaskData
-from beam_dp.mechanisms.schedulers import MWEM, BBImprover, BBScheduler, LaplaceHistogram, SmallDB
 from beam_dp.testing.audit import audit_with_mutant
 from tests.audit.growing_lifelong_helpers import (
     EpsilonBoost,

@@ -51,8 +51,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from beam_dp.mechanisms.online import WDPCOCOL, WDPCOCOP
-from beam_dp.mechanisms.regression import PrivIncERM, PrivIncReg1, PrivIncReg2
+from beam_dp.mechanisms.online.learners import WDPCOCOL, WDPCOCOP
+from beam_dp.mechanisms.online.regression import PrivIncERM, PrivIncReg1, PrivIncReg2
 from beam_dp.testing.audit import AuditReport, audit_with_mutant, epsilon_lower_bound
 from tests.audit.learner_helpers import BOX, constant_gradient_loss, llr_samples, online_run, regression_run
 

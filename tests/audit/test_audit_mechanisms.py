@@ -14,8 +14,8 @@ lower bound on ε (at the claimed δ) must stay ≤ the claim, and the half-nois
   fresh key each (``per_run_samples``); these are slower and marked ``slow``.
 
 The window tree's claim is window DP: only the releases while the changed step is still protected
-(the changed step and the next B − 1) are attacked. The ERM (check 15 in tests/erm/test_calibration.py),
-PMWG (tests/growing_db/test_pmwg_stats.py) and binary/hybrid tree (test_audit_trees.py) audits
+(the changed step and the next B − 1) are attacked. The ERM (check 15 in tests/mechanisms/erm/test_calibration.py),
+PMWG (tests/mechanisms/growing_db/test_pmwg_stats.py) and binary/hybrid tree (test_audit_trees.py) audits
 live with their families and are not repeated here.
 """
 
@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import pytest
 
-from beam_dp.mechanisms.counters import make_counter
-from beam_dp.mechanisms.tree import BinaryTreeSum, DoublingTreeSum
-from beam_dp.mechanisms.window_tree import WindowTreeSum
+from beam_dp.mechanisms.sums import make_counter
+from beam_dp.mechanisms.sums.tree import BinaryTreeSum, DoublingTreeSum
+from beam_dp.mechanisms.sums.window_tree import WindowTreeSum
 from beam_dp.testing.audit import audit_with_mutant
 from tests.audit.helpers import R, coordinate_samples, per_run_samples, same_calibration
 

@@ -16,16 +16,16 @@ import numpy as np
 import pytest
 
 from beam_dp.core import NoiseSource
-from beam_dp.mechanisms.convex_sets import L2Ball
-from beam_dp.mechanisms.counters.factory import make_counter
 from beam_dp.mechanisms.erm import LabelledRows, SoftmaxRegression
 from beam_dp.mechanisms.erm.continual import ContinualReleaseMechanism
 from beam_dp.mechanisms.erm.sliding import SlidingWindowMechanism
-from beam_dp.mechanisms.online import WDPCOCOP
-from beam_dp.mechanisms.pmwg import PMWG, GrowingBlock, Query
-from beam_dp.mechanisms.regression import RegressionBlock, make_incremental_regression
-from beam_dp.mechanisms.schedulers import BBImprover, LaplaceHistogram
-from beam_dp.mechanisms.window_tree import WindowTreeSum
+from beam_dp.mechanisms.growing_db.pmwg import PMWG, GrowingBlock, Query
+from beam_dp.mechanisms.growing_db.schedulers import BBImprover, LaplaceHistogram
+from beam_dp.mechanisms.online.convex_sets import L2Ball
+from beam_dp.mechanisms.online.learners import WDPCOCOP
+from beam_dp.mechanisms.online.regression import RegressionBlock, make_incremental_regression
+from beam_dp.mechanisms.sums.factory import make_counter
+from beam_dp.mechanisms.sums.window_tree import WindowTreeSum
 from tests.conftest import TEST_KEY
 
 # meta fields that are private-derived (outputs of a DP test, covered by its accounting)

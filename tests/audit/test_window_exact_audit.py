@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pytest
 
-from beam_dp.mechanisms.window_tree import WindowTreeSum
+from beam_dp.mechanisms.sums.window_tree import WindowTreeSum
 from beam_dp.testing.audit import audit_with_mutant
 from tests.audit.helpers import R, coordinate_samples, same_calibration
 

@@ -8,7 +8,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from apache_beam.testing.util import BeamAssertException, assert_that
 
 from beam_dp.beam import ContinualCountParams, ContinualSumParams, WindowedSumParams
-from beam_dp.beam.params import _UnitCountSumParams
+from beam_dp.beam.sums import _UnitCountSumParams
 from beam_dp.core import NoiseSource
 from beam_dp.core.budget import composition_of
 from beam_dp.core.noise_binding import calibration_binding

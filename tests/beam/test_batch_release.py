@@ -1,4 +1,4 @@
-"""The release stage of a bounded input (``beam_dp.beam.batch_release``): a key's items in one call after a
+"""The release stage of a bounded input (``beam_dp.beam.shell.batch_release``): a key's items in one call after a
 ``GroupByKey`` (or the per-key combine of the sums) release exactly what the stateful shell releases with
 its one timer at the public end, on the same keyed input, and the pipelines say which shell they use."""
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from beam_dp.beam import ContinualSumParams
-from beam_dp.beam.batch_release import KeyReleaseDoFn, release_stage
-from beam_dp.beam.dofn import ContinualReleaseDoFn
+from beam_dp.beam.shell.batch_release import KeyReleaseDoFn, release_stage
+from beam_dp.beam.shell.dofn import ContinualReleaseDoFn
 from beam_dp.core import StepClock
 from beam_dp.mechanisms.base import ClippedSum
 from beam_dp.mechanisms.stream_groups import GroupBlock, group_key

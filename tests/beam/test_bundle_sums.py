@@ -8,9 +8,9 @@ import pytest
 from apache_beam.transforms.window import GlobalWindow, IntervalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_dp.beam import combine
-from beam_dp.beam.params import ContinualSumParams
-from beam_dp.beam.parse import ParseEvents
+from beam_dp.beam.shell import combine
+from beam_dp.beam.shell.parse import ParseEvents
+from beam_dp.beam.sums import ContinualSumParams
 from beam_dp.core.clock import StepClock
 from beam_dp.mechanisms.stream_groups import GroupBlock
 from beam_dp.steps.events import EventBatch
@@ -122,7 +122,7 @@ def test_the_release_stage_adds_a_steps_blocks_as_they_come():
     """The release stage's buffer (``StepSumsBuffer``): a step's lone block is kept as it is; several blocks of
     a step are summed on the group's row map as they come, the same sums as ``GroupBlock.combine``; other
     items are kept as they are, and a block added after a read adds to its step's sum again."""
-    from beam_dp.beam.batch_release import StepSumsBuffer
+    from beam_dp.beam.shell.batch_release import StepSumsBuffer
     from beam_dp.steps.driver import CARRIED
 
     _, emitted = _bundle(_batches(6, 3))

@@ -8,7 +8,7 @@ from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_dp.beam import ContinualSumParams
-from beam_dp.beam.dofn import LADDER, ContinualReleaseDoFn
+from beam_dp.beam.shell.dofn import LADDER, ContinualReleaseDoFn
 from beam_dp.core import StepClock
 from beam_dp.steps.params import NoiseKey
 from tests.beam.fake_state import Bag, Cell, Timer

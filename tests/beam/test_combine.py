@@ -8,7 +8,7 @@ import pickle
 import numpy as np
 import pytest
 
-from beam_dp.beam.combine import MergeClippedSums
+from beam_dp.beam.shell.combine import MergeClippedSums
 from beam_dp.mechanisms.base import ClippedSum
 from beam_dp.mechanisms.stream_groups import GroupBlock
 

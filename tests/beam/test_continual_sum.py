@@ -21,7 +21,7 @@ from beam_dp.beam import (
     WindowedSum,
     WindowedSumParams,
 )
-from beam_dp.beam.dofn import ContinualReleaseDoFn
+from beam_dp.beam.shell.dofn import ContinualReleaseDoFn
 from beam_dp.core import StepClock
 from beam_dp.io import release_to_row
 from tests.beam.helpers import batch_options, domain_noise, expected_rows, labelled, reasons_are, rows_match

@@ -14,7 +14,7 @@ from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_dp.beam import ContinualSumParams
-from beam_dp.beam.dofn import ContinualReleaseDoFn
+from beam_dp.beam.shell.dofn import ContinualReleaseDoFn
 from beam_dp.core import StepClock
 from beam_dp.steps.coder import decode_key_state, encode_key_state
 from beam_dp.steps.driver import RELEASE, ListBuffer

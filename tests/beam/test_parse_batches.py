@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from beam_dp.beam import ContinualSumParams, EventBatch
-from beam_dp.beam.parse import ParseEvents
+from beam_dp.beam.shell.parse import ParseEvents
 from beam_dp.core import StepClock
 from beam_dp.steps.batch import rows_by_group
 

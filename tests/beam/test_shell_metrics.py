@@ -8,7 +8,7 @@ import numpy as np
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_dp.beam import ContinualSumParams
-from beam_dp.beam.dofn import ContinualReleaseDoFn
+from beam_dp.beam.shell.dofn import ContinualReleaseDoFn
 from beam_dp.core import StepClock
 from beam_dp.steps.events import Reason
 from beam_dp.steps.params import NoiseKey
@@ -63,7 +63,7 @@ def test_state_per_open_step_does_not_grow_with_its_events():
 def test_a_backlog_of_open_steps_beyond_the_merged_ones_goes_to_the_bag_and_releases_the_same():
     """Past ``MAX_MERGED`` open steps, sums go to the bag; the releases equal the pure driver's over an
     in-memory buffer (same blocks, same keyed noise: 1e-12 relative absorbs summation order only)."""
-    from beam_dp.beam.dofn import SummingBuffer
+    from beam_dp.beam.shell.dofn import SummingBuffer
     from beam_dp.steps.driver import ListBuffer
 
     dofn = ContinualReleaseDoFn(PARAMS, per_step_timers=True)

@@ -12,9 +12,9 @@ import pytest
 
 from beam_dp.core.clipping import clip_l1, clip_l2, l2_norms
 from beam_dp.mechanisms.erm.models import SoftmaxRegression
-from beam_dp.mechanisms.online import make_online_learner
-from beam_dp.mechanisms.regression import normalise_records
-from beam_dp.mechanisms.tree import make_tree_sum
+from beam_dp.mechanisms.online.learners import make_online_learner
+from beam_dp.mechanisms.online.regression import normalise_records
+from beam_dp.mechanisms.sums.tree import make_tree_sum
 
 RTOL = 1e-12
 MAX = float(np.finfo(np.float64).max)
@@ -125,7 +125,7 @@ def test_lifelong_per_example_clipping(monkeypatch):
     from beam_dp.core import NoiseSource
     from beam_dp.mechanisms.lifelong import BoundedAGEMConfig
     from tests.conftest import TEST_KEY
-    from tests.lifelong.conftest import small_common
+    from tests.mechanisms.lifelong.conftest import small_common
 
     learner = BoundedAGEMConfig(**small_common(), task_size=480, clip_norm=0.5).build()
     state = learner._initialise(learner.init_state("s"), NoiseSource(TEST_KEY))

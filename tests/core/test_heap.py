@@ -85,7 +85,7 @@ def test_a_scratch_pass_changes_nothing_where_the_threshold_was_never_fixed():
 
 
 def test_the_parse_pass_is_a_scratch_pass():
-    from beam_dp.beam import parse
+    from beam_dp.beam.shell import parse
 
     assert "with scratch_heap():" in inspect.getsource(parse.ParseEvents._process_batch)
 
@@ -113,7 +113,7 @@ def test_the_free_scratch_heap_goes_back_once_released():
 
 
 def test_the_release_stage_and_the_reader_are_scratch_passes():
-    from beam_dp.beam import batch_release
+    from beam_dp.beam.shell import batch_release
     from beam_dp.io import sources
 
     assert "with scratch_heap():" in inspect.getsource(batch_release._scratch)

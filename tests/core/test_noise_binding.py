@@ -103,7 +103,7 @@ def test_budget_share_and_factories_are_bound():
     import functools
 
     from beam_dp.flink.params import FlinkReleaseParams
-    from beam_dp.mechanisms.tree import make_tree_sum
+    from beam_dp.mechanisms.sums.tree import make_tree_sum
 
     def flink(build):
         return calibration_binding(FlinkReleaseParams(build=build, clock=StepClock(0.0, 1.0, 4.0)))

@@ -11,7 +11,7 @@ from beam_dp.core import NoiseSource, StepClock
 from beam_dp.core.budget import composition_of
 from beam_dp.core.noise_binding import calibration_binding
 from beam_dp.mechanisms.replay import replay_event_time
-from beam_dp.mechanisms.tree import make_tree_sum
+from beam_dp.mechanisms.sums.tree import make_tree_sum
 from beam_dp.steps.schema import ReleaseLabels, release_to_row
 from tests.conftest import TEST_KEY
 

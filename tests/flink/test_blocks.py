@@ -12,8 +12,8 @@ import pytest
 from beam_dp.core import StepClock
 from beam_dp.flink.blocks import BlockParser, file_splits, parse_line, read_split
 from beam_dp.mechanisms.base import ClippedSum
-from beam_dp.mechanisms.counters import BLTSum
-from beam_dp.mechanisms.tree import make_tree_sum
+from beam_dp.mechanisms.sums import BLTSum
+from beam_dp.mechanisms.sums.tree import make_tree_sum
 from beam_dp.steps.events import DeadLetter, parse_contribution
 
 CLOCK = StepClock(start=1000.0, period=10.0, end=1100.0)

@@ -11,7 +11,7 @@ import pytest
 from beam_dp.core import StepClock
 from beam_dp.flink.domains import bind_noise_domain, operator_uid
 from beam_dp.flink.params import FlinkReleaseParams
-from beam_dp.mechanisms.tree import make_tree_sum
+from beam_dp.mechanisms.sums.tree import make_tree_sum
 from beam_dp.steps.params import NoiseKey
 
 CLOCK = StepClock(start=0.0, period=10.0, end=100.0)

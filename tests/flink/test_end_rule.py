@@ -76,7 +76,7 @@ def test_an_idle_stream_ends_a_busy_one_does_not_as_recomputed_from_the_rows():
     import dataclasses
     import functools
 
-    from beam_dp.mechanisms.tree import make_tree_sum
+    from beam_dp.mechanisms.sums.tree import make_tree_sum
     from tests.beam.idle_cases import (
         EPSILON,
         EVENTS,

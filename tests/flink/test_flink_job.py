@@ -17,7 +17,7 @@ from beam_dp.core import StepClock  # noqa: E402
 from beam_dp.flink.blocks import file_splits  # noqa: E402
 from beam_dp.flink.job import EVENT_TYPE, block_events, local_environment, release_stream, to_event  # noqa: E402
 from beam_dp.flink.params import FlinkReleaseParams  # noqa: E402
-from beam_dp.mechanisms.tree import make_tree_sum  # noqa: E402
+from beam_dp.mechanisms.sums.tree import make_tree_sum  # noqa: E402
 from beam_dp.steps.driver import END_RUNG  # noqa: E402
 from tests.flink.cases import (  # noqa: E402
     BAD,
@@ -157,7 +157,7 @@ def test_the_entry_point_refuses_raw_data_inside_the_output(tmp_path, capsys):
 def test_keyed_by_stream_groups_releases_what_keyed_by_stream_releases():
     """Two groups of streams at parallelism 2 (declared streams as carried items, a group stepped in one
     numpy operation) against the same job keyed by stream: the same rows within summation tolerance."""
-    from beam_dp.mechanisms.counters import BLTSum
+    from beam_dp.mechanisms.sums import BLTSum
 
     build = functools.partial(BLTSum, horizon=CLOCK.last_step, dim=2, epsilon=1.0, delta=1e-6, clip_bound=1.0,
                               noise="gaussian")

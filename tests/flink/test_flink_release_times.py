@@ -24,7 +24,7 @@ from pyflink.datastream.window import TumblingEventTimeWindows  # noqa: E402
 from beam_dp.core import StepClock  # noqa: E402
 from beam_dp.flink.job import EVENT_TYPE, local_environment, release_stream, to_event  # noqa: E402
 from beam_dp.flink.params import FlinkReleaseParams  # noqa: E402
-from beam_dp.mechanisms.tree import make_tree_sum  # noqa: E402
+from beam_dp.mechanisms.sums.tree import make_tree_sum  # noqa: E402
 from beam_dp.steps.driver import END_RUNG  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

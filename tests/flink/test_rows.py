@@ -10,7 +10,7 @@ import numpy as np
 from beam_dp.core.budget import composition_of
 from beam_dp.core.release_batch import ReleaseBatch
 from beam_dp.flink.rows import json_rows
-from beam_dp.mechanisms.counters import BLTSum
+from beam_dp.mechanisms.sums import BLTSum
 from beam_dp.steps.schema import ReleaseColumns, ReleaseLabels, release_to_row
 
 

@@ -21,7 +21,7 @@ from beam_dp.core.noise_binding import calibration_binding  # noqa: E402
 from beam_dp.flink.job import DEAD_LETTERS, ContinualReleaseFunction  # noqa: E402
 from beam_dp.flink.params import FlinkReleaseParams  # noqa: E402
 from beam_dp.mechanisms.replay import replay_event_time  # noqa: E402
-from beam_dp.mechanisms.tree import make_tree_sum  # noqa: E402
+from beam_dp.mechanisms.sums.tree import make_tree_sum  # noqa: E402
 from beam_dp.steps.params import NoiseKey  # noqa: E402
 from beam_dp.steps.schema import ReleaseLabels, release_to_row  # noqa: E402
 from tests.conftest import TEST_KEY  # noqa: E402

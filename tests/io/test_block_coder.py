@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 import beam_dp.io.coders as coders
-from beam_dp.beam.combine import MergeClippedSums
+from beam_dp.beam.shell.combine import MergeClippedSums
 from beam_dp.core.guarantee import Guarantee
 from beam_dp.core.release_batch import ReleaseBatch
 from beam_dp.io import sinks, sources  # noqa: F401  (they register their types)

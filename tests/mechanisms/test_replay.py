@@ -8,8 +8,8 @@ import pytest
 from beam_dp.core import NoiseSource
 from beam_dp.core.clock import StepClock
 from beam_dp.mechanisms import BinaryTreeSum
-from beam_dp.mechanisms.counters import make_counter
 from beam_dp.mechanisms.replay import replay_batches, replay_event_time
+from beam_dp.mechanisms.sums import make_counter
 
 KEY = bytes(range(32))
 CLOCK = StepClock(start=0.0, period=10.0, end=120.0)  # 12 steps

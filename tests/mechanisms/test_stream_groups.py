@@ -10,8 +10,8 @@ from beam_dp.core import NoiseSource, StepClock
 from beam_dp.core.release_batch import ReleaseBatch
 from beam_dp.io import release_dicts
 from beam_dp.mechanisms.base import ClippedSum
-from beam_dp.mechanisms.counters import BLTSum, KaryTreeSum
 from beam_dp.mechanisms.stream_groups import GroupBlock, GroupedSum, group_key, group_of
+from beam_dp.mechanisms.sums import BLTSum, KaryTreeSum
 from beam_dp.steps.driver import DEAD_LETTER, RELEASE, ListBuffer, StepDriver
 from beam_dp.steps.policies import BlockPolicy, GroupPolicy
 from beam_dp.steps.schema import ReleaseColumns, release_table

@@ -25,8 +25,8 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_dp.beam import GrowingDatabaseQueries
-from beam_dp.beam.blocks import BlockOriginals
 from beam_dp.beam.growing_db import GrowingDatabaseParams, _ParseGrowing
+from beam_dp.beam.shell.blocks import BlockOriginals
 from beam_dp.core import StepClock
 from beam_dp.io.coders import BlockCoder
 from beam_dp.steps.events import DeadLetter

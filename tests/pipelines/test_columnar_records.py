@@ -27,7 +27,7 @@ from beam_dp.beam import (
     OnlineLearner,
     OnlineLearnerParams,
 )
-from beam_dp.beam.blocks import BlockOriginals
+from beam_dp.beam.shell.blocks import BlockOriginals
 from beam_dp.io.coders import BlockCoder
 from beam_dp.steps.events import DeadLetter
 from pipelines import model_release, online_learning
@@ -191,9 +191,9 @@ def test_json_lines_and_a_features_list_column_equal_the_per_row_path(tmp_path):
 
 @pytest.mark.parametrize("family", ["erm", "online"])
 def test_only_odd_and_refused_rows_take_the_per_record_check(family):
-    from beam_dp.beam.blocks import column_rows
     from beam_dp.beam.erm import ParseLabelledExamples
-    from beam_dp.beam.learners import ParseRecords
+    from beam_dp.beam.online import ParseRecords
+    from beam_dp.beam.shell.blocks import column_rows
 
     rng = np.random.default_rng(1)
     n = 200

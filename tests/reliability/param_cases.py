@@ -22,7 +22,7 @@ from beam_dp.beam import (
     WindowedSumParams,
 )
 from beam_dp.core import StepClock
-from beam_dp.mechanisms.universe import Bucketed, Categorical, Universe
+from beam_dp.mechanisms.growing_db.universe import Bucketed, Categorical, Universe
 
 #: extreme values for every numeric field: zero, signs, subnormals, float limits, non-finite, int64
 #: and beyond, wrong types (text, bool, None)

@@ -38,7 +38,7 @@ from beam_dp.beam import (
 )
 from beam_dp.beam.lifelong import END_OF_TASK
 from beam_dp.core import StepClock
-from beam_dp.mechanisms.universe import Bucketed, Categorical, Universe
+from beam_dp.mechanisms.growing_db.universe import Bucketed, Categorical, Universe
 from tests.reliability.harness import HUGE_MARK, MARK, MARK_NUMBER
 
 CLOCK = StepClock(start=0, period=10, end=50)  # 5 public steps

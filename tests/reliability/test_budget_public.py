@@ -29,15 +29,15 @@ from beam_dp.beam import (
 )
 from beam_dp.core import NoiseSource, StepClock
 from beam_dp.core.guarantee import PrivacyLedger
-from beam_dp.mechanisms.counters import make_counter
 from beam_dp.mechanisms.erm import HuberRegression, LabelledRows, SlidingWindowMechanism
-from beam_dp.mechanisms.online import make_online_learner
-from beam_dp.mechanisms.pmwg import PMWG, GrowingBlock, Query
-from beam_dp.mechanisms.regression import make_incremental_regression
-from beam_dp.mechanisms.schedulers import BBImprover, BBScheduler, LaplaceHistogram
-from beam_dp.mechanisms.snapping import SnappedSum
-from beam_dp.mechanisms.tree import BinaryTreeSum, DoublingTreeSum, HybridTreeSum
-from beam_dp.mechanisms.window_tree import WindowTreeSum
+from beam_dp.mechanisms.growing_db.pmwg import PMWG, GrowingBlock, Query
+from beam_dp.mechanisms.growing_db.schedulers import BBImprover, BBScheduler, LaplaceHistogram
+from beam_dp.mechanisms.online.learners import make_online_learner
+from beam_dp.mechanisms.online.regression import make_incremental_regression
+from beam_dp.mechanisms.sums import make_counter
+from beam_dp.mechanisms.sums.snapping import SnappedSum
+from beam_dp.mechanisms.sums.tree import BinaryTreeSum, DoublingTreeSum, HybridTreeSum
+from beam_dp.mechanisms.sums.window_tree import WindowTreeSum
 from tests.conftest import TEST_KEY
 from tests.reliability.harness import run_pipeline
 from tests.reliability.targets import CLOCK, UNIVERSE, _erm_events, _sum_events, all_targets

@@ -22,13 +22,12 @@ import apache_beam as beam
 import numpy as np
 import pytest
 
-import beam_dp.beam.batch_release as batch_release_module
-import beam_dp.beam.transforms as transforms_module
+import beam_dp.beam.shell.batch_release as batch_release_module
+import beam_dp.beam.sums as transforms_module
 from beam_dp.beam import ContinualSum, ContinualSumParams
-from beam_dp.beam.batch_release import KeyReleaseDoFn
-from beam_dp.beam.dofn import ContinualReleaseDoFn
+from beam_dp.beam.shell.batch_release import KeyReleaseDoFn
+from beam_dp.beam.shell.dofn import ContinualReleaseDoFn
 from beam_dp.core import NoiseSource, StepClock
-from beam_dp.mechanisms.counters import make_counter
 from beam_dp.mechanisms.erm import (
     ContinualReleaseMechanism,
     HuberRegression,
@@ -36,12 +35,13 @@ from beam_dp.mechanisms.erm import (
     MultiResolutionMechanism,
     SlidingWindowMechanism,
 )
-from beam_dp.mechanisms.online import make_online_learner
-from beam_dp.mechanisms.pmwg import PMWG, GrowingBlock, Query
-from beam_dp.mechanisms.regression import make_incremental_regression
-from beam_dp.mechanisms.schedulers import BBScheduler, LaplaceHistogram
-from beam_dp.mechanisms.tree import DoublingTreeSum, HybridTreeSum
-from beam_dp.mechanisms.window_tree import WindowTreeSum
+from beam_dp.mechanisms.growing_db.pmwg import PMWG, GrowingBlock, Query
+from beam_dp.mechanisms.growing_db.schedulers import BBScheduler, LaplaceHistogram
+from beam_dp.mechanisms.online.learners import make_online_learner
+from beam_dp.mechanisms.online.regression import make_incremental_regression
+from beam_dp.mechanisms.sums import make_counter
+from beam_dp.mechanisms.sums.tree import DoublingTreeSum, HybridTreeSum
+from beam_dp.mechanisms.sums.window_tree import WindowTreeSum
 from beam_dp.steps.events import DEAD_LETTER
 from tests.conftest import TEST_KEY
 from tests.reliability.harness import run_pipeline, sorted_releases

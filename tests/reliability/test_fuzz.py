@@ -27,9 +27,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from beam_dp.beam.erm import BAD_LABEL
-from beam_dp.beam.events import Reason
 from beam_dp.beam.growing_db import GrowingReason
 from beam_dp.beam.lifelong import TASK_BACKWARDS, UNKNOWN_TASK
+from beam_dp.steps.events import Reason
 from tests.reliability.harness import contains_marker, release_values_finite, run_pipeline, sorted_releases
 from tests.reliability.targets import all_targets
 

@@ -17,7 +17,7 @@ import math
 import numpy as np
 import pytest
 
-from beam_dp.beam.events import EventBatch, Reason
+from beam_dp.steps.events import EventBatch, Reason
 from tests.reliability.harness import run_pipeline, sorted_releases
 from tests.reliability.targets import all_targets
 

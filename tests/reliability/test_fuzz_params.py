@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from beam_dp.beam.params import ContinualCountParams, _VectorSumParams
+from beam_dp.beam.sums import ContinualCountParams, _VectorSumParams
 from beam_dp.core import NoiseSource
 from tests.conftest import TEST_KEY
 from tests.reliability.param_cases import CASES, EXTREMES

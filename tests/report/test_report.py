@@ -11,7 +11,7 @@ import pytest
 
 from beam_dp.core import NoiseSource, Release, StepClock
 from beam_dp.io import RELEASE_SCHEMA, release_to_row
-from beam_dp.mechanisms.tree import make_tree_sum
+from beam_dp.mechanisms.sums.tree import make_tree_sum
 from beam_dp.report.__main__ import main
 from tests.conftest import TEST_KEY
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from apache_beam.transforms.window import GlobalWindow
 
-from beam_dp.beam.blocks import BundleBlocks
+from beam_dp.beam.shell.blocks import BundleBlocks
 from beam_dp.core import NoiseSource
 from beam_dp.mechanisms.erm import ContinualReleaseMechanism, LabelledRows, SoftmaxRegression
 from beam_dp.steps.driver import RELEASE, ListBuffer, StepDriver
@@ -119,7 +119,7 @@ def test_record_rows_feed_an_online_learner_one_record_per_step():
 
 
 def test_a_block_of_records_is_placed_in_the_universe_as_one_at_a_time():
-    from beam_dp.mechanisms.universe import Bucketed, Categorical, Universe
+    from beam_dp.mechanisms.growing_db.universe import Bucketed, Categorical, Universe
 
     universe = Universe([Categorical("colour", ("red", "blue")), Bucketed("size", (0, 1, 5))])
     records = [{"colour": "blue", "size": 3.0}, ("red", 0.5), {"colour": "green", "size": 1}, "red",
@@ -136,7 +136,7 @@ def test_a_block_of_records_is_placed_in_the_universe_as_one_at_a_time():
 
 
 def test_a_letter_for_a_whole_block_is_one_letter_per_element():
-    from beam_dp.beam.blocks import BlockOriginals
+    from beam_dp.beam.shell.blocks import BlockOriginals
     from beam_dp.steps.events import DeadLetter
 
     letter = DeadLetter("late", "step 3 was already absorbed", "s", BlockOriginals([("s", 1.0, "x"), ("s", 2.0, "y")]))

@@ -16,11 +16,11 @@ from apache_beam.utils.timestamp import Timestamp
 
 from beam_dp.beam import ContinualSumParams, GrowingDatabaseParams, IncrementalRegressionParams
 from beam_dp.beam.growing_db import _ParseGrowing
-from beam_dp.beam.learners import ParseRecords
-from beam_dp.beam.parse import ParseEvents
+from beam_dp.beam.online import ParseRecords
+from beam_dp.beam.shell.parse import ParseEvents
 from beam_dp.core import StepClock
-from beam_dp.mechanisms.convex_sets import L2Ball
-from beam_dp.mechanisms.universe import Categorical, Universe
+from beam_dp.mechanisms.growing_db.universe import Categorical, Universe
+from beam_dp.mechanisms.online.convex_sets import L2Ball
 from beam_dp.steps.events import DETAIL, DeadLetter, EventBatch, Reason, json_value
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from beam_dp.core import NoiseSource, StepClock
 from beam_dp.mechanisms.base import ClippedSum
-from beam_dp.mechanisms.tree import make_tree_sum
+from beam_dp.mechanisms.sums.tree import make_tree_sum
 from beam_dp.steps.coder import decode_entry, decode_key_state, encode_entry, encode_key_state
 from beam_dp.steps.driver import RELEASE, ListBuffer, StepDriver
 from beam_dp.steps.events import DEAD_LETTER, Reason
@@ -129,7 +129,7 @@ def test_restored_stream_continues_after_its_snapshot():
 
 def test_key_state_and_buffered_items_round_trip_through_the_versioned_coder():
     from beam_dp.mechanisms.lifelong.config import TaskData
-    from beam_dp.mechanisms.online import OnlineRecord
+    from beam_dp.mechanisms.online.learners import OnlineRecord
 
     driver = _driver()
     state = driver.open("a", watermark=7 * S)

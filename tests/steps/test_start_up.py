@@ -22,7 +22,7 @@ def _loaded_after(code: str, modules: tuple[str, ...]) -> list[str]:
     return [m for m in done.stdout.strip().split(",") if m]
 
 
-@pytest.mark.parametrize("package", ["beam_dp.beam", "beam_dp.mechanisms", "beam_dp.mechanisms.counters", "beam_dp.core",
+@pytest.mark.parametrize("package", ["beam_dp.beam", "beam_dp.mechanisms", "beam_dp.mechanisms.sums", "beam_dp.core",
                                      "beam_dp.io"])
 def test_importing_a_package_loads_no_heavy_dependency(package):
     assert _loaded_after(f"import {package}", HEAVY) == []
@@ -31,10 +31,10 @@ def test_importing_a_package_loads_no_heavy_dependency(package):
 def test_a_job_loads_only_what_it_uses():
     # the main job's transform and its default counter: neither the other families nor the optimisers
     code = ("from beam_dp.beam import ContinualSum, ContinualSumParams; "
-            "from beam_dp.mechanisms.counters import make_counter; "
+            "from beam_dp.mechanisms.sums import make_counter; "
             "make_counter('blt', noise='gaussian', horizon=200, dim=2, epsilon=1.0, delta=1e-6, clip_bound=1.0)")
-    families = ("beam_dp.beam.erm", "beam_dp.beam.lifelong", "beam_dp.beam.learners", "beam_dp.beam.growing_db",
-                "beam_dp.mechanisms.convex_sets", "beam_dp.mechanisms.erm")
+    families = ("beam_dp.beam.erm", "beam_dp.beam.lifelong", "beam_dp.beam.online", "beam_dp.beam.growing_db",
+                "beam_dp.mechanisms.online.convex_sets", "beam_dp.mechanisms.erm")
     assert _loaded_after(code, HEAVY + families) == []
 
 
@@ -43,9 +43,9 @@ def test_lazy_exports_resolve_every_name():
     import beam_dp.core
     import beam_dp.io
     import beam_dp.mechanisms
-    import beam_dp.mechanisms.counters
+    import beam_dp.mechanisms.sums
 
-    for package in (beam_dp.beam, beam_dp.core, beam_dp.io, beam_dp.mechanisms, beam_dp.mechanisms.counters):
+    for package in (beam_dp.beam, beam_dp.core, beam_dp.io, beam_dp.mechanisms, beam_dp.mechanisms.sums):
         assert set(package.__all__) <= set(dir(package))
         for name in package.__all__:
             assert getattr(package, name) is not None, (package.__name__, name)

@@ -13,7 +13,7 @@ import pytest
 from beam_dp.core import NoiseSource, StepClock
 from beam_dp.core.state import encode_state
 from beam_dp.mechanisms.base import ClippedSum
-from beam_dp.mechanisms.tree import make_tree_sum
+from beam_dp.mechanisms.sums.tree import make_tree_sum
 from beam_dp.steps.coder import (
     UNREADABLE_STATE,
     KeyState,

@@ -22,8 +22,8 @@ _LAZY = {
     "NonPrivateAGEM": "beam_dp.mechanisms.lifelong.dpsgd",
     "LifelongState": "beam_dp.mechanisms.lifelong.learner",
     "TaskOrderError": "beam_dp.mechanisms.lifelong.learner",
-    "select_device": "beam_dp.mechanisms.lifelong.device",
-    "set_threads": "beam_dp.mechanisms.lifelong.device",
+    "resolve_device": "beam_dp.mechanisms.torch_device",
+    "set_threads": "beam_dp.mechanisms.torch_device",
     "Learner": "beam_dp.mechanisms.lifelong.learner",
 }
 

@@ -28,8 +28,8 @@ from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
 from beam_dp.core.state import decode_state, encode_state
 from beam_dp.mechanisms.lifelong.config import LifelongConfig, TaskData
-from beam_dp.mechanisms.lifelong.device import select_device
 from beam_dp.mechanisms.lifelong.network import init_params, predict, to_torch
+from beam_dp.mechanisms.torch_device import resolve_device
 
 __all__ = ["Learner", "LifelongState", "TaskOrderError"]
 
@@ -79,7 +79,7 @@ class Learner(abc.ABC):
 
     def __init__(self, config: LifelongConfig):
         self.config = config
-        self.device = select_device(config.device)
+        self.device = resolve_device(config.device)
         self.dtype = torch.float64 if config.dtype == "float64" else torch.float32
         self.n_layers = len(config.g_layers)
         log.info("%s: training on %s (%s)", self.name, self.device, config.dtype)
