@@ -134,20 +134,9 @@ class ScaledNoise(NoiseSource):
     def __repr__(self) -> str:
         return f"ScaledNoise(<secret key>, factor={self.factor})"
 
-    def laplace(self, stream, purpose, index, scale, size):
-        return super().laplace(stream, purpose, index, scale * self.factor, size)
-
-    def gaussian(self, stream, purpose, index, sigma, size):
-        return super().gaussian(stream, purpose, index, sigma * self.factor, size)
-
-    def k_norm(self, stream, purpose, index, scale, dim):
-        return super().k_norm(stream, purpose, index, scale * self.factor, dim)
-
-    def discrete_laplace(self, stream, purpose, index, scale, size):
-        return super().discrete_laplace(stream, purpose, index, scale * self.factor, size)
-
-    def discrete_gaussian(self, stream, purpose, index, sigma, size):
-        return super().discrete_gaussian(stream, purpose, index, sigma * self.factor, size)
+    def _sample(self, law, streams, purpose, index, scale, size):
+        # every keyed draw (one cell or many) goes through here: scaling it scales every law alike
+        return super()._sample(law, streams, purpose, index, scale * self.factor, size)
 
 
 def seeded_key(seed: int, salt: bytes = b"") -> bytes:

@@ -8,7 +8,9 @@ does not matter for these linear mechanisms. The statistic is ``w · (s − m_D)
 
 Two samplers:
 
-* ``per_run_samples`` — ``runs`` independent runs per neighbour (a fresh key each), any noise law;
+* ``per_run_samples`` — ``runs`` independent runs per neighbour, any noise law: one group step of
+  ``runs`` streams (each stream its own noise cells) where the mechanism steps groups, else one run
+  per key;
 * ``coordinate_samples`` — for noise that is i.i.d. across coordinates (Gaussian): ONE run in
   ``dim = n`` dimensions where coordinate i carries its own 1-D neighbouring pair (a block of n
   contributions ``±R·e_i``), so each coordinate is an independent sample of the 1-D experiment.
@@ -21,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from beam_dp.mechanisms.base import ClippedSum
+from beam_dp.mechanisms.base import ClippedSum, GroupSteppedSum
 from beam_dp.testing import ZeroNoise
 from beam_dp.testing.audit import ScaledNoise, linear_statistic_weights, release_matrix, run_stream, seeded_key
 
@@ -39,20 +41,36 @@ def per_run_samples(make: Callable[[], object], steps: int, changed_step: int, r
     d = _blocks(steps, changed_step, np.array([-R]))
     dp = _blocks(steps, changed_step, np.array([R]))
 
-    def matrix(blocks, seed, salt, factor):
-        return release_matrix(run_stream(mech, blocks, ScaledNoise(seeded_key(seed, salt), factor)))[releases, 0]
-
     m_d = release_matrix(run_stream(mech, d, ZeroNoise()))[releases, 0]
     m_dp = release_matrix(run_stream(mech, dp, ZeroNoise()))[releases, 0]
 
+    def matrix(blocks, n, salt, factor):
+        """``(n, releases)``: n independent runs of ``blocks`` (dim 1)."""
+        if isinstance(mech, GroupSteppedSum):
+            return _group_runs(mech, blocks, n, ScaledNoise(seeded_key(0, salt), factor))[:, releases]
+        return np.stack([release_matrix(run_stream(mech, blocks, ScaledNoise(seeded_key(s, salt), factor)))[releases, 0]
+                         for s in range(n)])
+
     def sample(factor: float):
-        cov_runs = np.stack([matrix(d, s, b"cov", factor) - m_d for s in range(max(runs // 4, 500))])
-        w = linear_statistic_weights(m_d, m_dp, cov_runs)
-        x = np.array([w @ (matrix(d, s, b"D", factor) - m_d) for s in range(runs)])
-        y = np.array([w @ (matrix(dp, s, b"D'", factor) - m_d) for s in range(runs)])
+        w = linear_statistic_weights(m_d, m_dp, matrix(d, max(runs // 4, 500), b"cov", factor) - m_d)
+        x = (matrix(d, runs, b"D", factor) - m_d) @ w
+        y = (matrix(dp, runs, b"D'", factor) - m_d) @ w
         return x, y
 
     return sample
+
+
+def _group_runs(mech: GroupSteppedSum, blocks: list, n: int, noise) -> np.ndarray:
+    """``(n, steps)``: the releases of n streams stepped as one group, each fed ``blocks`` (dim 1)."""
+    group, columns = mech.init_group([f"run-{i}" for i in range(n)]), []
+    for block in blocks:
+        sums, counts = np.zeros((n, 1)), np.zeros(n, dtype=np.int64)
+        if block is not None:
+            sums[:] = block.vector
+            counts[:] = block.count
+        group, batch = mech.step_group(group, sums, counts, noise)
+        columns.append(batch.values[:, 0])
+    return np.stack(columns, axis=1)
 
 
 def coordinate_samples(make: Callable[[int], object], steps: int, changed_step: int, n: int,
