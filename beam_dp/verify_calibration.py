@@ -256,8 +256,8 @@ class ErmCalibrations(_Calibrations):
     def _call_problem(self, mechanism: str, model, lam: float, call: dict) -> tuple[str | None, tuple, float]:
         """Why one logged ``call`` (an event) is not a call of ``mechanism`` at ``model`` and ``lam``
         (``None`` when it is); the (tolerance, grid) its fields give; its recomputed sensitivity."""
+        from beam_dp.core.accounting.erm import sampled_k_norm_loss
         from beam_dp.mechanisms.erm import call_sensitivity
-        from beam_dp.mechanisms.erm.accounting import sampled_k_norm_loss
         from beam_dp.mechanisms.erm.solver import certified_slack
 
         n = int(call["n_norm"])

@@ -45,6 +45,7 @@ from beam_dp.mechanisms.erm import SoftmaxRegression  # noqa: E402
 from beam_dp.mechanisms.erm.solver import certified_solve  # noqa: E402
 from beam_dp.mechanisms.erm.solver_torch import device_tolerance  # noqa: E402
 from beam_dp.mechanisms.lifelong import BoundedAGEMConfig, L2DPConfig, TaskData  # noqa: E402
+from beam_dp.mechanisms.lifelong.factory import build_learner  # noqa: E402
 from beam_dp.mechanisms.online.regression import PrivIncReg1  # noqa: E402
 
 KEY = bytes(range(32))  # public benchmark key
@@ -66,7 +67,7 @@ def lifelong(kind: str, n_tasks: int, n: int, epsilon: float, device: str, budge
                                    task_size=n)  # the benchmark chose n: public
     else:
         config = L2DPConfig(**common, epsilon=epsilon)
-    learner = config.build()
+    learner = build_learner(config)
     state, noise, done, seconds = learner.init_state("bench"), NoiseSource(KEY), 0, 0.0
     for i in range(n_tasks):
         data = task(i, n)

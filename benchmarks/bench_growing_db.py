@@ -31,7 +31,9 @@ from pathlib import Path
 import numpy as np
 
 from beam_dp.core import NoiseSource
-from beam_dp.mechanisms.growing_db.pmwg import PMWG, Query, hard_query_bound, worst_case_xi_n
+from beam_dp.core.accounting.growing_db import hard_query_bound, worst_case_xi_n
+from beam_dp.mechanisms.growing_db.base import Query
+from beam_dp.mechanisms.growing_db.pmwg import PMWG
 from beam_dp.mechanisms.growing_db.schedulers import BBImprover, BBScheduler, LaplaceHistogram
 from beam_dp.mechanisms.growing_db.universe import Bucketed, Categorical, Universe
 

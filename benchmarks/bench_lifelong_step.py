@@ -24,6 +24,7 @@ import torch
 
 from beam_dp.core import NoiseSource
 from beam_dp.mechanisms.lifelong import BoundedAGEMConfig, TaskData
+from beam_dp.mechanisms.lifelong.factory import build_learner
 from beam_dp.mechanisms.lifelong.network import classifier, encode, init_params
 from benchmarks.report import emit_report
 
@@ -67,7 +68,7 @@ def learner_run(tasks, args) -> int:
                                task_ids=tuple(t.task_id for t in tasks), device="cpu", dtype=args.dtype,
                                epsilon=1.0, delta=1e-5, clip_norm=args.clip, memory_uses=10 ** 6,
                                task_size=args.rows)
-    learner = config.build()
+    learner = build_learner(config)
     state, steps = learner.init_state("bench"), 0
     noise = NoiseSource(b"bench-key-0123456789abcdef")
     for task in tasks:

@@ -42,6 +42,7 @@ from beam_dp.mechanisms.lifelong import (
     average_forgetting,
     curve_p_value,
 )
+from beam_dp.mechanisms.lifelong.factory import build_learner
 
 PAPER = {"pmnist_eps0.5_l2dp": 47.73, "pmnist_eps0.5_naive": 10.43,
          "pmnist_forgetting": {"l2dp": {0.5: 0.305, 1.0: 0.278, 2.0: 0.237},
@@ -110,7 +111,7 @@ def make_config(kind: str, eps: float, common: dict, n_tasks: int):
 
 
 def run_learner(config, tasks, key: bytes):
-    learner = config.build()
+    learner = build_learner(config)
     state = learner.init_state("bench")
     noise = NoiseSource(key)
     m = len(tasks)

@@ -236,11 +236,11 @@ def demo_reference(learner_config, threads: int | None) -> float:
     import numpy as np
 
     from beam_dp.core import NoiseSource
-    from beam_dp.mechanisms.lifelong import AGEMConfig, LifelongConfig, set_threads
+    from beam_dp.mechanisms.lifelong import AGEMConfig, LifelongConfig, build_learner, set_threads
 
     set_threads(threads)
     shared = {f.name: getattr(learner_config, f.name) for f in dataclasses.fields(LifelongConfig)}
-    learner = AGEMConfig(**{**shared, "device": "cpu"}).build()
+    learner = build_learner(AGEMConfig(**{**shared, "device": "cpu"}))
     state, release = learner.init_state("digits"), None
     noise = NoiseSource(b"public demo reference, not a key")
     for task in demo_tasks()[0]:

@@ -63,7 +63,8 @@ from beam_dp.core.noise import NoiseSource
 from beam_dp.core.noise_binding import calibration_binding
 from beam_dp.core.release import Release
 from beam_dp.io.keys import load_noise_source
-from beam_dp.mechanisms.growing_db.pmwg import PMWG, GrowingQueryMechanism
+from beam_dp.mechanisms.growing_db.base import GrowingQueryMechanism
+from beam_dp.mechanisms.growing_db.pmwg import PMWG
 from beam_dp.mechanisms.growing_db.schedulers import BBImprover, BBScheduler, BlackBox, LaplaceHistogram
 from beam_dp.mechanisms.growing_db.universe import Universe, check_query
 from beam_dp.steps.batch import stream_reasons

@@ -44,6 +44,7 @@ from beam_dp.core.budget import BudgetShare, check_share
 from beam_dp.core.noise_binding import calibration_binding
 from beam_dp.io.keys import load_noise_source
 from beam_dp.mechanisms.lifelong.config import BoundedAGEMConfig, L2DPConfig, NaiveGaussianConfig, TaskData
+from beam_dp.mechanisms.lifelong.factory import build_learner
 from beam_dp.steps.coder import encode_key_state
 from beam_dp.steps.driver import StepDriver
 from beam_dp.steps.events import DEAD_LETTER, DeadLetter, Reason, coerce_value, numeric_array, split_event, value_letter
@@ -96,7 +97,7 @@ class LifelongParams:
     def build_mechanism(self):
         """The learner, on CUDA when available and allowed (call on the worker)."""
         config = self.learner if self.allow_cuda else dataclasses.replace(self.learner, device="cpu")
-        return config.build()
+        return build_learner(config)
 
 
 def _dead(reason: str, detail: str, stream, element, source=None) -> beam.pvalue.TaggedOutput:

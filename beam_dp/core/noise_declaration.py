@@ -14,19 +14,19 @@ the mechanism declares none).
 A loss that is not a sum of such terms (a subsampled-Gaussian accountant, advanced composition of
 reruns, an objective perturbation) is declared as *accounts* ``{"kind": ..., <public parameters>}``:
 each kind names a function of those parameters returning the account's ``(epsilon, delta)``
-(``ACCOUNT_KINDS``), the very function the mechanism used. A declaration's loss is the basic
-composition of its accounts and its terms, the terms' Gaussian part taking the delta the accounts
-leave (``recomputed_epsilon``).
+(``ACCOUNT_KINDS``, functions of :mod:`beam_dp.core.accounting`), the very function the mechanism used.
+A declaration's loss is the basic composition of its accounts and its terms, the terms' Gaussian part
+taking the delta the accounts leave (``recomputed_epsilon``).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import json
 import math
 from typing import Callable, NamedTuple
 
+from beam_dp.core.accounting import erm, growing_db, lifelong, regression
 from beam_dp.core.calibration import analytic_gaussian_epsilon
 
 __all__ = ["ACCOUNT_KINDS", "GAUSSIAN_LAWS", "PURE_LAWS", "Account", "DeclaredLoss", "NoiseTerm", "account",
@@ -38,21 +38,20 @@ GAUSSIAN_LAWS = ("gaussian",)
 NoiseTerm = tuple[str, float, float, float]  # (law, sensitivity, scale, weight)
 Account = tuple[str, tuple[tuple[str, float], ...]]  # (kind, its public parameters sorted by name)
 
-#: account kind -> ``"module:function"``; the function takes the account's parameters as keywords and
-#: returns its ``(epsilon, delta)``, raising ``ValueError`` on parameters out of its range. Imported
-#: on first use, so the verifier loads only the families a job declares.
-ACCOUNT_KINDS: dict[str, str] = {
+#: account kind -> its function in :mod:`beam_dp.core.accounting`: it takes the account's parameters as
+#: keywords and returns its ``(epsilon, delta)``, raising ``ValueError`` on parameters out of its range.
+ACCOUNT_KINDS: dict[str, Callable[..., tuple[float, float]]] = {
     # ERM sampling variants: K-norm output perturbation on a Bernoulli(p) sample (amplified pure ε)
-    "erm_sampled_k_norm": "beam_dp.mechanisms.erm.accounting:sampled_k_norm_loss",
+    "erm_sampled_k_norm": erm.sampled_k_norm_loss,
     # growing databases: PMWG's sparse-vector segments, the schedulers' per-run composition
-    "pmwg": "beam_dp.mechanisms.growing_db.pmwg:pmwg_spend",
-    "bbscheduler": "beam_dp.mechanisms.growing_db.schedulers:bbscheduler_spend",
-    "bbimprover": "beam_dp.mechanisms.growing_db.schedulers:bbimprover_spend",
+    "pmwg": growing_db.pmwg_spend,
+    "bbscheduler": growing_db.bbscheduler_spend,
+    "bbimprover": growing_db.bbimprover_spend,
     # lifelong learners and PRIVINCERM
-    "dpsgd": "beam_dp.mechanisms.lifelong.accounting:dpsgd_spend",
-    "dpsgd_pld": "beam_dp.mechanisms.lifelong.accounting:dpsgd_pld_spend",
-    "l2dp_ml": "beam_dp.mechanisms.lifelong.accounting:l2dp_claim",
-    "advanced_composition": "beam_dp.mechanisms.online.regression:advanced_composition",
+    "dpsgd": lifelong.dpsgd_spend,
+    "dpsgd_pld": lifelong.dpsgd_pld_spend,
+    "l2dp_ml": lifelong.l2dp_claim,
+    "advanced_composition": regression.advanced_composition,
 }
 
 
@@ -76,8 +75,7 @@ def account(kind: str, **params: float) -> Account:
 def _account_function(kind: str) -> Callable[..., tuple[float, float]]:
     if kind not in ACCOUNT_KINDS:
         raise ValueError(f"unknown account kind {kind!r}")
-    module, name = ACCOUNT_KINDS[kind].split(":")
-    return getattr(importlib.import_module(module), name)
+    return ACCOUNT_KINDS[kind]
 
 
 def merge_terms(a: tuple[NoiseTerm, ...], b: tuple[NoiseTerm, ...]) -> tuple[NoiseTerm, ...]:

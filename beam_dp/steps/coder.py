@@ -2,8 +2,9 @@
 
 Engines keep in-flight data in their own state stores (Beam bags, Flink list state) as these bytes,
 never as pickled classes: a buffered item is a registered *kind* (a stable name, not a class path)
-plus its fields (numpy arrays and plain values, encoded by :mod:`beam_dp.core.state`). Renaming a
-block class only needs its entry in :data:`KINDS` updated; in-flight data stays readable.
+plus its fields (numpy arrays and plain values, encoded by :mod:`beam_dp.core.state`). Moving or
+renaming a block class only needs its entry in :data:`KINDS` updated (a stale entry fails loudly, never
+matches an alias); in-flight data stays readable.
 
 **Versions.** Every earlier version of :class:`KeyState` and of a buffered entry stays readable: a
 version ``v`` encoding is lifted by the migrations ``v -> v + 1 -> ...`` (:data:`MIGRATIONS`), and a
@@ -25,7 +26,7 @@ import numpy as np
 from beam_dp.core.state import decode_fields, encode_state
 
 __all__ = ["KINDS", "MIGRATIONS", "UNREADABLE_STATE", "KeyState", "UnreadableState", "decode_entry",
-           "decode_key_state", "decode_versioned", "encode_entry", "encode_key_state", "join_entries",
+           "decode_key_state", "decode_versioned", "encode_entry", "encode_key_state", "join_entries", "kind_class",
            "split_entries"]
 
 #: the dead-letter reason of a key whose state this version cannot read (the key's stream ends)
@@ -36,7 +37,10 @@ T = TypeVar("T")
 class UnreadableState(ValueError):
     """State bytes this version cannot read: corrupt, another class, a newer version, an unknown field."""
 
-#: Stable kind name -> "module:Class" of every block a policy buffers (frozen dataclasses of arrays).
+#: Stable kind name -> ``"module:Class"`` of every block a policy buffers (frozen dataclasses of arrays),
+#: the module where the class is defined. Imported on first use, so a job loads only its own family's
+#: blocks; a class no longer defined there is refused loudly (:func:`kind_class`), and
+#: ``tests/core/accounting/test_previous_outputs.py`` decodes an entry of every kind an earlier release wrote.
 KINDS = {
     "clipped_sum": "beam_dp.mechanisms.base:ClippedSum",
     "group_block": "beam_dp.mechanisms.stream_groups:GroupBlock",
@@ -50,16 +54,27 @@ _TUPLE = "tuple"  # plain tuples of numbers, strings and arrays (growing databas
 _classes: dict[str, type] = {}
 
 
-def _class_of(kind: str) -> type:
+def kind_class(kind: str) -> type:
+    """The class of buffer kind ``kind``: :class:`UnreadableState` for a kind this version does not know,
+    ``TypeError`` when the class is not defined at the path :data:`KINDS` names (moved: its entry must
+    follow it, an alias left at the old place is not accepted)."""
     if kind not in _classes:
+        if kind not in KINDS:
+            raise UnreadableState(f"an entry of unknown buffer kind {kind!r}")
         module, name = KINDS[kind].split(":")
-        _classes[kind] = getattr(importlib.import_module(module), name)
+        cls = getattr(importlib.import_module(module), name)
+        if (cls.__module__, cls.__qualname__) != (module, name):
+            raise TypeError(f"buffer kind {kind!r}: {KINDS[kind]} is {cls.__module__}:{cls.__qualname__}; "
+                            "update beam_dp.steps.coder.KINDS to where the class is defined")
+        _classes[kind] = cls
     return _classes[kind]
 
 
 def _kind_of(item: Any) -> str:
-    for kind in KINDS:
-        if type(item) is _class_of(kind):
+    """The kind of ``item``, by the path of its class (nothing imported)."""
+    path = f"{type(item).__module__}:{type(item).__qualname__}"
+    for kind, named in KINDS.items():
+        if named == path:
             return kind
     raise TypeError(f"no buffer kind registered for {type(item).__name__} (add it to beam_dp.steps.coder.KINDS)")
 
@@ -112,7 +127,7 @@ def decode_entry(data: bytes) -> tuple[int, Any]:
     entry = decode_versioned(_Entry, data)
     if entry.kind == _TUPLE:
         return entry.step, tuple(entry.fields)
-    return entry.step, _class_of(entry.kind)(**entry.fields)
+    return entry.step, kind_class(entry.kind)(**entry.fields)
 
 
 def join_entries(entries: dict[int, bytes]) -> bytes:

@@ -148,7 +148,7 @@ def plan_block(size: int, items: Iterable[tuple[int, int]], queries: Iterable[tu
     two equal-length arrays) sorted by time then index; the queries ``(t, query_id, weights, ...)``
     with ``size ≤ t ≤ size + len(elements)`` in ``(t, query_id)`` order. Returns the block, the queries
     kept for later and those already passed."""
-    from beam_dp.mechanisms.growing_db.pmwg import GrowingBlock, Query
+    from beam_dp.mechanisms.growing_db.base import GrowingBlock, Query
 
     items = list(items)
     micros = np.concatenate([np.atleast_1d(np.asarray(m, dtype=np.int64)) for m, _ in items]) if items else np.zeros(0)

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 import numpy as np
 from dp_accounting.pld import privacy_loss_distribution as pld
 
-from beam_dp.mechanisms.growing_db.pmwg import GrowingBlock, Query
+from beam_dp.mechanisms.growing_db.base import GrowingBlock, Query
 from beam_dp.testing import ZeroNoise
 from beam_dp.testing.audit import ScaledNoise, seeded_key
 

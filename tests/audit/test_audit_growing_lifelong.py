@@ -60,6 +60,7 @@ import pytest
 
 from beam_dp.mechanisms.growing_db.schedulers import MWEM, BBImprover, BBScheduler, LaplaceHistogram, SmallDB
 from beam_dp.mechanisms.lifelong import BoundedAGEMConfig, NaiveGaussianConfig, TaskData
+from beam_dp.mechanisms.lifelong.factory import build_learner
 from beam_dp.testing.audit import audit_with_mutant
 from tests.audit.growing_lifelong_helpers import (
     EpsilonBoost,
@@ -166,10 +167,10 @@ LR, CLIP, BATCH = 1.0, 1e-3, 2
 TINY = dict(input_dim=2, n_classes=2, hidden=1, g_layers=(1,), batch_size=BATCH, steps_per_task=1, optimizer="sgd",
             learning_rate=LR, clip_norm=CLIP, task_ids=None, device="cpu", dtype="float64", task_size=BATCH)
 LEARNERS = {
-    "BoundedDPAGEM (1 task, q=1, 1 step)": lambda: BoundedAGEMConfig(
-        **TINY, epsilon=1.0, delta=0.1, memory_uses=1, memory_share=0.01).build(),
-    "NaiveGaussian (m=1, q=1, 1 step)": lambda: NaiveGaussianConfig(
-        **TINY, epsilon=2.0, delta=0.2, num_tasks=1).build(),
+    "BoundedDPAGEM (1 task, q=1, 1 step)": lambda: build_learner(BoundedAGEMConfig(
+        **TINY, epsilon=1.0, delta=0.1, memory_uses=1, memory_share=0.01)),
+    "NaiveGaussian (m=1, q=1, 1 step)": lambda: build_learner(NaiveGaussianConfig(
+        **TINY, epsilon=2.0, delta=0.2, num_tasks=1)),
 }
 
 

@@ -1,6 +1,6 @@
 """Issue 23.5: every release field is either public under the family's stated neighbouring relation or
-private-derived and covered by the accounting (the tables in docs/counters.md, docs/erm.md,
-docs/growing_db.md and docs/online_regression.md).
+private-derived and covered by the accounting (the tables in docs/sums.md, docs/erm.md,
+docs/growing_db.md and docs/online.md).
 
 For each family, the mechanism runs on a stream D and on neighbours D' under its relation with the
 same noise key; every release's stream, step, mechanism, spend and meta must be identical, except
@@ -19,7 +19,8 @@ from beam_dp.core import NoiseSource
 from beam_dp.mechanisms.erm import LabelledRows, SoftmaxRegression
 from beam_dp.mechanisms.erm.continual import ContinualReleaseMechanism
 from beam_dp.mechanisms.erm.sliding import SlidingWindowMechanism
-from beam_dp.mechanisms.growing_db.pmwg import PMWG, GrowingBlock, Query
+from beam_dp.mechanisms.growing_db.base import GrowingBlock, Query
+from beam_dp.mechanisms.growing_db.pmwg import PMWG
 from beam_dp.mechanisms.growing_db.schedulers import BBImprover, LaplaceHistogram
 from beam_dp.mechanisms.online.convex_sets import L2Ball
 from beam_dp.mechanisms.online.learners import WDPCOCOP

@@ -1,5 +1,5 @@
 """A real standalone Flink cluster (JobManager and TaskManager JVMs on localhost, from the PyFlink
-distribution) runs the submittable job with ``flink run`` as docs/running.md shows; its TaskManager is
+distribution) runs the submittable job with ``flink run`` as docs/engines.md shows; its TaskManager is
 killed (``kill -9``) mid-run once a checkpoint exists, a new one is started, and Flink recovers from the
 checkpoint on local disk. Needs .venv-flink and Java (``make flink-test``); several minutes on a shared
 2-core machine, so it is marked slow."""

@@ -16,6 +16,7 @@ from tests.release_checks import assert_release_matches
 
 torch = pytest.importorskip("torch")
 from beam_dp.mechanisms.lifelong.config import BoundedAGEMConfig, TaskData  # noqa: E402
+from beam_dp.mechanisms.lifelong.factory import build_learner  # noqa: E402
 from pipelines import lifelong as job  # noqa: E402
 
 pytestmark = pytest.mark.pipeline
@@ -65,7 +66,7 @@ def test_cli_on_a_csv_equals_the_pure_learner_with_accuracy(tmp_path, capsys):
     assert "s after task 2: accuracy 0=" in capsys.readouterr().out
     config = BoundedAGEMConfig(input_dim=64, n_classes=10, steps_per_task=2, task_ids=("0", "1"), eval_sets=evals,
                                epsilon=1.0, delta=1e-5, memory_uses=50, device="cpu", task_size=500)
-    learner, want = config.build(), []
+    learner, want = build_learner(config), []
     state = learner.init_state("s")
     binding = read_manifest(str(out)).transforms[0].noise_binding  # the job's calibration
     noise = NoiseSource(TEST_KEY).for_domain("LifelongLearner", binding)  # the job's label of the transform

@@ -30,7 +30,8 @@ from beam_dp.beam import (
 from beam_dp.core import NoiseSource, StepClock
 from beam_dp.core.guarantee import PrivacyLedger
 from beam_dp.mechanisms.erm import HuberRegression, LabelledRows, SlidingWindowMechanism
-from beam_dp.mechanisms.growing_db.pmwg import PMWG, GrowingBlock, Query
+from beam_dp.mechanisms.growing_db.base import GrowingBlock, Query
+from beam_dp.mechanisms.growing_db.pmwg import PMWG
 from beam_dp.mechanisms.growing_db.schedulers import BBImprover, BBScheduler, LaplaceHistogram
 from beam_dp.mechanisms.online.learners import make_online_learner
 from beam_dp.mechanisms.online.regression import make_incremental_regression

@@ -35,8 +35,10 @@ from beam_dp.mechanisms.erm import (
     MultiResolutionMechanism,
     SlidingWindowMechanism,
 )
-from beam_dp.mechanisms.growing_db.pmwg import PMWG, GrowingBlock, Query
+from beam_dp.mechanisms.growing_db.base import GrowingBlock, Query
+from beam_dp.mechanisms.growing_db.pmwg import PMWG
 from beam_dp.mechanisms.growing_db.schedulers import BBScheduler, LaplaceHistogram
+from beam_dp.mechanisms.lifelong.factory import build_learner
 from beam_dp.mechanisms.online.learners import make_online_learner
 from beam_dp.mechanisms.online.regression import make_incremental_regression
 from beam_dp.mechanisms.sums import make_counter
@@ -229,14 +231,14 @@ def test_lifelong_snapshot_restore():
     rng = np.random.default_rng(0)
     tasks = [TaskData(t, rng.uniform(-1, 1, (8, 4)), rng.integers(0, 2, 8)) for t in ("t0", "t1")]
     noise = NoiseSource(TEST_KEY)
-    learner = config.build()
+    learner = build_learner(config)
     state, whole = learner.init_state("s"), []
     for task in tasks:
         state, rel = learner.step(state, learner.merge_blocks([task]), noise)
         whole += rel
-    first = config.build()
+    first = build_learner(config)
     state, first_rel = first.step(first.init_state("s"), first.merge_blocks([tasks[0]]), noise)
-    fresh = config.build()
+    fresh = build_learner(config)
     state, second_rel = fresh.step(fresh.decode_state(first.encode_state(state)), fresh.merge_blocks([tasks[1]]), noise)
     assert _values(first_rel + second_rel) == _values(whole)
 

@@ -1,5 +1,5 @@
 """The CI-sized run of the jobs' fuzz campaign (``tests/reliability/fuzz_jobs.py``; the full campaign
-is run by hand, its numbers in docs/running.md): random flags, input files, keys and output locations
+is run by hand, its numbers in docs/reliability.md): random flags, input files, keys and output locations
 for all five jobs, each ending as "would run" or one line with exit 2 within seconds, never touching a
 previous output or leaving a staging folder or lock; plus one real run and one interrupted run."""
 

@@ -128,7 +128,7 @@ def test_one_dockerfile_serves_every_job():
     pins = (FLEX / "requirements.txt").read_text()
     assert f"apache-beam[gcp]=={apache_beam.__version__}" in pins  # launcher and workers on the tested Beam
     assert "BEAM_DP_NOISE_KEY=" not in dockerfile and not re.search(r"[0-9a-f]{32,}", dockerfile)
-    assert "--dockerfile" not in dockerfile  # current gcloud has no such flag (docs/running.md)
+    assert "--dockerfile" not in dockerfile  # current gcloud has no such flag (docs/engines.md)
 
 
 def _launch(job: str, params: dict, tmp_path) -> subprocess.CompletedProcess:

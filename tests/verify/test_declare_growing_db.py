@@ -16,17 +16,18 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from beam_dp.core.noise import NoiseSource
-from beam_dp.core.noise_declaration import loss_of_declaration, recomputed_epsilon
-from beam_dp.mechanisms.growing_db.pmwg import PMWG, GrowingBlock, Query, cdp_epsilon, pmwg_spend
-from beam_dp.mechanisms.growing_db.schedulers import (
-    BBImprover,
-    BBScheduler,
-    LaplaceHistogram,
+from beam_dp.core.accounting.growing_db import (
     bbimprover_epsilon,
     bbimprover_spend,
     bbscheduler_spend,
+    cdp_epsilon,
+    pmwg_spend,
 )
+from beam_dp.core.noise import NoiseSource
+from beam_dp.core.noise_declaration import loss_of_declaration, recomputed_epsilon
+from beam_dp.mechanisms.growing_db.base import GrowingBlock, Query
+from beam_dp.mechanisms.growing_db.pmwg import PMWG
+from beam_dp.mechanisms.growing_db.schedulers import BBImprover, BBScheduler, LaplaceHistogram
 from beam_dp.verify import DECLARING_MECHANISMS, verify_job
 from tests.conftest import TEST_KEY
 

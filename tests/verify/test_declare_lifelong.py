@@ -13,6 +13,7 @@ import pytest
 
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.noise_declaration import loss_of_declaration, recomputed_epsilon
+from beam_dp.mechanisms.lifelong.factory import build_learner
 from beam_dp.verify import verify_job
 from tests.conftest import TEST_KEY
 from tests.verify.strict_jobs import ROOT, run_and_verify_strictly
@@ -60,7 +61,7 @@ LEARNERS = dict(_learners())
 
 
 def _run(config, tasks=None):
-    learner, noise, releases = config.build(), NoiseSource(TEST_KEY), []
+    learner, noise, releases = build_learner(config), NoiseSource(TEST_KEY), []
     state = learner.init_state("s")
     for task in tasks or _tasks():
         state, out = learner.step(state, task, noise)
@@ -109,7 +110,7 @@ def test_naive_gaussian_declares_every_stream_of_every_task_so_far(runs):
 def test_bounded_learner_declares_the_worst_task_account(runs):
     """Tasks are disjoint: a release declares the one task account (its steps at z_τ and K memory uses
     at z_M) that spends most among the tasks so far; its epsilon is the stated max."""
-    from beam_dp.mechanisms.lifelong.accounting import dpsgd_spend
+    from beam_dp.core.accounting.lifelong import dpsgd_spend
 
     learner, releases = runs["bounded"]
     seen = []

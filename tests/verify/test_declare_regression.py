@@ -9,9 +9,10 @@ import json
 import numpy as np
 import pytest
 
+from beam_dp.core.accounting.regression import advanced_composition
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.noise_declaration import loss_of_declaration, recomputed_epsilon
-from beam_dp.mechanisms.online.regression import PrivIncERM, advanced_composition, make_incremental_regression
+from beam_dp.mechanisms.online.regression import PrivIncERM, make_incremental_regression
 from beam_dp.verify import verify_job
 from tests.verify.strict_jobs import run_and_verify_strictly
 

@@ -137,7 +137,8 @@ def test_several_releases_of_one_step_carry_distinct_purposes():
     """PMWG answers two queries at one database size (one step): their purposes differ (the query's
     sequence number, which keys its noise), so the verifier does not mistake them for two transforms;
     the public synthetic histogram at that step has its own purpose."""
-    from beam_dp.mechanisms.growing_db.pmwg import PMWG, GrowingBlock, Query
+    from beam_dp.mechanisms.growing_db.base import GrowingBlock, Query
+    from beam_dp.mechanisms.growing_db.pmwg import PMWG
 
     mech = PMWG(universe_size=4, n=5, epsilon=1.0, alpha=0.2)
     noise, state = NoiseSource(KEY), mech.init_state("s")
@@ -186,7 +187,7 @@ def _fixed_account(epsilon: float, delta: float) -> tuple[float, float]:
 
 
 def test_accounts_compose_basically_with_terms_and_leave_the_gaussian_part_the_rest_of_delta(monkeypatch):
-    monkeypatch.setitem(noise_declaration.ACCOUNT_KINDS, "fixed", f"{__name__}:_fixed_account")
+    monkeypatch.setitem(noise_declaration.ACCOUNT_KINDS, "fixed", _fixed_account)
     gauss = ElementLoss.of_noise("gaussian", 1.0, 2.0)
     text = declaration_json(gauss.noise, (account("fixed", epsilon=0.5, delta=1e-6),))
     assert json.loads(text)["accounts"] == [{"kind": "fixed", "epsilon": 0.5, "delta": 1e-6}]

@@ -1,4 +1,4 @@
-"""The README's job-budget example runs as written (a budget split, two transforms, the verifier)."""
+"""The job-budget example of docs/budget.md runs as written (a budget split, two transforms, the verifier)."""
 
 import os
 import re
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.pipeline
 
 
 def test_readme_budget_block_runs_as_written(tmp_path):
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "budget.md").read_text(encoding="utf-8")
     block = re.search(r"<!-- readme-test: budget -->\n```python\n(.*?)```", text, re.S).group(1)
     env = dict(os.environ, PYTHONPATH=str(ROOT), BEAM_DP_NOISE_KEY=bytes(range(32)).hex())
     (tmp_path / "block.py").write_text(block, encoding="utf-8")  # as a user pastes it into a script

@@ -3,10 +3,10 @@
 Pure state machines over numpy (no Beam): models with data-independent Lipschitz constants, the
 certified solver, output perturbation with K-norm (pure ε) or Gaussian ((ε, δ)) noise, and the
 mechanisms of Algorithms 1–8. Releases are ``Release``s whose value is
-``{"weights": (C, f), "intercepts": (C,)}`` and whose meta logs every training call.
+``{"weights": (C, f), "intercepts": (C,)}`` and whose meta logs every training call; their spend is
+re-derived from that log by :mod:`beam_dp.core.accounting.erm_log`.
 """
 
-from beam_dp.mechanisms.erm.accounting import events_of, pld_epsilon, spend_from_log
 from beam_dp.mechanisms.erm.base import ERMMechanism, LabelledRows, call_sensitivity, sampling_probability
 from beam_dp.mechanisms.erm.continual import ContinualReleaseMechanism
 from beam_dp.mechanisms.erm.models import HuberRegression, LinearModel, SoftmaxRegression
@@ -28,9 +28,6 @@ __all__ = [
     "call_sensitivity",
     "certified_slack",
     "certified_solve",
-    "events_of",
-    "pld_epsilon",
     "sampling_probability",
     "sgd_solve",
-    "spend_from_log",
 ]

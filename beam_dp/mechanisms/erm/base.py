@@ -18,7 +18,7 @@ public parameters.
   charges compose exactly into one Gaussian mechanism with ``μ = sqrt(Σ μ_i²)`` (Gaussian
   differential privacy); the budget ``μ*`` is the analytic-Gaussian ``μ`` of ``(ε, δ)``
   (``1/analytic_gaussian_sigma(ε, δ, 1)``) and each algorithm splits ``μ*²`` over its geometric
-  schedule. ``accounting.pld_epsilon`` re-derives the same ε with dp-accounting's PLD accountant.
+  schedule. ``beam_dp.core.accounting.erm.pld_epsilon`` re-derives the same ε with dp-accounting's PLD accountant.
 
 **As-published calibration — NOT PRIVATE** (``as_published_not_private=True``, research use only, to
 draw the paper's figures beside the certified ones; the Beam transforms cannot request it): the
@@ -32,7 +32,7 @@ paper's claimed ε as ``meta["claimed_epsilon"]``.
 
 Every training call is an *event* (a dict in the release meta ``events``) with its member ranges
 (1-based inclusive positions), ``n_norm``, law, scale, sampling probability and cost, so each
-element's spend can be recomputed from the release log alone (``accounting.spend_from_log``).
+element's spend can be recomputed from the release log alone (``beam_dp.core.accounting.erm_log.spend_from_log``).
 Elements are ``unit``-blocks of positions (b0, B or w0) that always share every event; the state
 keeps their cumulative cost (pure ε and μ²) and ``epsilon_spent`` is the maximum over them. It also
 counts, per block, the calls of each noise key (``declaration``), and a release declares the noise
@@ -48,6 +48,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from beam_dp.core.accounting.erm import sampled_k_norm_loss
 from beam_dp.core.calibration import analytic_gaussian_epsilon, analytic_gaussian_sigma
 from beam_dp.core.clipping import clip_l2
 from beam_dp.core.grid import power_of_two_at_least, snap_sum
@@ -55,14 +56,13 @@ from beam_dp.core.guarantee import Guarantee
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
 from beam_dp.core.state import decode_state, encode_state
-from beam_dp.mechanisms.erm.accounting import sampled_k_norm_loss
 from beam_dp.mechanisms.erm.declaration import count_charge, declaration_of
+from beam_dp.mechanisms.erm.iteration import SolveResult
 from beam_dp.mechanisms.erm.models import LinearModel
 from beam_dp.mechanisms.erm.solver import (
     Backend,
     CertificateError,
     SGDConfig,
-    SolveResult,
     certified_slack,
     certified_solve,
     resolve_backend,

@@ -8,7 +8,7 @@ all public functions of the parameters and the schedule. ``keys`` (V, 3) holds t
 mechanism has used, ``counts`` (blocks, V) how many calls of each key every unit block lies in. A
 release declares the counts of a block with the worst loss: each unsampled key as a term
 ``(law, Δ, scale, count)``; each sampled K-norm key (``p < 1``, pure ε only) as an account
-``erm_sampled_k_norm`` whose function, :func:`beam_dp.mechanisms.erm.accounting.sampled_k_norm_loss`,
+``erm_sampled_k_norm`` whose function, :func:`beam_dp.core.accounting.erm.sampled_k_norm_loss`,
 is the one the mechanism charges each call with.
 """
 

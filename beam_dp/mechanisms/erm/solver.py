@@ -62,9 +62,10 @@ from typing import Literal
 
 import numpy as np
 
+from beam_dp.mechanisms.erm.iteration import SolveResult, momentum
 from beam_dp.mechanisms.erm.models import LinearModel
 
-__all__ = ["Backend", "CertificateError", "SGDConfig", "SolveResult", "certified_slack", "certified_solve",
+__all__ = ["Backend", "CertificateError", "SGDConfig", "certified_slack", "certified_solve",
            "iteration_cap", "objective_gradient", "resolve_backend", "sgd_solve"]
 
 log = logging.getLogger(__name__)
@@ -91,18 +92,6 @@ def certified_slack(tolerance: float, n_norm: int) -> float:
     if not (0 < tolerance <= 1) or n_norm < 1:
         raise ValueError(f"certified_slack needs 0 < tolerance <= 1 and n_norm >= 1, got ({tolerance!r}, {n_norm!r})")
     return tolerance + max(tolerance, _ROUNDING_FACTOR * float(n_norm) ** 2 * _ROUNDOFF)
-
-
-@dataclass(frozen=True)
-class SolveResult:
-    """A trained (not yet private) point and its certificate: ``grad_norm = ‖∇F(w)‖₂``."""
-
-    w: np.ndarray
-    grad_norm: float
-    target: float
-    iterations: int
-    certified: bool
-    backend: str
 
 
 @dataclass(frozen=True)
@@ -136,12 +125,6 @@ def objective_gradient(model: LinearModel, w: np.ndarray, X: np.ndarray, y: np.n
     return g / n_norm + 2.0 * lam * (w - w_ref)
 
 
-def _momentum(model: LinearModel, lam: float) -> tuple[float, float]:
-    beta_f = model.smoothness + 2.0 * lam
-    kappa = beta_f / (2.0 * lam)
-    return 1.0 / beta_f, (math.sqrt(kappa) - 1.0) / (math.sqrt(kappa) + 1.0)
-
-
 def iteration_cap(model: LinearModel, lam: float, rows: int, tolerance: float = 1.0) -> int:
     """The public number K of accelerated-gradient iterations after which ``‖∇F‖ ≤ tolerance·L/n_norm``
     holds for every dataset of ``rows`` clipped rows (any n_norm ≥ rows; proof in the module
@@ -172,7 +155,7 @@ def certified_solve(model: LinearModel, X: np.ndarray, y: np.ndarray, n_norm: in
         from beam_dp.mechanisms.erm.solver_torch import torch_certified_solve
 
         return torch_certified_solve(model, X, y, n_norm, lam, w_ref, target, cap, device)
-    step, theta = _momentum(model, lam)
+    step, theta = momentum(model, lam)
     x_prev = w_ref.astype(np.float64).copy()
     point = x_prev.copy()
     for it in range(cap + 1):

@@ -23,8 +23,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from beam_dp.mechanisms.erm.iteration import SolveResult, momentum
 from beam_dp.mechanisms.erm.models import LinearModel
-from beam_dp.mechanisms.erm.solver import SolveResult, _momentum
 from beam_dp.mechanisms.torch_device import resolve_device
 
 __all__ = ["device_tolerance", "torch_certified_solve"]
@@ -64,7 +64,7 @@ def torch_certified_solve(model: LinearModel, X: np.ndarray, y: np.ndarray, n_no
     yt = torch.as_tensor(np.asarray(y), device=dev)
     yt = yt.to(torch.float64) if model.kind == "huber" else yt.to(torch.int64)
     ref = torch.as_tensor(np.asarray(w_ref, dtype=np.float64), device=dev)
-    step, theta = _momentum(model, lam)
+    step, theta = momentum(model, lam)
     x_prev = ref.clone()
     point = ref.clone()
     for it in range(cap + 1):

@@ -25,7 +25,8 @@ unbounded horizon, for *any* ξ_n: privacy never rests on the accuracy event. ``
 every release is the accountant total, which equals the worst element's spend (attained at t* = n).
 Every release declares it as a ``"pmwg"`` account (:func:`pmwg_spend`: n, ξ_n, a, δ, the number of
 segments and their :func:`segment_load`), the function the mechanism reports its spend with and
-filters segments by, so that ``python -m beam_dp.verify`` recomputes it.
+filters segments by (:mod:`beam_dp.core.accounting.growing_db`), so that ``python -m beam_dp.verify``
+recomputes it.
 
 Noise keys (each drawn once): ``(<purpose>-threshold, (segment,))``,
 ``(<purpose>-test, (query_seq, sign_slot))``, ``(<purpose>-answer, (query_seq,))`` where
@@ -34,125 +35,32 @@ Noise keys (each drawn once): ``(<purpose>-threshold, (segment,))``,
 
 from __future__ import annotations
 
-import abc
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Callable, ClassVar, Sequence
+from typing import ClassVar
 
 import numpy as np
 
+from beam_dp.core.accounting.growing_db import (
+    DEFAULT_SEGMENTS,
+    SEGMENT_COST,
+    cdp_epsilon,
+    charged,
+    check_int,
+    check_positive,
+    planned_xi_n,
+    pmwg_spend,
+    segment_cost,
+    segment_load,
+    spent,
+)
 from beam_dp.core.guarantee import Guarantee
 from beam_dp.core.noise import NoiseSource
-from beam_dp.core.noise_declaration import account, declaration_json
 from beam_dp.core.release import Release
-from beam_dp.core.state import decode_state, encode_state
-from beam_dp.mechanisms.growing_db.universe import check_elements, check_query, clamp_answer
+from beam_dp.mechanisms.growing_db.base import NEIGHBOURING, GrowingQueryMechanism, Query, dot
+from beam_dp.mechanisms.growing_db.universe import clamp_answer
 
-__all__ = [
-    "DynamicNumericSparse",
-    "GrowingBlock",
-    "GrowingQueryMechanism",
-    "PMWG",
-    "PMWGState",
-    "Query",
-    "DEFAULT_SEGMENTS",
-    "cdp_epsilon",
-    "cdp_budget_sq",
-    "greedy_worst_case_spend",
-    "hard_query_bound",
-    "planned_xi_n",
-    "pmwg_spend",
-    "relative_entropy",
-    "replay_growing",
-    "segment_cost",
-    "segment_load",
-    "worst_case_xi_n",
-]
-
-NEIGHBOURING = "growing database: substitute one element from its arrival on (t* >= n)"
-
-
-# -- composition helpers -----------------------------------------------------------------------
-def cdp_epsilon(sum_sq: float, delta: float) -> float:
-    """CDP conversion (paper Theorem 4): pieces with ε_i-DP compose to ``½S + √(2S ln(1/δ))``, S = Σε_i²."""
-    if sum_sq <= 0.0:
-        return 0.0
-    return 0.5 * sum_sq + math.sqrt(2.0 * sum_sq * math.log(1.0 / delta))
-
-
-def cdp_budget_sq(epsilon: float, delta: float) -> float:
-    """The largest S with ``cdp_epsilon(S, δ) = ε``: ``(√(2 ln(1/δ) + 2ε) − √(2 ln(1/δ)))²``."""
-    L = 2.0 * math.log(1.0 / delta)
-    return (math.sqrt(L + 2.0 * epsilon) - math.sqrt(L)) ** 2
-
-
-def charged(total: float, cost: float, delta: float) -> float:
-    """An accountant total after charging a piece of ``cost``-DP: pure (δ = 0) costs add; δ > 0 sums
-    the squared costs (the S of :func:`cdp_epsilon`)."""
-    return total + cost if delta == 0.0 else total + cost * cost
-
-
-def spent(total: float, delta: float) -> float:
-    """ε of an accountant total built by :func:`charged` (pure: the sum; δ > 0: CDP conversion of S)."""
-    return total if delta == 0.0 else cdp_epsilon(total, delta)
-
-
-def _check_positive(name: str, value: Any, upper: float | None = None) -> float:
-    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value <= 0 or (upper is not None and value > upper):
-        bound = "" if upper is None else f" and <= {upper}"
-        raise ValueError(f"{name} must be a finite number > 0{bound}, got {value!r}")
-    return float(value)
-
-
-def _check_int(name: str, value: Any, low: int) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    return int(value)
-
-
-# -- accuracy bookkeeping ----------------------------------------------------------
-def hard_query_bound(t: int | np.ndarray, N: int, n: int, alpha: float) -> np.ndarray:
-    """H(t) of paper Lemma 6 / Corollary 7: the most hard queries up to size t on the good event."""
-    t_arr = np.atleast_1d(np.asarray(t, dtype=np.int64))
-    top = int(t_arr.max())
-    tau = np.arange(n + 1, max(top, n) + 1, dtype=np.float64)
-    growth = math.log(N) / tau + np.log(tau - 1) / tau + np.log(tau / (tau - 1))
-    cum = np.concatenate([[0.0], np.cumsum(growth)])
-    return (36.0 / alpha**2) * (math.log(N) + cum[np.clip(t_arr - n, 0, None)])
-
-
-DEFAULT_SEGMENTS = 16
-
-
-def planned_xi_n(n: int, epsilon: float, delta: float = 0.0, segments: int = DEFAULT_SEGMENTS) -> float:
-    """The default ξ_n: the smallest noise under which ``segments`` segments, all opened at the start
-    size n (their most expensive time: a segment opened at t costs ``2.25/(t ξ_t)``, decreasing in t
-    for a < 1), fit the budget: pure ``2.25·K/(n ε)``; δ > 0 ``2.25·√K/(n·√S)``, S = cdp_budget_sq(ε, δ).
-    Public inputs only (n, ε, δ and the constant K), so privacy does not depend on it; segments opened
-    later are cheaper, so more than K fit. When the budget is spent the accountant pauses (answers
-    from the public histogram, flagged ``unchecked``). K = 16 was chosen on the synthetic stream of
-    ``benchmarks/bench_growing_db.py`` (docs/growing_db.md), never on user data."""
-    _check_int("segments", segments, 1)
-    if delta == 0.0:
-        return 2.25 * segments / (n * epsilon)
-    return 2.25 * math.sqrt(segments) / (n * math.sqrt(cdp_budget_sq(epsilon, delta)))
-
-
-def worst_case_xi_n(N: int, n: int, epsilon: float, alpha: float, delta: float = 0.0, a: float = 0.5) -> float:
-    """ξ_n (ours, worst case): the accountant never refuses while the subroutine is α/3-accurate (the
-    worst case of Lemma 6: noise sized for H(t) hard queries; answers within α only from n ≈ 10^6)."""
-    c = 36.0 / alpha**2
-    if delta == 0.0:
-        K = 1.0 + c * (math.log(N) + (math.log(N * n) + 2.0) / (1.0 - a) + 1.0 / (1.0 - a) ** 2)
-        return 2.25 * K / (epsilon * n)
-    K = 1.0 + c * (math.log(N) + (math.log(N * n) + 2.0) / (2.0 - 2.0 * a) + 1.0 / (2.0 - 2.0 * a) ** 2)
-    return 2.25 * math.sqrt(K) / (n * math.sqrt(cdp_budget_sq(epsilon, delta)))
-
-
-def dot(a: np.ndarray, b: np.ndarray) -> float:
-    """⟨a, b⟩ over N without BLAS: a 1-d BLAS dot can be 500× slower when its threads fight for cores."""
-    return float(np.einsum("i,i->", a, b))
+__all__ = ["DynamicNumericSparse", "PMWG", "PMWGState", "relative_entropy"]
 
 
 def relative_entropy(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -175,7 +83,7 @@ class DynamicNumericSparse:
     THRESHOLD_SCALE: ClassVar[float] = 1.0  # Z ~ Lap(1), used as ξ_t·Z
     TEST_SCALE: ClassVar[float] = 2.0  # ν ~ Lap(2 ξ_t)
     ANSWER_SCALE: ClassVar[float] = 4.0  # ω ~ Lap(4 ξ_t)
-    SEGMENT_COST: ClassVar[float] = 2.25  # × s_{t0}
+    SEGMENT_COST: ClassVar[float] = SEGMENT_COST  # × s_{t0}
 
     def __init__(self, *, n: int, epsilon: float, delta: float, xi_n: float, a: float, purpose: str = "pmwg"):
         self.n, self.epsilon, self.delta, self.xi_n, self.a = n, epsilon, delta, xi_n, a
@@ -208,145 +116,6 @@ class DynamicNumericSparse:
     def answer_noise(self, noise: NoiseSource, stream: str, seq: int, t: int) -> float:
         return float(noise.laplace(stream, f"{self.purpose}-answer", (seq,), self.ANSWER_SCALE * self.xi(t), 1)[0])
 
-
-def segment_cost(t0: float, *, n: float, xi_n: float, a: float) -> float:
-    """ε charged for a sparse-vector segment opened at size ``t0``: ``2.25·s_{t0}``, ``s_t = 1/(t ξ_t)``,
-    ``ξ_t = ξ_n (n/t)^a`` (:class:`DynamicNumericSparse`)."""
-    return DynamicNumericSparse.SEGMENT_COST * (1.0 / (t0 * (xi_n * (n / t0) ** a)))
-
-
-def _whole(name: str, value: float, low: float) -> int:
-    if not (math.isfinite(value) and float(value).is_integer() and value >= low):
-        raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}")
-    return int(value)
-
-
-def segment_load(opens: np.ndarray, *, n: float, a: float, delta: float) -> float:
-    """The accountant total of segments opened at the sizes ``opens``, in units of a segment opened at
-    n: ``Σ (n/t0)^{1−a}`` (δ = 0, the costs' sum over ``segment_cost(n)``) or ``Σ (n/t0)^{2(1−a)}``
-    (δ > 0, their squares' sum over its square); each term is at most 1."""
-    power = (1.0 - a) * (1.0 if delta == 0.0 else 2.0)
-    return float(np.sum((n / np.asarray(opens, dtype=np.float64)) ** power))
-
-
-def pmwg_spend(*, n: float, xi_n: float, a: float, delta: float, segments: float, load: float
-               ) -> tuple[float, float]:
-    """PMWG's accountant: ``(ε, δ)`` spent by an element in all ``segments`` sparse-vector segments
-    opened so far (the worst one, present from n), of :func:`segment_load` ``load``: each segment opened
-    at t0 is charged :func:`segment_cost` = ``segment_cost(n)·(n/t0)^{1−a}``; δ = 0 the costs add, δ > 0
-    their squares compose by CDP. The mechanism reports its spend and filters segments with this
-    function and declares its parameters (a ``"pmwg"`` account, :mod:`beam_dp.core.noise_declaration`),
-    all public: the start size, the noise function, and a load of the opening sizes (a segment opens at
-    the first checked query after the released hard answer closing the last). ``ValueError`` on
-    parameters out of range (a load above the number of segments: no segment opened before n)."""
-    n, count = _whole("n", n, 1), _whole("segments", segments, 0)
-    xi_n = _check_positive("xi_n", xi_n)
-    if not (0.0 <= a < 1.0 and 0.0 <= delta < 1.0):
-        raise ValueError(f"a and delta must lie in [0, 1), got a = {a!r}, delta = {delta!r}")
-    if not (0.0 <= load <= count * (1.0 + 1e-12) and (load > 0.0) == (count > 0)):
-        raise ValueError(f"the load of {count} segments lies in (0, {count}], got {load!r}")
-    unit = segment_cost(n, n=n, xi_n=xi_n, a=a)  # a segment opened at n: 2.25/(n ξ_n)
-    total = load * (unit if delta == 0.0 else unit * unit)
-    return spent(total, delta), (delta if delta > 0.0 and total > 0.0 else 0.0)
-
-
-# -- the shared driver of growing-database mechanisms ------------------------------------------
-@dataclass(frozen=True)
-class Query:
-    """A linear query to answer at database size ``t``: weights ``f ∈ [0,1]^N``, a public id."""
-
-    t: int
-    query_id: str
-    weights: np.ndarray
-
-
-@dataclass(frozen=True)
-class GrowingBlock:
-    """One engine step: ``elements`` (universe indices, in absorption order) and the queries to
-    answer during it, each at its size ``t`` (``state.t ≤ t ≤ state.t + len(elements)``)."""
-
-    elements: np.ndarray
-    queries: tuple[Query, ...] = ()
-
-
-class GrowingQueryMechanism(abc.ABC):
-    """Drives a growing-database mechanism: absorb elements one size at a time, answer each query
-    exactly when the database has its size ``t``. Subclasses implement ``init_state``,
-    ``_absorb`` (a chunk of elements, returning releases of runs it triggers) and ``_answer``."""
-
-    name: str
-    guarantee: Guarantee
-    universe_size: int
-    n: int
-    state_type: type
-    account_kind: ClassVar[str]  # its key of ``ACCOUNT_KINDS``: ``spend_function`` is registered under it
-    spend_function: ClassVar[Callable[..., tuple[float, float]]]
-
-    # the interface ----------------------------------------------------------------------------
-    def step(self, state: Any, block: GrowingBlock | None, noise: NoiseSource) -> tuple[Any, list[Release]]:
-        """Absorb the block's elements in order, answering each query right after its t-th element."""
-        if block is None:
-            return state, []
-        elements = check_elements(block.elements, self.universe_size)
-        releases: list[Release] = []
-        done = 0
-        for query in sorted(block.queries, key=lambda q: q.t):  # stable: same-t queries keep their order
-            upto = query.t - state.t
-            if upto < 0 or upto > len(elements) - done:
-                raise ValueError(f"query at size {query.t} is outside this block")
-            if upto > 0:
-                state, rel = self._absorb(state, elements[done : done + upto], noise)
-                releases.extend(rel)
-                done += upto
-            state, rel = self.answer(state, query, noise)
-            releases.extend(rel)
-        if done < len(elements):
-            state, rel = self._absorb(state, elements[done:], noise)
-            releases.extend(rel)
-        return state, releases
-
-    def absorb(self, state: Any, elements: np.ndarray, noise: NoiseSource) -> tuple[Any, list[Release]]:
-        """Add elements (universe indices) in order; returns releases of any runs this triggers."""
-        return self._absorb(state, check_elements(elements, self.universe_size), noise)
-
-    def answer(self, state: Any, query: Query, noise: NoiseSource) -> tuple[Any, list[Release]]:
-        """Answer one query at the current size (``query.t`` must equal ``state.t``)."""
-        if query.t != state.t:
-            raise ValueError(f"a query for size {query.t} cannot be answered at size {state.t}")
-        if state.t < self.n:
-            raise ValueError(f"before_start: queries need the database size to be at least n = {self.n}")
-        weights = check_query(query.weights, self.universe_size)
-        return self._answer(state, query, weights, noise)
-
-    def snapshot(self, state: Any) -> Release | None:
-        """The public synthetic histogram as a release (``None`` if there is none yet)."""
-        return None
-
-    def spend(self, state: Any) -> tuple[float, float, str]:
-        """``(epsilon_spent, delta_spent, noise)`` of a release at ``state``: ``spend_function`` of the
-        public parameters ``_account_params(state)``, declared as an account of ``account_kind`` so that
-        a verifier recomputes the spend with the very function the mechanism used."""
-        params = self._account_params(state)
-        epsilon, delta = self.spend_function(**params)
-        return epsilon, delta, declaration_json((), (account(self.account_kind, **params),))
-
-    def encode_state(self, state: Any) -> bytes:
-        return encode_state(state)
-
-    def decode_state(self, data: bytes) -> Any:
-        return decode_state(self.state_type, data)
-
-    @abc.abstractmethod
-    def init_state(self, stream: str) -> Any: ...
-
-    @abc.abstractmethod
-    def _account_params(self, state: Any) -> dict[str, float]: ...
-
-    @abc.abstractmethod
-    def _absorb(self, state: Any, elements: np.ndarray, noise: NoiseSource) -> tuple[Any, list[Release]]: ...
-
-    @abc.abstractmethod
-    def _answer(self, state: Any, query: Query, weights: np.ndarray, noise: NoiseSource) -> tuple[Any, list[Release]]: ...
 
 
 # -- PMWG ----------------------------------------------------------------------------------------
@@ -403,10 +172,10 @@ class PMWG(GrowingQueryMechanism):
         purpose: str = "pmwg",
         subroutine: type[DynamicNumericSparse] = DynamicNumericSparse,
     ):
-        self.universe_size = _check_int("universe_size", universe_size, 2)
-        self.n = _check_int("n", n, 1)
-        self.epsilon = _check_positive("epsilon", epsilon)
-        self.alpha = _check_positive("alpha", alpha, upper=1.0)
+        self.universe_size = check_int("universe_size", universe_size, 2)
+        self.n = check_int("n", n, 1)
+        self.epsilon = check_positive("epsilon", epsilon)
+        self.alpha = check_positive("alpha", alpha, upper=1.0)
         if not (isinstance(delta, (int, float, np.floating)) and 0.0 <= delta < 1.0):
             raise ValueError(f"delta must lie in [0, 1), got {delta!r}")
         if not (isinstance(a, (int, float, np.floating)) and 0.0 <= a < 1.0):
@@ -414,7 +183,7 @@ class PMWG(GrowingQueryMechanism):
         self.delta, self.a = float(delta), float(a)
         if xi_n is None:
             xi_n = planned_xi_n(self.n, self.epsilon, self.delta, segments)
-        self.xi_n = _check_positive("xi_n", xi_n)
+        self.xi_n = check_positive("xi_n", xi_n)
         self.eta = self.alpha / 6.0
         self.threshold = 2.0 * self.alpha / 3.0
         self.guarantee = Guarantee(self.epsilon, self.delta, neighbouring=NEIGHBOURING)
@@ -544,26 +313,3 @@ class PMWG(GrowingQueryMechanism):
         return np.array([cdp_epsilon(s, self.delta) for s in (cost**2).sum(axis=1)])
 
 
-def greedy_worst_case_spend(N: int, n: int, alpha: float, epsilon: float, horizon: int, *, delta: float = 0.0,
-                            a: float = 0.5, xi_n: float | None = None) -> float:
-    """ε spent by the accountant's worst case up to ``horizon``: hard queries as
-    early as H(t) allows, each segment opening at the previous hard query (the first at n), plus the
-    segment open at the end."""
-    xi_n = worst_case_xi_n(N, n, epsilon, alpha, delta, a) if xi_n is None else xi_n
-    H = np.floor(hard_query_bound(np.arange(n, horizon + 1), N, n, alpha) + 1e-9)
-    k = np.arange(1, int(H[-1]) + 1)
-    hard_times = n + np.searchsorted(H, k, side="left")  # first t with H(t) >= k
-    opens = np.concatenate([[n], hard_times]).astype(np.float64)  # segment k opens at hard query k−1
-    cost = 2.25 * opens ** (a - 1.0) * n ** (-a) / xi_n
-    return float(cost.sum()) if delta == 0.0 else cdp_epsilon(float((cost**2).sum()), delta)
-
-
-def replay_growing(mechanism: GrowingQueryMechanism, stream: str, elements: Sequence[np.ndarray],
-                   queries: Sequence[Sequence[Query]], noise: NoiseSource) -> tuple[Any, list[Release]]:
-    """Drive ``mechanism`` over engine steps (``elements[i]``, ``queries[i]``): the pure reference."""
-    state = mechanism.init_state(stream)
-    out: list[Release] = []
-    for els, qs in zip(elements, queries):
-        state, rel = mechanism.step(state, GrowingBlock(np.asarray(els, np.int64), tuple(qs)), noise)
-        out.extend(rel)
-    return state, out

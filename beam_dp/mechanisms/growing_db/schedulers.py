@@ -22,10 +22,10 @@ certified substitute),
 are evaluated lazily, only at sizes where a query (or snapshot) needs them: the noise is keyed by t,
 so the output equals that of an eager run, and the accountant charges every size regardless.
 
-Neighbouring streams and units as in :mod:`beam_dp.mechanisms.growing_db.pmwg`. ``epsilon_spent`` is the spend
+Neighbouring streams and units as in :mod:`beam_dp.mechanisms.growing_db.base`. ``epsilon_spent`` is the spend
 of the worst element (one present from t = n): the runs' ε summed (δ = 0) or CDP-composed (δ > 0),
-computed by :func:`bbscheduler_spend` (ε, δ, γ, the number of epochs run) or :func:`bbimprover_spend`
-(n, ε, δ, the size t), which every release declares as an account of the same name
+computed by ``bbscheduler_spend`` (ε, δ, γ, the number of epochs run) or ``bbimprover_spend`` (n, ε, δ,
+the size t) of :mod:`beam_dp.core.accounting.growing_db`, which every release declares as an account of the same name
 (:mod:`beam_dp.core.noise_declaration`) so that ``python -m beam_dp.verify`` recomputes it.
 Noise purposes: ``("bbs", (epoch, sub))`` and ``("bbi", (t, sub))`` (plus ``-gen`` for generators).
 """
@@ -39,20 +39,21 @@ from typing import ClassVar, Protocol, Sequence
 
 import numpy as np
 
+from beam_dp.core.accounting.growing_db import (
+    EpochPlan,
+    bbimprover_epsilon,
+    bbimprover_spend,
+    bbimprover_spent_sq,
+    bbscheduler_plan,
+    bbscheduler_spend,
+    cdp_budget_sq,
+    check_int,
+    check_positive,
+)
 from beam_dp.core.guarantee import Guarantee
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
-from beam_dp.mechanisms.growing_db.pmwg import (
-    NEIGHBOURING,
-    GrowingQueryMechanism,
-    Query,
-    _check_int,
-    _check_positive,
-    _whole,
-    cdp_budget_sq,
-    cdp_epsilon,
-    dot,
-)
+from beam_dp.mechanisms.growing_db.base import NEIGHBOURING, GrowingQueryMechanism, Query, dot
 from beam_dp.mechanisms.growing_db.universe import check_query, clamp_answer
 
 __all__ = [
@@ -64,10 +65,6 @@ __all__ = [
     "MWEM",
     "SchedulerState",
     "SmallDB",
-    "bbimprover_epsilon",
-    "bbimprover_spend",
-    "bbscheduler_plan",
-    "bbscheduler_spend",
 ]
 
 
@@ -120,7 +117,7 @@ class LaplaceHistogram:
     p = 1.0
 
     def __init__(self, universe_size: int):
-        self.N = _check_int("universe_size", universe_size, 2)
+        self.N = check_int("universe_size", universe_size, 2)
         self.g = 2.0 * self.N * (1.0 + math.log(2.0 * self.N))
 
     def run(self, counts, t, epsilon, alpha, beta, noise: BoxNoise) -> dict[str, np.ndarray]:
@@ -200,7 +197,7 @@ class MWEM:
             raise ValueError("MWEM needs a (k >= 1, N >= 2) matrix of queries")
         for row in q:
             check_query(row, q.shape[1])
-        self.queries, self.rounds = q, _check_int("rounds", rounds, 1)
+        self.queries, self.rounds = q, check_int("rounds", rounds, 1)
         self.N = q.shape[1]
 
     def run(self, counts, t, epsilon, alpha, beta, noise: BoxNoise) -> dict[str, np.ndarray]:
@@ -227,120 +224,6 @@ class MWEM:
         return synopsis["histogram"]
 
 
-# -- parameter schedules -------------------------------------------------------------------------
-@dataclass(frozen=True)
-class EpochPlan:
-    """BBScheduler's public schedule: γ, x, the per-epoch ε_i (closed form), β_i, α_i."""
-
-    n: int
-    epsilon: float
-    delta: float
-    beta: float
-    gamma: float
-    c: float  # δ > 0: ε_i = c (i+1)/(1+γ)^i
-    alpha: float | None
-
-    def epoch_time(self, i: int) -> int:
-        return math.ceil(self.n * (1.0 + self.gamma) ** i - 1e-9)
-
-    def epsilon_i(self, i: int) -> float:
-        return _epoch_epsilon(i, self.epsilon, self.delta, self.gamma, self.c)
-
-    def beta_i(self, i: int) -> float:
-        return (self.beta / (1.0 + self.beta)) ** (i + 1)
-
-    def spent_after(self, last: int) -> float:
-        """Worst element's ε after epochs 0..last (:func:`bbscheduler_spend`)."""
-        return bbscheduler_spend(epsilon=self.epsilon, delta=self.delta, gamma=self.gamma, epochs=last + 1)[0]
-
-
-def _epoch_epsilon(i: int, epsilon: float, delta: float, gamma: float, c: float) -> float:
-    """BBScheduler's ε_i: ``γ²(i+1)ε/(1+γ)^{i+2}`` (δ = 0) or ``c(i+1)/(1+γ)^i`` (δ > 0)."""
-    x = 1.0 / (1.0 + gamma)  # powers of x underflow to 0 harmlessly; (1+γ)^i would overflow
-    if delta == 0.0:
-        return gamma**2 * (i + 1) * epsilon * x ** (i + 2)
-    return c * (i + 1) * x**i
-
-
-def _cdp_rate(epsilon: float, delta: float, gamma: float) -> float:
-    """The δ > 0 constant c of ε_i = c(i+1)/(1+γ)^i: Σ_i ε_i² = S_tot = cdp_budget_sq(ε, δ)."""
-    x = (1.0 + gamma) ** -2
-    return math.sqrt(cdp_budget_sq(epsilon, delta) * (1 - x) ** 3 / (1 + x))
-
-
-def bbscheduler_spend(*, epsilon: float, delta: float, gamma: float, epochs: float) -> tuple[float, float]:
-    """BBScheduler's ``(ε, δ)`` spent by an element in the first ``epochs`` runs (the worst one, present
-    from n), for the transform's budget ``(epsilon, delta)`` and epoch growth ``gamma`` (all public):
-    δ = 0 the closed form ``ε[1 − (I+2)x^{I+1} + (I+1)x^{I+2}]`` of ``Σ_{i ≤ I} ε_i`` (x = 1/(1+γ),
-    I = epochs − 1); δ > 0 the CDP conversion of ``Σ_{i ≤ I} ε_i²``. ``ValueError`` out of range."""
-    epsilon, gamma = _check_positive("epsilon", epsilon), _check_positive("gamma", gamma)
-    if not 0.0 <= delta < 1.0:
-        raise ValueError(f"delta must lie in [0, 1), got {delta!r}")
-    last = _whole("epochs", epochs, 0) - 1
-    if last < 0:
-        return 0.0, 0.0
-    if delta == 0.0:
-        x = 1.0 / (1.0 + gamma)
-        return epsilon * (1.0 - (last + 2) * x ** (last + 1) + (last + 1) * x ** (last + 2)), 0.0
-    c = _cdp_rate(epsilon, delta, gamma)
-    return cdp_epsilon(sum(_epoch_epsilon(i, epsilon, delta, gamma, c) ** 2 for i in range(last + 1)), delta), delta
-
-
-def bbscheduler_plan(*, n: int, epsilon: float, beta: float, delta: float = 0.0, p: float | None = None,
-                     g: float | None = None, gamma: float | None = None) -> EpochPlan:
-    """Validate and build BBScheduler's schedule (γ/§3.2 unless given)."""
-    n = _check_int("n", n, 1)
-    epsilon = _check_positive("epsilon", epsilon)
-    beta = _check_positive("beta", beta, upper=math.exp(-1.0))
-    if not (isinstance(delta, (int, float)) and 0.0 <= delta < 1.0):
-        raise ValueError(f"delta must lie in [0, 1), got {delta!r}")
-    certified = p is not None and g is not None
-    if gamma is None:
-        if not certified:
-            raise ValueError("a black box without a certified (p, g) needs an explicit gamma")
-        if delta == 0.0:
-            gamma = g ** (1 / (2 * p + 1)) * (math.log(1 / beta) / (epsilon * n)) ** (p / (2 * p + 1))
-        else:
-            gamma = g ** (1 / (1.5 * p + 1)) * (math.sqrt(math.log(1 / delta)) * math.log(1 / beta)
-                                                / (epsilon * n)) ** (p / (1.5 * p + 1))
-    gamma = _check_positive("gamma", gamma)
-    c = 0.0
-    alpha = None
-    if delta == 0.0:
-        if certified:
-            alpha = g * ((1 + gamma) ** 2 * math.log((1 + beta) / beta) / (gamma**2 * epsilon * n)) ** p
-    else:
-        c = _cdp_rate(epsilon, delta, gamma)
-        if certified:
-            alpha = g * (math.log((1 + beta) / beta) / (c * n)) ** p
-    return EpochPlan(n, epsilon, float(delta), beta, gamma, c, alpha)
-
-
-def bbimprover_epsilon(t: int | np.ndarray, n: int, s_tot: float) -> np.ndarray:
-    """ε_t = √(S_tot ln(n−1) (1/ln(t−1) − 1/ln t)) for t ≥ n ≥ 3."""
-    t = np.asarray(t, dtype=np.float64)
-    return np.sqrt(s_tot * math.log(n - 1) * (1.0 / np.log(t - 1.0) - 1.0 / np.log(t)))
-
-
-def _improver_spent_sq(t: int, n: int, s_tot: float) -> float:
-    """S(t) = Σ_{n ≤ τ ≤ t} ε_τ² = S_tot ln(n−1)(1/ln(n−1) − 1/ln t) (0 before n)."""
-    if t < n:
-        return 0.0
-    return s_tot * math.log(n - 1) * (1.0 / math.log(n - 1) - 1.0 / math.log(t))
-
-
-def bbimprover_spend(*, n: float, epsilon: float, delta: float, t: float) -> tuple[float, float]:
-    """BBImprover's ``(ε, δ)`` at size ``t``: the CDP conversion of S(t), a run charged at every size
-    n ≤ τ ≤ t whether or not it was evaluated, for start size ``n`` and budget ``(epsilon, delta)``
-    (all public, t the public database size). ``ValueError`` out of range."""
-    n, t = _whole("n", n, 3), _whole("t", t, 0)
-    epsilon = _check_positive("epsilon", epsilon)
-    if not 0.0 < delta < 1.0:
-        raise ValueError(f"delta must lie in (0, 1), got {delta!r}")
-    s = _improver_spent_sq(t, n, cdp_budget_sq(epsilon, delta))
-    return cdp_epsilon(s, delta), (delta if s > 0 else 0.0)
-
-
 # -- the schedulers ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SchedulerState:
@@ -364,8 +247,8 @@ class _Scheduler(GrowingQueryMechanism):
     def __init__(self, black_box: BlackBox, universe_size: int, n: int, epsilon: float, delta: float, beta: float,
                  release_runs: bool):
         self.black_box = black_box
-        self.universe_size = _check_int("universe_size", universe_size, 2)
-        self.n = _check_int("n", n, 1)
+        self.universe_size = check_int("universe_size", universe_size, 2)
+        self.n = check_int("n", n, 1)
         self.release_runs = bool(release_runs)
         self.guarantee = Guarantee(epsilon, delta, neighbouring=NEIGHBOURING)
         self.beta = beta
@@ -468,11 +351,11 @@ class BBImprover(_Scheduler):
 
     def __init__(self, black_box: BlackBox, *, universe_size: int, n: int, epsilon: float, delta: float,
                  beta: float = 0.05, release_runs: bool = True):
-        _check_int("n", n, 3)
-        epsilon = _check_positive("epsilon", epsilon)
+        check_int("n", n, 3)
+        epsilon = check_positive("epsilon", epsilon)
         if not (isinstance(delta, (int, float)) and 0.0 < delta < 1.0):
             raise ValueError(f"BBImprover is (epsilon, delta)-DP: delta must lie in (0, 1), got {delta!r}")
-        beta = _check_positive("beta", beta, upper=math.exp(-1.0))
+        beta = check_positive("beta", beta, upper=math.exp(-1.0))
         self.s_tot = cdp_budget_sq(epsilon, delta)
         super().__init__(black_box, universe_size, n, epsilon, delta, beta, release_runs)
 
@@ -492,7 +375,7 @@ class BBImprover(_Scheduler):
         return self.alpha_t(run) if run >= self.n else None
 
     def spent_sq(self, t: int) -> float:
-        return _improver_spent_sq(t, self.n, self.s_tot)
+        return bbimprover_spent_sq(t, self.n, self.s_tot)
 
     def _account_params(self, state: SchedulerState) -> dict[str, float]:
         return {"n": self.n, "epsilon": self.guarantee.epsilon, "delta": self.guarantee.delta, "t": state.t}

@@ -25,6 +25,7 @@ _LAZY = {
     "resolve_device": "beam_dp.mechanisms.torch_device",
     "set_threads": "beam_dp.mechanisms.torch_device",
     "Learner": "beam_dp.mechanisms.lifelong.learner",
+    "build_learner": "beam_dp.mechanisms.lifelong.factory",
 }
 
 __all__ = [

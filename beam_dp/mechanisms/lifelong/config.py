@@ -1,8 +1,8 @@
 """Configuration of the lifelong learners and the task block they consume (no torch here).
 
-Every config is a frozen, keyword-only dataclass validated at construction (``ValueError``) and
-``build()`` returns its learner (that import pulls in torch, so a pipeline graph holding a config
-does not need torch until a worker builds the learner).
+Every config is a frozen, keyword-only dataclass validated at construction (``ValueError``);
+:func:`beam_dp.mechanisms.lifelong.factory.build_learner` returns its learner (that import pulls in
+torch, so a pipeline graph holding a config does not need torch until a worker builds the learner).
 
 Common knobs (Lai et al., "Lifelong DP: Consistently Bounded Differential Privacy in Lifelong Machine Learning"): ``input_dim`` d, ``n_classes`` K (one shared head),
 ``hidden`` β (width of the input layer θ_1), ``g_layers`` (widths of G's hidden layers; the last
@@ -159,10 +159,6 @@ class L2DPConfig(LifelongConfig):
         if self.label_path not in ("autodiff", "constant"):
             raise ValueError(f"label_path must be 'autodiff' or 'constant', got {self.label_path!r}")
 
-    def build(self):
-        from beam_dp.mechanisms.lifelong.l2dp import L2DPML
-
-        return L2DPML(self)
 
 
 TASK_SIZE_REQUIRED = ("task_size is required: the public, declared size of each task (an int, or a mapping task "
@@ -178,7 +174,7 @@ class _DPSGDConfig(LifelongConfig):
     which rows the keyed sampler meets (expected batch ``q·n_τ``), never a released number.
     ``accountant``: ``"pld"`` (default: dp-accounting's pessimistic PLD, tight) or ``"rdp"`` (its RDP
     accountant, looser) both calibrates the noise multipliers and accounts the spend
-    (:mod:`beam_dp.mechanisms.lifelong.accounting`)."""
+    (:mod:`beam_dp.core.accounting.lifelong`)."""
 
     epsilon: float = 1.0
     delta: float = 1e-5
@@ -232,10 +228,6 @@ class NaiveGaussianConfig(_DPSGDConfig):
         if self.task_ids is not None and len(self.task_ids) > self.num_tasks:
             raise ValueError("more declared task_ids than num_tasks")
 
-    def build(self):
-        from beam_dp.mechanisms.lifelong.dpsgd import NaiveGaussian
-
-        return NaiveGaussian(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -253,10 +245,6 @@ class BoundedAGEMConfig(_DPSGDConfig):
         if not 0.0 < self.memory_share < 1.0:
             raise ValueError(f"memory_share must lie in (0, 1), got {self.memory_share!r}")
 
-    def build(self):
-        from beam_dp.mechanisms.lifelong.dpsgd import BoundedDPAGEM
-
-        return BoundedDPAGEM(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -264,7 +252,3 @@ class AGEMConfig(LifelongConfig):
     """Non-private A-GEM: the reference upper line of the benchmarks. NOT private; the Beam transform
     refuses it."""
 
-    def build(self):
-        from beam_dp.mechanisms.lifelong.dpsgd import NonPrivateAGEM
-
-        return NonPrivateAGEM(self)

@@ -31,8 +31,8 @@ both clipped sums are small matrix products and the A-GEM projection is branch-f
 
 The config's ``accountant`` (``"pld"``, default, or ``"rdp"``) calibrates every noise multiplier and
 accounts every spend. A private learner's release declares its spend (``Release.noise``) as accounts of
-public parameters (``"dpsgd_pld"``: ``accounting.dpsgd_pld_spend`` with its PLD discretisation; ``"dpsgd"``:
-``accounting.dpsgd_spend``, RDP; the function that computed it): NaiveGaussian every task and memory
+public parameters (``"dpsgd_pld"``: :func:`beam_dp.core.accounting.lifelong.dpsgd_pld_spend` with its PLD
+discretisation; ``"dpsgd"``: ``dpsgd_spend``, RDP; the function that computed it): NaiveGaussian every task and memory
 stream so far, the bounded learner the one task whose account spends most.
 """
 
@@ -45,18 +45,16 @@ import dp_accounting
 import numpy as np
 import torch
 
-from beam_dp.core.clipping import clip_factors_torch
-from beam_dp.core.guarantee import Guarantee
-from beam_dp.core.noise import NoiseSource
-from beam_dp.core.noise_declaration import account, declaration_json
-from beam_dp.mechanisms.lifelong.accounting import (
+from beam_dp.core.accounting.lifelong import (
     accountant_label,
     dpsgd_account,
     dpsgd_noise_multiplier,
-    dpsgd_pld_spend,
-    dpsgd_spend,
     example_event,
 )
+from beam_dp.core.clipping import clip_factors_torch
+from beam_dp.core.guarantee import Guarantee
+from beam_dp.core.noise import NoiseSource
+from beam_dp.core.noise_declaration import ACCOUNT_KINDS, account, declaration_json
 from beam_dp.mechanisms.lifelong.agem import project
 from beam_dp.mechanisms.lifelong.config import AGEMConfig, BoundedAGEMConfig, NaiveGaussianConfig
 from beam_dp.mechanisms.lifelong.learner import Learner, LifelongState
@@ -67,8 +65,6 @@ __all__ = ["BoundedDPAGEM", "BudgetExhausted", "NaiveGaussian", "NonPrivateAGEM"
 ADD_REMOVE = "add/remove one training example (task sizes private; declared public sizes set q and the steps)"
 #: most host-drawn numbers (mask cells + noise cells) held for one chunk of steps (~64 MiB of float64)
 CHUNK_CELLS = 1 << 23
-#: account kind -> the function that recomputes its (ε, δ) (the one ``ACCOUNT_KINDS`` names)
-_SPEND = {"dpsgd": dpsgd_spend, "dpsgd_pld": dpsgd_pld_spend}
 
 
 class BudgetExhausted(ValueError):
@@ -335,7 +331,7 @@ class NaiveGaussian(_SGDLearner):
         current = self._task_accounts(memory_batches, q, steps)
         accounts = [a for i, (s, r) in enumerate(self._past_shapes(state)) for a in self._task_accounts(i, r, s)]
         accounts += current
-        spends = [_SPEND[kind](**a) for kind, a in accounts]
+        spends = [ACCOUNT_KINDS[kind](**a) for kind, a in accounts]
         eps, delta = sum(e for e, _ in spends), sum(d for _, d in spends)
         if eps > cfg.epsilon * (1 + 1e-9):
             raise BudgetExhausted(f"budget_exhausted: epsilon {eps:.4g} would exceed {cfg.epsilon:g}")
@@ -378,7 +374,7 @@ class BoundedDPAGEM(_SGDLearner):
         cfg = self.config
         # tasks are disjoint: the worst example is that of the task whose account spends most
         accounts = [self._task_account(r, s) for s, r in self._past_shapes(state) + [(steps, q)] if s]
-        spends = [_SPEND[kind](**a)[0] for kind, a in accounts]
+        spends = [ACCOUNT_KINDS[kind](**a)[0] for kind, a in accounts]
         worst = max(range(len(accounts)), key=spends.__getitem__, default=None)
         eps = state.epsilon_spent if worst is None else max(state.epsilon_spent, spends[worst])
         declared = "" if worst is None else declaration_json((), (account(accounts[worst][0], **accounts[worst][1]),))

@@ -24,15 +24,10 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from beam_dp.core.accounting.lifelong import l2dp_budget, l2dp_claim, sensitivity_label, sensitivity_reconstruction
 from beam_dp.core.guarantee import Guarantee
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.noise_declaration import account, declaration_json
-from beam_dp.mechanisms.lifelong.accounting import (
-    l2dp_budget,
-    l2dp_claim,
-    sensitivity_label,
-    sensitivity_reconstruction,
-)
 from beam_dp.mechanisms.lifelong.agem import project_blocks_flagged
 from beam_dp.mechanisms.lifelong.config import L2DPConfig
 from beam_dp.mechanisms.lifelong.learner import Learner, LifelongState

@@ -11,13 +11,8 @@ import pytest
 from scipy import stats
 
 from beam_dp.core import NoiseSource
-from beam_dp.mechanisms.erm import (
-    HuberRegression,
-    LabelledRows,
-    MultiResolutionMechanism,
-    SoftmaxRegression,
-    pld_epsilon,
-)
+from beam_dp.core.accounting.erm import pld_epsilon
+from beam_dp.mechanisms.erm import HuberRegression, LabelledRows, MultiResolutionMechanism, SoftmaxRegression
 from beam_dp.mechanisms.erm.solver import certified_slack
 from beam_dp.testing import ZeroNoise
 from beam_dp.testing.stats import gaussian_variance_matches, mean_matches

@@ -8,13 +8,12 @@ import numpy as np
 import pytest
 
 from beam_dp.core import NoiseSource
+from beam_dp.core.accounting.erm_log import events_of, spend_from_log
 from beam_dp.mechanisms.erm import (
     ContinualReleaseMechanism,
     MultiResolutionMechanism,
     SlidingWindowMechanism,
-    events_of,
     sampling_probability,
-    spend_from_log,
 )
 from tests.mechanisms.erm.util import TINY, blocks, run
 

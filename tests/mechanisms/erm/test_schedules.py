@@ -7,13 +7,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from beam_dp.mechanisms.erm import (
-    ContinualReleaseMechanism,
-    MultiResolutionMechanism,
-    SlidingWindowMechanism,
-    events_of,
-    spend_from_log,
-)
+from beam_dp.core.accounting.erm_log import events_of, spend_from_log
+from beam_dp.mechanisms.erm import ContinualReleaseMechanism, MultiResolutionMechanism, SlidingWindowMechanism
 from beam_dp.mechanisms.erm.sliding import BASE, LEFT, RIGHT
 from beam_dp.mechanisms.erm.solver import certified_slack
 from tests.mechanisms.erm.util import TINY, blocks, run, test_noise

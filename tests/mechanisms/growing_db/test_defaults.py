@@ -7,15 +7,9 @@ import numpy as np
 import pytest
 
 from beam_dp.core import NoiseSource
-from beam_dp.mechanisms.growing_db.pmwg import (
-    DEFAULT_SEGMENTS,
-    PMWG,
-    Query,
-    cdp_epsilon,
-    planned_xi_n,
-    replay_growing,
-    worst_case_xi_n,
-)
+from beam_dp.core.accounting.growing_db import DEFAULT_SEGMENTS, cdp_epsilon, planned_xi_n, worst_case_xi_n
+from beam_dp.mechanisms.growing_db.base import Query, replay_growing
+from beam_dp.mechanisms.growing_db.pmwg import PMWG
 from beam_dp.mechanisms.growing_db.schedulers import BBImprover, BBScheduler, LaplaceHistogram
 from beam_dp.mechanisms.growing_db.universe import clamp_answer
 from tests.conftest import TEST_KEY

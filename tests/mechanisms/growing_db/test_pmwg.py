@@ -8,18 +8,15 @@ import numpy as np
 import pytest
 
 from beam_dp.core import NoiseSource
-from beam_dp.mechanisms.growing_db.pmwg import (
-    PMWG,
-    GrowingBlock,
-    Query,
+from beam_dp.core.accounting.growing_db import (
     cdp_budget_sq,
     cdp_epsilon,
     greedy_worst_case_spend,
     hard_query_bound,
-    relative_entropy,
-    replay_growing,
     worst_case_xi_n,
 )
+from beam_dp.mechanisms.growing_db.base import GrowingBlock, Query, replay_growing
+from beam_dp.mechanisms.growing_db.pmwg import PMWG, relative_entropy
 from beam_dp.testing import ZeroNoise
 from tests.conftest import TEST_KEY
 

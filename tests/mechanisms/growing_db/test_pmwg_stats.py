@@ -9,7 +9,8 @@ import pytest
 from scipy import stats
 
 from beam_dp.core import NoiseSource
-from beam_dp.mechanisms.growing_db.pmwg import PMWG, DynamicNumericSparse, Query
+from beam_dp.mechanisms.growing_db.base import Query
+from beam_dp.mechanisms.growing_db.pmwg import PMWG, DynamicNumericSparse
 from tests.conftest import TEST_KEY
 
 NOISE = NoiseSource(TEST_KEY)

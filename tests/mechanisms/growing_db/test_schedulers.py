@@ -9,17 +9,9 @@ import pytest
 from scipy import stats
 
 from beam_dp.core import NoiseSource
-from beam_dp.mechanisms.growing_db.pmwg import Query, cdp_budget_sq, cdp_epsilon, replay_growing
-from beam_dp.mechanisms.growing_db.schedulers import (
-    MWEM,
-    BBImprover,
-    BBScheduler,
-    BoxNoise,
-    LaplaceHistogram,
-    SmallDB,
-    bbimprover_epsilon,
-    bbscheduler_plan,
-)
+from beam_dp.core.accounting.growing_db import bbimprover_epsilon, bbscheduler_plan, cdp_budget_sq, cdp_epsilon
+from beam_dp.mechanisms.growing_db.base import Query, replay_growing
+from beam_dp.mechanisms.growing_db.schedulers import MWEM, BBImprover, BBScheduler, BoxNoise, LaplaceHistogram, SmallDB
 from beam_dp.testing.audit import ScaledNoise
 from tests.conftest import TEST_KEY
 

@@ -5,6 +5,13 @@ import math
 import numpy as np
 import pytest
 
+from beam_dp.core.accounting.lifelong import (
+    dpsgd_event,
+    epsilon_of,
+    l2dp_budget,
+    sensitivity_label,
+    sensitivity_reconstruction,
+)
 from beam_dp.mechanisms.lifelong import (
     BoundedAGEMConfig,
     L2DPConfig,
@@ -14,18 +21,12 @@ from beam_dp.mechanisms.lifelong import (
     curve_p_value,
     forgetting,
 )
-from beam_dp.mechanisms.lifelong.accounting import (
-    dpsgd_event,
-    epsilon_of,
-    l2dp_budget,
-    sensitivity_label,
-    sensitivity_reconstruction,
-)
+from beam_dp.mechanisms.lifelong.factory import build_learner
 from tests.mechanisms.lifelong.conftest import small_common
 
 
 def test_sensitivities_from_config():
-    learner = L2DPConfig(**small_common(), epsilon=1.0).build()
+    learner = build_learner(L2DPConfig(**small_common(), epsilon=1.0))
     assert learner.delta_r == 64 * (32 + 2)  # Δ_R = d(β + 2)
     assert learner.delta_l == 2 * (32 + 1)  # Δ_L = 2(n_π + 1)
     assert sensitivity_reconstruction(784, 10) == 784 * 12
@@ -83,8 +84,8 @@ def test_metrics_worked_example():
 
 def test_naive_gaussian_calibration_per_stream():
     """Check 13: z gives ε/(2m) per stream at δ/(2m) (to 1e-6); the totals sum to ε over m tasks."""
-    learner = NaiveGaussianConfig(**small_common(), task_size=480, epsilon=1.0, delta=1e-5, num_tasks=5,
-                                  accountant="rdp").build()
+    learner = build_learner(NaiveGaussianConfig(**small_common(), task_size=480, epsilon=1.0, delta=1e-5, num_tasks=5,
+                                  accountant="rdp"))
     for q, steps in [(32 / 600, 40), (1.0, 3)]:
         z = learner.noise_multiplier(q, steps)
         eps = epsilon_of(dpsgd_event(q, z, steps), learner.stream_delta)
@@ -95,10 +96,10 @@ def test_naive_gaussian_calibration_per_stream():
 
 def test_bounded_accountant_fixed_for_any_number_of_tasks():
     """Each example's event (own task + K memory uses) is calibrated to ε: the total does not grow with m."""
-    learner = BoundedAGEMConfig(**small_common(task_ids=None), task_size=480, epsilon=1.0, delta=1e-5, memory_uses=20,
-                                memory_share=0.3, accountant="rdp").build()
+    learner = build_learner(BoundedAGEMConfig(**small_common(task_ids=None), task_size=480, epsilon=1.0, delta=1e-5, memory_uses=20,
+                                memory_share=0.3, accountant="rdp"))
     assert epsilon_of(dpsgd_event(1.0, learner.memory_noise_multiplier, 20), 1e-5) <= 0.3
-    from beam_dp.mechanisms.lifelong.accounting import calibrate_noise_multiplier
+    from beam_dp.core.accounting.lifelong import calibrate_noise_multiplier
 
     for q, steps in [(32 / 500, 30)]:
         z = calibrate_noise_multiplier(lambda v: learner.example_event(q, v, steps), 1.0, 1e-5)

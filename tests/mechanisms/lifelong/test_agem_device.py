@@ -8,6 +8,7 @@ import torch
 
 from beam_dp.mechanisms.lifelong import L2DPConfig, resolve_device
 from beam_dp.mechanisms.lifelong.agem import project, project_blocks
+from beam_dp.mechanisms.lifelong.factory import build_learner
 from tests.mechanisms.lifelong.conftest import small_common
 
 
@@ -44,7 +45,7 @@ def test_device_selection_paths():
         assert resolve_device("auto").type == "cpu"
         with pytest.raises(ValueError):
             resolve_device("cuda")
-        assert L2DPConfig(**small_common(device="auto")).build().device.type == "cpu"
+        assert build_learner(L2DPConfig(**small_common(device="auto"))).device.type == "cpu"
     with mock.patch("torch.cuda.is_available", return_value=True):
         assert resolve_device("auto").type == "cuda"
         assert resolve_device("cuda").type == "cuda"
@@ -72,8 +73,8 @@ def _rounding_tolerance(learner, rows: int, scale: float) -> float:
 def _bounded(device, **kw):
     from beam_dp.mechanisms.lifelong import BoundedAGEMConfig
 
-    return BoundedAGEMConfig(**small_common(device=device, steps_per_task=5, optimizer="sgd", **kw), task_size=480,
-                             epsilon=1.0, clip_norm=0.5, memory_uses=3).build()
+    return build_learner(BoundedAGEMConfig(**small_common(device=device, steps_per_task=5, optimizer="sgd", **kw), task_size=480,
+                             epsilon=1.0, clip_norm=0.5, memory_uses=3))
 
 
 @CUDA
@@ -90,7 +91,7 @@ def test_cuda_and_cpu_share_every_noise_cell_and_batch(digits):  # pragma: no co
     assert torch.equal(cpu.rows, cuda.rows.cpu()) and np.array_equal(cpu.offsets, cuda.offsets)
     assert torch.equal(cpu.mem_rows, cuda.mem_rows.cpu()) and np.array_equal(cpu.mem_used, cuda.mem_used)
     assert torch.equal(cpu.noise, cuda.noise.cpu()) and torch.equal(cpu.mem_noise, cuda.mem_noise.cpu())
-    states = [L2DPConfig(**small_common(device=d), epsilon=1.0).build() for d in ("cpu", "cuda")]
+    states = [build_learner(L2DPConfig(**small_common(device=d), epsilon=1.0)) for d in ("cpu", "cuda")]
     chis = [learner._initialise(learner.init_state("s"), NoiseSource(TEST_KEY)).noise for learner in states]
     assert all(np.array_equal(chis[0][k], chis[1][k]) for k in chis[0])
 
@@ -127,7 +128,7 @@ def test_cuda_matches_cpu(digits, kind):  # pragma: no cover - runs only where a
     out, learner = {}, None
     for device in ("cpu", "cuda"):
         learner = (_bounded(device) if kind == "bounded" else
-                   L2DPConfig(**small_common(steps_per_task=5, device=device, optimizer="sgd"), epsilon=1.0).build())
+                   build_learner(L2DPConfig(**small_common(steps_per_task=5, device=device, optimizer="sgd"), epsilon=1.0)))
         state = learner.init_state("s")
         for task in tasks:
             state, rel = learner.step(state, task, NoiseSource(TEST_KEY))

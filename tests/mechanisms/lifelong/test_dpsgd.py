@@ -7,6 +7,7 @@ import torch
 from beam_dp.core import NoiseSource
 from beam_dp.mechanisms.lifelong import AGEMConfig, BoundedAGEMConfig, NaiveGaussianConfig, TaskData
 from beam_dp.mechanisms.lifelong.dpsgd import BudgetExhausted
+from beam_dp.mechanisms.lifelong.factory import build_learner
 from beam_dp.testing.stats import gaussian_variance_matches
 from tests.conftest import TEST_KEY
 from tests.mechanisms.lifelong.conftest import small_common
@@ -14,7 +15,7 @@ from tests.mechanisms.lifelong.conftest import small_common
 
 def test_per_example_clipping(digits):
     tasks, _ = digits
-    learner = BoundedAGEMConfig(**small_common(), task_size=480, clip_norm=0.05).build()
+    learner = build_learner(BoundedAGEMConfig(**small_common(), task_size=480, clip_norm=0.05))
     state = learner._initialise(learner.init_state("s"), NoiseSource(TEST_KEY))
     params, _ = learner._torch_state(state)
     x = torch.as_tensor(tasks[0].x[:40])
@@ -30,7 +31,7 @@ def test_per_example_clipping(digits):
 def test_gradient_noise_calibration_with_half_noise_control():
     """On an empty batch the privatised gradient is pure noise N(0, (zC/λ)²): the chi-square variance check
     (two-sided, 0.999) passes for the real noise and fails for a half-noise (σ/2) variant."""
-    learner = BoundedAGEMConfig(**small_common(), task_size=480, clip_norm=0.5).build()
+    learner = build_learner(BoundedAGEMConfig(**small_common(), task_size=480, clip_norm=0.5))
     state = learner._initialise(learner.init_state("s"), NoiseSource(TEST_KEY))
     params, _ = learner._torch_state(state)
     empty_x, empty_y = torch.zeros((0, 64), dtype=torch.float64), torch.zeros(0, dtype=torch.int64)
@@ -47,7 +48,7 @@ def test_gradient_noise_calibration_with_half_noise_control():
 @pytest.fixture(scope="module")
 def naive_run(digits):
     tasks, evals = digits
-    learner = NaiveGaussianConfig(**small_common(evals), task_size=480, epsilon=3.0, delta=1e-5, num_tasks=3).build()
+    learner = build_learner(NaiveGaussianConfig(**small_common(evals), task_size=480, epsilon=3.0, delta=1e-5, num_tasks=3))
     state = learner.init_state("s")
     releases = []
     for task in tasks:
@@ -67,13 +68,13 @@ def test_naive_gaussian_totals(naive_run, digits):
     assert all(r.meta["guarantee_basis"] == "accountant" for r in releases)
     with pytest.raises(BudgetExhausted):  # a 4th task is beyond the declared budget
         cfg = NaiveGaussianConfig(**small_common(task_ids=None), task_size=480, epsilon=3.0, num_tasks=3)
-        cfg.build().step(state, TaskData("extra", digits[0][0].x, digits[0][0].y), NoiseSource(TEST_KEY))
+        build_learner(cfg).step(state, TaskData("extra", digits[0][0].x, digits[0][0].y), NoiseSource(TEST_KEY))
 
 
 def test_bounded_learner_total_fixed_and_memory_cap(digits):
     tasks, _ = digits
     many = [TaskData(f"{i}", t.x, t.y) for i, t in enumerate(tasks + tasks[:1])]  # 4 tasks
-    learner = BoundedAGEMConfig(**small_common(task_ids=None, steps_per_task=8), task_size=480, epsilon=1.0, memory_uses=5).build()
+    learner = build_learner(BoundedAGEMConfig(**small_common(task_ids=None, steps_per_task=8), task_size=480, epsilon=1.0, memory_uses=5))
     state = learner.init_state("s")
     spent, ref_steps = [], 0
     for task in many:
@@ -88,7 +89,7 @@ def test_bounded_learner_total_fixed_and_memory_cap(digits):
 
 def test_nonprivate_agem_runs(digits):
     tasks, evals = digits
-    learner = AGEMConfig(**small_common(evals, epochs=5)).build()
+    learner = build_learner(AGEMConfig(**small_common(evals, epochs=5)))
     assert learner.guarantee is None
     state, rel = learner.step(learner.init_state("s"), tasks[0], NoiseSource(TEST_KEY))
     assert rel[0].meta["accuracy"]["0"] > 0.8
@@ -110,7 +111,7 @@ class CellLog(NoiseSource):
 def _bounded(**overrides):
     kw = dict(small_common(task_ids=None, steps_per_task=9), task_size=480, epsilon=1.0, memory_uses=4)
     kw.update(overrides)
-    return BoundedAGEMConfig(**kw).build()
+    return build_learner(BoundedAGEMConfig(**kw))
 
 
 def _run(learner, tasks, noise):
@@ -157,7 +158,7 @@ def test_poisson_masks_of_a_chunk_are_the_per_step_draws(digits):
 def test_accountant_runs_once_per_public_task_shape(digits, monkeypatch):
     """The noise multiplier is calibrated once per (q, steps, ε, δ, memory) — never in the step loop, and not
     again for a later task of the same declared size."""
-    from beam_dp.mechanisms.lifelong import accounting
+    from beam_dp.core.accounting import lifelong as accounting
 
     calls = []
     real = accounting.calibrate_noise_multiplier

@@ -9,6 +9,7 @@ from scipy import stats
 
 from beam_dp.core import NoiseSource
 from beam_dp.mechanisms.lifelong import L2DPConfig, TaskData, TaskOrderError
+from beam_dp.mechanisms.lifelong.factory import build_learner
 from beam_dp.mechanisms.lifelong.l2dp import GUARANTEE_BASIS, l2dp_gradients
 from tests.conftest import TEST_KEY
 from tests.mechanisms.lifelong.conftest import digits_tasks, small_common
@@ -39,7 +40,7 @@ def run(learner, tasks, noise, stream="s", state=None):
 @pytest.fixture(scope="module")
 def quick(digits):
     tasks, evals = digits
-    learner = L2DPConfig(**small_common(evals, epochs=2), epsilon=1.0).build()
+    learner = build_learner(L2DPConfig(**small_common(evals, epochs=2), epsilon=1.0))
     noise = CountingNoise()
     states, releases = run(learner, tasks, noise)
     return learner, tasks, noise, states, releases
@@ -57,7 +58,7 @@ def test_noise_drawn_once_and_reused(quick):
 
 
 def test_noise_equal_for_equal_keys_and_different_otherwise():
-    learner = L2DPConfig(**small_common(), epsilon=1.0).build()
+    learner = build_learner(L2DPConfig(**small_common(), epsilon=1.0))
     a = learner._initialise(learner.init_state("s"), NoiseSource(TEST_KEY)).noise
     b = learner._initialise(learner.init_state("s"), NoiseSource(TEST_KEY)).noise
     c = learner._initialise(learner.init_state("s"), NoiseSource(bytes(32))).noise
@@ -74,7 +75,7 @@ def test_noise_laws_ks_with_negative_control():
     0.091·√n ≥ 11.5 sd for the smallest pool (χ_2: n = 500·32 = 16,000), so the mutant is rejected
     except with probability ≈ P(Z > 7) ≈ 1e-12; the KS negative control on χ_3 (n = 165,000): the
     Laplace(b) vs Laplace(1.1 b) CDF distance is 0.0175, √n·0.0175 ≈ 7.1 against the critical 1.95."""
-    learner = L2DPConfig(**small_common(), epsilon=1.0).build()
+    learner = build_learner(L2DPConfig(**small_common(), epsilon=1.0))
     noise = NoiseSource(TEST_KEY)
     draws = [learner._initialise(learner.init_state(f"s{i}"), noise).noise for i in range(500)]
     for name, purpose in (("chi1", "l2dp-chi1"), ("chi2", "l2dp-chi2"), ("chi3", "l2dp-chi3")):
@@ -136,7 +137,7 @@ def test_accounting_and_release_metadata(quick):
 
 def test_w1_clip_after_every_update(digits):
     tasks, _ = digits
-    learner = L2DPConfig(**small_common(steps_per_task=5), epsilon=1.0, learning_rate=0.5).build()
+    learner = build_learner(L2DPConfig(**small_common(steps_per_task=5), epsilon=1.0, learning_rate=0.5))
     state = learner.init_state("s")
     for task in tasks:
         state, _ = learner.step(state, task, NoiseSource(TEST_KEY))
@@ -189,7 +190,7 @@ def test_input_path_only_x_bar(digits):
     exact in floating point."""
     tasks, _ = digits
     tasks = [TaskData(t.task_id, t.x / 2, t.y) for t in tasks[:2]]
-    learner = L2DPConfig(**small_common(steps_per_task=4), epsilon=1.0).build()
+    learner = build_learner(L2DPConfig(**small_common(steps_per_task=4), epsilon=1.0))
     noise = NoiseSource(TEST_KEY)
     base = learner._initialise(learner.init_state("s"), noise)
     base = dataclasses.replace(base, noise=dict(base.noise, chi1=np.round(base.noise["chi1"] * 32) / 32))
@@ -227,21 +228,21 @@ def test_autoencoder_gradients(quick):
 
 def test_schedules_heterogeneous_balanced_and_order(digits):
     tasks, _ = digits
-    hetero = L2DPConfig(**small_common(epochs={"0": 2, "1": 1, "2": 3}), epsilon=1.0).build()
+    hetero = build_learner(L2DPConfig(**small_common(epochs={"0": 2, "1": 1, "2": 3}), epsilon=1.0))
     _, rels = run(hetero, tasks, NoiseSource(TEST_KEY))
     for rel, task, e in zip(rels, tasks, (2, 1, 3)):
         assert rel.meta["steps"] == e * (len(task) // 32) and rel.meta["epochs"] == e
-    balanced = L2DPConfig(**small_common(steps_per_task=7), epsilon=1.0).build()
+    balanced = build_learner(L2DPConfig(**small_common(steps_per_task=7), epsilon=1.0))
     _, rels = run(balanced, tasks, NoiseSource(TEST_KEY))
     assert [r.meta["steps"] for r in rels] == [7, 7, 7]
-    reordered = L2DPConfig(**small_common(steps_per_task=3, task_ids=("2", "0", "1")), epsilon=1.0).build()
+    reordered = build_learner(L2DPConfig(**small_common(steps_per_task=3, task_ids=("2", "0", "1")), epsilon=1.0))
     _, rels = run(reordered, [tasks[2], tasks[0], tasks[1]], NoiseSource(TEST_KEY))
     assert [r.meta["task"] for r in rels] == ["2", "0", "1"] and [r.step for r in rels] == [1, 2, 3]
 
 
 def test_task_order_errors(digits):
     tasks, _ = digits
-    learner = L2DPConfig(**small_common(steps_per_task=2), epsilon=1.0).build()
+    learner = build_learner(L2DPConfig(**small_common(steps_per_task=2), epsilon=1.0))
     state, _ = learner.step(learner.init_state("s"), tasks[1], NoiseSource(TEST_KEY))
     with pytest.raises(TaskOrderError) as err:
         learner.step(state, tasks[0], NoiseSource(TEST_KEY))
@@ -255,7 +256,7 @@ def test_task_order_errors(digits):
 
 def test_determinism_and_restore(digits):
     tasks, _ = digits
-    learner = L2DPConfig(**small_common(steps_per_task=6), epsilon=1.0).build()
+    learner = build_learner(L2DPConfig(**small_common(steps_per_task=6), epsilon=1.0))
     _, a = run(learner, tasks, NoiseSource(TEST_KEY))
     _, b = run(learner, tasks, NoiseSource(TEST_KEY))
     assert all(x == y for x, y in zip(a, b))
@@ -267,7 +268,7 @@ def test_determinism_and_restore(digits):
 
 def test_small_epsilon_run_completes(digits):
     tasks, _ = digits
-    learner = L2DPConfig(**small_common(steps_per_task=3), epsilon=0.5).build()
+    learner = build_learner(L2DPConfig(**small_common(steps_per_task=3), epsilon=0.5))
     _, rels = run(learner, tasks, NoiseSource(TEST_KEY))
     assert [r.epsilon_spent for r in rels] == [0.5, 0.5, 0.5]
 
@@ -278,7 +279,7 @@ def test_learns_on_digits():
     within = []
     for seed in range(6):
         tasks, evals = digits_tasks(seed)
-        learner = L2DPConfig(**small_common(evals, epochs=20), epsilon=50.0).build()
+        learner = build_learner(L2DPConfig(**small_common(evals, epochs=20), epsilon=50.0))
         _, rels = run(learner, tasks, NoiseSource(bytes([seed]) * 32))
         within += [r.meta["accuracy"][r.meta["task"]] for r in rels]
     assert np.mean(within) >= 0.85

@@ -12,6 +12,7 @@ from beam_dp.core.noise_binding import calibration_binding
 from beam_dp.io import release_to_row
 from beam_dp.io.schema import ReleaseLabels
 from beam_dp.mechanisms.lifelong import AGEMConfig, BoundedAGEMConfig, L2DPConfig
+from beam_dp.mechanisms.lifelong.factory import build_learner
 from tests.beam.collect import run
 from tests.conftest import TEST_KEY
 from tests.mechanisms.lifelong.conftest import small_common
@@ -38,7 +39,7 @@ DOMAIN = "LifelongLearner"  # the transform's noise domain: its default label
 
 
 def _expected(config, tasks, params):
-    learner = config.build()
+    learner = build_learner(config)
     state = learner.init_state("s")
     noise = NoiseSource(TEST_KEY).for_domain(DOMAIN, calibration_binding(params))
     labels = ReleaseLabels(DOMAIN, "approx")  # DP-SGD steps compose as (epsilon, delta); no job budget

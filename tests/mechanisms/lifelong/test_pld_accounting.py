@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
+from beam_dp.core.accounting import lifelong as acc
+from beam_dp.core.accounting.lifelong import PLD_INTERVAL, dpsgd_event, epsilon_of, example_event
 from beam_dp.core.calibration import analytic_gaussian_epsilon
 from beam_dp.core.noise_declaration import loss_of_declaration, recomputed_epsilon
-from beam_dp.mechanisms.lifelong import accounting as acc
-from beam_dp.mechanisms.lifelong.accounting import PLD_INTERVAL, dpsgd_event, epsilon_of, example_event
+from beam_dp.mechanisms.lifelong.factory import build_learner
 
 MNIST_Q = 32 / 60_000  # λ = 32 of 60 000 rows: one permuted-MNIST task
 DELTA = 1e-5
@@ -146,7 +147,7 @@ def _run(config):
 
     pytest.importorskip("torch")
     rng = np.random.default_rng(5)
-    learner, noise, releases = config.build(), NoiseSource(TEST_KEY), []
+    learner, noise, releases = build_learner(config), NoiseSource(TEST_KEY), []
     state = learner.init_state("s")
     for t in TASKS:
         state, out = learner.step(state, TaskData(t, rng.uniform(-1, 1, (40, 4)), rng.integers(0, 2, 40)), noise)
@@ -195,7 +196,7 @@ def test_bounded_pld_learner_spends_at_most_its_target_with_less_noise_than_rdp(
 
     learner, releases = pld_runs["bounded"]
     assert all(0.999 <= r.epsilon_spent <= 1.0 for r in releases)
-    rdp = BoundedAGEMConfig(**_tiny(), epsilon=1.0, memory_uses=4, accountant="rdp").build()
+    rdp = build_learner(BoundedAGEMConfig(**_tiny(), epsilon=1.0, memory_uses=4, accountant="rdp"))
     account = rdp._task_account(8 / 40, 3)
     assert account[0] == "dpsgd" and "RDP" in acc.accountant_label("rdp")
     assert account[1]["noise_multiplier"] > releases[-1].meta["noise_multiplier"]

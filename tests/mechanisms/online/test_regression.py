@@ -10,6 +10,7 @@ import pytest
 from scipy.optimize import minimize
 
 from beam_dp.core import NoiseSource, PrivacyLedger
+from beam_dp.core.accounting.regression import advanced_composition
 from beam_dp.mechanisms.base import NodeNoise
 from beam_dp.mechanisms.online.convex_sets import L1Ball, L2Ball
 from beam_dp.mechanisms.online.regression import (
@@ -18,7 +19,6 @@ from beam_dp.mechanisms.online.regression import (
     PrivIncReg1,
     PrivIncReg2,
     RegressionBlock,
-    advanced_composition,
     make_incremental_regression,
     noisy_proj_grad,
     tau_schedule,
