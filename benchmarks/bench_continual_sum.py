@@ -3,7 +3,7 @@
 Run by hand (not a test):
 
     .venv/bin/python benchmarks/bench_continual_sum.py [--events 1000000] [--streams 20] [--dim 16]
-        [--steps 1000] [--state-steps 1000000] [--stream-groups 0,16,256] [--out docs/benchmarks.md]
+        [--steps 1000] [--state-steps 1000000] [--stream-groups 0,16,256] [--out docs/performance.md]
 
 Part 1 writes the same synthetic events to Parquet, then times, in the same process:
   * Beam: ReadEventFiles (Parquet -> EventBatch blocks) | ContinualSum | WriteReleasesToParquet,

@@ -1,5 +1,5 @@
 """Device benchmark (issue 27.6): examples (or releases) per second on CPU and CUDA for the torch paths,
-with CPU–CUDA agreement checks, written to docs/benchmarks.md.
+with CPU–CUDA agreement checks, written to docs/performance.md.
 
 Rows (each on every device of ``--devices`` that is present; CUDA rows are skipped without a GPU):
 
@@ -21,7 +21,7 @@ on the pixels. Lifelong learners come from their public configs (``benchmarks/re
     .venv/bin/python benchmarks/bench_device.py --quick --out /tmp/bench.md   # CPU rows, small, ~20 s
 
 The table replaces the section between ``<!-- bench_device:start -->`` and ``<!-- bench_device:end -->``
-of ``--out`` (default docs/benchmarks.md; appended when the markers are absent).
+of ``--out`` (default docs/performance.md; appended when the markers are absent).
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def main(argv=None) -> None:
     ap.add_argument("--reg-steps", type=int, default=32)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     ap.add_argument("--out", type=Path, default=None,
-                    help="markdown file whose bench_device section is rewritten (default docs/benchmarks.md; "
+                    help="markdown file whose bench_device section is rewritten (default docs/performance.md; "
                          "none with --quick, a smoke test whose numbers are not a benchmark)")
     args = ap.parse_args(argv)
     if args.threads:
@@ -191,7 +191,7 @@ def main(argv=None) -> None:
     t0 = time.time()
     lines = run(args)
     print("\n".join(lines))
-    out = args.out or (None if args.quick else Path("docs/benchmarks.md"))
+    out = args.out or (None if args.quick else Path("docs/performance.md"))
     if out is not None:
         write_section(out, lines)
     print(f"wall {time.time() - t0:.0f} s; table " + (f"written to {out}" if out else "not written (--quick)")

@@ -4,7 +4,7 @@ from the main venv (not a test; needs ``.venv-flink``, ``make flink-test`` creat
 
     OMP_NUM_THREADS=1 python benchmarks/bench_flink.py --streams 1000 --steps 200 --dim 8 --events 1000000 \\
         [--stream-groups 4] [--state-backend rocksdb] [--file-input blocks|lines] [--flink-python PATH] \
-        [--skip-beam] [--out docs/benchmarks.md]
+        [--skip-beam] [--out docs/performance.md]
 
 The events of ``bench_throughput.make_events`` (N(0, 0.5²) coordinates, one-second steps) go to a CSV
 file (Flink) and a Parquet file (Beam); both jobs run the BLT counter (``--noise gaussian --delta 1e-6``,

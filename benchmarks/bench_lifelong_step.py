@@ -10,7 +10,7 @@ reference gradient on a memory batch of λ rows at every step from task 2 on (up
 work). Reported: µs per task example (steps × λ), best of ``--repeat``; the accountant's one-time
 calibration is excluded by a warm-up run with the same public shapes.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_lifelong_step.py --out docs/benchmarks.md
+    OMP_NUM_THREADS=1 python benchmarks/bench_lifelong_step.py --out docs/performance.md
 """
 
 from __future__ import annotations

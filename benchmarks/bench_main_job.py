@@ -2,7 +2,7 @@
 against the vectorised numpy floor of the same job. Run by hand (not a test):
 
     OMP_NUM_THREADS=1 python benchmarks/bench_main_job.py --streams 1000 --steps 200 --dim 8 \\
-        --events 1000000 --stream-groups 0,1,16,64 [--check] [--out docs/benchmarks.md]
+        --events 1000000 --stream-groups 0,1,16,64 [--check] [--out docs/performance.md]
 
 Writes the synthetic events of ``bench_throughput.make_events`` (N(0, 0.5²) coordinates, one-second
 steps) to one Parquet file, then runs, each in its own process, the job on the DirectRunner's

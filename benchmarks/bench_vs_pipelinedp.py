@@ -14,7 +14,7 @@ report events/s (wall time of the whole pipeline, reading included).
   ``ContinualSum``.
 
 PipelineDP lives in its own venv (its releases have pinned numpy<2 / Python<3.12; 0.3.1 installs
-with numpy 2.4 and Beam 2.77 here, see docs/benchmarks.md)::
+with numpy 2.4 and Beam 2.77 here, see docs/performance.md)::
 
     python3 -m venv .venv-pipelinedp
     .venv-pipelinedp/bin/pip install pipeline-dp==0.3.1 apache-beam==2.77.0 pyarrow

@@ -71,7 +71,7 @@ def cocol_data(T, d, seed):
 def cocol_regret(d, eps, noise_law, T, seed, private, constants):
     mech = WDPCOCOL(dim=d, constraint=Simplex(d), loss=quadratic(1.0, 2.0), epsilon=eps,
                     delta=1e-5 if noise_law == "gaussian" else 0.0, noise=noise_law, window=16,
-                    calibration="paper", **constants)  # as published in docs/online_regression.md §0
+                    calibration="paper", **constants)  # as published in docs/online.md §0
     noise = NoiseSource(KEY) if private else ZeroNoise()
     reg, _ = regret_curve(mech, cocol_data(T, d, seed), noise, f"cocol-d{d}-e{eps}-s{seed}", [T])
     return float(reg[0])

@@ -35,7 +35,7 @@ def test_quick_run_writes_its_section(tmp_path):
 
 
 def test_quick_run_writes_no_docs_by_default(tmp_path):
-    """``--quick`` is a smoke test: without ``--out`` it leaves docs/benchmarks.md (here: the cwd's) alone."""
+    """``--quick`` is a smoke test: without ``--out`` it leaves docs/performance.md (here: the cwd's) alone."""
     (tmp_path / "docs").mkdir()
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_device.py"), "--quick", "--devices",
                              "cpu"], check=True, capture_output=True, text=True, timeout=300, cwd=tmp_path)
