@@ -24,8 +24,7 @@ from beam_dp.core import NoiseSource
 from beam_dp.mechanisms import BinaryTreeSum, HybridTreeSum
 from beam_dp.mechanisms.sums import make_counter
 from beam_dp.mechanisms.sums.fitted_params import UNBOUNDED_FIT_HORIZON, blt_for, kary_fit_for
-from beam_dp.mechanisms.sums.honaker import honaker_variances, kary_digits
-from beam_dp.mechanisms.sums.pure import _pure_estimate_vars
+from beam_dp.mechanisms.sums.kary_math import honaker_variances, kary_digits, pure_estimate_vars
 from beam_dp.mechanisms.sums.toeplitz import sqrt_coeffs
 
 HORIZONS = (2**10, 2**12, 2**16, 2**20)
@@ -85,7 +84,7 @@ def pure_curves(T: int) -> dict[str, np.ndarray]:
         "honaker (binary)": tree_like(t, 2, L, honaker_variances([float(L) ** 2] * L, 2)),
         f"k-ary honaker, uniform (k={best_uniform[0]})": best_uniform[1],
         f"kary fitted (k={fit.arity}, L={fit.levels})": tree_like(
-            t, fit.arity, fit.levels, _pure_estimate_vars(np.asarray(fit.weights), fit.arity)),
+            t, fit.arity, fit.levels, pure_estimate_vars(np.asarray(fit.weights), fit.arity)),
     }
 
 

@@ -82,10 +82,8 @@ def plan(options) -> Plan:
     opts = options.view_as(options_class(NAME))
     streaming = bool(options.view_as(StandardOptions).streaming)
     check_source(opts, streaming)
-    if not opts.epsilon > 0 or not opts.clip_bound > 0:
-        raise UsageError("--epsilon and --clip-bound must be > 0")
-    if opts.window is not None and opts.window < 1:
-        raise UsageError(f"--window must be an integer >= 1 (steps), got {opts.window}; leave it out for no windowed sum")
+    if not opts.epsilon > 0:  # the job's total (its transforms' params see their shares and the rest)
+        raise UsageError("--epsilon must be > 0")
     out_dir = opts.output
     demo = opts.input is None and opts.source == "files"
     if opts.source != "files" and opts.input:
@@ -98,7 +96,7 @@ def plan(options) -> Plan:
         start, period, end = demo_data.DEMO_START, demo_data.DEMO_PERIOD, demo_data.DEMO_END
         pattern = join(private_dir(opts), "demo_events.csv")
         streams = split_list(opts.streams, "--streams") or demo_data.DEMO_STREAMS
-        window, dim = opts.window or 24, 2
+        window, dim = 24 if opts.window is None else opts.window, 2
     else:
         missing = [f for f, v in (("--start", opts.start), ("--period", opts.period)) if v is None]
         if opts.source == "files" and opts.end is None:
@@ -118,7 +116,7 @@ def plan(options) -> Plan:
         else:
             dim = opts.dim
     clock = params_or_usage_error(lambda: step_clock(opts, start, period, end), "step schedule")
-    names = ["sum"] + ["count"] * bool(opts.count) + ["windowed"] * bool(window)
+    names = ["sum"] + ["count"] * bool(opts.count) + ["windowed"] * (window is not None)
     budget = budget_shares(opts, names)  # --epsilon/--delta are the job's total
     common = dict(noise=opts.noise, calibration=opts.calibration, clock=clock,
                   streams=tuple(streams) if streams else None, noise_key=noise_key_of(opts),
@@ -131,7 +129,7 @@ def plan(options) -> Plan:
     if opts.count:
         params["count"] = params_or_usage_error(
             lambda: ContinualCountParams(**counter, **common, **budget["count"].params()), "count")
-    if window:
+    if window is not None:
         params["windowed"] = params_or_usage_error(
             lambda: WindowedSumParams(window=window, **vector, **idle, **budget["windowed"].params()), "windowed")
     groups = default_stream_groups(streaming) if opts.stream_groups is None else opts.stream_groups

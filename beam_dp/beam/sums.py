@@ -45,18 +45,8 @@ from beam_dp.beam.shell.outputs import ContinualOutputs
 from beam_dp.beam.shell.parse import DEAD_LETTER, MergeClippedSums, ParseEvents
 from beam_dp.core.budget import check_params_budget
 from beam_dp.core.clock import StepClock
-from beam_dp.core.limits import (
-    EPSILON_RANGE,
-    MAX_DIM,
-    MAX_SCALE,
-    MIN_SCALE,
-    check_count,
-    check_delta,
-    check_noise_std,
-    check_number,
-    check_window,
-)
-from beam_dp.mechanisms.base import ClippedSum, ContinualSumMechanism
+from beam_dp.core.limits import check_count, check_noise_std
+from beam_dp.mechanisms.base import ClippedSum, ContinualSumMechanism, SumSpec
 from beam_dp.mechanisms.stream_groups import GroupBlock, group_key, group_of
 from beam_dp.mechanisms.sums.snapping import SnappedSum
 from beam_dp.steps.events import EventBatch
@@ -91,17 +81,11 @@ class _VectorSumParams(StepParams):
     idle_steps: int | None = None
     idle_threshold: float | None = None
 
-    #: the noise laws of this family (a counter may accept fewer: it says which)
-    _noises: ClassVar[tuple[str, ...]] = ("gamma", "gaussian")
-
-    def _validate_numbers(self) -> None:
-        """Ranges of the numeric fields (``beam_dp.core.limits``), checked before the mechanism is built."""
-        check_count("dim", self.dim, 1, MAX_DIM)
-        check_number("epsilon", self.epsilon, *EPSILON_RANGE)
-        check_number("clip_bound", self.clip_bound, MIN_SCALE, MAX_SCALE)
-        check_delta(self.delta)
-        if self.noise not in self._noises:
-            raise ValueError(f"noise must be one of {', '.join(map(repr, self._noises))}, got {self.noise!r}")
+    def sum_spec(self, clip_bound: float | None = None) -> SumSpec:
+        """The mechanism parameters, checked (``SumSpec``: ``beam_dp.core.limits``) before the mechanism is
+        built; ``clip_bound`` replaces R (a snapped sum calibrates for an enlarged one)."""
+        return SumSpec(dim=self.dim, epsilon=self.epsilon, clip_bound=self.clip_bound if clip_bound is None else clip_bound,
+                       delta=self.delta, noise=self.noise, calibration=self.calibration)
 
     def _validate_noise(self, mechanism: ContinualSumMechanism, last_step: int | None) -> None:
         """Refuse parameters whose release noise overflows float64, at the first and the last public step.
@@ -114,19 +98,13 @@ class _VectorSumParams(StepParams):
                     std = math.inf
                 check_noise_std(std, f"epsilon={self.epsilon!r}, delta={self.delta!r}, clip_bound={self.clip_bound!r}")
 
-    def _mechanism_kwargs(self, clip_bound: float) -> dict:
-        return dict(
-            dim=self.dim, epsilon=self.epsilon, delta=self.delta, clip_bound=clip_bound,
-            noise=self.noise, calibration=self.calibration,
-        )
-
-    def _snapped(self, make: Callable[[float], ContinualSumMechanism],
+    def _snapped(self, make: Callable[[SumSpec], ContinualSumMechanism],
                  inputs_on_grid: bool = False) -> ContinualSumMechanism:
-        """``make(clip_bound)``, wrapped in a ``SnappedSum`` when a granularity is set."""
+        """``make(spec)``, wrapped in a ``SnappedSum`` when a granularity is set."""
         if self.granularity is None or (inputs_on_grid and self.noise == "discrete_laplace"):
-            return make(self.clip_bound)  # (integer noise on integer counts is already exact on the grid)
-        return SnappedSum(make, clip_bound=self.clip_bound, granularity=self.granularity,
-                          inputs_on_grid=inputs_on_grid)
+            return make(self.sum_spec())  # (integer noise on integer counts is already exact on the grid)
+        return SnappedSum(lambda bound: make(self.sum_spec(bound)), clip_bound=self.clip_bound,
+                          granularity=self.granularity, inputs_on_grid=inputs_on_grid)
 
 
 @dataclass(frozen=True)
@@ -161,7 +139,7 @@ class ContinualSumParams(_VectorSumParams):
                 "noise='discrete_laplace' is for ContinualCount only: a non-integer sum plus integer noise "
                 "would leak its fractional part"
             )
-        self._validate_numbers()
+        self.sum_spec()
         if self.horizon is not None:
             check_count("horizon", self.horizon)
         if self.horizon is not None and self.clock is not None and self.clock.last_step is not None:
@@ -176,10 +154,9 @@ class ContinualSumParams(_VectorSumParams):
     def build_mechanism(self):
         from beam_dp.mechanisms.sums import make_counter
 
-        def make(clip_bound: float):
+        def make(spec: SumSpec):
             return make_counter(self.counter, horizon=self.horizon, unbounded=self.unbounded,
-                                public_end=_public_end(self.clock), blt_error=self.blt_error,
-                                **self._mechanism_kwargs(clip_bound))
+                                public_end=_public_end(self.clock), blt_error=self.blt_error, **spec.keywords())
 
         # a count's steps are integers, already on any grid g <= 1: snapping them costs no sensitivity
         return self._snapped(make, inputs_on_grid=self._integer_contributions and (self.granularity or 1.0) <= 1.0)
@@ -191,7 +168,6 @@ class _UnitCountSumParams(ContinualSumParams):
     integer law ``noise="discrete_laplace"`` is admitted."""
 
     _integer_contributions: ClassVar[bool] = True
-    _noises: ClassVar[tuple[str, ...]] = ("gamma", "gaussian", "discrete_laplace")
 
 
 @dataclass(frozen=True)
@@ -205,8 +181,7 @@ class WindowedSumParams(_VectorSumParams):
 
     def __post_init__(self) -> None:
         self._validate_steps()
-        self._validate_numbers()
-        check_window(self.window, self.dim)
+        self.sum_spec()
         mechanism = self.build_mechanism()
         self._validate_noise(mechanism, _public_end(self.clock))
         check_stream_groups(self, mechanism)
@@ -216,7 +191,7 @@ class WindowedSumParams(_VectorSumParams):
     def build_mechanism(self):
         from beam_dp.mechanisms.sums.window_tree import WindowTreeSum
 
-        return self._snapped(lambda bound: WindowTreeSum(window=self.window, **self._mechanism_kwargs(bound)))
+        return self._snapped(lambda spec: WindowTreeSum(spec, window=self.window))
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from typing import Any, Iterable
 import numpy as np
 
 __all__ = ["EPSILON_RANGE", "LAMBDA_RANGE", "MAX_ABS_SECONDS", "MAX_COUNT", "MAX_DIM", "MAX_WINDOW_CELLS", "MAX_NOISE_STD", "MAX_SCALE", "MIN_SCALE",
-           "MAX_STEPS", "MAX_STREAM_STEPS", "check_clock", "check_step_count", "check_count", "check_delta", "check_window", "check_noise_std", "check_number", "check_streams", "is_utf8"]
+           "MAX_STEPS", "MAX_STREAM_STEPS", "check_choice", "check_clock", "check_step_count", "check_count", "check_delta", "check_window", "check_noise_std", "check_number", "check_streams", "is_utf8"]
 
 MAX_ABS_SECONDS = 1e12
 MAX_COUNT = 2**62
@@ -78,6 +78,13 @@ def check_count(name: str, value: Any, low: int = 1, high: int = MAX_COUNT) -> i
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
         raise ValueError(f"{name} must be an integer in [{low}, {high if high != MAX_COUNT else '2**62'}], got {value!r}")
     return int(value)
+
+
+def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    """``value`` if it is one of the strings ``choices``, else ``ValueError`` naming them."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
 
 
 def check_window(window: Any, dim: int) -> int:

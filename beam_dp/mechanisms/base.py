@@ -19,6 +19,8 @@ clipped to L2 norm ``R``, node values move by at most ``Δ₂ = 2R`` in total.
 from __future__ import annotations
 
 import abc
+import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -30,16 +32,29 @@ import numpy as np
 from beam_dp.core.calibration import analytic_gaussian_sigma, certify_gaussian
 from beam_dp.core.clipping import clip_l2
 from beam_dp.core.guarantee import Charge, ElementLoss, Guarantee, spends
+from beam_dp.core.limits import (
+    EPSILON_RANGE,
+    MAX_DIM,
+    MAX_SCALE,
+    MIN_SCALE,
+    check_choice,
+    check_count,
+    check_delta,
+    check_number,
+)
 from beam_dp.core.noise import NoiseSource
 from beam_dp.core.release import Release
 from beam_dp.core.release_batch import ReleaseBatch
 from beam_dp.core.state import decode_state, encode_state
 
-__all__ = ["ClippedSum", "ContinualSumMechanism", "FreshGroups", "GroupState", "GroupSteppedSum", "Mechanism", "NodeNoise"]
+__all__ = ["CALIBRATIONS", "NOISE_LAWS", "ClippedSum", "ContinualSumMechanism", "FreshGroups", "GroupState", "GroupSteppedSum",
+           "Mechanism", "NodeNoise", "SumSpec"]
 
 StateT = TypeVar("StateT")
 NoiseLaw = Literal["gamma", "gaussian", "discrete_laplace"]
 Calibration = Literal["paper", "analytic"]
+NOISE_LAWS: tuple[NoiseLaw, ...] = ("gamma", "gaussian", "discrete_laplace")
+CALIBRATIONS: tuple[Calibration, ...] = ("paper", "analytic")
 
 
 class Mechanism(Protocol[StateT]):
@@ -134,73 +149,144 @@ class NodeNoise:
         return np.asarray(ahead(_CELL_LAW[self.law], streams, purpose, t, cells_of, self.scale, dim), dtype=np.float64)
 
 
-class ContinualSumMechanism(abc.ABC, Generic[StateT]):
-    """Base of the private prefix-sum mechanisms over vectors in R^dim.
+@dataclass(frozen=True)
+class SumSpec:
+    """The public parameters every continual-sum mechanism shares, checked once (``beam_dp.core.limits``).
 
-    Subclasses implement ``init_state``, ``_advance`` (one step on an already clipped step vector),
-    ``noise_var`` and ``charges_at``; this class validates parameters, clips, checks blocks and
-    builds releases.
+    Neighbouring streams differ in one contribution (replace-one), every contribution is clipped to L2
+    norm ``clip_bound``, so a step vector moves by at most ``Δ₂ = 2R`` (:attr:`sensitivity`).
 
     ``noise="discrete_laplace"`` (integer-valued releases, pure ``ε``; what ``ContinualCount`` may use)
     is accepted only for ``dim == 1``, ``delta == 0`` and an integer ``clip_bound``: then an integer
     contribution stays an integer after clipping to ``[−R, R]``, every node value is an integer, and a
     neighbour moves a node by an integer ``<= Δ₂ = 2R``, so discrete Laplace noise of scale ``c`` costs
-    ``Δ₂/c`` exactly as Laplace does. A non-integer node value would make the supports of neighbouring
+    ``Δ₂/c`` exactly as Laplace does.
+
+    Args:
+        dim: vector dimension ``d``, in ``[1, MAX_DIM]``.
+        epsilon: the guarantee's ε (nats), in ``EPSILON_RANGE``.
+        clip_bound: ``R``, in ``[MIN_SCALE, MAX_SCALE]`` (units of the summed vectors).
+        delta: the guarantee's δ: 0 for the pure laws, in ``(0, 1)`` for Gaussian noise.
+        noise: ``"gamma"`` (K-norm, pure ε), ``"gaussian"`` ((ε, δ)) or ``"discrete_laplace"``.
+        calibration: Gaussian σ: ``"paper"`` (the paper's closed form, certified) or ``"analytic"``
+            (the smallest exact σ); a mechanism that always calibrates exactly ignores it.
+    """
+
+    dim: int
+    epsilon: float
+    clip_bound: float
+    delta: float = 0.0
+    noise: NoiseLaw = "gamma"
+    calibration: Calibration = "paper"
+
+    def __post_init__(self) -> None:
+        set_field = functools.partial(object.__setattr__, self)
+        set_field("dim", check_count("dim", self.dim, 1, MAX_DIM))
+        set_field("epsilon", check_number("epsilon", self.epsilon, *EPSILON_RANGE))
+        set_field("clip_bound", check_number("clip_bound", self.clip_bound, MIN_SCALE, MAX_SCALE))
+        set_field("delta", check_delta(self.delta))
+        check_choice("noise", self.noise, NOISE_LAWS)
+        check_choice("calibration", self.calibration, CALIBRATIONS)
+        if self.noise == "gaussian" and not 0 < self.delta < 1:
+            raise ValueError(f"Gaussian noise needs 0 < delta < 1, got {self.delta!r}")
+        if self.noise == "gamma" and self.delta != 0:
+            raise ValueError("Gamma (K-norm) noise gives pure epsilon-DP: leave delta at 0")
+        if self.noise == "discrete_laplace" and (
+                self.dim != 1 or self.delta != 0 or self.clip_bound != math.floor(self.clip_bound)):
+            raise ValueError(
+                "discrete_laplace noise needs dim=1, delta=0 and an integer clip_bound (integer node values "
+                f"moved by an integer <= 2R), got dim={self.dim!r}, delta={self.delta!r}, clip_bound={self.clip_bound!r}"
+            )
+
+    @classmethod
+    def of(cls, *, clip_bound: Any = None, sensitivity: Any = None, **given: Any) -> "SumSpec":
+        """The spec from exactly one of ``clip_bound`` (``R``) or ``sensitivity`` (``Δ₂ = 2R``, in
+        ``[2·MIN_SCALE, 2·MAX_SCALE]``), and the other fields by name."""
+        if (clip_bound is None) == (sensitivity is None):
+            raise ValueError("give exactly one of clip_bound (R) or sensitivity (Δ₂ = 2R)")
+        if sensitivity is not None:
+            clip_bound = check_number("sensitivity", sensitivity, 2 * MIN_SCALE, 2 * MAX_SCALE) / 2.0
+        return cls(clip_bound=clip_bound, **given)
+
+    @property
+    def sensitivity(self) -> float:
+        """``Δ₂ = 2R``: how far one replaced contribution moves a step vector (L2)."""
+        return 2.0 * self.clip_bound
+
+    def keywords(self) -> dict[str, Any]:
+        """The fields by name: the keyword form of a mechanism constructor (``make_counter``'s)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class ContinualSumMechanism(abc.ABC, Generic[StateT]):
+    """Base of the private prefix-sum mechanisms over vectors in R^dim.
+
+    Subclasses implement ``init_state``, ``_advance`` (one step on an already clipped step vector),
+    ``noise_var`` and ``charges_at``; this class takes the parameters (a :class:`SumSpec`), clips,
+    checks blocks and builds releases.
+
+    Under ``noise="discrete_laplace"`` a non-integer node value would make the supports of neighbouring
     outputs disjoint (its fractional part would be released exactly), so a non-integer step vector is
     refused with ``ValueError`` (the Beam transforms only use this law for counts of 1 per event).
     """
 
     name: str = "continual_sum"
     state_type: type
-    # Subclasses whose every noise branch handles "discrete_laplace" opt in (the trees); the rest refuse
-    # it, so the integer law can never fall into a Gaussian branch it was not written for.
-    supports_discrete_laplace: ClassVar[bool] = False
+    #: The noise laws a subclass implements, its keyword form's default first. Only those whose every
+    #: noise branch handles "discrete_laplace" list it (the trees), so the integer law can never fall
+    #: into a Gaussian branch it was not written for.
+    noise_laws: ClassVar[tuple[NoiseLaw, ...]] = ("gamma", "gaussian")
+    #: The keyword form's calibration when none is given.
+    default_calibration: ClassVar[Calibration] = "paper"
+    #: The calibration of a subclass that always calibrates exactly (the spec's is replaced by it).
+    fixed_calibration: ClassVar[Calibration | None] = None
 
-    def __init__(
-        self,
-        *,
-        dim: int,
-        epsilon: float,
-        delta: float = 0.0,
-        clip_bound: float | None = None,
-        sensitivity: float | None = None,
-        noise: NoiseLaw = "gamma",
-        calibration: Calibration = "paper",
-    ) -> None:
-        if not isinstance(dim, (int, np.integer)) or dim < 1:
-            raise ValueError(f"dim must be an integer >= 1, got {dim!r}")
-        if (clip_bound is None) == (sensitivity is None):
-            raise ValueError("give exactly one of clip_bound (R) or sensitivity (Δ₂ = 2R)")
-        bound = clip_bound if clip_bound is not None else sensitivity / 2.0
-        if not (isinstance(bound, (int, float, np.floating)) and math.isfinite(bound) and bound > 0):
-            raise ValueError(f"clip_bound/sensitivity must be finite and > 0, got {clip_bound or sensitivity!r}")
-        if not (isinstance(epsilon, (int, float, np.floating)) and math.isfinite(epsilon) and epsilon > 0):
-            raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
-        if noise not in ("gamma", "gaussian", "discrete_laplace"):
-            raise ValueError(
-                f"noise must be 'gamma' (pure eps), 'gaussian' ((eps, delta)) or 'discrete_laplace' "
-                f"(pure eps, integer counts), got {noise!r}"
-            )
-        if calibration not in ("paper", "analytic"):
-            raise ValueError(f"calibration must be 'paper' or 'analytic', got {calibration!r}")
-        if noise == "gamma" and delta != 0:
-            raise ValueError("Gamma (K-norm) noise gives pure epsilon-DP: leave delta at 0")
-        if noise == "discrete_laplace" and not self.supports_discrete_laplace:
-            raise ValueError(f"{type(self).__name__} does not support discrete_laplace noise (use the trees)")
-        if noise == "discrete_laplace" and (dim != 1 or delta != 0 or float(bound) != math.floor(bound)):
-            raise ValueError(
-                "discrete_laplace noise needs dim=1, delta=0 and an integer clip_bound (integer node values "
-                f"moved by an integer <= 2R), got dim={dim!r}, delta={delta!r}, clip_bound={bound!r}"
-            )
-        if noise == "gaussian" and not (0 < delta < 1):
-            raise ValueError(f"Gaussian noise needs 0 < delta < 1, got {delta!r}")
-        self.dim = int(dim)
-        self.clip_bound = float(bound)
-        self.sensitivity = 2.0 * self.clip_bound
-        self.noise_law: NoiseLaw = noise
-        self.calibration: Calibration = calibration
-        self.epsilon = float(epsilon)
-        self.delta = float(delta)
+    def __init__(self, spec: SumSpec | None = None, /, **given: Any) -> None:
+        """Args:
+            spec: the shared parameters; or give them as keywords (:meth:`SumSpec.of`: ``dim``,
+                ``epsilon``, ``delta``, ``clip_bound`` or ``sensitivity``, ``noise``, ``calibration``),
+                ``noise`` and ``calibration`` then defaulting to the mechanism's own.
+        """
+        if spec is None:
+            spec = SumSpec.of(**{"noise": self.noise_laws[0], "calibration": self.default_calibration, **given})
+        elif not isinstance(spec, SumSpec):
+            raise TypeError(f"spec must be a SumSpec, got {type(spec).__name__}")
+        elif given:
+            raise TypeError(f"give a SumSpec or its fields as keywords, not both (got {', '.join(given)})")
+        if spec.noise not in self.noise_laws:
+            raise ValueError(f"{type(self).__name__} does not support noise={spec.noise!r}: it implements "
+                             f"{', '.join(map(repr, self.noise_laws))}")
+        if self.fixed_calibration is not None:
+            spec = dataclasses.replace(spec, calibration=self.fixed_calibration)
+        self.spec = spec
+
+    @property
+    def dim(self) -> int:
+        return self.spec.dim
+
+    @property
+    def epsilon(self) -> float:
+        return self.spec.epsilon
+
+    @property
+    def delta(self) -> float:
+        return self.spec.delta
+
+    @property
+    def clip_bound(self) -> float:
+        return self.spec.clip_bound
+
+    @property
+    def sensitivity(self) -> float:
+        return self.spec.sensitivity
+
+    @property
+    def noise_law(self) -> NoiseLaw:
+        return self.spec.noise
+
+    @property
+    def calibration(self) -> Calibration:
+        return self.spec.calibration
 
     @property
     def composition(self) -> str:

@@ -9,7 +9,6 @@ dead-lettered whole (reason ``late``). ``streams`` declares streams that release
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -100,15 +99,13 @@ def check_streams(params: Any) -> None:
 
 
 def check_schedule(clock: StepClock | None, block_size: Any, allowed_lateness: Any = 0.0) -> None:
-    """Exactly one of ``clock`` and ``block_size``; ``block_size`` an integer >= 1; a finite grace >= 0
-    (event time only)."""
+    """Exactly one of ``clock`` and ``block_size``; ``block_size`` an integer >= 1; a grace in
+    ``[0, MAX_ABS_SECONDS]`` seconds (event time only)."""
     if (clock is None) == (block_size is None):
         raise ValueError("give exactly one of clock (event-time steps) or block_size (count steps)")
     if block_size is not None:
         limits.check_count("block_size", block_size)
-    if isinstance(allowed_lateness, bool) or not isinstance(allowed_lateness, (int, float)) or not (
-            math.isfinite(allowed_lateness) and allowed_lateness >= 0):
-        raise ValueError(f"allowed_lateness must be a finite number of seconds >= 0, got {allowed_lateness!r}")
+    limits.check_number("allowed_lateness", allowed_lateness, 0.0, limits.MAX_ABS_SECONDS)  # seconds
     if allowed_lateness and clock is None:
         raise ValueError("allowed_lateness applies to event-time steps (a clock) only")
 

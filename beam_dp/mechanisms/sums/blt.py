@@ -20,7 +20,7 @@ Guarantee: ``(epsilon, delta)``-DP, event level (replace one contribution, ``Δ�
 * ``horizon=None`` (unbounded mode): parameters fitted for ``UNBOUNDED_FIT_HORIZON`` steps, σ calibrated
   on the column norm over *all* steps, ``sqrt(Σ_{j<∞} c_j²)`` (finite since ``θ < 1``), so the
   guarantee holds forever; past the fit horizon the variance keeps growing (``b_j → α ≠ 0``, so
-  eventually linearly in ``t``; measured in ``docs/counters.md``).
+  eventually linearly in ``t``; measured in ``docs/sums.md``).
 
 ``noise_var(t) = σ² Σ_{j<t} b_j²`` exactly (closed form). Per-element ledger and ``epsilon_spent``:
 see :mod:`.factorization`. Noise key: ``(stream, purpose, (t,))`` for ``z_t``, drawn once, at step ``t``.
@@ -29,12 +29,12 @@ see :mod:`.factorization`. Noise key: ``(stream, purpose, (t,))`` for ``z_t``, d
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from beam_dp.core.noise import NoiseSource
-from beam_dp.mechanisms.base import GroupState
+from beam_dp.mechanisms.base import GroupState, SumSpec
 from beam_dp.mechanisms.sums.blt_math import BLT
 from beam_dp.mechanisms.sums.factorization import ToeplitzFactorizationSum
 from beam_dp.mechanisms.sums.tree import _frozen
@@ -57,21 +57,22 @@ class BLTSum(ToeplitzFactorizationSum):
     """BLT counter (module docstring).
 
     Args:
+        spec: the shared parameters (``SumSpec``, or its fields as keywords; ``noise="gaussian"``).
         horizon: public last step ``T`` (``None``: the unbounded mode).
         blt: a BLT overriding the shipped fit for ``horizon``.
         error: which shipped fit: ``"max"`` (minimal max per-step variance) or ``"mean"`` (minimal mean
             per-step variance over ``t <= T``); ignored when ``blt`` is given.
-        purpose: the noise purpose; other keywords as ``ToeplitzFactorizationSum``.
+        purpose: the noise purpose.
     """
 
     name = "blt"
     state_type = BLTState
 
-    def __init__(self, *, horizon: int | None = None, blt: BLT | None = None, error: str = "max", purpose: str = "blt",
-                 **kwargs) -> None:
+    def __init__(self, spec: SumSpec | None = None, /, *, horizon: int | None = None, blt: BLT | None = None,
+                 error: str = "max", purpose: str = "blt", **given: Any) -> None:
         from beam_dp.mechanisms.sums.fitted_params import UNBOUNDED_FIT_HORIZON, blt_for
 
-        super().__init__(horizon=horizon, purpose=purpose, **kwargs)
+        super().__init__(spec, horizon=horizon, purpose=purpose, **given)
         self.error = error
         self.blt = blt if blt is not None else blt_for(self.horizon, error)
         if not isinstance(self.blt, BLT):

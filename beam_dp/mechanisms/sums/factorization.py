@@ -28,8 +28,9 @@ import numpy as np
 
 from beam_dp.core.calibration import analytic_gaussian_sigma, certify_gaussian
 from beam_dp.core.guarantee import Charge, ElementLoss, Guarantee, require_within_budget, spends_paced
+from beam_dp.core.limits import check_count
 from beam_dp.core.paced import Paced, run_to_end
-from beam_dp.mechanisms.base import GroupState, GroupSteppedSum
+from beam_dp.mechanisms.base import GroupState, GroupSteppedSum, SumSpec
 from beam_dp.mechanisms.sums.tree import MAX_STEP, _check_purpose, _check_step_number
 
 __all__ = ["ToeplitzFactorizationSum"]
@@ -59,29 +60,18 @@ class ToeplitzFactorizationSum(GroupSteppedSum):
     coefficients ``c_coeffs(n)`` and the streaming state machine.
     """
 
-    def __init__(
-        self,
-        *,
-        dim: int,
-        epsilon: float,
-        delta: float = 0.0,
-        clip_bound: float | None = None,
-        sensitivity: float | None = None,
-        noise: str = "gaussian",
-        horizon: int | None,
-        purpose: str,
-    ) -> None:
-        if noise != "gaussian":
-            raise ValueError(f"{self.name} is an (epsilon, delta) counter: it needs noise='gaussian'")
-        super().__init__(
-            dim=dim, epsilon=epsilon, delta=delta, clip_bound=clip_bound, sensitivity=sensitivity,
-            noise="gaussian", calibration="analytic",
-        )
-        if horizon is not None and (
-            isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)) or not 1 <= horizon <= MAX_STEP
-        ):
-            raise ValueError(f"horizon must be an integer in [1, 2**62] or None, got {horizon!r}")
-        self.horizon = None if horizon is None else int(horizon)
+    noise_laws = ("gaussian",)
+    fixed_calibration = "analytic"
+
+    def __init__(self, spec: SumSpec | None = None, /, *, horizon: int | None, purpose: str, **given: Any) -> None:
+        """Args:
+            spec: the shared parameters (:class:`~beam_dp.mechanisms.base.SumSpec`, or its fields as
+                keywords); ``noise="gaussian"`` only, always calibrated exactly.
+            horizon: the public last step ``T``, in ``[1, 2**62]``, or None (all steps).
+            purpose: the noise purpose.
+        """
+        super().__init__(spec, **given)
+        self.horizon = None if horizon is None else check_count("horizon", horizon, 1, MAX_STEP)
         self.purpose = _check_purpose(purpose)
         self.guarantee = Guarantee(self.epsilon, self.delta)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from beam_dp.mechanisms.sums import fitted_params_data as _data
 from beam_dp.mechanisms.sums.blt_math import BLT, ERRORS
-from beam_dp.mechanisms.sums.pure import KaryFit
+from beam_dp.mechanisms.sums.kary_math import KaryFit
 
 __all__ = ["UNBOUNDED_FIT_HORIZON", "blt_for", "kary_fit_for"]
 

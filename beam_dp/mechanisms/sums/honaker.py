@@ -44,37 +44,13 @@ import numpy as np
 
 from beam_dp.core.calibration import analytic_gaussian_sigma, certify_gaussian
 from beam_dp.core.guarantee import Charge, ElementLoss, Guarantee, require_within_budget
+from beam_dp.core.limits import check_count
 from beam_dp.core.noise import NoiseSource
-from beam_dp.mechanisms.base import GroupState, GroupSteppedSum, NodeNoise, NoiseLaw
+from beam_dp.mechanisms.base import GroupState, GroupSteppedSum, NodeNoise, SumSpec
+from beam_dp.mechanisms.sums.kary_math import honaker_variances, kary_digits
 from beam_dp.mechanisms.sums.tree import MAX_STEP, _check_purpose, _check_step_number, _frozen
 
-__all__ = ["HonakerTreeState", "HonakerTreeSum", "honaker_variances", "kary_digits"]
-
-
-def kary_digits(t: np.ndarray | int, arity: int, levels: int) -> np.ndarray:
-    """Digits ``d_ℓ(t)``, shape ``(levels, len(t))``: base-``arity`` digits of ``t`` for ``ℓ < levels−1``
-    and the unbounded top digit ``⌊t/arity^{levels−1}⌋``. Vectorised over ``t``."""
-    rest = np.atleast_1d(np.asarray(t, dtype=np.int64)).copy()
-    out = np.empty((levels, rest.size), dtype=np.int64)
-    for level in range(levels - 1):
-        out[level] = rest % arity
-        rest //= arity
-    out[levels - 1] = rest
-    return out
-
-
-def honaker_variances(node_vars: Sequence[float], arity: int) -> np.ndarray:
-    """Variances ``v_ℓ`` of the bottom-up Honaker node estimates from the node noise variances
-    ``σ_ℓ²`` (``inf`` for a level without noise; level 0 must be finite)."""
-    v = np.empty(len(node_vars))
-    for level, s2 in enumerate(node_vars):
-        if level == 0:
-            v[0] = s2
-        elif math.isinf(s2):
-            v[level] = arity * v[level - 1]
-        else:
-            v[level] = 1.0 / (1.0 / s2 + 1.0 / (arity * v[level - 1]))
-    return v
+__all__ = ["HonakerTreeState", "HonakerTreeSum"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,32 +76,26 @@ class HonakerTreeSum(GroupSteppedSum):
     name = "honaker_tree"
     state_type = HonakerTreeState
 
-    def __init__(
-        self,
-        *,
-        dim: int,
-        epsilon: float,
-        delta: float = 0.0,
-        clip_bound: float | None = None,
-        sensitivity: float | None = None,
-        noise: NoiseLaw = "gamma",
-        arity: int = 2,
-        levels: int,
-        level_weights: Sequence[float] | None = None,
-        purpose: str = "honaker",
-    ) -> None:
-        super().__init__(
-            dim=dim, epsilon=epsilon, delta=delta, clip_bound=clip_bound, sensitivity=sensitivity,
-            noise=noise, calibration="analytic",
-        )
-        if isinstance(arity, bool) or not isinstance(arity, (int, np.integer)) or arity < 2:
-            raise ValueError(f"arity must be an integer >= 2, got {arity!r}")
-        if isinstance(levels, bool) or not isinstance(levels, (int, np.integer)) or not 1 <= levels <= 64:
-            raise ValueError(f"levels must be an integer in [1, 64], got {levels!r}")
+    fixed_calibration = "analytic"
+
+    def __init__(self, spec: SumSpec | None = None, /, *, arity: int = 2, levels: int,
+                 level_weights: Sequence[float] | None = None, purpose: str = "honaker", **given: Any) -> None:
+        """Args:
+            spec: the shared parameters (:class:`~beam_dp.mechanisms.base.SumSpec`, or its fields as
+                keywords); the calibration is always exact.
+            arity: ``k``, an integer >= 2.
+            levels: ``L``, an integer in ``[1, 64]``.
+            level_weights: the ``L`` budget shares (finite, >= 0, level 0 positive; normalised to sum 1;
+                default uniform).
+            purpose: the noise purpose.
+        """
+        super().__init__(spec, **given)
+        arity = check_count("arity", arity, 2)
+        levels = check_count("levels", levels, 1, 64)
         weights = np.full(levels, 1.0 / levels) if level_weights is None else np.asarray(level_weights, float)
         if weights.shape != (levels,) or not np.all(np.isfinite(weights)) or np.any(weights < 0) or weights[0] <= 0:
             raise ValueError(f"level_weights must be {levels} finite shares >= 0 with a positive level 0")
-        self.arity, self.levels = int(arity), int(levels)
+        self.arity, self.levels = arity, levels
         self.level_weights = weights / weights.sum()
         self.purpose = _check_purpose(purpose)
         self.guarantee = Guarantee(self.epsilon, self.delta)

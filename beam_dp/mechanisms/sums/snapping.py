@@ -32,6 +32,7 @@ error that is not bounded formally here (docs/reliability.md §6).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -81,7 +82,7 @@ class SnappedSum(ContinualSumMechanism[SnappedState]):
     ``meta["granularity"] = g`` and ``meta["snapped_clip_bound"] = R'``.
     """
 
-    supports_discrete_laplace = True
+    noise_laws = ("gamma", "gaussian", "discrete_laplace")
 
     def __init__(self, make_inner: Callable[[float], ContinualSumMechanism], *, clip_bound: float,
                  granularity: float, inputs_on_grid: bool = False) -> None:
@@ -89,8 +90,7 @@ class SnappedSum(ContinualSumMechanism[SnappedState]):
         probe = make_inner(clip_bound)
         enlarged = clip_bound if inputs_on_grid else clip_bound + math.sqrt(probe.dim) * self.granularity
         self.inner = probe if enlarged == clip_bound else make_inner(enlarged)
-        super().__init__(dim=self.inner.dim, epsilon=self.inner.epsilon, delta=self.inner.delta,
-                         clip_bound=clip_bound, noise=self.inner.noise_law, calibration=self.inner.calibration)
+        super().__init__(dataclasses.replace(self.inner.spec, clip_bound=clip_bound))
         self.inputs_on_grid = bool(inputs_on_grid)
         self.name = self.inner.name
         self.guarantee = self.inner.guarantee

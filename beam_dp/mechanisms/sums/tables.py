@@ -3,7 +3,7 @@
 ``python -m beam_dp.mechanisms.sums.tables [--max-log2 24] [--cache PATH] [--refit]`` fits, for every
 horizon ``2^k``, ``k = 0..max``, the 4-buffer BLT (:func:`~.blt_math.fit_blt`) for the max per-step
 variance (``BLT``) and for the mean per-step variance (``BLT_MEAN``), and the pure-ε k-ary tree
-(:func:`~.pure.fit_kary`), plus the unbounded-mode BLT fits at ``2^UNBOUNDED_FIT_LOG2``
+(:func:`~.kary_math.fit_kary`), plus the unbounded-mode BLT fits at ``2^UNBOUNDED_FIT_LOG2``
 (``BLT_UNBOUNDED``, ``BLT_MEAN_UNBOUNDED``), and writes them as a Python literal (shipped with the
 package; no optimiser runs on workers). Results are cached per horizon in a JSON file so an
 interrupted run resumes; the fits already shipped seed that cache (so adding a table fits only its
@@ -20,7 +20,7 @@ import pprint
 from pathlib import Path
 
 from beam_dp.mechanisms.sums.blt_math import fit_blt
-from beam_dp.mechanisms.sums.pure import fit_kary
+from beam_dp.mechanisms.sums.kary_math import fit_kary
 
 log = logging.getLogger(__name__)
 

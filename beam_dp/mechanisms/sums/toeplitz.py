@@ -25,7 +25,7 @@ its span at once, with the same floats). Uncapped, a step costs O(d·log t) amor
 holds about ``t·d`` floats per stream; capped (large groups, large ``d``), O(d·(t/B + log B)) with
 ``B`` the partition. Spans of different lengths (a stream stepped alone or in a large group) round
 the FFT differently: releases agree to float tolerance, not bit for bit. Measured in
-``docs/benchmarks.md``.
+``docs/performance.md``.
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from beam_dp.core.noise import NoiseSource
-from beam_dp.mechanisms.base import GroupState
+from beam_dp.mechanisms.base import GroupState, SumSpec
 from beam_dp.mechanisms.sums.factorization import ToeplitzFactorizationSum
 from beam_dp.mechanisms.sums.tree import _frozen
 
@@ -81,10 +81,15 @@ class ToeplitzSqrtSum(ToeplitzFactorizationSum):
     name = "toeplitz_sqrt"
     state_type = ToeplitzSqrtState
 
-    def __init__(self, *, horizon: int, purpose: str = "toeplitz", **kwargs) -> None:
+    def __init__(self, spec: SumSpec | None = None, /, *, horizon: int, purpose: str = "toeplitz", **given: Any) -> None:
+        """Args:
+            spec: the shared parameters (``SumSpec``, or its fields as keywords; ``noise="gaussian"``).
+            horizon: the public last step ``T``, in ``[1, 2**62]`` (required: the sensitivity grows without bound).
+            purpose: the noise purpose.
+        """
         if horizon is None:
             raise ValueError("toeplitz_sqrt needs a horizon: its sensitivity grows without bound")
-        super().__init__(horizon=horizon, purpose=purpose, **kwargs)
+        super().__init__(spec, horizon=horizon, purpose=purpose, **given)
         self._table_len = 1 << max(self.horizon - 1, 1).bit_length()
         self._cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._calibrate()

@@ -53,8 +53,9 @@ import numpy as np
 
 from beam_dp.core.calibration import sigma_tree_004
 from beam_dp.core.guarantee import Charge, ElementLoss, Guarantee, require_within_budget
+from beam_dp.core.limits import MAX_COUNT, check_count
 from beam_dp.core.noise import NoiseSource
-from beam_dp.mechanisms.base import Calibration, ContinualSumMechanism, GroupState, GroupSteppedSum, NodeNoise, NoiseLaw
+from beam_dp.mechanisms.base import ContinualSumMechanism, GroupState, GroupSteppedSum, NodeNoise, SumSpec
 
 __all__ = [
     "BinaryTreeState",
@@ -67,7 +68,7 @@ __all__ = [
 ]
 
 # Step numbers and node indices go into the noise key as signed 64-bit integers.
-MAX_STEP = 2**62
+MAX_STEP = MAX_COUNT
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,15 +140,13 @@ def _check_purpose(purpose: Any) -> str:
 
 
 def _check_step_number(t: Any) -> int:
-    if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 1:
-        raise ValueError(f"steps are integers >= 1, got {t!r}")
-    return int(t)
+    return check_count("step", t, 1, MAX_STEP)
 
 
 class _TreeFamily(GroupSteppedSum):
     """Shared helpers of the three tree mechanisms (not part of the public API)."""
 
-    supports_discrete_laplace = True
+    noise_laws = ("gamma", "gaussian", "discrete_laplace")
 
     def _pure_node(self, scale: float) -> NodeNoise:
         """Pure-ε node law of scale ``c``: Gamma (K-norm), or discrete Laplace for integer counts."""
@@ -249,27 +248,15 @@ class BinaryTreeSum(_TreeFamily):
     name = "binary_tree"
     state_type = BinaryTreeState
 
-    def __init__(
-        self,
-        *,
-        dim: int,
-        epsilon: float,
-        delta: float = 0.0,
-        clip_bound: float | None = None,
-        sensitivity: float | None = None,
-        noise: NoiseLaw = "gamma",
-        calibration: Calibration = "paper",
-        horizon: int,
-        purpose: str = "tree",
-    ) -> None:
-        super().__init__(
-            dim=dim, epsilon=epsilon, delta=delta, clip_bound=clip_bound, sensitivity=sensitivity,
-            noise=noise, calibration=calibration,
-        )
+    def __init__(self, spec: SumSpec | None = None, /, *, horizon: int, purpose: str = "tree", **given: Any) -> None:
+        """Args:
+            spec: the shared parameters (:class:`~beam_dp.mechanisms.base.SumSpec`, or its fields as keywords).
+            horizon: ``T``, in ``[1, 2**62]``; later steps are refused.
+            purpose: the noise purpose (prefix).
+        """
+        super().__init__(spec, **given)
         self._setup(purpose)
-        if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)) or not 1 <= horizon <= MAX_STEP:
-            raise ValueError(f"horizon must be an integer in [1, 2**62], got {horizon!r}")
-        self.horizon = int(horizon)
+        self.horizon = check_count("horizon", horizon, 1, MAX_STEP)
         self.height = _floor_log2(self.horizon)
         self.levels = self.height + 1
         if self.pure:
@@ -404,22 +391,12 @@ class HybridTreeSum(_TreeFamily):
     name = "hybrid_tree"
     state_type = HybridTreeState
 
-    def __init__(
-        self,
-        *,
-        dim: int,
-        epsilon: float,
-        delta: float = 0.0,
-        clip_bound: float | None = None,
-        sensitivity: float | None = None,
-        noise: NoiseLaw = "gamma",
-        calibration: Calibration = "paper",
-        purpose: str = "hybrid",
-    ) -> None:
-        super().__init__(
-            dim=dim, epsilon=epsilon, delta=delta, clip_bound=clip_bound, sensitivity=sensitivity,
-            noise=noise, calibration=calibration,
-        )
+    def __init__(self, spec: SumSpec | None = None, /, *, purpose: str = "hybrid", **given: Any) -> None:
+        """Args:
+            spec: the shared parameters (:class:`~beam_dp.mechanisms.base.SumSpec`, or its fields as keywords).
+            purpose: the noise purpose (prefix).
+        """
+        super().__init__(spec, **given)
         self._setup(purpose)
         self.epsilon_log = self.epsilon / 2.0
         self.epsilon_trees = self.epsilon / 2.0
@@ -604,31 +581,19 @@ class DoublingTreeSum(_TreeFamily):
     name = "doubling_tree"
     state_type = DoublingTreeState
 
-    def __init__(
-        self,
-        *,
-        dim: int,
-        epsilon: float,
-        delta: float = 0.0,
-        clip_bound: float | None = None,
-        sensitivity: float | None = None,
-        noise: NoiseLaw = "gamma",
-        calibration: Calibration = "paper",
-        purpose: str = "doubling",
-    ) -> None:
-        super().__init__(
-            dim=dim, epsilon=epsilon, delta=delta, clip_bound=clip_bound, sensitivity=sensitivity,
-            noise=noise, calibration=calibration,
-        )
+    def __init__(self, spec: SumSpec | None = None, /, *, purpose: str = "doubling", **given: Any) -> None:
+        """Args:
+            spec: the shared parameters (:class:`~beam_dp.mechanisms.base.SumSpec`, or its fields as keywords).
+            purpose: the noise purpose (prefix).
+        """
+        super().__init__(spec, **given)
         self._setup(purpose)
         self._block_noise: dict[int, NodeNoise] = {}
         require_within_budget(self.guarantee, self._nodes_loss(self.block_noise(0), 1, self.epsilon, 1), "doubling tree")
 
     def block_noise(self, k: int) -> NodeNoise:
         """Node noise law of block ``k >= 0`` (``k + 1`` levels), certified on first use and cached."""
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
-            raise ValueError(f"block index must be an integer >= 0, got {k!r}")
-        k = int(k)
+        k = check_count("block index", k, 0, MAX_STEP)
         node = self._block_noise.get(k)
         if node is None:
             levels = k + 1

@@ -94,14 +94,16 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from beam_dp.core.calibration import sigma_window_002
 from beam_dp.core.guarantee import Charge, ElementLoss, Guarantee
+from beam_dp.core.limits import check_window
 from beam_dp.core.noise import NoiseSource
-from beam_dp.mechanisms.base import GroupState, GroupSteppedSum, NodeNoise
+from beam_dp.mechanisms.base import GroupState, GroupSteppedSum, NodeNoise, SumSpec
+from beam_dp.mechanisms.sums.tree import _check_step_number
 
 __all__ = ["WindowTreeState", "WindowTreeSum"]
 
@@ -244,40 +246,18 @@ class WindowTreeSum(GroupSteppedSum[WindowTreeState]):
     name = "window_tree"
     state_type = WindowTreeState
 
-    def __init__(
-        self,
-        *,
-        dim: int,
-        epsilon: float,
-        delta: float = 0.0,
-        clip_bound: float | None = None,
-        sensitivity: float | None = None,
-        noise: str = "gamma",
-        calibration: str = "analytic",
-        window: int,
-    ) -> None:
+    default_calibration = "analytic"
+
+    def __init__(self, spec: SumSpec | None = None, /, *, window: int, **given: Any) -> None:
         """Args:
-            dim: vector dimension ``d``.
-            epsilon: the window guarantee's ε (nats).
-            delta: its δ (Gaussian noise only; 0 for Gamma).
-            clip_bound: ``R``, the L2 bound every contribution is clipped to (or give ``sensitivity``).
-            sensitivity: ``Δ₂ = 2R`` instead of ``clip_bound``.
-            noise: ``"gamma"`` (K-norm, window ε-DP) or ``"gaussian"`` (window (ε, δ)-DP).
-            calibration: ``"analytic"`` (the smallest exact σ) or ``"paper"`` (eq. 13, certified).
-            window: ``W >= 1`` steps; protection lasts ``B = 2^⌈log₂ W⌉`` steps.
+            spec: the shared parameters (:class:`~beam_dp.mechanisms.base.SumSpec`; or its fields as
+                keywords, ``calibration`` defaulting to ``"analytic"``): ``noise`` ``"gamma"`` (K-norm,
+                window ε-DP) or ``"gaussian"`` (window (ε, δ)-DP); ``calibration`` ``"analytic"`` (the
+                smallest exact σ) or ``"paper"`` (eq. 13, certified).
+            window: ``W`` steps, in ``[1, MAX_WINDOW_CELLS // dim]``; protection lasts ``B = 2^⌈log₂ W⌉`` steps.
         """
-        super().__init__(
-            dim=dim,
-            epsilon=epsilon,
-            delta=delta,
-            clip_bound=clip_bound,
-            sensitivity=sensitivity,
-            noise=noise,  # type: ignore[arg-type]
-            calibration=calibration,  # type: ignore[arg-type]
-        )
-        if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
-            raise ValueError(f"window must be an integer >= 1, got {window!r}")
-        self.window = int(window)
+        super().__init__(spec, **given)
+        self.window = check_window(window, self.dim)
         self.block = 1 << (self.window - 1).bit_length()  # smallest power of two >= W
         self.height = self.block.bit_length() - 1  # h = log2 B
         self.levels = self.height + 1  # L_W = ceil(log2 W) + 1
@@ -298,10 +278,9 @@ class WindowTreeSum(GroupSteppedSum[WindowTreeState]):
 
     # -- node bookkeeping (pure functions of the public step numbers) ------------------------
     def _locate(self, t: int) -> tuple[int, int]:
-        if not isinstance(t, (int, np.integer)) or t < 1:
-            raise ValueError(f"steps are numbered from 1, got {t!r}")
-        k = (int(t) - 1) // self.block + 1
-        return k, int(t) - (k - 1) * self.block
+        t = _check_step_number(t)
+        k = (t - 1) // self.block + 1
+        return k, t - (k - 1) * self.block
 
     def node_steps(self, node: Node) -> tuple[int, int]:
         """Global steps ``(first, last)`` covered by node ``(block, level, index)``; ``last`` is when it

@@ -13,8 +13,7 @@ from beam_dp.mechanisms import BinaryTreeSum
 from beam_dp.mechanisms.sums import HonakerTreeSum, make_counter, resolve_counter
 from beam_dp.mechanisms.sums.blt_math import BLT
 from beam_dp.mechanisms.sums.fitted_params import blt_for, kary_fit_for
-from beam_dp.mechanisms.sums.honaker import kary_digits
-from beam_dp.mechanisms.sums.pure import _pure_estimate_vars, kary_max_variance
+from beam_dp.mechanisms.sums.kary_math import kary_digits, kary_max_variance, pure_estimate_vars
 from beam_dp.testing.noise import ZeroNoise
 from beam_dp.testing.stats import gaussian_variance_matches, mean_matches
 from tests.mechanisms.sums.helpers import CASES, KEY, HalfNoise, build, run_errors
@@ -153,5 +152,5 @@ def test_targets_on_shipped_parameters(log2):
     assert blt.max_variance_units(horizon) <= binary_gauss / 10
     binary_pure = levels**2 * log2  # units (d+1)(Δ₂/ε)²
     fit = kary_fit_for(horizon)
-    kary = kary_max_variance(horizon, fit.arity, fit.levels, _pure_estimate_vars(np.asarray(fit.weights), fit.arity))
+    kary = kary_max_variance(horizon, fit.arity, fit.levels, pure_estimate_vars(np.asarray(fit.weights), fit.arity))
     assert kary <= binary_pure / 3
