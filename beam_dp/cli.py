@@ -142,9 +142,9 @@ def _interrupted(prog: str, kept: str, command: bool, received: list[int]) -> in
 
 
 def exit_now(code: int) -> None:
-    """End this command's process with ``code`` (``SystemExit``), its objects frozen first
-    (``gc.freeze``): the interpreter exits as usual (threads joined, exit handlers run, output flushed)
-    but its final garbage collections skip the numpy, Arrow and Beam objects of the run, which took
-    most of a job's exit time."""
+    """End a command's own process (``python -m ...``, never a library call) with ``code``
+    (``SystemExit``), its objects frozen first (``gc.freeze``): the interpreter exits as usual (threads
+    joined, exit handlers run, output flushed) but its final garbage collections skip the numpy, Arrow
+    and Beam objects of the run (what that saves: docs/performance.md)."""
     gc.freeze()
     raise SystemExit(code)

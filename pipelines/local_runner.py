@@ -1,4 +1,5 @@
-"""Shuffles of a local run kept on disk and handed on in pieces: the in-process runner's memory stays flat.
+"""Tuning of Beam's in-process runner for a job's own local run: shuffles kept on disk and handed on in pieces,
+so the runner's memory stays flat.
 
 Beam's in-process runner (the FnApiRunner) groups a stage's input (a ``GroupByKey``, a combiner's
 shuffle) in memory: its ``GroupingBuffer`` decodes every value and keeps it until the reading stage
@@ -6,8 +7,15 @@ starts, then encodes *all* of it into one byte string and writes that into its i
 as one message (a protobuf copy), which the worker copies again before decoding it; the channel keeps
 every message until the bundle ends. At 10M events (10,000 streams × 1,000 steps, 4 stream groups) the
 release stage's input is ~600 MB encoded, so the job held it three or four times at once.
-:func:`stream_local_shuffles` changes this, for this process only, and only on the Beam versions it
-was checked on (:data:`CHECKED_BEAM`):
+
+:func:`tuned_local_runner` changes this while its block is open, by replacing eight methods of four private
+classes of Beam's runner (``GroupingBuffer``, ``BundleManager``, ``InMemoryDataChannel``,
+``DataInputOperation``), and puts Beam's own back when the block ends. Those classes are internals, so it
+applies only on the Beam release they were checked on (:data:`CHECKED_BEAM`, exactly); on any other it
+logs a WARNING and changes nothing (the job runs on Beam's runner as it is, with its memory). The
+replacements are process-wide while applied: ``pipelines.runner`` opens the block only around a job run
+from its own command line (``python -m pipelines.<job>``, a process that runs that one job), never for
+``main(argv)`` called from Python, and nothing in ``beam_dp`` applies it. What it changes:
 
 * **spilled values.** A grouping buffer of a key-value input in the global window (every batch shuffle
   here) writes each value's encoding to an unnamed temporary file as it arrives (``tempfile``: under
@@ -42,54 +50,83 @@ Runners other than the in-process one (Dataflow, Flink, Prism) never use these c
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
 import struct
 import tempfile
+import threading
 from array import array
 from typing import Any, Iterator
 
 from apache_beam.coders.observable import ObservableMixin
 
-from beam_dp.heap import release_free_heap
+__all__ = ["CHECKED_BEAM", "PIECE_BYTES", "tuned_local_runner"]
 
-__all__ = ["CHECKED_BEAM", "PIECE_BYTES", "stream_local_shuffles"]
+log = logging.getLogger("beam_dp.local_runner")  # a name quiet mode lets through (pipelines.runner)
 
-log = logging.getLogger(__name__)
-
-CHECKED_BEAM = ("2.77",)  # Beam major.minor versions whose runner internals these changes were checked on
+CHECKED_BEAM = "2.77.0"  # the Beam release whose runner internals these changes were checked on
 PIECE_BYTES = 8 << 20  # bytes of encoded values per piece of a grouped input, about
-_WRITE_BYTES = 256 << 10  # encoded values written to a spill file at a time: a buffer below the mmap threshold
+_WRITE_BYTES = 256 << 10  # encoded values written to a spill file at a time, from one reused buffer
 _UNDECIDED = object()
 _HELD: dict[bytes, bytes] = {}  # pieces made, by the name their message carries, until the worker reads them
 _HELD_PREFIX = b"\0beam_dp-held-piece-%s-" % os.urandom(8).hex().encode()  # no real message starts so
 _held_names = itertools.count()
+_lock = threading.Lock()
+_applied = 0  # blocks of tuned_local_runner open: Beam's methods are replaced while it is positive
 
 
-def stream_local_shuffles() -> bool:
-    """Apply the changes above to this process's in-process Beam runner; ``False`` (and no change) on a
-    Beam version not in :data:`CHECKED_BEAM`. Calling it again changes nothing more."""
+@contextlib.contextmanager
+def tuned_local_runner() -> Iterator[bool]:
+    """Within the block, this process's in-process Beam runner has the changes above (yields ``True``); on a
+    Beam release other than :data:`CHECKED_BEAM` nothing changes and a WARNING says so (yields ``False``).
+    Beam's own methods are back once the last open block has ended (blocks may nest)."""
     import apache_beam
+
+    if apache_beam.__version__ != CHECKED_BEAM:
+        log.warning("Beam %s: the in-process runner's shuffles are left as they are (checked on Beam %s only): "
+                    "a large local job holds its shuffled data in memory", apache_beam.__version__, CHECKED_BEAM)
+        yield False
+        return
+    global _applied
+    with _lock:
+        if not _applied:
+            _replace()
+        _applied += 1
+    try:
+        yield True
+    finally:
+        with _lock:
+            _applied -= 1
+            if not _applied:
+                _restore()
+
+
+def _replacements() -> tuple[tuple[type, str, Any], ...]:
+    """``(owner, method name, ours)`` for each method of Beam's runner that :func:`tuned_local_runner` replaces."""
     from apache_beam.runners.portability.fn_api_runner import execution, fn_runner
     from apache_beam.runners.worker import bundle_processor, data_plane
 
-    if ".".join(apache_beam.__version__.split(".")[:2]) not in CHECKED_BEAM:
-        log.info("Beam %s: the in-process runner's shuffles are left as they are", apache_beam.__version__)
-        return False
-    buffer_type = execution.GroupingBuffer
-    if getattr(buffer_type.append, "__wrapped__", None) is not None:
-        return True
-    for owner, name, ours in ((buffer_type, "append", _append), (buffer_type, "extend", _extend),
-                              (buffer_type, "partition", _partition),
-                              (fn_runner.BundleManager, "_send_input_to_worker", _send_in_pieces),
-                              (fn_runner.BundleManager, "process_bundle", _process_bundle),
-                              (data_plane.InMemoryDataChannel, "input_elements", _releasing_inputs),
-                              (data_plane.InMemoryDataChannel, "output_stream", _delivering_output_stream),
-                              (bundle_processor.DataInputOperation, "process_encoded", _process_held)):
-        ours.__wrapped__ = getattr(owner, name)  # Beam's: for the other buffers and channels, and for tests
+    buffer = execution.GroupingBuffer
+    return ((buffer, "append", _append), (buffer, "extend", _extend), (buffer, "partition", _partition),
+            (fn_runner.BundleManager, "_send_input_to_worker", _send_in_pieces),
+            (fn_runner.BundleManager, "process_bundle", _process_bundle),
+            (data_plane.InMemoryDataChannel, "input_elements", _releasing_inputs),
+            (data_plane.InMemoryDataChannel, "output_stream", _delivering_output_stream),
+            (bundle_processor.DataInputOperation, "process_encoded", _process_held))
+
+
+def _replace() -> None:
+    for owner, name, ours in _replacements():
+        ours.__wrapped__ = owner.__dict__[name]  # Beam's: for the other buffers and channels
         setattr(owner, name, ours)
-    return True
+
+
+def _restore() -> None:
+    for owner, name, ours in _replacements():
+        setattr(owner, name, ours.__wrapped__)
+        del ours.__wrapped__
 
 
 class SpilledValues:
@@ -208,7 +245,7 @@ class SpilledValues:
 
     def _write(self, data: bytes) -> None:
         if self._read:
-            raise RuntimeError("beam_dp.local_shuffle: a grouping buffer was written after it was read")
+            raise RuntimeError("pipelines.local_runner: a grouping buffer was written after it was read")
         self._file.write(data)
         self._size += len(data)
 
@@ -237,7 +274,7 @@ class SpilledValues:
             self._post.encode_to_stream(probe, out, True)
             encoded, tail = out.get(), key + b"\0\0\0\0"  # ... the key, then an empty iterable's count
             if not encoded.endswith(tail):
-                raise RuntimeError("beam_dp.local_shuffle: Beam's grouped encoding is not header, key, values")
+                raise RuntimeError("pipelines.local_runner: Beam's grouped encoding is not header, key, values")
             self._header = encoded[:-len(tail)]
         return self._header
 
@@ -276,14 +313,14 @@ def _extend(self, input_buffer: Any) -> None:
         return
     other = spilled(input_buffer)
     if other is None:
-        raise RuntimeError("beam_dp.local_shuffle: a spilled grouping buffer cannot take an in-memory one")
+        raise RuntimeError("pipelines.local_runner: a spilled grouping buffer cannot take an in-memory one")
     spill.add_spilled(other)
 
 
 def _partition(self, n: int) -> list[list[bytes]]:
     """``GroupingBuffer.partition``: key ``i`` to worker ``i % n``, Beam's bytes (one string each)."""
     if getattr(self, "_beam_dp_handed_on", False):
-        raise RuntimeError("beam_dp.local_shuffle: a grouped input was read twice after it was handed on")
+        raise RuntimeError("pipelines.local_runner: a grouped input was read twice after it was handed on")
     spill = spilled(self)
     if spill is None:
         return _beams(_partition, type(self), "partition")(self, n)
@@ -364,7 +401,7 @@ def _one_key(decode: Any, prefix: bytes, spill: "SpilledValues", where: array) -
     values = _KeyValues(decode, prefix, spill, where)
     first = decode(create_InputStream(prefix + next(spill.values_at(where[:2]))), True)
     if type(first.value[1]) is not list:
-        raise RuntimeError("beam_dp.local_shuffle: Beam's grouped values are not a list")
+        raise RuntimeError("pipelines.local_runner: Beam's grouped values are not a list")
     return first.with_value((first.value[0], values))
 
 
@@ -402,7 +439,7 @@ def _send_in_pieces(self, process_bundle_id: str, read_transform_id: str, byte_s
     spill = spilled(byte_streams) if isinstance(byte_streams, GroupingBuffer) else None
     if spill is not None and isinstance(channel, InMemoryDataChannel) and not byte_streams._grouped_output:
         if getattr(byte_streams, "_beam_dp_handed_on", False):
-            raise RuntimeError("beam_dp.local_shuffle: a grouped input was read twice after it was handed on")
+            raise RuntimeError("pipelines.local_runner: a grouped input was read twice after it was handed on")
         byte_streams._beam_dp_handed_on = True
         pieces = spill.pieces(PIECE_BYTES)
         if not pieces:  # an empty input: nothing to read back
@@ -419,9 +456,7 @@ def _send_in_pieces(self, process_bundle_id: str, read_transform_id: str, byte_s
 def _process_bundle(self, inputs: Any, expected_outputs: Any, fired_timers: Any, expected_output_timers: Any,
                     dry_run: bool = False) -> Any:
     """``BundleManager.process_bundle`` with the bundle's spilled output buffers registered on the runner's
-    in-memory channels, so that the worker's writes to them are delivered as they are flushed; what the
-    bundle freed goes back to the system when it ends (``beam_dp.heap.release_free_heap``), not kept
-    through the next stage."""
+    in-memory channels, so that the worker's writes to them are delivered as they are flushed."""
     from apache_beam.runners.portability.fn_api_runner.execution import split_buffer_id
     from apache_beam.runners.worker.data_plane import InMemoryDataChannel
 
@@ -436,12 +471,11 @@ def _process_bundle(self, inputs: Any, expected_outputs: Any, fired_timers: Any,
     for channel in channels:
         channel._beam_dp_deliver = deliver
     try:
-        return _beams(_process_bundle, type(self), "process_bundle")(self, inputs, expected_outputs, fired_timers, expected_output_timers,
-                                           dry_run)
+        return _beams(_process_bundle, type(self), "process_bundle")(self, inputs, expected_outputs, fired_timers,
+                                                                     expected_output_timers, dry_run)
     finally:
         for channel in channels:
             channel._beam_dp_deliver = {}
-        release_free_heap()
 
 
 def _delivering_output_stream(self, instruction_id: str, transform_id: str) -> Any:

@@ -18,7 +18,10 @@ files, build the params; raise :class:`UsageError` for anything the user must fi
   with ``--fail-on-rejected FRACTION``, more than that fraction rejected is exit code 3, the dead
   letters published and the previous releases kept;
 * the default runner is the FnApiRunner; on a local runner the job waits and prints a summary of
-  its outputs, on any other runner (Dataflow, Flink, a Flex Template launch) it returns once submitted.
+  its outputs, on any other runner (Dataflow, Flink, a Flex Template launch) it returns once submitted;
+* a local run from the job's own command line (``python -m pipelines.<job>``) keeps its shuffles on
+  disk while it runs (``pipelines.local_runner``: Beam's runner as it was once the run ends);
+  ``main(argv)`` called from Python runs on Beam's runner as it is.
 
 Noise key rules: a streaming job, or a job on any runner but the local ones, must name a fixed key
 (``--noise-key-secret``, ``--noise-key-file``, or ``--noise-key-env`` for an env var set on the
@@ -260,7 +263,6 @@ def run(options, job: Job, plan: Any, messages=None, shown: str | None = None, r
     """Build and run the job; on a local runner wait and summarise, elsewhere return once submitted.
     ``shown``: the output folder as the user named it (the run itself may write to a staging folder).
     ``rejected``: gets the run's ``pipelines.common.RejectedInput`` (local runs; raw-data counts)."""
-    from beam_dp.heap import release_free_heap, scratch_heap
     from pipelines.common import exact_counts, output_summary, rejected_input, write_job_manifest
     from pipelines.outputs import private_dir
     from pipelines.paths import display
@@ -279,7 +281,6 @@ def run(options, job: Job, plan: Any, messages=None, shown: str | None = None, r
             result = pipeline.run()
             if local:
                 result.wait_until_finish()
-                release_free_heap()  # what the stages freed goes back before the releases are read back
     write_job_manifest(pipeline, job.name, plan.out_dir)  # declares the job beside its releases (beam_dp.verify)
     if not local:
         job_id = getattr(result, "job_id", lambda: None)
@@ -288,9 +289,8 @@ def run(options, job: Job, plan: Any, messages=None, shown: str | None = None, r
                 + f"; releases will be written under {shown}, dead letters (raw data) under "
                 + display(private_dir(opts)))
     lines = [f"beam_dp {job.name}: releases written under {shown}"]
-    with scratch_heap():  # reading the releases back: each batch's temporaries reuse the heap
-        lines += job.summary(plan, opts)
-        lines += output_summary(plan.out_dir, plan.outputs)
+    lines += job.summary(plan, opts)
+    lines += output_summary(plan.out_dir, plan.outputs)
     if opts.print_exact_counts:
         lines += exact_counts(result, private_dir(opts))
     if rejected is not None:
@@ -331,9 +331,9 @@ def run_cli(argv: list[str] | None, job: Job) -> int:
     verbose = _verbose(argv)
     configure_logging(verbose)
     where: list = []  # the run's RunOutputs once opened: a failure says what it kept
-    code = guarded(job.prog, verbose, lambda: _launch(argv, job, where), (UsageError, OutputError),
+    code = guarded(job.prog, verbose, lambda: _launch(argv, job, where, command), (UsageError, OutputError),
                    lambda: f"; {where[0].kept()}" if where else "", command)  # SIGTERM/SIGHUP too (command)
-    if command:  # the process's own command line, its outputs published: no interpreter teardown
+    if command:  # the process's own command line, its outputs published: its objects frozen for the exit
         exit_now(code)
     return code
 
@@ -342,7 +342,9 @@ def run_cli(argv: list[str] | None, job: Job) -> int:
 REJECTED_EXIT = 3
 
 
-def _launch(argv: list[str], job: Job, where: list) -> int:
+def _launch(argv: list[str], job: Job, where: list, command: bool) -> int:
+    """The run of :func:`run_cli`; ``command``: the process's own command line, whose local run has Beam's
+    in-process runner tuned while it runs (``pipelines.local_runner``)."""
     from apache_beam.options.pipeline_options import StandardOptions
 
     from beam_dp.cli import CommandError
@@ -360,18 +362,16 @@ def _launch(argv: list[str], job: Job, where: list) -> int:
     if limit is not None and (streaming or not local):
         raise UsageError("--fail-on-rejected needs a local batch run (the launcher counts the rejected rows "
                          "when the run has ended)")
-    if local:  # this process runs the pipeline: give freed memory back (beam_dp.heap), hold a shuffle once
-        from beam_dp.heap import limit_heap_retention
-        from pipelines.local_shuffle import stream_local_shuffles
-
-        limit_heap_retention()
-        stream_local_shuffles()
+    if local and command:  # this process runs this job only: its shuffles on disk while it runs
+        from pipelines.local_runner import tuned_local_runner
+    else:
+        tuned_local_runner = contextlib.nullcontext
     with RunOutputs(opts.output, private_dir(opts), staged=local and not streaming) as outputs:
         where.append(outputs)
         opts.output, opts.dead_letter_output = outputs.output, outputs.private
         plan = job.plan(options)
         found: list = []
-        with one_random_key(opts) if local else contextlib.nullcontext():
+        with one_random_key(opts) if local else contextlib.nullcontext(), tuned_local_runner():
             summary = run(options, job, plan, shown=outputs.final_output, rejected=found)
         rejected = found[0] if found else None
         if rejected is not None and limit is not None and rejected.fraction > limit:

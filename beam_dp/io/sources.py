@@ -19,7 +19,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
 
-from beam_dp.heap import scratch_heap
 from beam_dp.io.coders import register_block_coders
 from beam_dp.io.tables import iter_parquet_batches, read_csv_rows
 from beam_dp.steps.events import DEAD_LETTER, DETAIL, DeadLetter, EventBatch, Reason, record_source, to_micros
@@ -168,15 +167,14 @@ class _ReadEventFile(beam.DoFn):
             yield beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(
                 Reason.BAD_STREAM_ID, DETAIL[Reason.BAD_STREAM_ID], None, row, record_source(path, int(records[i]))))
         ok = utf8.copy()
-        with scratch_heap():  # the batch's arrays reuse the heap: they are let go once the parse stage took them
-            values = np.empty((batch.num_rows, len(cols)))
-            for j, name in enumerate(cols):
-                values[:, j], col_ok = _to_float(batch.column(name))
-                ok &= col_ok
-            seconds = None
-            if self._timestamps:
-                seconds, ts_ok = _timestamps(batch.column("timestamp"))
-                ok &= ts_ok
+        values = np.empty((batch.num_rows, len(cols)))
+        for j, name in enumerate(cols):
+            values[:, j], col_ok = _to_float(batch.column(name))
+            ok &= col_ok
+        seconds = None
+        if self._timestamps:
+            seconds, ts_ok = _timestamps(batch.column("timestamp"))
+            ok &= ts_ok
         for i in np.flatnonzero(~ok & utf8).tolist():
             row = {name: batch.column(name)[i].as_py() for name in names}
             stream = streams[i].as_py() if isinstance(streams, pa.Array) else streams[i]

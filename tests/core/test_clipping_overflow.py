@@ -12,6 +12,7 @@ import pytest
 
 from beam_dp.core.clipping import clip_l1, clip_l2, l2_norms
 from beam_dp.mechanisms.erm.models import SoftmaxRegression
+from beam_dp.mechanisms.lifelong.factory import build_learner
 from beam_dp.mechanisms.online.learners import make_online_learner
 from beam_dp.mechanisms.online.regression import normalise_records
 from beam_dp.mechanisms.sums.tree import make_tree_sum
@@ -127,7 +128,7 @@ def test_lifelong_per_example_clipping(monkeypatch):
     from tests.conftest import TEST_KEY
     from tests.mechanisms.lifelong.conftest import small_common
 
-    learner = BoundedAGEMConfig(**small_common(), task_size=480, clip_norm=0.5).build()
+    learner = build_learner(BoundedAGEMConfig(**small_common(), task_size=480, clip_norm=0.5))
     state = learner._initialise(learner.init_state("s"), NoiseSource(TEST_KEY))
     params, _ = learner._torch_state(state)
     pieces = [torch.tensor([[1e308, 0.5], [1e200, 0.0], [-MAX, 0.0], [0.1, 0.2]], dtype=torch.float64),

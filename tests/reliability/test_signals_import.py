@@ -1,6 +1,7 @@
 """Importing beam_dp changes nothing in the host process: no signal handler, no log filter or handler,
-also while ``python -m`` is locating a module (``sys.argv[0] == "-m"``). A user's package whose
-``__init__`` imports beam_dp, run as ``python -m userpkg.mod``, gets its Ctrl-C as a plain
+no method of Beam's runner (``pipelines.local_runner`` replaces some only while a job command runs), also
+while ``python -m`` is locating a module (``sys.argv[0] == "-m"``). A user's package whose ``__init__``
+imports beam_dp, run as ``python -m userpkg.mod``, gets its Ctrl-C as a plain
 ``KeyboardInterrupt`` (its ``except`` and ``finally`` run). The commands' own Ctrl-C, SIGTERM and
 SIGHUP handling lives in ``beam_dp.cli.guarded`` (tests/reliability/test_signals_jobs.py).
 
@@ -66,9 +67,11 @@ import pipelines.continual_stats, pipelines.run_yaml  # noqa: F401  (no Beam imp
 assert "apache_beam" not in sys.modules
 assert state() == before, (before, state())
 import apache_beam  # noqa: F401  (Beam's own import adds a root handler: not beam_dp's doing)
-before = state()
-import pipelines.common, beam_dp.beam, beam_dp.io.keys  # noqa: F401
+from apache_beam.runners.portability.fn_api_runner import execution
+before, runner = state(), dict(vars(execution.GroupingBuffer))
+import pipelines.common, pipelines.local_runner, beam_dp.beam, beam_dp.io.keys  # noqa: F401
 assert state() == before, (before, state())
+assert dict(vars(execution.GroupingBuffer)) == runner  # Beam's runner as Beam made it
 named = [n for n, lg in logging.root.manager.loggerDict.items()
          if isinstance(lg, logging.Logger) and (lg.filters or lg.handlers) and n.startswith(("beam_dp", "pipelines"))]
 assert not named, named

@@ -17,7 +17,6 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from beam_dp.heap import scratch_heap
 from beam_dp.mechanisms.stream_groups import GroupBlock
 
 __all__ = ["DenseSteps", "StreamTable"]
@@ -103,11 +102,10 @@ class DenseSteps:
         (repeats add up); ``n_rows`` the table's rows, ``room`` the bytes it may take beyond what it needs
         (headroom). The bytes it grew by."""
         before = self.nbytes
-        self._fit(n_rows, int(steps.min()), int(steps.max()), room)  # the array outlives the pass below
+        self._fit(n_rows, int(steps.min()), int(steps.max()), room)
         width, cols = self.cells.shape[1], self.dim + 2
-        with scratch_heap():  # the flat indices (~20 MB a batch) reuse the heap
-            flat = ((steps - self.first) * width + rows) * cols
-            np.add.at(self.cells.reshape(-1), (flat[:, None] + np.arange(cols)).ravel(), cells.ravel())
+        flat = ((steps - self.first) * width + rows) * cols
+        np.add.at(self.cells.reshape(-1), (flat[:, None] + np.arange(cols)).ravel(), cells.ravel())
         return self.nbytes - before
 
     def _fit(self, rows: int, lo: int, hi: int, room: int) -> None:

@@ -20,7 +20,6 @@ from apache_beam.metrics import Metrics
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_dp.beam.shell.combine import BundleGroupSums, MergeClippedSums  # MergeClippedSums: the lifted combiner
-from beam_dp.heap import scratch_heap
 from beam_dp.mechanisms.base import ClippedSum
 from beam_dp.mechanisms.stream_groups import GroupBlock, group_key, group_of
 from beam_dp.steps.batch import (
@@ -128,21 +127,20 @@ class ParseEvents(beam.DoFn):
                         out = beam.pvalue.TaggedOutput(DEAD_LETTER, out.value._replace(source=source))
                     yield out
             return
-        with scratch_heap():  # the pass's temporaries reuse the heap; its results live until the blocks leave
-            codes, good_id, arrow_ids = row_reasons(streams, micros, values, self._clock, self._streams)
-            bad = np.flatnonzero(codes)
-            ok = codes == 0
-            sums = dense = None
-            if len(bad) < n:
-                every = not len(bad)  # every row valid (the usual case): no copies
-                values_ok, micros_ok = (values, micros) if every else (values[ok], micros[ok])
-                ids_ok = None if arrow_ids is None else arrow_ids if every else arrow_ids.filter(ok)
-                if self._bundle is not None and ids_ok is not None:
-                    dense = self._dense_rows(window, ids_ok, micros_ok, values_ok)
-                if dense is None:  # the ids as objects only where blocks or originals name them
-                    streams_ok = None if self._bundle is not None and ids_ok is not None else (
-                        streams[ok] if ids_ok is None else _objects(ids_ok))
-                    sums = step_sums(self._mechanism, self._clock, streams_ok, ids_ok, micros_ok, values_ok)
+        codes, good_id, arrow_ids = row_reasons(streams, micros, values, self._clock, self._streams)
+        bad = np.flatnonzero(codes)
+        ok = codes == 0
+        sums = dense = None
+        if len(bad) < n:
+            every = not len(bad)  # every row valid (the usual case): no copies
+            values_ok, micros_ok = (values, micros) if every else (values[ok], micros[ok])
+            ids_ok = None if arrow_ids is None else arrow_ids if every else arrow_ids.filter(ok)
+            if self._bundle is not None and ids_ok is not None:
+                dense = self._dense_rows(window, ids_ok, micros_ok, values_ok)
+            if dense is None:  # the ids as objects only where blocks or originals name them
+                streams_ok = None if self._bundle is not None and ids_ok is not None else (
+                    streams[ok] if ids_ok is None else _objects(ids_ok))
+                sums = step_sums(self._mechanism, self._clock, streams_ok, ids_ok, micros_ok, values_ok)
         for i in bad.tolist():  # loop over rejected rows only
             reason, row = ROW_REASONS[codes[i]], batch.row(i)
             yield self._dead_letter(DeadLetter(reason, DETAIL[reason], row[0] if good_id[i] else None, row,
