@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from beam_dp.core.state import FORMER_MODULES
+
 __all__ = ["BINDING_VERSION", "EXCLUDED_FIELDS", "calibration_binding", "calibration_fingerprint"]
 
 #: The version of the binding (prefix of every binding): a derivation change bumps it.
@@ -65,8 +67,13 @@ def calibration_binding(params: Any) -> str:
 _MAX_DEPTH = 32
 
 
+#: the path an object had when its binding was first defined: a moved module keeps its objects' noise
+_BOUND_MODULES = {now: before for before, now in FORMER_MODULES.items()}
+
+
 def _name(obj: Any) -> str:
-    return f"{getattr(obj, '__module__', None)}.{getattr(obj, '__qualname__', getattr(obj, '__name__', '?'))}"
+    module = getattr(obj, "__module__", None)
+    return f"{_BOUND_MODULES.get(module, module)}.{getattr(obj, '__qualname__', getattr(obj, '__name__', '?'))}"
 
 
 def _float(x: float) -> Any:

@@ -67,7 +67,8 @@ def _unpack(node: Any, buffers: list[bytes]) -> Any:
     return {k: _unpack(v, buffers) for k, v in node["d"].items()}
 
 
-#: Modules that held state classes in earlier releases, and where those classes live now.
+#: Modules of earlier releases and where their contents live now: a state written under the old path
+#: decodes, and a noise binding names an object by its old path (so a move keeps the noise).
 FORMER_MODULES = {
     "beam_dp.mechanisms.tree": "beam_dp.mechanisms.sums.tree",
     "beam_dp.mechanisms.window_tree": "beam_dp.mechanisms.sums.window_tree",
@@ -80,6 +81,13 @@ FORMER_MODULES = {
     "beam_dp.mechanisms.online": "beam_dp.mechanisms.online.learners",
     "beam_dp.mechanisms.regression": "beam_dp.mechanisms.online.regression",
     "beam_dp.mechanisms.regression_torch": "beam_dp.mechanisms.online.regression_torch",
+    "beam_dp.mechanisms.convex_sets": "beam_dp.mechanisms.online.convex_sets",
+    "beam_dp.mechanisms.universe": "beam_dp.mechanisms.growing_db.universe",
+    "beam_dp.mechanisms.counters.blt_math": "beam_dp.mechanisms.sums.blt_math",
+    "beam_dp.mechanisms.counters.factorization": "beam_dp.mechanisms.sums.factorization",
+    "beam_dp.mechanisms.counters.factory": "beam_dp.mechanisms.sums.factory",
+    "beam_dp.mechanisms.counters.fitted_params": "beam_dp.mechanisms.sums.fitted_params",
+    "beam_dp.mechanisms.counters.pure": "beam_dp.mechanisms.sums.pure",
 }
 
 
