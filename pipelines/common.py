@@ -39,7 +39,7 @@ from beam_dp.io import (
 from beam_dp.io.manifest import write_manifest
 from beam_dp.io.tables import csv_header
 from pipelines.paths import join, match, read_text_lines
-from pipelines.runner import UsageError
+from pipelines.usage import UsageError
 
 __all__ = [
     "JobOptions",

@@ -44,6 +44,7 @@ from typing import Any, Callable
 
 from pipelines import spec
 from pipelines.paths import display
+from pipelines.usage import UsageError
 
 __all__ = ["LOCAL_RUNNERS", "Job", "UsageError", "configure_logging", "is_local_runner", "options_class",
            "owned_pipeline", "run_cli"]
@@ -71,10 +72,6 @@ def owned_pipeline(**kwargs: Any):
         yield pipeline
     finally:
         shutil.rmtree(pipeline.local_tempdir, ignore_errors=True)
-
-
-class UsageError(Exception):
-    """Something the user fixes by changing a flag or a file; printed as one line, exit code 2."""
 
 
 @dataclass(frozen=True)
