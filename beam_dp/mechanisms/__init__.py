@@ -14,6 +14,7 @@ _EXPORTS = {
     "ContinualSumMechanism": "beam_dp.mechanisms.base",
     "Mechanism": "beam_dp.mechanisms.base",
     "NodeNoise": "beam_dp.mechanisms.base",
+    "SumSpec": "beam_dp.mechanisms.base",
     "OnlineLoss": "beam_dp.mechanisms.online.learners",
     "WDPCOCOL": "beam_dp.mechanisms.online.learners",
     "WDPCOCOP": "beam_dp.mechanisms.online.learners",

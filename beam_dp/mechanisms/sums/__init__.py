@@ -17,6 +17,9 @@ from beam_dp.lazy import lazy_exports
 
 _EXPORTS = {
     "SumSpec": "beam_dp.mechanisms.base",
+    "Participation": "beam_dp.mechanisms.sums.participation",
+    "UnitSensitivity": "beam_dp.mechanisms.sums.participation",
+    "unit_sensitivity": "beam_dp.mechanisms.sums.participation",
     "BLT": "beam_dp.mechanisms.sums.blt_math",
     "fit_blt": "beam_dp.mechanisms.sums.blt_math",
     "BLTState": "beam_dp.mechanisms.sums.blt",
