@@ -9,8 +9,13 @@ stated spend on trust:
 
 * each release's spend is recomputed from its noise declaration (``beam_dp.core.noise_declaration``),
   and a declaration that is empty, has a term of weight <= 0 or is missing where its mechanism writes
-  one fails; a sum's declaration (trees, window tree, BLT, Toeplitz) must be the one its mechanism,
-  rebuilt from the row's public parameters, declares at that step (``beam_dp.verify_calibration``);
+  one fails; its noise scales and account parameters must be the ones its mechanism's calibration,
+  rebuilt from the row's budget and meta, gives at that step (sums, growing databases, incremental
+  regression, ERM, L2DP-ML: ``beam_dp.verify_calibration``; an output written before its family
+  declared a parameter that rebuild needs is checked by its declaration, with a note);
+* a unit-level sum's release (``privacy_unit`` in its meta) must declare its bounding, and its unit's
+  spend recomputed from it must not exceed its stated one (``beam_dp.verify_units``); with the manifest,
+  every release of a transform it declares unit-level must declare that unit;
 * a release of a mechanism beam_dp does not have (:data:`KNOWN_MECHANISMS`), or with a ``purpose`` its
   mechanism never writes (:data:`RELEASE_PURPOSES`), fails;
 * it fails on a release that reports more than its own budget, a budget or job total that is not a
@@ -66,6 +71,7 @@ from beam_dp.core.budget import COMPOSITIONS, compose
 from beam_dp.core.noise_declaration import DeclaredLoss, loss_of_declaration, recomputed_epsilon
 from beam_dp.io.manifest import JobManifest
 from beam_dp.verify_calibration import RECOMPUTED_FAMILIES, Calibrations
+from beam_dp.verify_units import UnitCalibrations
 
 __all__ = ["KNOWN_MECHANISMS", "PROBLEM_LINES", "RELEASE_PURPOSES", "VERIFIED_COLUMNS", "DomainSpend", "JobVerdict",
            "JobVerifier", "main", "manifest_release_files", "verify_job"]
@@ -337,6 +343,7 @@ class JobVerifier:
         self._shown: dict[str, int] = {}
         self._hidden: dict[str, int] = {}
         self._calibrations = Calibrations()
+        self._units = UnitCalibrations()  # unit-level releases: their spend from their declared bounding
         self._calibrated: dict[int, str | None] = {}  # hash of (mechanism, noise, meta, step, budget) -> problem
         self.problems: list[str] = []
         self.rows = 0
@@ -475,10 +482,12 @@ class JobVerifier:
         for key, i in zip(distinct.tolist(), first.tolist()):
             r = int(rows[i])
             if key not in self._calibrated:
+                args = (self._mechanisms.names[mechanism[r]], meta[r].as_py() or "", float(eps_budget[r]),
+                        float(dlt_budget[r]))
                 self._calibrated[key] = self._calibrations.problem(
-                    self._mechanisms.names[mechanism[r]], meta[r].as_py() or "", float(eps_budget[r]),
-                    float(dlt_budget[r]), int(step[r]), self._noises.names[noise[r]],
-                    scope=(self._domains.names[domain[r]], stream[r].as_py()))
+                    *args, int(step[r]), self._noises.names[noise[r]],
+                    scope=(self._domains.names[domain[r]], stream[r].as_py())) or self._units.problem(
+                    *args, self._noises.names[noise[r]], domain=self._domains.names[domain[r]])
             reasons.append(self._calibrated[key])
         failed = np.array([why is not None for why in reasons], dtype=bool)[inverse.ravel()]
         for d in np.unique(domain[rows[failed]]).tolist():
@@ -630,6 +639,7 @@ class JobVerifier:
             notes = []
         else:
             notes = [f"{line}, taken as stated" for line in unrecomputable + unknown]
+        notes += self._calibrations.notes()
         notes += [f"{n} release(s) of {self._domains.names[d]!r} are exact copies of another (identical rows are "
                   "one release, e.g. an at-least-once sink's repeats): counted once"
                   for d, n in sorted(copies.items()) if n]
@@ -643,12 +653,15 @@ class JobVerifier:
         warnings, unchecked = [], []
         if manifest is not None:
             problems += manifest_problems(manifest, spent, declared)
+            problems += self._units.manifest_problems({t.noise_domain: t.privacy_unit for t in manifest.transforms
+                                                       if t.privacy_unit is not None})
             found = (manifest.epsilon, manifest.delta)
             # a declared transform without releases is charged its whole share
             seen = {d.domain for d in spent}
             charged += [(t.composition if t.composition in COMPOSITIONS and not (t.composition == "pure" and t.delta)
                          else "approx", t.epsilon, t.delta) for t in manifest.transforms if t.noise_domain not in seen]
         else:
+            problems += self._units.mixed()
             unchecked = list(UNCHECKED_WITHOUT_MANIFEST)
             if epsilon is None or delta is None:
                 if len(declared) != 1:

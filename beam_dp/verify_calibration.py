@@ -1,5 +1,6 @@
 """A release's noise declaration recomputed from public parameters, for ``beam_dp.verify``
-(:class:`Calibrations` dispatches on the mechanism: sums, ERM model releases, lifelong DP-SGD).
+(:class:`Calibrations` dispatches on the mechanism: sums, ERM model releases, lifelong DP-SGD, growing
+databases, incremental regression, L2DP-ML).
 
 A release of a continual sum (the trees, the window tree, BLT, Toeplitz) carries its calibration's
 public parameters: the mechanism's name, its ``meta`` (horizon, fit, levels, window, noise law,
@@ -16,6 +17,12 @@ The sensitivity itself is not a public parameter of a sum (``R`` is not in every
 taken from the declaration, and the scales must then match it, so a declaration cannot lower its
 loss by changing ``Δ₂`` either.
 
+A growing database's account (:class:`GrowingDbCalibrations`), an incremental regression's trees,
+reruns and solver (:class:`RegressionCalibrations`) and L2DP-ML's draws (:class:`L2dpCalibrations`)
+are rebuilt from the row's budget and the plan its meta states; a release written before its family
+declared a parameter the rebuild needs is checked as far as its declaration goes and counted in
+:meth:`Calibrations.notes`.
+
 An ERM release's sensitivities are recomputed from its meta (:class:`ErmCalibrations`), and a
 lifelong learner's DP-SGD accounts matched with the parameters its releases report
 (:class:`LifelongCalibrations`); both also require every key a release declares to be one that a
@@ -30,8 +37,9 @@ from typing import Any, Callable, Hashable, Iterable
 
 from beam_dp.core.noise_declaration import declared_terms
 
-__all__ = ["Calibrations", "ERM_FAMILIES", "ErmCalibrations", "LIFELONG_FAMILIES", "LifelongCalibrations",
-           "RECOMPUTED_FAMILIES", "SumCalibrations"]
+__all__ = ["Calibrations", "ERM_FAMILIES", "ErmCalibrations", "GROWING_DB_FAMILIES", "GrowingDbCalibrations",
+           "L2dpCalibrations", "LIFELONG_FAMILIES", "LifelongCalibrations", "RECOMPUTED_FAMILIES",
+           "REGRESSION_FAMILIES", "RegressionCalibrations", "SumCalibrations"]
 
 _REL_TOL = 1e-9  # the same arithmetic on the same public numbers: only float rounding differs
 
@@ -129,6 +137,7 @@ class _Calibrations:
     def __init__(self) -> None:
         self._logged: dict[Hashable, set] = {}
         self._declared: dict[Hashable, dict[tuple, int]] = {}
+        self._unrecomputed: dict[tuple[str, str], int] = {}
 
     def problem(self, mechanism: str, meta_text: str, epsilon: float, delta: float, step: int,
                 declaration: str, scope: Hashable = None) -> str | None:
@@ -146,6 +155,17 @@ class _Calibrations:
     def _check(self, mechanism: str, meta: dict, terms: tuple, accounts: tuple, epsilon: float, delta: float,
                step: int, scope: Hashable) -> str | None:
         raise NotImplementedError
+
+    def _note(self, mechanism: str, lacking: str) -> None:
+        """Count a release written before its family declared ``lacking`` (checked as far as its
+        declaration goes, see :meth:`notes`)."""
+        self._unrecomputed[(mechanism, lacking)] = self._unrecomputed.get((mechanism, lacking), 0) + 1
+
+    def notes(self) -> list[str]:
+        """One line per (mechanism, parameter) of the releases whose calibration was not recomputed."""
+        return [f"{n} distinct {mechanism} release(s): calibration not recomputed: written before {lacking} was "
+                "declared (their declaration checked as stated)" for (mechanism, lacking), n in
+                sorted(self._unrecomputed.items())]
 
     def _log(self, scope: Hashable, keys: Iterable[tuple]) -> None:
         """Keys a release of ``scope`` reports in its meta (the calls or accounts it ran)."""
@@ -214,12 +234,52 @@ def _erm_model(meta: dict):
     """The release's model, rebuilt from the constants its meta states (``LinearModel.describe``)."""
     from beam_dp.mechanisms.erm.models import HuberRegression, SoftmaxRegression
 
-    common = {"n_features": int(meta["n_features"]), "clip_bound": float(meta["clip_bound"])}
+    n_features, clip_bound = int(meta["n_features"]), float(meta["clip_bound"])
     if meta["model"] == "softmax":
-        return SoftmaxRegression(n_classes=int(meta["n_classes"]), **common)
+        return SoftmaxRegression(n_features=n_features, clip_bound=clip_bound, n_classes=int(meta["n_classes"]))
     if meta["model"] == "huber":
-        return HuberRegression(huber=float(meta["huber"]), **common)
+        return HuberRegression(n_features=n_features, clip_bound=clip_bound, huber=float(meta["huber"]))
     raise ValueError(f"unknown model {meta['model']!r}")
+
+
+def _erm_mechanism(meta: dict, model, lam: float, epsilon: float, delta: float, tolerance: float | None,
+                   granularity: float | None):
+    """The release's ERM mechanism rebuilt with its own constructor from its budget, model, calibration
+    (the solver tolerance and grid its calls give) and ``meta["schedule"]``."""
+    from beam_dp.mechanisms.erm import ContinualReleaseMechanism, MultiResolutionMechanism, SlidingWindowMechanism
+
+    common = dict(model=model, lam=lam, epsilon=epsilon, delta=delta, noise=meta["law"], granularity=granularity,
+                  **({"calibration": "spec"} if tolerance is None else {"tolerance": tolerance}))
+    schedule, algorithm = meta["schedule"], meta["algorithm"]
+    if algorithm in ("multires", "multires_sampled"):
+        return MultiResolutionMechanism(block=int(schedule["block"]), max_level=schedule["max_level"],
+                                        sampling=algorithm == "multires_sampled", **common)
+    variants: dict[str, Any] = {"continual": "cumulative", "continual_sampled": "cumulative",
+                                "continual_basic": "basic", "independent_blocks": "independent"}
+    if algorithm in variants:
+        return ContinualReleaseMechanism(update=int(schedule["update"]), base=int(schedule["base"]),
+                                         variant=variants[algorithm], sampling=algorithm == "continual_sampled",
+                                         base_fraction=float(schedule["base_fraction"]), **common)
+    if algorithm in ("sliding_window", "sliding_window_sampled"):
+        return SlidingWindowMechanism(block=int(schedule["block"]), levels=int(schedule["levels"]),
+                                      sampling=algorithm == "sliding_window_sampled", **common)
+    raise ValueError(f"unknown ERM algorithm {algorithm!r}")
+
+
+def _erm_call_noise(mechanism, call: dict) -> tuple[float, float]:
+    """The (noise scale, sampling probability) ``mechanism``'s schedule gives the logged ``call``."""
+    role = call["role"]
+    if role == "level":
+        return mechanism.level_noise(int(call["level"]))
+    if "bucket_blocks" in call:
+        return mechanism.bucket_noise(int(call["bucket_blocks"]))
+    if role == "large":
+        return mechanism.large_noise(int(call["j"]))
+    if role == "base":
+        return mechanism.base_scale(), 1.0
+    if role in ("small", "block"):
+        return mechanism.update_scale(), 1.0
+    raise ValueError(f"unknown ERM call role {role!r}")
 
 
 def _positions(meta: dict) -> int:
@@ -247,11 +307,40 @@ class ErmCalibrations(_Calibrations):
     (pure) or ``mu`` (Gaussian) its key's cost. Every declared term and ``erm_sampled_k_norm``
     account: its sensitivity must be that function at a whole ``n`` no larger than the positions the
     release's chain covers, and (:meth:`unmatched`) its key ``(Δ, scale, p)`` the key of a call some
-    release of the same stream logs. Scales are not recomputed from the budget: they depend on the
-    schedule (block sizes, levels, fractions), which a release's meta does not carry."""
+    release of the same stream logs. Every logged call's ``noise_scale`` and ``sample_p`` must be what
+    the mechanism, rebuilt from the row's budget, its model, calibration and ``meta["schedule"]``
+    (block sizes, levels, base fraction), gives a call of its role, and its ``n_norm`` the number of
+    its members."""
 
     family = "ERM call"
     logged_as = "training call"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._mechanisms: dict[tuple, Any] = {}
+
+    def _scale_problem(self, mechanism: str, meta: dict, model, lam: float, epsilon: float, delta: float,
+                       calibration: tuple) -> str | None:
+        """Why a logged call's noise is not what the rebuilt mechanism's schedule gives it (``None`` if
+        every call's is)."""
+        if "schedule" not in meta:
+            self._note(mechanism, "schedule")
+            return None
+        key = (json.dumps([meta.get(k) for k in ("algorithm", "law", "schedule", "model", "n_features", "clip_bound",
+                                                  "n_classes", "huber")]), lam, epsilon, delta, *calibration)
+        rebuilt = self._mechanisms.get(key)
+        if rebuilt is None:
+            rebuilt = self._mechanisms[key] = _erm_mechanism(meta, model, lam, epsilon, delta, *calibration)
+        for call in [meta, *meta.get("events", [])]:
+            members = sum(int(b) - int(a) + 1 for a, b in call["members"])
+            if int(call["n_norm"]) != members:
+                return f"a {call['role']} call normalises by n_norm {call['n_norm']!r}, its members number {members}"
+            scale, p = _erm_call_noise(rebuilt, call)
+            stated = float(call["noise_scale"]), float(call.get("sample_p", 1.0))
+            if not (_close(stated[0], scale) and _close(stated[1], p)):
+                return (f"a {call['role']} call states noise scale {stated[0]!r} at sample_p {stated[1]!r}, the "
+                        f"{mechanism}'s schedule at its budget gives {scale!r} at {p!r}")
+        return None
 
     def _call_problem(self, mechanism: str, model, lam: float, call: dict) -> tuple[str | None, tuple, float]:
         """Why one logged ``call`` (an event) is not a call of ``mechanism`` at ``model`` and ``lam``
@@ -299,6 +388,9 @@ class ErmCalibrations(_Calibrations):
                 return why or "its logged calls differ in solver tolerance or grid from its own"
             logged.append(_erm_key(own if "sensitivity" not in call else call["sensitivity"], call["noise_scale"],
                                    call.get("sample_p", 1.0)))
+        why = self._scale_problem(mechanism, meta, model, lam, epsilon, delta, (tolerance, granularity))
+        if why is not None:
+            return why
         self._log(scope, logged)
         keys = [_erm_key(s, c, 1.0) for _, s, c, _ in terms]
         for kind, params in accounts:
@@ -376,14 +468,221 @@ class LifelongCalibrations(_Calibrations):
         return None
 
 
+#: the growing-database releases (``beam_dp.mechanisms.growing_db``) whose accounts are recomputed
+GROWING_DB_FAMILIES = frozenset(f"{m}{suffix}" for m in ("pmwg", "bbscheduler", "bbimprover")
+                                for suffix in ("", "_run", "_synthetic"))
+
+
+class GrowingDbCalibrations(_Calibrations):
+    """A growing-database release's account recomputed from its budget and public plan.
+
+    Every account must carry the row's own budget (``delta``; BBScheduler and BBImprover also
+    ``epsilon``) and the same fixed parameters as the stream's other releases. PMWG: ``xi_n`` must be
+    ``planned_xi_n(n, ε, δ, K)`` for the plan's ``K`` (``meta["xi_n_plan"]``; ``None``: ``ξ_n`` set by
+    the job, a public parameter). BBScheduler: ``gamma`` must be §3.2's for ``meta["gamma_plan"]``
+    (``n``, ``β`` and the black box's ``(p, g)``; ``None``: ``γ`` set by the job), and a run's
+    ``epsilon_run`` its epoch's ``ε_i``. BBImprover: the account's size ``t`` is the row's step and a
+    run's ``epsilon_run`` is ``ε_t`` of the budget."""
+
+    family = "growing-database account"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._fixed: dict[Hashable, tuple] = {}
+
+    def _check(self, mechanism: str, meta: dict, terms: tuple, accounts: tuple, epsilon: float, delta: float,
+               step: int, scope: Hashable) -> str | None:
+        base = mechanism.removesuffix("_run").removesuffix("_synthetic")
+        if terms or len(accounts) != 1 or accounts[0][0] != base:
+            return f"its declaration is not a {mechanism}'s (one {base!r} account)"
+        params = dict(accounts[0][1])
+        budget = {"delta": delta} if base == "pmwg" else {"epsilon": epsilon, "delta": delta}
+        for name, value in budget.items():
+            if not _close(float(params[name]), value):
+                return f"its account states {name} {params[name]!r}, its budget's is {value!r}"
+        why = getattr(self, f"_{base}")(mechanism, meta, params, epsilon, delta, step)
+        fixed = tuple(sorted((k, v) for k, v in params.items() if k not in ("segments", "load", "epochs", "t")))
+        if why is None and self._fixed.setdefault(scope, fixed) != fixed:
+            why = (f"its account's parameters {dict(fixed)} differ from its stream's other releases' "
+                   f"{dict(self._fixed[scope])}")
+        return why
+
+    def _pmwg(self, mechanism: str, meta: dict, params: dict, epsilon: float, delta: float, step: int) -> str | None:
+        from beam_dp.core.accounting.growing_db import planned_xi_n
+
+        if "xi_n_plan" not in meta:
+            self._note(mechanism, "xi_n_plan")
+            return None
+        if meta["xi_n_plan"] is None:
+            return None  # ξ_n set by the job: itself the public parameter
+        expected = planned_xi_n(int(params["n"]), epsilon, delta, int(meta["xi_n_plan"]))
+        if not _close(float(params["xi_n"]), expected):
+            return (f"it declares noise xi_n {params['xi_n']!r}, PMWG's plan of {meta['xi_n_plan']} segments at its "
+                    f"budget and n={params['n']!r} gives {expected!r}")
+        return None
+
+    def _bbscheduler(self, mechanism: str, meta: dict, params: dict, epsilon: float, delta: float,
+                     step: int) -> str | None:
+        from beam_dp.core.accounting.growing_db import bbscheduler_plan
+
+        gamma = float(params["gamma"])
+        plan = meta.get("gamma_plan")
+        if "gamma_plan" not in meta:
+            self._note(mechanism, "gamma_plan")  # its runs' ε_i are still recomputed from the declared γ
+        elif plan is not None:
+            expected = bbscheduler_plan(n=int(plan["n"]), epsilon=epsilon, beta=float(plan["beta"]), delta=delta,
+                                        p=float(plan["p"]), g=float(plan["g"])).gamma
+            if not _close(gamma, expected):
+                return f"it declares gamma {gamma!r}, the schedule of its budget and plan {plan} has {expected!r}"
+        if mechanism.endswith("_run"):
+            run = int(meta["run"])
+            # ε_i depends on (ε, δ, γ) only: n and β are placeholders here
+            expected = bbscheduler_plan(n=1, epsilon=epsilon, beta=math.exp(-1.0), delta=delta, gamma=gamma
+                                        ).epsilon_i(run)
+            if float(params["epochs"]) != run + 1 or not _close(float(meta["epsilon_run"]), expected):
+                return (f"run {run} states epsilon_run {meta['epsilon_run']!r} after {params['epochs']!r} epochs, "
+                        f"epoch {run} of its budget and gamma runs at {expected!r}")
+        return None
+
+    def _bbimprover(self, mechanism: str, meta: dict, params: dict, epsilon: float, delta: float,
+                    step: int) -> str | None:
+        from beam_dp.core.accounting.growing_db import bbimprover_epsilon, cdp_budget_sq
+
+        if float(params["t"]) != step:
+            return f"its account is charged at size t {params['t']!r}, the release is at step {step}"
+        if mechanism.endswith("_run"):
+            expected = float(bbimprover_epsilon(int(meta["run"]), int(params["n"]), cdp_budget_sq(epsilon, delta)))
+            if not _close(float(meta["epsilon_run"]), expected):
+                return (f"run {meta['run']} states epsilon_run {meta['epsilon_run']!r}, epsilon_t of its budget "
+                        f"and n={params['n']!r} is {expected!r}")
+        return None
+
+
+#: the incremental regressions (``beam_dp.mechanisms.online.regression``) rebuilt from their meta
+REGRESSION_FAMILIES = frozenset({"privincreg1", "privincreg2", "privincerm"})
+
+
+class RegressionCalibrations(_Calibrations):
+    """An incremental regression's declaration rebuilt from its budget and meta.
+
+    PRIVINCREG₁/₂: two Gaussian trees at ``(ε/2, δ/2)``, ``Δ₂ = 2``, of the meta's ``horizon``,
+    ``unbounded`` and ``calibration`` (``make_tree_sum``); the row must declare both trees' worst loss at
+    its step. PRIVINCERM: ``ceil(horizon/tau)`` calls at ``ε′ = ε/(2√(2k ln(2/δ)))``, ``δ′ = δ/(2k)``
+    (the meta's ``epsilon_call``/``delta_call`` must be these), ``step // tau`` calls so far, declared
+    as Thm A.4 (``δ* = δ/2``) or, for the default solver, its ``calls·iterations`` Gaussian iterations
+    at sensitivity ``2·lipschitz`` and ``NoisyGradientDescent.sigma(ε′, δ′)``."""
+
+    family = "incremental regression"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._trees: dict[tuple, Any] = {}  # one tree per public parameter set (its calibration runs once)
+        self._declarations: dict[tuple, str] = {}  # per parameter set and step
+
+    def _check(self, mechanism: str, meta: dict, terms: tuple, accounts: tuple, epsilon: float, delta: float,
+               step: int, scope: Hashable) -> str | None:
+        if mechanism == "privincerm":
+            return self._erm(mechanism, meta, terms, accounts, epsilon, delta, step)
+        from beam_dp.core.noise_declaration import combined_declaration
+        from beam_dp.mechanisms.sums.tree import make_tree_sum
+
+        if not all(k in meta for k in ("horizon", "unbounded", "calibration")):
+            self._note(mechanism, "horizon, unbounded and calibration")
+            return None
+        key = (meta["horizon"], meta["unbounded"], meta["calibration"], epsilon, delta)
+        if key not in self._trees:
+            self._trees[key] = make_tree_sum(dim=1, horizon=meta["horizon"], unbounded=meta["unbounded"],
+                                             epsilon=epsilon / 2.0, delta=delta / 2.0, sensitivity=2.0,
+                                             noise="gaussian", calibration=meta["calibration"])
+        at = key + (step,)
+        if at not in self._declarations:
+            one = self._trees[key]._worst_loss(step).declaration()  # what either tree's release declares
+            self._declarations[at] = combined_declaration(one, one)
+        expected, _ = declared_terms(self._declarations[at])
+        if accounts or not _same_terms(terms, expected):
+            return (f"it declares {sorted(terms)}, the two trees of its budget and meta declare {sorted(expected)} "
+                    f"at step {step}")
+        return None
+
+    def _erm(self, mechanism: str, meta: dict, terms: tuple, accounts: tuple, epsilon: float, delta: float,
+             step: int) -> str | None:
+        from beam_dp.mechanisms.online.convex_sets import L2Ball
+        from beam_dp.mechanisms.online.regression import NoisyGradientDescent
+
+        if not all(k in meta for k in ("tau", "horizon", "calls", "epsilon_call", "delta_call")):
+            self._note(mechanism, "tau, horizon and calls")
+            return None
+        tau, horizon = int(meta["tau"]), int(meta["horizon"])
+        planned = math.ceil(horizon / tau)
+        eps_call = epsilon / (2.0 * math.sqrt(2.0 * planned * math.log(2.0 / delta)))
+        delta_call = delta / (2.0 * planned)
+        calls = step // tau
+        if not (_close(float(meta["epsilon_call"]), eps_call) and _close(float(meta["delta_call"]), delta_call)):
+            return (f"it states per-call (epsilon, delta) ({meta['epsilon_call']!r}, {meta['delta_call']!r}), "
+                    f"{planned} calls of its budget get ({eps_call!r}, {delta_call!r})")
+        if int(meta["calls"]) != calls:
+            return f"it states {meta['calls']!r} solver calls, a rerun every {tau} steps makes {calls} by step {step}"
+        if accounts:
+            a4 = {"k": float(calls), "epsilon": eps_call, "delta": delta_call, "delta_star": delta / 2.0}
+            if terms or len(accounts) != 1 or accounts[0][0] != "advanced_composition" or not all(
+                    _close(float(dict(accounts[0][1])[k]), v) for k, v in a4.items()):
+                return f"it declares {list(accounts)}, Thm A.4 of its budget and schedule is {a4}"
+            return None
+        if not all(k in meta for k in ("lipschitz", "iterations")):
+            self._note(mechanism, "lipschitz and iterations")
+            return None
+        # the loss depends on the Lipschitz bound and iteration count only: any constraint set will do
+        solver = NoisyGradientDescent(L2Ball(1), float(meta["lipschitz"]), int(meta["iterations"]))
+        expected, _ = declared_terms(solver.loss(calls, eps_call, delta_call).declaration())
+        if not _same_terms(terms, expected):
+            return (f"it declares {sorted(terms)}, the default solver's {calls} call(s) at its budget and schedule "
+                    f"declare {sorted(expected)}")
+        return None
+
+
+class L2dpCalibrations(_Calibrations):
+    """An L2DP-ML release's ``l2dp_ml`` account rebuilt from its budget and meta: ``Δ_R = d(β + 2)``,
+    ``Δ_L = 2(n_π + 1)`` of the meta's ``input_dim``, ``hidden`` and ``last_hidden``, the split
+    ``l2dp_budget(ε, rho_s, batch_size, b_theta)``, and the draws' scales ``Δ_R/ε_1`` (χ_1, χ_2) and
+    ``Δ_L/ε_2`` (χ_3)."""
+
+    family = "L2DP-ML account"
+
+    def _check(self, mechanism: str, meta: dict, terms: tuple, accounts: tuple, epsilon: float, delta: float,
+               step: int, scope: Hashable) -> str | None:
+        from beam_dp.core.accounting.lifelong import l2dp_budget, sensitivity_label, sensitivity_reconstruction
+
+        if terms or len(accounts) != 1 or accounts[0][0] != "l2dp_ml":
+            return f"its declaration is not a {mechanism}'s (one 'l2dp_ml' account)"
+        if not all(k in meta for k in ("rho_s", "input_dim", "hidden", "last_hidden")):
+            self._note(mechanism, "rho_s, input_dim, hidden and last_hidden")
+            return None
+        params = dict(accounts[0][1])
+        delta_r = sensitivity_reconstruction(int(meta["input_dim"]), int(meta["hidden"]))
+        delta_l = sensitivity_label(int(meta["last_hidden"]))
+        split = l2dp_budget(epsilon, float(meta["rho_s"]), int(params["batch_size"]), float(params["b_theta"]),
+                            delta_r, delta_l)
+        expected = {"delta_r": delta_r, "delta_l": delta_l, "scale_chi1": delta_r / split.epsilon_1,
+                    "scale_chi2": delta_r / split.epsilon_1, "scale_chi3": delta_l / split.epsilon_2}
+        wrong = [k for k, v in expected.items() if not _close(float(params[k]), v)]
+        if wrong:
+            return (f"it declares {', '.join(f'{k} {params[k]!r}' for k in wrong)}; the split of its budget and "
+                    f"meta gives {', '.join(f'{k} {expected[k]!r}' for k in wrong)}")
+        return None
+
+
 class Calibrations:
     """The family checks of :data:`RECOMPUTED_FAMILIES`, dispatched on a release's mechanism name."""
 
     def __init__(self) -> None:
         sums, erm, lifelong = SumCalibrations(), ErmCalibrations(), LifelongCalibrations()
+        growing, regression = GrowingDbCalibrations(), RegressionCalibrations()
         self._checks: dict[str, _Calibrations] = {**{name: sums for name in _BUILDERS},
                                                   **{name: erm for name in ERM_FAMILIES},
-                                                  **{name: lifelong for name in LIFELONG_FAMILIES}}
+                                                  **{name: lifelong for name in LIFELONG_FAMILIES},
+                                                  **{name: growing for name in GROWING_DB_FAMILIES},
+                                                  **{name: regression for name in REGRESSION_FAMILIES},
+                                                  "l2dp_ml": L2dpCalibrations()}
 
     def problem(self, mechanism: str, meta_text: str, epsilon: float, delta: float, step: int,
                 declaration: str, scope: Hashable = None) -> str | None:
@@ -394,6 +693,11 @@ class Calibrations:
         """Every family's problems found once all releases were seen."""
         return [line for check in dict.fromkeys(self._checks.values()) for line in check.unmatched()]
 
+    def notes(self) -> list[str]:
+        """Every family's releases written before a parameter its recompute needs was declared."""
+        return [line for check in dict.fromkeys(self._checks.values()) for line in check.notes()]
+
 
 #: the mechanisms whose declarations are recomputed from public parameters
-RECOMPUTED_FAMILIES = frozenset(_BUILDERS) | ERM_FAMILIES | LIFELONG_FAMILIES
+RECOMPUTED_FAMILIES = (frozenset(_BUILDERS) | ERM_FAMILIES | LIFELONG_FAMILIES | GROWING_DB_FAMILIES
+                       | REGRESSION_FAMILIES | {"l2dp_ml"})

@@ -6,6 +6,10 @@ per message); runs ``ContinualSum`` (plus ``ContinualCount`` with ``--count`` an
 with ``--window``) per stream; writes the releases to Parquet (or JSON lines) and the dead letters
 to JSON lines next to them, and prints a short summary.
 
+With ``--privacy-unit-column`` (batch replay of ``--input``) every transform protects a privacy unit's
+whole bounded contribution instead of one event (``docs/privacy_units.md``); without it the job is
+event-level, exactly as before.
+
 With no ``--input`` it runs on the embedded demo dataset (``pipelines/demo_data.py``).
 ``--epsilon``/``--delta`` are the job's total budget per contribution: a ``JobBudget`` splits them
 equally between the transforms that run (pure epsilons add; Gaussian transforms compose exactly
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +46,7 @@ from pipelines.runner import (
 
 if TYPE_CHECKING:
     from beam_dp.core.clock import StepClock
+    from beam_dp.mechanisms.sums.unit_level import PrivacyUnit
 
 log = logging.getLogger("beam_dp.continual_stats")
 
@@ -66,6 +72,7 @@ class Plan:
     clock: StepClock
     params: dict[str, Any]  # output name -> params object, in run order
     streaming: bool
+    unit: PrivacyUnit | None = None  # the privacy unit (--privacy-unit-column); None: event level
 
     @property
     def outputs(self) -> list[str]:
@@ -115,6 +122,9 @@ def plan(options) -> Plan:
             raise UsageError(f"--dim is required with --source {opts.source}")
         else:
             dim = opts.dim
+    unit = _privacy_unit(opts, streaming, demo)
+    if unit is not None and opts.source == "files":
+        _require_unit_column(pattern, unit.column)
     clock = params_or_usage_error(lambda: step_clock(opts, start, period, end), "step schedule")
     names = ["sum"] + ["count"] * bool(opts.count) + ["windowed"] * (window is not None)
     budget = budget_shares(opts, names)  # --epsilon/--delta are the job's total
@@ -135,9 +145,58 @@ def plan(options) -> Plan:
     groups = default_stream_groups(streaming) if opts.stream_groups is None else opts.stream_groups
     if groups < 0:
         raise UsageError(f"--stream-groups must be an integer >= 0, got {groups}")
-    params = {name: _with_stream_groups(p, groups) for name, p in params.items()}
+    if unit is None:
+        params = {name: _with_stream_groups(p, groups) for name, p in params.items()}
+    else:  # unit-level transforms release keyed by stream
+        params = {name: _unit_level(name, p, unit) for name, p in params.items()}
     warn_unspent(params)
-    return Plan(demo, pattern, out_dir, dim, clock, params, streaming)
+    return Plan(demo, pattern, out_dir, dim, clock, params, streaming, unit)
+
+
+_BOUNDING_FLAGS = (("--max-unit-steps", "max_unit_steps", None), ("--min-separation", "min_separation", 1),
+                   ("--max-streams-per-step", "max_streams_per_step", 1),
+                   ("--max-contributions-per-step", "max_contributions_per_step", 1))
+
+
+def _privacy_unit(opts, streaming: bool, demo: bool) -> PrivacyUnit | None:
+    """The job's privacy unit from its flags (None: event level); a usage error for bounding flags without
+    a unit column, a unit without ``--max-unit-steps``, a streaming job or the demo dataset."""
+    from beam_dp.core.noise import KEY_ENV_VAR
+    from beam_dp.mechanisms.sums.unit_level import PrivacyUnit
+
+    given = [flag for flag, name, default in _BOUNDING_FLAGS if getattr(opts, name) != default]
+    if opts.privacy_unit_column is None:
+        if given:
+            raise UsageError(f"{', '.join(given)} bound privacy units: give --privacy-unit-column (the column of the "
+                             "unit ids), or leave them out for event-level privacy")
+        return None
+    if streaming:
+        raise UsageError("--privacy-unit-column runs on a batch replay only: a streaming job cannot bound units yet")
+    if demo:
+        raise UsageError("--privacy-unit-column needs --input: the embedded demo dataset has no unit ids")
+    if opts.max_unit_steps is None:
+        raise UsageError("--privacy-unit-column needs --max-unit-steps (the most steps a unit takes part in)")
+    if not (opts.noise_key_file or opts.noise_key_secret or os.environ.get(opts.noise_key_env or KEY_ENV_VAR)):
+        raise UsageError("--privacy-unit-column needs the noise key (--noise-key-file, --noise-key-secret or the key "
+                         "env var): unit ids are hashed with it on every worker, never with a random key")
+    return params_or_usage_error(lambda: PrivacyUnit(
+        opts.privacy_unit_column, opts.max_streams_per_step, opts.max_contributions_per_step, opts.max_unit_steps,
+        opts.min_separation), "privacy unit")
+
+
+def _require_unit_column(pattern: str, column: str) -> None:
+    from pipelines.common import input_header
+
+    _, names, _ = input_header(pattern)
+    require_columns(names, ("stream_id", "timestamp", column), "--input")
+
+
+def _unit_level(name: str, params: Any, unit: PrivacyUnit) -> Any:
+    """``params`` at the level of ``unit`` (a count's sum params are checked; its transform takes the unit)."""
+    if name == "count":
+        params_or_usage_error(lambda: params.as_sum_params().with_privacy_unit(unit), name)
+        return params
+    return params_or_usage_error(lambda: params.with_privacy_unit(unit), name)
 
 
 def warn_unspent(params: dict[str, Any]) -> list[str]:
@@ -181,9 +240,15 @@ def build(pipeline, job: Plan, opts, messages=None) -> dict:
     import beam_dp.beam as transforms
     from pipelines.common import ReadEvents, write_dead_letters, write_releases
 
-    events, bad_rows = pipeline | "ReadEvents" >> ReadEvents(opts, job.pattern, messages)
-    outputs = {name: events | _TRANSFORMS[name] >> getattr(transforms, _TRANSFORMS[name])(params)
-               for name, params in job.params.items()}
+    if job.unit is None:
+        events, bad_rows = pipeline | "ReadEvents" >> ReadEvents(opts, job.pattern, messages)
+    else:
+        from beam_dp.beam.shell.units import ReadUnitEventFiles
+
+        events, bad_rows = pipeline | "ReadEvents" >> ReadUnitEventFiles(job.pattern, job.unit.column)
+    counted = {} if job.unit is None else {"privacy_unit": job.unit}  # the other params are unit-level already
+    outputs = {name: events | _TRANSFORMS[name] >> getattr(transforms, _TRANSFORMS[name])(
+        params, **(counted if name == "count" else {})) for name, params in job.params.items()}
     dead = {"read": bad_rows}
     for name, out in outputs.items():
         write_releases(out.releases, job.out_dir, name, opts.format, job.streaming,

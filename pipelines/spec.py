@@ -235,6 +235,20 @@ JOBS: dict[str, tuple[Param, ...]] = {
           "releases alone (no privacy cost); those sums are then keyed by stream. Default: off.", kind="int", regex=_POSITIVE_INT, fields=("idle_steps",), yaml=False),
         P("idle_threshold", "With --idle-steps: the L2 change of the released sum (in the values' units) at or "
           "below which a stream is idle.", kind="float", fields=("idle_threshold",), yaml=False),
+        P("privacy_unit_column", "Protect privacy units (e.g. users) instead of events: the --input column holding "
+          "each event's unit id (text, hashed with the noise key, never kept in the clear). Each unit is bounded "
+          "by --max-unit-steps, --min-separation, --max-streams-per-step and --max-contributions-per-step and the noise "
+          "calibrated for its whole bounded contribution (docs/privacy_units.md). Batch replay only. Default: off "
+          "(event level).", regex=r"^[A-Za-z_][A-Za-z0-9_.-]*$", fields=("privacy_unit",), yaml=False),
+        P("max_unit_steps", "With --privacy-unit-column: k, the most steps a unit takes part in (the windowed sum: "
+          "within any --window steps, at most 64). Required with it.", kind="int", regex=_POSITIVE_INT, yaml=False),
+        P("min_separation", "With --privacy-unit-column: b, the least number of steps between two of a unit's "
+          "steps (1: any distinct steps).", kind="int", default=1, regex=_POSITIVE_INT, yaml=False),
+        P("max_streams_per_step", "With --privacy-unit-column: m, the most streams a unit contributes to per "
+          "step.", kind="int", default=1, regex=_POSITIVE_INT, yaml=False),
+        P("max_contributions_per_step", "With --privacy-unit-column: c, a unit's contributions summed per "
+          "(stream, step), the sum then clipped to --clip-bound (a count counts a unit once per step).", kind="int",
+          default=1, regex=_POSITIVE_INT, yaml=False),
         STREAMS) + KEY + RUN,
     "model_release": _io(
         "model_release", "CSV/Parquet/JSON-lines files (or glob) with columns stream_id, x_0..x_{d-1}, label. "

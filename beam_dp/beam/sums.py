@@ -23,6 +23,11 @@ step; the same releases and values as keyed by stream). Write them with the sink
 turn them into rows with ``beam.FlatMap(ReleaseColumns.rows)`` or into Arrow tables with
 :func:`~beam_dp.io.release_table`.
 
+With ``privacy_unit=`` (a :class:`PrivacyUnit`, or params from ``params.with_privacy_unit``; batch replay
+only) every release protects one privacy unit's whole bounded contribution instead of one event: Parse
+is replaced by the unit stages of ``beam_dp.beam.shell.units`` (hash, key by unit, bound) and the noise
+is calibrated at the unit level (``docs/privacy_units.md``). Without it nothing changes.
+
 The frozen params dataclasses (in the spirit of PipelineDP's AggregateParams) validate everything and
 build the mechanism once, so invalid privacy parameters raise ``ValueError`` before a pipeline is built.
 Steps come from exactly one of ``clock`` (event-time steps; a batch replay needs its public ``end``) or
@@ -31,6 +36,8 @@ Steps come from exactly one of ``clock`` (event-time steps; a batch replay needs
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Literal, Tuple
@@ -43,18 +50,20 @@ from beam_dp.beam.shell.batch_release import release_stage
 from beam_dp.beam.shell.domains import bind_noise_domain, release_labels
 from beam_dp.beam.shell.outputs import ContinualOutputs
 from beam_dp.beam.shell.parse import DEAD_LETTER, MergeClippedSums, ParseEvents
+from beam_dp.beam.shell.units import BoundUnits, UnitEvents
 from beam_dp.core.budget import check_params_budget
 from beam_dp.core.clock import StepClock
 from beam_dp.core.limits import check_count, check_noise_std
 from beam_dp.mechanisms.base import ClippedSum, ContinualSumMechanism, SumSpec
 from beam_dp.mechanisms.stream_groups import GroupBlock, group_key, group_of
 from beam_dp.mechanisms.sums.snapping import SnappedSum
+from beam_dp.mechanisms.sums.unit_level import PrivacyUnit, UnitFactor, unit_factor
 from beam_dp.steps.events import EventBatch
 from beam_dp.steps.params import NoiseKey, StepParams, check_idle, check_stream_groups
 from beam_dp.steps.schema import ReleaseColumns, ReleaseRow
 
 __all__ = ["ContinualCount", "ContinualCountParams", "ContinualOutputs", "ContinualSum", "ContinualSumParams",
-           "NoiseKey", "WindowedSum", "WindowedSumParams"]
+           "NoiseKey", "PrivacyUnit", "WindowedSum", "WindowedSumParams"]
 
 def _public_end(clock: StepClock | None) -> int | None:
     """The clock's public last step (a horizon for the non-tree counters), if it has one."""
@@ -97,6 +106,18 @@ class _VectorSumParams(StepParams):
                 except (OverflowError, ZeroDivisionError, FloatingPointError):
                     std = math.inf
                 check_noise_std(std, f"epsilon={self.epsilon!r}, delta={self.delta!r}, clip_bound={self.clip_bound!r}")
+
+    def with_privacy_unit(self, unit: PrivacyUnit) -> "_VectorSumParams":
+        """These params at the unit level: every release protects one privacy unit's whole bounded
+        contribution (``unit``) as these params protect one event (``docs/privacy_units.md``)."""
+        if not isinstance(unit, PrivacyUnit):
+            raise TypeError(f"privacy_unit must be a PrivacyUnit, got {type(unit).__name__}")
+        try:
+            unit_class = _UNIT_LEVEL[type(self)]
+        except KeyError:
+            raise TypeError(f"{type(self).__name__} has no unit-level form") from None
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return unit_class(**fields, privacy_unit=unit)
 
     def _snapped(self, make: Callable[[SumSpec], ContinualSumMechanism],
                  inputs_on_grid: bool = False) -> ContinualSumMechanism:
@@ -235,6 +256,72 @@ class ContinualCountParams(StepParams):
         return self.as_sum_params().build_mechanism()
 
 
+@dataclass(frozen=True)
+class _UnitLevel:
+    """The unit-level form of a sum's params (``with_privacy_unit``; ``beam_dp.mechanisms.sums.unit_level``):
+    the mechanism is calibrated on ``R·F`` (``F``: the unit factor of the event-level mechanism under the
+    unit's bounds) while contributions stay clipped to ``R``. A separate class, so that params without a
+    unit keep their fields, and so their noise binding and releases."""
+
+    privacy_unit: PrivacyUnit | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.privacy_unit, PrivacyUnit):
+            raise TypeError("unit-level params need a PrivacyUnit")
+        if self.clock is None:
+            raise ValueError("privacy units need event-time steps (a clock), not block_size")
+        if self.stream_groups is not None:
+            raise ValueError("privacy units release keyed by stream: leave stream_groups unset")
+        if self.restore_states:
+            raise ValueError("privacy units do not resume from saved states: the units' ledger is not saved, so a "
+                             "resumed run could let a unit take part again")
+        if self.noise == "discrete_laplace":
+            raise ValueError("privacy units scale the noise by a real factor: use noise='gamma' for pure epsilon")
+        object.__setattr__(self, "_unit_factor", UnitFactor(1.0, 1.0, True, 1))
+        try:
+            factor = unit_factor(super().build_mechanism(), self.unit_bounds())  # type: ignore[misc]
+        except ValueError as exc:
+            raise ValueError(f"privacy unit: {exc}") from None
+        object.__setattr__(self, "_unit_factor", factor)
+        super().__post_init__()  # type: ignore[misc]
+
+    @property
+    def unit_factor(self) -> UnitFactor:
+        """``F`` and the unit's loss over one event's at event-level noise (``unit_level.unit_factor``)."""
+        return self._unit_factor
+
+    def unit_bounds(self):
+        """The ledger's :class:`~beam_dp.core.units.UnitBounds` (the window rule for a windowed sum)."""
+        return self.privacy_unit.bounds(getattr(self, "window", None))
+
+    def unit_declaration(self) -> dict[str, Any]:
+        """The meta fields every release declares: the unit, its bounds and ``R`` (``clip_bound``)."""
+        return {**self.privacy_unit.declaration(), "clip_bound": float(self.clip_bound)}
+
+    def sum_spec(self, clip_bound: float | None = None) -> SumSpec:
+        spec = super().sum_spec(clip_bound)  # type: ignore[misc]
+        return dataclasses.replace(spec, clip_bound=spec.clip_bound * self._unit_factor.factor)
+
+
+@dataclass(frozen=True)
+class _UnitSumParams(_UnitLevel, ContinualSumParams):
+    """``ContinualSumParams`` at the unit level."""
+
+
+@dataclass(frozen=True)
+class _UnitLevelCountSumParams(_UnitLevel, _UnitCountSumParams):
+    """A count's sum params at the unit level."""
+
+
+@dataclass(frozen=True)
+class _UnitWindowedSumParams(_UnitLevel, WindowedSumParams):
+    """``WindowedSumParams`` at the unit level (the window rule)."""
+
+
+_UNIT_LEVEL: dict[type, type] = {ContinualSumParams: _UnitSumParams, _UnitCountSumParams: _UnitLevelCountSumParams,
+                                 WindowedSumParams: _UnitWindowedSumParams}
+
+
 beam.coders.registry.register_coder(ReleaseRow, beam.coders.RowCoder)
 
 
@@ -256,14 +343,24 @@ class _ContinualRelease(beam.PTransform):
         bounded = bool(getattr(events, "is_bounded", True))
         if params.event_time and bounded and params.clock.last_step is None:
             raise ValueError("a batch replay with event-time steps needs a public end: StepClock(..., end=...)")
+        unit = getattr(params, "privacy_unit", None)
+        if unit is not None and not bounded:
+            raise ValueError("privacy units run on a batch replay only: a streaming job cannot bound units yet")
         aggregate = params.event_time and (bounded if self.pre_aggregate is None else self.pre_aggregate)
         groups = getattr(params, "stream_groups", None)
         block_type = ClippedSum if groups is None else GroupBlock
         # typed keys get deterministic coders; typed blocks the block coder (beam_dp.io.coders)
-        parsed = events | "Parse" >> beam.ParDo(ParseEvents(params, aggregate)).with_output_types(
-            Tuple[Tuple[str, int], block_type] if aggregate else Tuple[str, Any]).with_outputs(
-            DEAD_LETTER, main="blocks")
-        blocks = parsed.blocks
+        if unit is None:
+            parsed = events | "Parse" >> beam.ParDo(ParseEvents(params, aggregate)).with_output_types(
+                Tuple[Tuple[str, int], block_type] if aggregate else Tuple[str, Any]).with_outputs(
+                DEAD_LETTER, main="blocks")
+            blocks = parsed.blocks
+        else:  # keyed by unit hash, each unit bounded over its steps (beam_dp.beam.shell.units)
+            aggregate = True
+            parsed = events | "UnitEvents" >> beam.ParDo(UnitEvents(params)).with_output_types(
+                Tuple[int, Any]).with_outputs(DEAD_LETTER, main="events")
+            blocks = (parsed.events | "ByUnit" >> beam.GroupByKey()
+                      | "BoundUnits" >> beam.ParDo(BoundUnits(params)).with_output_types(Tuple[Tuple[str, int], ClippedSum]))
         if aggregate:
             # keyed by stream: a lifted combiner; keyed by groups: Parse summed each bundle already
             # (BundleGroupSums), and the release stage adds a group's blocks of one step as they come
@@ -289,11 +386,19 @@ class _ContinualRelease(beam.PTransform):
         labels = release_labels(params)
         if groups is None:
             rows = released.rows | "Rows" >> beam.Map(labels).with_output_types(ReleaseRow)
+            if unit is not None:
+                rows = rows | "DeclareUnit" >> beam.Map(_declare_unit, params.unit_declaration()).with_output_types(
+                    ReleaseRow)
         else:
             rows = released.rows | "Labels" >> beam.Map(lambda columns: columns._replace(labels=labels)).with_output_types(
                 ReleaseColumns)
         dead = (parsed[DEAD_LETTER], released[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
         return ContinualOutputs(rows, dead)
+
+
+def _declare_unit(row: ReleaseRow, declaration: dict[str, Any]) -> ReleaseRow:
+    """``row`` whose meta declares its privacy unit and bounds (public parameters)."""
+    return row._replace(meta=json.dumps({**json.loads(row.meta or "{}"), **declaration}, sort_keys=True))
 
 
 def _declarations(streams: list[str], groups: int | None, dim: int) -> list[tuple[str, Any]]:
@@ -314,10 +419,12 @@ class ContinualSum(_ContinualRelease):
     clipped to L2 norm ``clip_bound``. Public: the step schedule, the stream set, release times.
     """
 
-    def __init__(self, params: ContinualSumParams, pre_aggregate: bool | None = None, label: str | None = None):
+    def __init__(self, params: ContinualSumParams, pre_aggregate: bool | None = None, label: str | None = None,
+                 privacy_unit: PrivacyUnit | None = None):
         if not isinstance(params, ContinualSumParams):
             raise TypeError("ContinualSum takes a ContinualSumParams")
-        super().__init__(params, pre_aggregate, label)
+        super().__init__(params if privacy_unit is None else params.with_privacy_unit(privacy_unit), pre_aggregate,
+                         label)
 
 
 class WindowedSum(_ContinualRelease):
@@ -325,25 +432,37 @@ class WindowedSum(_ContinualRelease):
     while fewer than ``window`` (rounded up to a power of two) later steps have been released;
     afterwards it appears un-noised in later releases (window DP)."""
 
-    def __init__(self, params: WindowedSumParams, pre_aggregate: bool | None = None, label: str | None = None):
+    def __init__(self, params: WindowedSumParams, pre_aggregate: bool | None = None, label: str | None = None,
+                 privacy_unit: PrivacyUnit | None = None):
         if not isinstance(params, WindowedSumParams):
             raise TypeError("WindowedSum takes a WindowedSumParams")
-        super().__init__(params, pre_aggregate, label)
+        super().__init__(params if privacy_unit is None else params.with_privacy_unit(privacy_unit), pre_aggregate,
+                         label)
 
 
-def _as_unit_event(element: Any, event_time: bool) -> Any:
-    """Replace an event's value by 1.0; leave anything unrecognisable for Parse to dead-letter."""
+def _as_unit_event(element: Any, event_time: bool, unit: str | None = None) -> Any:
+    """Replace an event's value by 1.0 (keeping its privacy unit field ``unit``, when given: the 4th item
+    of a tuple ``(stream_id, timestamp, anything, unit_id)``); leave anything unrecognisable for Parse to
+    dead-letter."""
     if isinstance(element, EventBatch):
         return EventBatch(element.stream_ids, element.timestamps, np.ones((len(element), 1)))
+    if unit is not None and isinstance(element, tuple) and not hasattr(element, "_fields") and len(element) == 4:
+        return (element[0], element[1], 1.0, element[3])
     if isinstance(element, tuple) and not hasattr(element, "_fields") and len(element) in (2, 3):
         if len(element) == 3 or event_time:
             return (element[0], element[1], 1.0)
         return (element[0], 1.0)
+    kept = {} if unit is None else {unit: _field(element, unit)}
     if isinstance(element, dict) and "stream_id" in element:
-        return {"stream_id": element["stream_id"], "timestamp": element.get("timestamp"), "value": 1.0}
+        return {"stream_id": element["stream_id"], "timestamp": element.get("timestamp"), "value": 1.0, **kept}
     if hasattr(element, "stream_id"):
-        return {"stream_id": element.stream_id, "timestamp": getattr(element, "timestamp", None), "value": 1.0}
+        return {"stream_id": element.stream_id, "timestamp": getattr(element, "timestamp", None), "value": 1.0,
+                **kept}
     return element
+
+
+def _field(element: Any, name: str) -> Any:
+    return element.get(name) if isinstance(element, dict) else getattr(element, name, None)
 
 
 class ContinualCount(beam.PTransform):
@@ -354,13 +473,21 @@ class ContinualCount(beam.PTransform):
     sensitivity 2 (replace-one).
     """
 
-    def __init__(self, params: ContinualCountParams, pre_aggregate: bool | None = None, label: str | None = None):
+    def __init__(self, params: ContinualCountParams, pre_aggregate: bool | None = None, label: str | None = None,
+                 privacy_unit: PrivacyUnit | None = None):
         super().__init__(label)
         if not isinstance(params, ContinualCountParams):
             raise TypeError("ContinualCount takes a ContinualCountParams")
         self.params = params
         self.pre_aggregate = pre_aggregate
+        self.privacy_unit = privacy_unit
+        self._sum_params()  # refused here, not when applied
+
+    def _sum_params(self) -> ContinualSumParams:
+        sums = self.params.as_sum_params()
+        return sums if self.privacy_unit is None else sums.with_privacy_unit(self.privacy_unit)
 
     def expand(self, events: PCollection) -> ContinualOutputs:
-        units = events | "AsUnit" >> beam.Map(_as_unit_event, self.params.event_time)
-        return units | "Sum" >> _ContinualRelease(self.params.as_sum_params(), self.pre_aggregate)
+        unit = None if self.privacy_unit is None else self.privacy_unit.column
+        units = events | "AsUnit" >> beam.Map(_as_unit_event, self.params.event_time, unit)
+        return units | "Sum" >> _ContinualRelease(self._sum_params(), self.pre_aggregate)

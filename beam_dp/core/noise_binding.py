@@ -72,7 +72,7 @@ _BOUND_MODULES = {now: before for before, now in FORMER_MODULES.items()}
 
 
 def _name(obj: Any) -> str:
-    module = getattr(obj, "__module__", None)
+    module = str(getattr(obj, "__module__", None))
     return f"{_BOUND_MODULES.get(module, module)}.{getattr(obj, '__qualname__', getattr(obj, '__name__', '?'))}"
 
 

@@ -2,7 +2,8 @@
 
 It declares what the job is, independently of the release rows: its total ``(epsilon, delta)`` per
 contribution and, per transform, its noise domain, mechanism, composition, budget share and the file
-prefixes (relative to the manifest's folder) its releases are written to. ``python -m beam_dp.verify``
+prefixes (relative to the manifest's folder) its releases are written to and, for a unit-level
+transform, its privacy unit (user-level DP, ``docs/privacy_units.md``). ``python -m beam_dp.verify``
 checks the rows against it (``beam_dp.verify.check_manifest``): a declared transform without
 releases or files, a release of an undeclared domain, shares composing above the total, and rows
 whose budget, composition, mechanism or job total differ from the declaration all fail verification.
@@ -42,6 +43,9 @@ class ManifestTransform:
     #: (``beam_dp.core.budget.share_use``); None in a manifest written without it
     epsilon_spendable: float | None = None
     delta_spendable: float | None = None
+    #: the privacy unit (its field's name) of a unit-level transform (``docs/privacy_units.md``); None:
+    #: event level (then absent from the file)
+    privacy_unit: str | None = None
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,11 @@ class JobManifest:
         return found
 
     def to_json(self) -> str:
-        return json.dumps({"beam_dp_manifest": MANIFEST_VERSION, **asdict(self)}, indent=1, sort_keys=True)
+        data = asdict(self)
+        for transform in data["transforms"]:  # an event-level transform's file is as without units
+            if transform["privacy_unit"] is None:
+                del transform["privacy_unit"]
+        return json.dumps({"beam_dp_manifest": MANIFEST_VERSION, **data}, indent=1, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "JobManifest":
@@ -81,16 +89,22 @@ class JobManifest:
             data = json.loads(text)
             if data.get("beam_dp_manifest") != MANIFEST_VERSION:
                 raise ValueError(f"not a version {MANIFEST_VERSION} beam_dp manifest")
-            transforms = tuple(ManifestTransform(str(t["noise_domain"]), str(t["mechanism"]), str(t["composition"]),
-                                                 _number(t["epsilon"]), _number(t["delta"]),
-                                                 tuple(str(f) for f in t["files"]),
-                                                 None if t.get("noise_binding") is None else str(t["noise_binding"]),
-                                                 *(None if t.get(k) is None else _number(t[k])
-                                                   for k in ("epsilon_spendable", "delta_spendable")))
-                               for t in data["transforms"])
+            transforms = tuple(ManifestTransform(
+                str(t["noise_domain"]), str(t["mechanism"]), str(t["composition"]), _number(t["epsilon"]),
+                _number(t["delta"]), tuple(str(f) for f in t["files"]), _text(t.get("noise_binding")),
+                _spendable(t, "epsilon_spendable"), _spendable(t, "delta_spendable"), _text(t.get("privacy_unit")))
+                for t in data["transforms"])
             return cls(str(data["job"]), _number(data["epsilon"]), _number(data["delta"]), transforms)
         except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
             raise ValueError(f"malformed beam_dp manifest: {type(exc).__name__}: {exc}") from None
+
+
+def _text(value) -> str | None:
+    return None if value is None else str(value)
+
+
+def _spendable(transform: dict, name: str) -> float | None:
+    return None if transform.get(name) is None else _number(transform[name])
 
 
 def _number(value) -> float:

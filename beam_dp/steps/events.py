@@ -67,6 +67,7 @@ class Reason:
     BAD_LABEL = "bad_label"  # lifelong learning: a label that is not an integer class
     TASK_BACKWARDS = "task_backwards"  # lifelong learning: a row for a task already closed
     UNREADABLE_STATE = "unreadable_state"  # a key's stored state cannot be decoded: its stream ends
+    BAD_UNIT_ID = "bad_unit_id"  # privacy units: the unit id is missing, not a string, empty or too long
 
 
 #: every dead-letter reason any job or engine writes (the values of :class:`Reason`)
@@ -82,6 +83,7 @@ DETAIL = {
     Reason.BEFORE_START: "timestamp outside the public schedule",
     Reason.AFTER_END: "timestamp outside the public schedule",
     Reason.NON_FINITE: "non-finite coordinate",
+    Reason.BAD_UNIT_ID: "the privacy unit id must be a non-empty UTF-8 string of at most 1024 bytes",
     Reason.LINE_TOO_LONG: "line longer than the reader's bound; the element holds its first bytes",
 }
 

@@ -62,8 +62,10 @@ def job_manifest(pipeline: Any, job: str) -> JobManifest:
         composition = params_composition(params, mechanism)
         prefixes = tuple(sorted({prefix for producer, prefix in files if _top(producer) == _top(label)}))
         use = share_use(domain, params, mechanism)
+        unit = getattr(params, "privacy_unit", None)
         transforms.append(ManifestTransform(domain, mechanism.name, composition, epsilon, delta, prefixes,
-                                            calibration_binding(params), use.spendable_epsilon, use.spendable_delta))
+                                            calibration_binding(params), use.spendable_epsilon, use.spendable_delta,
+                                            None if unit is None else unit.column))
         shares.append((composition, epsilon, delta))
     if len(plans) == 1 and budgeted == len(shares):
         total_epsilon, total_delta = plans.pop()

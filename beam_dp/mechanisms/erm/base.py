@@ -376,9 +376,16 @@ class ERMMechanism:
         meta = {
             "algorithm": self.algorithm, **model.event, "chain": [[int(i), int(a), int(b)] for i, a, b in chain],
             "covers": covers, "events": events, "lambda": self.lam, **self.model.describe(), **flag,
+            "schedule": self.schedule,
         }
         return Release(stream, step, self.name, self.model.to_value(model.w), eps, delta, meta,
                        purpose=f"model:{model.event['model_id']}", noise=declared)
+
+    @property
+    def schedule(self) -> dict[str, Any]:
+        """The constructor parameters the calls' noise scales depend on besides the budget, model and
+        calibration (in every release's meta: the verifier rebuilds the scales from them)."""
+        return {}
 
     def describe(self) -> dict[str, Any]:
         if self.not_private:

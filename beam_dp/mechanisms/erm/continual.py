@@ -97,6 +97,10 @@ class ContinualReleaseMechanism(ERMMechanism):
         self.mu_base, self.mu_upd = self.mu_total * math.sqrt(f), self.mu_total * math.sqrt(1 - f)
 
     # -- scales ----------------------------------------------------------------------------------
+    @property
+    def schedule(self) -> dict:
+        return {"update": self.b0, "base": self.B, "base_fraction": self.base_fraction}
+
     def base_scale(self) -> float:
         return self.scale(self.B, self.eps_base / 2, self.mu_base * math.sqrt(0.75))
 

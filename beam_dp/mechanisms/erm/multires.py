@@ -83,6 +83,10 @@ class MultiResolutionMechanism(ERMMechanism):
                                     np.zeros(0, np.int64 if self.model.kind == "softmax" else np.float64),
                                     np.zeros((0, 2)), empty_keys(), np.zeros((0, 0), np.int64))
 
+    @property
+    def schedule(self) -> dict:
+        return {"block": self.block, "max_level": self.max_level}
+
     def level_noise(self, k: int) -> tuple[float, float]:
         """(scale, sampling probability) of a level-k call."""
         if self.sampling:

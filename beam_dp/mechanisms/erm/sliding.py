@@ -122,6 +122,10 @@ class SlidingWindowMechanism(ERMMechanism):
             raise ValueError(f"window must be (2^k − 1)·w0 for an integer k >= 1, got {window} = {q - 1}·w0")
         return q.bit_length() - 1
 
+    @property
+    def schedule(self) -> dict:
+        return {"block": self.w0, "levels": self.k}
+
     def bucket_noise(self, size: int) -> tuple[float, float]:
         """(scale, sampling probability) of a bucket of ``size`` blocks."""
         if size == self.H:

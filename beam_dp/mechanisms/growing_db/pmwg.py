@@ -181,6 +181,8 @@ class PMWG(GrowingQueryMechanism):
         if not (isinstance(a, (int, float, np.floating)) and 0.0 <= a < 1.0):
             raise ValueError(f"a must lie in [0, 1), got {a!r}")
         self.delta, self.a = float(delta), float(a)
+        #: the K of ξ_n's plan (``None``: ξ_n given), in every release's meta for the verifier's recompute
+        self.xi_n_plan = check_int("segments", segments, 1) if xi_n is None else None
         if xi_n is None:
             xi_n = planned_xi_n(self.n, self.epsilon, self.delta, segments)
         self.xi_n = check_positive("xi_n", xi_n)
@@ -237,7 +239,8 @@ class PMWG(GrowingQueryMechanism):
         """The answer clamped to the range of ``⟨f, x⟩`` over histograms (post-processing)."""
         eps, delta, declared = self.spend(state)
         info = {"query_id": query.query_id, "t": state.t, "hard": False, "sign": 0, "unchecked": False,
-                "segment_index": None, "beta_bound": state.beta_bound, "hard_count": state.hard_count}
+                "segment_index": None, "beta_bound": state.beta_bound, "hard_count": state.hard_count,
+                "xi_n_plan": self.xi_n_plan}
         info.update(meta)
         return Release(stream=state.stream, step=state.t, mechanism=self.name, value=np.array([clamp_answer(answer, f)]),
                        epsilon_spent=eps, delta_spent=delta, meta=info, purpose=f"query:{state.seq - 1}",
@@ -294,7 +297,8 @@ class PMWG(GrowingQueryMechanism):
         eps, delta, declared = self.spend(state)
         return Release(stream=state.stream, step=state.t, mechanism=f"{self.name}_synthetic", value=state.y,
                        epsilon_spent=eps, delta_spent=delta,
-                       meta={"t": state.t, "kind": "synthetic_histogram", "hard_count": state.hard_count},
+                       meta={"t": state.t, "kind": "synthetic_histogram", "hard_count": state.hard_count,
+                             "xi_n_plan": self.xi_n_plan},
                        purpose="synthetic", noise=declared)
 
     def element_spend(self, state: PMWGState, t_star: np.ndarray) -> np.ndarray:

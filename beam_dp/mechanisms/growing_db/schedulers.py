@@ -252,6 +252,8 @@ class _Scheduler(GrowingQueryMechanism):
         self.release_runs = bool(release_runs)
         self.guarantee = Guarantee(epsilon, delta, neighbouring=NEIGHBOURING)
         self.beta = beta
+        #: public schedule inputs every release's meta states, for the verifier's recompute
+        self.plan_meta: dict = {}
 
     def init_state(self, stream: str) -> SchedulerState:
         return SchedulerState(stream=stream, t=0, counts=np.zeros(self.universe_size, np.int64), synopsis={},
@@ -268,14 +270,15 @@ class _Scheduler(GrowingQueryMechanism):
         value = hist if hist is not None else state.synopsis
         spent, delta, declared = self.spend(state)
         meta = {"kind": "black_box_run", "run": run, "t": state.t, "black_box": self.black_box.name,
-                "epsilon_run": eps, "alpha": alpha, "beta": beta}
+                "epsilon_run": eps, "alpha": alpha, "beta": beta, **self.plan_meta}
         return state, [Release(state.stream, state.t, f"{self.name}_run", value, spent, delta, meta,
                                purpose=f"run:{run}", noise=declared)]
 
     def _answer(self, state: SchedulerState, query: Query, weights: np.ndarray, noise: NoiseSource):
         state, releases = self._ensure_run(state, noise)
         spent, delta, declared = self.spend(state)
-        meta = {"query_id": query.query_id, "t": state.t, "run": state.run, "alpha": self._alpha_of(state.run)}
+        meta = {"query_id": query.query_id, "t": state.t, "run": state.run, "alpha": self._alpha_of(state.run),
+                **self.plan_meta}
         value = np.array([clamp_answer(self.black_box.answer(state.synopsis, weights), weights)])
         return state, releases + [Release(state.stream, state.t, self.name, value, spent, delta, meta,
                                           purpose=f"query:{query.query_id}", noise=declared)]
@@ -288,7 +291,8 @@ class _Scheduler(GrowingQueryMechanism):
             return None
         spent, delta, declared = self.spend(state)
         return Release(state.stream, state.t, f"{self.name}_synthetic", hist, spent, delta,
-                       {"t": state.t, "run": state.run, "kind": "synthetic_histogram"}, purpose="synthetic",
+                       {"t": state.t, "run": state.run, "kind": "synthetic_histogram", **self.plan_meta},
+                       purpose="synthetic",
                        noise=declared)
 
     def _ensure_run(self, state, noise):
@@ -312,6 +316,9 @@ class BBScheduler(_Scheduler):
         self.plan = bbscheduler_plan(n=n, epsilon=epsilon, beta=beta, delta=delta, p=black_box.p, g=black_box.g,
                                      gamma=gamma)
         super().__init__(black_box, universe_size, n, epsilon, delta, beta, release_runs)
+        # γ of §3.2 from these (``None``: γ given)
+        self.plan_meta = {"gamma_plan": None if gamma is not None else {"n": self.n, "beta": beta, "p": black_box.p,
+                                                                          "g": black_box.g}}
 
     def _alpha_of(self, run: int) -> float | None:
         return self.plan.alpha

@@ -202,5 +202,6 @@ class L2DPML(Learner):
                 "delta_r": self.delta_r, "delta_l": self.delta_l, "b_theta": cfg.b_theta, "ae_mode": cfg.ae_mode, "label_path": cfg.label_path,
                 "encoder_batch_norm": cfg.encoder_batch_norm,
                 "noise": "laplace, drawn once per stream", "noise_scale_chi1": self.noise_scales["l2dp-chi1"],
-                "noise_scale_chi3": self.noise_scales["l2dp-chi3"]}
+                "noise_scale_chi3": self.noise_scales["l2dp-chi3"], "rho_s": cfg.rho_s, "input_dim": cfg.input_dim,
+                "hidden": cfg.hidden, "last_hidden": cfg.g_layers[-1]}
         return state, meta, self.spent

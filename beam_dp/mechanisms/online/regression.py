@@ -338,6 +338,8 @@ class PrivIncReg1(FreshGroups, _RegressionBase):
         self._setup_space()
         common = dict(horizon=horizon, unbounded=unbounded, epsilon=eps / 2.0, delta=float(delta) / 2.0,
                       sensitivity=2.0, noise="gaussian", calibration=calibration)
+        #: the trees' public parameters, in every release's meta for the verifier's recompute
+        self.tree_meta = {"horizon": horizon, "unbounded": unbounded, "calibration": calibration}
         self.tree_q = make_tree_sum(dim=self.m, purpose="tree-q", **common)
         self.tree_Q = make_tree_sum(dim=self.m * self.m, purpose="tree-Q", **common)
         if backend == "torch":
@@ -489,7 +491,7 @@ class PrivIncReg1(FreshGroups, _RegressionBase):
             "alpha_t": sched["alpha_t"], "L_t": sched["L_t"], "r_t": sched["r_t"], "r_capped": sched["r_capped"],
             "m": self.m, "m_capped": self.m_capped, "noise": "gaussian",
             "sigma_q": math.sqrt(self.tree_q.noise_var(t)), "sigma_Q": math.sqrt(self.tree_Q.noise_var(t)),
-            "constraint": self.constraint.kind, **extra,
+            "constraint": self.constraint.kind, **self.tree_meta, **extra,
         }
         batch = ReleaseBatch(
             group.streams, t, self.name, theta,
@@ -878,6 +880,8 @@ class PrivIncERM(_RegressionBase):
         eps, delta, declared = self.declared_spend(calls)
         meta = {"tau": self.tau, "calls": calls, "epsilon_call": self.epsilon_call, "delta_call": self.delta_call,
                 "horizon": self.horizon, "constraint": self.constraint.kind}
+        if self.default_solver:
+            meta.update(lipschitz=self.lipschitz, iterations=self.solver.iterations)
         release = Release(stream=state.stream, step=t, mechanism=self.name, value={"theta": theta},
                           epsilon_spent=eps, delta_spent=delta, meta=meta, noise=declared)
         return new, [release]

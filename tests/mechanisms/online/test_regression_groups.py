@@ -164,7 +164,9 @@ def fixture_case(name: str):
     mech = make_incremental_regression(kwargs.pop("algorithm"), **kwargs)
     d = kwargs["dim"]
     blocks = [(np.array(X, dtype=np.float64).reshape(-1, d), np.array(y, dtype=np.float64)) for X, y in case["blocks"]]
-    return mech, blocks, case["releases"], case
+    # the trees' public parameters, declared in every release's meta since the fixture was recorded
+    releases = [dict(exp, meta={**exp["meta"], **mech.tree_meta}) for exp in case["releases"]]
+    return mech, blocks, releases, case
 
 
 @pytest.mark.parametrize("name", sorted(FIXTURE["cases"]))
