@@ -28,6 +28,7 @@ _EXPORTS = {
     "ContinualCountParams": "beam_dp.beam.sums",
     "ContinualSumParams": "beam_dp.beam.sums",
     "NoiseKey": "beam_dp.beam.sums",
+    "PrivacyUnit": "beam_dp.beam.sums",
     "WindowedSumParams": "beam_dp.beam.sums",
     "DeadLetter": "beam_dp.steps.events",
     "EventBatch": "beam_dp.steps.events",
