@@ -198,23 +198,23 @@ def build(pipeline, job: Plan, opts, messages=None):
 
     from beam_dp.beam import GrowingDatabaseQueries
     from pipelines.common import write_dead_letters, write_releases
-    from pipelines.records import ReadRecords
+    from pipelines.records import ReadRecords, Records
 
     universe = job.params.universe
     if messages is None and opts.source == "files":  # elements in columns: one ElementColumns per Arrow batch
         element_blocks, bad_rows = pipeline | "ReadElements" >> ReadRecords(opts, job.elements, None,
                                                                             elements(universe))
-        query_rows, bad_queries = pipeline | "ReadQueries" >> ReadRecords(opts, job.queries)
+        queries, bad_queries = pipeline | "ReadQueries" >> ReadRecords(
+            opts, job.queries, None, Records(partial(to_query, size=universe.size)))
         dead = {"read": bad_rows, "read_queries": bad_queries}
     else:  # one stream of messages: a message with a query_id is a query
         both, bad_rows = pipeline | "ReadMessages" >> ReadRecords(opts, None, messages)
         element_blocks = both | "Elements" >> beam.Filter(lambda r: not _is_query(r)) | "ToElements" >> beam.Map(
             to_element, universe)
-        query_rows = both | "Queries" >> beam.Filter(_is_query)
+        queries = both | "Queries" >> beam.Filter(_is_query) | "ToQueries" >> beam.Map(to_query, universe.size)
         dead = {"read": bad_rows}
-    out = {"elements": element_blocks,
-           "queries": query_rows | "ToQueries" >> beam.Map(to_query, universe.size)} | "GrowingDatabaseQueries" >> \
-        GrowingDatabaseQueries(job.params)
+    out = {"elements": element_blocks, "queries": queries} | "GrowingDatabaseQueries" >> GrowingDatabaseQueries(
+        job.params)
     write_releases(out.releases, job.out_dir, "answers", opts.format, job.streaming)
     if job.params.snapshots:
         write_releases(out.snapshots, job.out_dir, "synthetic", opts.format, job.streaming)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from pipelines.outputs import private_dir
@@ -180,16 +181,14 @@ def to_task_row(row: dict, dim: int, classes: tuple[str, ...]) -> tuple:
 
 def build(pipeline, job: Plan, opts, messages=None):
     """Add the job to ``pipeline``; returns the transform's ``ContinualOutputs``."""
-    import apache_beam as beam
 
     from beam_dp.beam import LifelongLearner
     from pipelines.common import write_dead_letters, write_releases
-    from pipelines.records import ReadRecords
+    from pipelines.records import ReadRecords, Records
 
-    records, bad_rows = pipeline | "ReadRecords" >> ReadRecords(opts, job.pattern, messages)
-    out = (records
-           | "ToTaskRows" >> beam.Map(to_task_row, job.params.learner.input_dim, job.classes)
-           | "LifelongLearner" >> LifelongLearner(job.params))
+    task_rows = Records(partial(to_task_row, dim=job.params.learner.input_dim, classes=job.classes))
+    records, bad_rows = pipeline | "ReadRecords" >> ReadRecords(opts, job.pattern, messages, task_rows)
+    out = records | "LifelongLearner" >> LifelongLearner(job.params)
     write_releases(out.releases, job.out_dir, "models", opts.format, job.streaming)
     write_dead_letters({"read": bad_rows, "models": out.dead_letter}, private_dir(opts), job.streaming)
     return out

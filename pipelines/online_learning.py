@@ -149,16 +149,15 @@ def labelled(dim: int):
 def build(pipeline, job: Plan, opts, messages=None):
     """Add the job to ``pipeline``; returns the transform's ``ContinualOutputs``. Event-time records
     (with a timestamp) are read row by row."""
-    import apache_beam as beam
 
     from beam_dp.beam import IncrementalRegression, OnlineLearner
     from pipelines.common import write_dead_letters, write_releases
-    from pipelines.records import ReadRecords
+    from pipelines.records import ReadRecords, Records
 
     transform = OnlineLearner if opts.learner == "online" else IncrementalRegression
     if job.event_time:
-        rows, bad_rows = pipeline | "ReadRecords" >> ReadRecords(opts, job.pattern, messages)
-        records = rows | "ToRecords" >> beam.Map(to_record, job.params.dim, True)
+        records, bad_rows = pipeline | "ReadRecords" >> ReadRecords(
+            opts, job.pattern, messages, Records(partial(to_record, dim=job.params.dim, event_time=True)))
     else:
         records, bad_rows = pipeline | "ReadRecords" >> ReadRecords(opts, job.pattern, messages,
                                                                    labelled(job.params.dim))

@@ -8,13 +8,15 @@ element with a small per-job function. The labelled-record jobs (``model_release
 :class:`~beam_dp.steps.columns.LabelledColumns` per Arrow batch, built column by column
 (:func:`labelled_columns`), each row standing for the element the per-row function would make; so
 does ``growing_db_queries`` with its elements (:class:`Elements`, one
-:class:`~beam_dp.steps.columns.ElementColumns` per batch, :func:`element_columns`). Rows
+:class:`~beam_dp.steps.columns.ElementColumns` per batch, :func:`element_columns`); records that no
+columns describe (lifelong task rows, event-time records, queries) come per batch as one
+:class:`~beam_dp.beam.shell.blocks.RecordColumns` of the job's per-row elements (:class:`Records`). Rows
 that cannot be read (a wrong column count, a line that is not a JSON object) go to the dead letters
 with reason ``malformed`` (a CSV line over ``beam_dp.io.tables.MAX_LINE_BYTES``: ``line_too_long``);
 a value of the wrong type stays as it is, and the family's own parse stage dead-letters the element
 (never a crash). CSV is read as common writers write it (quoting, CRLF, a byte-order mark); a file's
 blocks carry where each row was read, so a dead letter's ``source`` is ``<file>#record=<n>``
-(:func:`beam_dp.steps.events.record_source`) for the rows read in columns and the reader's own letters.
+(:func:`beam_dp.steps.events.record_source`) for every row read from a file and the reader's own letters.
 
 Streaming: the same flags as ``continual_stats`` (``--source pubsub|kafka``); one JSON object per
 message, with the same field names as the file columns.
@@ -33,7 +35,11 @@ import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
 
 from beam_dp.beam import DeadLetter, Reason
-from beam_dp.beam.shell.blocks import ElementColumns, LabelledColumns  # imported from here: registered with their coder
+from beam_dp.beam.shell.blocks import (  # imported from here: registered with their coder
+    ElementColumns,
+    LabelledColumns,
+    RecordColumns,
+)
 from beam_dp.beam.shell.parse import DEAD_LETTER
 from beam_dp.io.sources import StructuralInputError
 from beam_dp.io.tables import read_csv_rows, read_parquet_batches
@@ -42,8 +48,8 @@ from pipelines.common import ReadMessages, input_header, match_files
 from pipelines.rows import features_of, indexed_columns, number
 from pipelines.runner import UsageError
 
-__all__ = ["Elements", "Labelled", "ReadRecords", "column_names", "element_columns", "features_of", "indexed_columns",
-           "labelled_columns", "number", "read_rows"]
+__all__ = ["Elements", "Labelled", "ReadRecords", "Records", "column_names", "element_columns", "features_of",
+           "indexed_columns", "labelled_columns", "number", "read_rows"]
 
 
 def column_names(pattern: str, flag: str = "--input") -> list[str]:
@@ -108,6 +114,27 @@ class Elements:
         return ElementColumns(np.full(n, None, dtype=object), np.zeros(n), tuple(name for name, _ in self.fields),
                               tuple(np.zeros(n) for _ in self.fields), tuple(None for _ in self.fields),
                               dict(enumerate(map(self.record, rows))), source, records)
+
+
+@dataclass(frozen=True)
+class Records:
+    """How a job reads records that no columns describe: ``record(row)`` is the job's per-row element;
+    a file's batch is one :class:`~beam_dp.beam.shell.blocks.RecordColumns` of them with their record
+    numbers (so a family's dead letter names ``file#record=n``), a message is ``record`` of it."""
+
+    record: Callable[[dict], Any]
+
+    block_type: ClassVar[type] = RecordColumns
+
+    def columns(self, batch: pa.RecordBatch, source: str | None = None, records: np.ndarray | None = None
+                ) -> RecordColumns:
+        """One Arrow batch as a block of its rows' elements, records ``records`` of ``source``."""
+        return self.rows(batch.to_pylist(), source, records)
+
+    def rows(self, rows: list[dict], source: str | None = None, records: np.ndarray | None = None
+             ) -> RecordColumns:
+        """Rows read one by one (``records``: their record numbers in ``source``) as a block of their elements."""
+        return RecordColumns(tuple(map(self.record, rows)), source, records)
 
 
 def _column(batch: pa.RecordBatch, name: str) -> pa.Array:
@@ -262,7 +289,7 @@ class _ReadRecordFile(beam.DoFn):
     """One file -> its rows as mappings, or (``columns``) its batches as the spec's blocks (each row with
     its ``file#record=n``); unreadable records -> ``malformed`` or ``line_too_long`` dead letters."""
 
-    def __init__(self, columns: Labelled | Elements | None = None):
+    def __init__(self, columns: Labelled | Elements | Records | None = None):
         self._columns = columns
 
     def process(self, path: str) -> Iterator:
@@ -291,11 +318,12 @@ class ReadRecords(beam.PTransform):
     """Rows of CSV / Parquet / JSON-lines files matching ``pattern`` (``--source files``), or the JSON
     objects of Pub/Sub / Kafka messages (``messages``: a test source used in their place).
     Returns ``(records, dead_letter)``; records are ``{column: value}`` mappings or, with ``columns``
-    (a :class:`Labelled` or :class:`Elements`), the family's elements: a file's batches as the spec's
-    blocks (``LabelledColumns``, ``ElementColumns``), each message as ``columns.record``."""
+    (a :class:`Labelled`, :class:`Elements` or :class:`Records`), the family's elements: a file's batches
+    as the spec's blocks (``LabelledColumns``, ``ElementColumns``, ``RecordColumns``), each message as
+    ``columns.record``."""
 
     def __init__(self, opts, pattern: str | None = None, messages: beam.PTransform | None = None,
-                 columns: Labelled | Elements | None = None):
+                 columns: Labelled | Elements | Records | None = None):
         super().__init__()
         self.opts = opts
         self.pattern = pattern

@@ -10,6 +10,11 @@ parameter (a ``ValueError`` when the pipeline is built), a missing Jinja variabl
 missing file is one line ``<prog>: error: ...`` with exit code 2; Ctrl-C is one line and exit code 130
 (``beam_dp.cli.guarded``).
 
+Rejected input (as the five jobs, ``pipelines.runner``): a local batch run whose beam_dp transforms
+dead-lettered input rows ends with a warning counting them (raw data, not private); with
+``--fail-on-rejected FRACTION``, more than that fraction rejected is exit code 3, the dead letters
+published and the previous releases kept.
+
 Job budget: a pipeline with several beam_dp transforms declares its total per contribution in its
 ``options:`` block (``job_epsilon``, ``job_delta``). The pipeline is built once without running to
 collect every transform's ``(composition, epsilon, delta)``; shares composing above the total are
@@ -40,12 +45,16 @@ import json
 import posixpath
 import sys
 import textwrap
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipelines.runner import configure_logging, owned_pipeline
 
+if TYPE_CHECKING:
+    from pipelines.common import RejectedInput
+
 PROG = "python -m pipelines.run_yaml"
 _VARIABLES = "--jinja_variables"
+_FAIL_ON_REJECTED = "--fail-on-rejected"
 
 
 @contextlib.contextmanager
@@ -151,8 +160,47 @@ def _under(place: str, root: str) -> bool:
     return place == root or place.startswith(root.rstrip("/") + "/")
 
 
-def _build_and_run(argv: list[str]) -> None:
-    """``apache_beam.yaml.main.run``, writing the job's manifest beside its releases before running."""
+def _fail_on_rejected(argv: list[str]) -> tuple[list[str], float | None]:
+    """``argv`` without ``--fail-on-rejected FRACTION`` and that fraction (``ValueError`` outside [0, 1])."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument(_FAIL_ON_REJECTED, "--fail_on_rejected", dest="fail_on_rejected", type=float, default=None)
+    with _argparse_errors():
+        known, rest = parser.parse_known_args(argv)
+    limit = known.fail_on_rejected
+    if limit is not None and not 0 <= limit <= 1:
+        raise ValueError(f"{_FAIL_ON_REJECTED} must be a fraction from 0 to 1, got {limit:g}")
+    return rest, limit
+
+
+def _rejected_input(result: Any) -> RejectedInput | None:
+    """The run's :class:`pipelines.common.RejectedInput` (None without metrics): the most input rows any one
+    beam_dp transform dead-lettered (its ``dead_letters`` counters) among the most it saw (its
+    ``elements``, ``querys`` and ``dead_letters``); the transforms read the rows Beam's readers made."""
+    from collections import Counter
+
+    from apache_beam.metrics.metric import MetricsFilter
+
+    from pipelines.common import RejectedInput
+
+    try:
+        counters = result.metrics().query(MetricsFilter())["counters"]
+    except Exception:  # pragma: no cover - a runner without metrics
+        return None
+    dead, seen = Counter(), Counter()
+    for c in counters:
+        namespace, name = c.key.metric.namespace, c.key.metric.name
+        if namespace.startswith("beam_dp/") and name in ("elements", "querys", "dead_letters"):
+            value = int(c.committed if c.committed is not None else c.attempted or 0)
+            transform = c.key.step.split("/")[0]
+            seen[transform] += value
+            dead[transform] += value if name == "dead_letters" else 0
+    rejected = max(dead.values(), default=0)
+    return RejectedInput(max(max(seen.values(), default=0), rejected), rejected)
+
+
+def _build_and_run(argv: list[str]) -> Any:
+    """``apache_beam.yaml.main.run``, writing the job's manifest beside its releases before running;
+    returns the finished run's result."""
     import os
 
     from apache_beam.yaml import main as yaml_main
@@ -166,7 +214,9 @@ def _build_and_run(argv: list[str]) -> None:
     with owned_pipeline(options=options, display_data=display_data) as pipeline:
         constructor(pipeline)
         write_pipeline_manifest(pipeline, job, lambda pcoll: pcoll.element_type is ReleaseRecord)
-        pipeline.run().wait_until_finish()
+        result = pipeline.run()
+        result.wait_until_finish()
+    return result
 
 
 def _help() -> None:
@@ -179,8 +229,8 @@ def _help() -> None:
             "its releases and manifest published under output at success and its raw data (dead letters) under "
             "dead_letter_output (default <output>.private).", 100),
         epilog=textwrap.fill("Any Apache Beam pipeline option (--runner, --streaming, Dataflow or Flink options) is "
-                             "accepted too. Exit codes: 0 done, 2 a usage error (one line), 1 a failure, 130 "
-                             "interrupted.", 100) + "\n"
+                             "accepted too. Exit codes: 0 done, 2 a usage error (one line), 3 more input "
+                             "rejected than --fail-on-rejected, 1 a failure, 130 interrupted.", 100) + "\n"
                "Example:\n  python -m pipelines.run_yaml --yaml_pipeline_file=templates/yaml/continual_sum.yaml \\\n"
                "    --jinja_variables='{\"input\": \"events.csv\", \"output\": \"out\", \"start\": 0, "
                "\"period\": 10, \"end\": 40}'")
@@ -193,6 +243,11 @@ def _help() -> None:
                              "(noise_key_env | noise_key_file | noise_key_secret; never the key itself)")
     parser.add_argument("--jinja_variable_flags", metavar="NAMES",
                         help="Beam's: names of flags (--NAME=value) read as further Jinja variables")
+    parser.add_argument(_FAIL_ON_REJECTED, metavar="FRACTION", type=float,
+                        help="exit with code 3, publishing the dead letters but not the releases (the previous "
+                             "output is kept), when more than this fraction (0 to 1) of the input rows was "
+                             "rejected; without it a run with rejected rows ends with a warning. Local batch "
+                             "runs only.")
     parser.add_argument("--verbose", action="store_true", help="show Beam's logs and a failure's traceback")
     parser.print_help()
 
@@ -230,22 +285,42 @@ def _staged(options: Any) -> bool:
 
 
 def _run(argv: list[str], verbose: bool, where: list) -> int:
+    from beam_dp.cli import CommandError
     from pipelines.outputs import RunOutputs
+    from pipelines.paths import display
+    from pipelines.runner import REJECTED_EXIT
 
+    argv, limit = _fail_on_rejected(argv)
     argv, variables = _jinja_variables(argv)
     said = io.StringIO()
+    rejected, private = None, None
     with contextlib.redirect_stdout(sys.stdout if verbose else said):
         budget, options, folders, raw = _plan(_with(argv, variables))
+        staged = _staged(options)
+        if limit is not None and not staged:
+            raise ValueError(f"{_FAIL_ON_REJECTED} needs a local batch run (the launcher counts the rejected rows "
+                             "when the run has ended)")
         locations = _locations(variables, folders, raw)
-        if locations is None:
-            _build_and_run(_with(argv, variables) + budget)
-        else:
-            with RunOutputs(*locations, staged=_staged(options), flags=("output", "dead_letter_output")) as outputs:
+        with (RunOutputs(*locations, staged=staged, flags=("output", "dead_letter_output")) if locations
+              else contextlib.nullcontext()) as outputs:
+            if outputs is not None:
                 where.append(outputs)
-                _build_and_run(_with(argv, dict(variables, output=outputs.output,
-                                                 dead_letter_output=outputs.private)) + budget)
+                variables = dict(variables, output=outputs.output, dead_letter_output=outputs.private)
+                private = display(outputs.final_private)
+            result = _build_and_run(_with(argv, variables) + budget)
+            rejected = _rejected_input(result) if staged else None
+            if rejected is not None and limit is not None and rejected.fraction > limit:
+                if outputs is not None:
+                    outputs.publish(releases=False)  # the dead letters say why; the releases do not replace
+                kept = f", its dead letters are under {private}" if private else ""
+                raise CommandError(f"{rejected.line()}, more than {_FAIL_ON_REJECTED} {limit:g}: this run's "
+                                   f"releases were not published{kept}", REJECTED_EXIT)
+            if outputs is not None:
                 outputs.publish()
     print(f"beam_dp yaml: ran {next((a.split('=', 1)[1] for a in argv if a.startswith('--yaml_pipeline_file=')), '')}")
+    if rejected is not None and rejected.rejected:
+        sys.stdout.flush()
+        print(f"warning: {rejected.line()}" + (f"; dead letters under {private}" if private else ""), file=sys.stderr)
     return 0
 
 

@@ -32,7 +32,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.pvalue import PCollection
 
 from beam_dp.beam.shell.batch_release import release_stage
-from beam_dp.beam.shell.blocks import BundleBlocks, ColumnarParse, stack_rows
+from beam_dp.beam.shell.blocks import BundleBlocks, ColumnarParse, RecordColumns, by_record, stack_rows
 from beam_dp.beam.shell.domains import bind_noise_domain, release_labels
 from beam_dp.beam.shell.outputs import ContinualOutputs
 from beam_dp.beam.shell.parse import DEAD_LETTER
@@ -243,14 +243,20 @@ class ParseLabelledExamples(ColumnarParse, beam.DoFn):
     def process(self, element: Any, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam) -> Iterator:
         if isinstance(element, LabelledColumns):
             yield from self._process_columns(element, timestamp, window)
-            return
+        elif isinstance(element, RecordColumns):  # examples read one by one from a file: letters name their record
+            yield from by_record(element, lambda row, original: self._one(row, timestamp, window, original))
+        else:
+            yield from self._one(element, timestamp, window, element)
+
+    def _one(self, element: Any, timestamp: Any, window: Any, original: Any) -> Iterator:
+        """One example; ``original``: what stands for it in its block (a one-row block knowing its source)."""
         checked = self._check(element)
         if isinstance(checked, DeadLetter):
             yield self._dead_letter(*checked)
             return
         stream, row = checked
         self._elements.inc()
-        yield from self._blocks.add(stream, row, element, timestamp, window)
+        yield from self._blocks.add(stream, row, original, timestamp, window)
 
     def _check(self, element: Any) -> tuple[str, tuple] | DeadLetter:
         """One element -> ``(stream, (features, label index or value))`` or its dead letter."""

@@ -43,7 +43,15 @@ import numpy as np
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import PCollection
 
-from beam_dp.beam.shell.blocks import BlockOriginals, BundleBlocks, ElementColumns, sourced, stream_parts
+from beam_dp.beam.shell.blocks import (
+    BlockOriginals,
+    BundleBlocks,
+    ElementColumns,
+    RecordColumns,
+    by_record,
+    sourced,
+    stream_parts,
+)
 from beam_dp.beam.shell.dofn import DriverDoFn
 from beam_dp.beam.shell.domains import bind_noise_domain, release_labels
 from beam_dp.core.budget import BudgetShare, check_params_budget
@@ -238,7 +246,9 @@ class _ParseGrowing(beam.DoFn):
     """Validate elements (``kind="element"``) or queries (``"query"``); dead-letter the bad ones. A
     bundle's valid elements of one stream leave as one block per step ``(stream, ("b", step, micros,
     indices, elements))`` (:class:`~beam_dp.beam.shell.blocks.BundleBlocks`). An ``ElementColumns`` block (a
-    file's batch) is checked in vectorised passes and reaches the same blocks (:meth:`_element_columns`)."""
+    file's batch) is checked in vectorised passes and reaches the same blocks (:meth:`_element_columns`).
+    Elements or queries read one by one from a file come as :class:`~beam_dp.beam.shell.blocks.RecordColumns`:
+    each is checked as one, and its letters name its ``file#record=n``."""
 
     MAX_ROWS = 4096  # elements per block
 
@@ -271,7 +281,10 @@ class _ParseGrowing(beam.DoFn):
         return checked, None
 
     def process(self, element: Any, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam) -> Iterator:
-        if self._kind == "query":
+        if isinstance(element, RecordColumns):
+            yield from by_record(element, lambda row, original: self._query(row) if self._kind == "query" else
+                                 self._element(row, timestamp, window, original=original))
+        elif self._kind == "query":
             yield from self._query(element)
         elif isinstance(element, ElementColumns):
             yield from self._element_columns(element, timestamp, window)

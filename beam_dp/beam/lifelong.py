@@ -36,7 +36,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from beam_dp.beam.shell.blocks import BundleBlocks
+from beam_dp.beam.shell.blocks import BundleBlocks, RecordColumns, alone, by_record
 from beam_dp.beam.shell.dofn import DriverDoFn, EncodedBuffer
 from beam_dp.beam.shell.domains import bind_noise_domain, release_labels
 from beam_dp.beam.shell.outputs import ContinualOutputs
@@ -110,7 +110,9 @@ class _ParseTaskRows(beam.DoFn):
     A bundle's valid rows of one (stream, task) leave as one block (:class:`~beam_dp.beam.shell.blocks.BundleBlocks`,
     at most :attr:`MAX_ROWS` elements, ``original`` their :class:`~beam_dp.beam.shell.blocks.BlockOriginals`), so
     the keyed stage buffers one entry per block, not per row; a marker leaves after its stream's open blocks.
-    The learner trains on a task's rows in a canonical order, so the blocks do not change a release."""
+    The learner trains on a task's rows in a canonical order, so the blocks do not change a release.
+    Rows read from a file come as :class:`~beam_dp.beam.shell.blocks.RecordColumns`: each row is checked
+    as one element, and its letters, here or in the keyed stage, name its ``file#record=n``."""
 
     MAX_ROWS = 1024  # elements per block (a row of MNIST is 784 floats: a full block is ~6 MB)
 
@@ -136,6 +138,13 @@ class _ParseTaskRows(beam.DoFn):
         return _dead(reason, detail, stream, element, source)
 
     def process(self, element: Any, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam) -> Iterator:
+        if isinstance(element, RecordColumns):
+            yield from by_record(element, lambda row, original: self._one(row, timestamp, window, original))
+            return
+        yield from self._one(element, timestamp, window, element)
+
+    def _one(self, element: Any, timestamp: Any, window: Any, original: Any) -> Iterator:
+        """One row or marker; ``original``: what stands for it downstream (a one-row block knowing its source)."""
         marker = isinstance(element, tuple) and len(element) == 3  # (stream_id, task_id, END_OF_TASK)
         head = split_event(element, ("task_id", "marker") if marker else ("task_id", "x", "y"), None, self._streams)
         if isinstance(head, DeadLetter):
@@ -149,13 +158,13 @@ class _ParseTaskRows(beam.DoFn):
         if marker:
             if isinstance(payload[0], str) and payload[0] == END_OF_TASK:
                 yield from self._blocks.flush(lambda key: key[0] == stream)  # the stream's rows before its marker
-                yield stream, (index, None, None, element)
+                yield stream, (index, None, None, alone(original))
             else:
                 yield self._reject(Reason.MALFORMED, "a 3-tuple must be an END_OF_TASK marker", stream, element)
             return
-        yield from self._rows_of(stream, index, element, *payload, timestamp, window)
+        yield from self._rows_of(stream, index, element, original, *payload, timestamp, window)
 
-    def _rows_of(self, stream: str, index: int, element, x_raw, y_raw, timestamp, window) -> Iterator:
+    def _rows_of(self, stream: str, index: int, element, original, x_raw, y_raw, timestamp, window) -> Iterator:
         try:
             arr = numeric_array(x_raw, "x")
             if arr.ndim == 2 and (arr.shape[1] != self._dim or arr.shape[0] == 0):
@@ -174,7 +183,7 @@ class _ParseTaskRows(beam.DoFn):
                                element)
             return
         self._rows.inc(x.shape[0])
-        yield from self._blocks.add((stream, index), (x, y.astype(np.int64)), element, timestamp, window)
+        yield from self._blocks.add((stream, index), (x, y.astype(np.int64)), original, timestamp, window)
 
 
 def _task_rows(key: tuple[str, int], rows: list, originals: tuple) -> list:

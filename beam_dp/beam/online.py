@@ -36,7 +36,14 @@ import numpy as np
 from apache_beam.metrics import Metrics
 
 from beam_dp.beam.shell.batch_release import release_stage
-from beam_dp.beam.shell.blocks import BundleBlocks, ColumnarParse, stack_rows
+from beam_dp.beam.shell.blocks import (
+    BundleBlocks,
+    ColumnarParse,
+    RecordColumns,
+    alone,
+    by_record,
+    stack_rows,
+)
 from beam_dp.beam.shell.domains import bind_noise_domain, release_labels
 from beam_dp.beam.shell.outputs import ContinualOutputs
 from beam_dp.beam.shell.parse import DEAD_LETTER
@@ -195,7 +202,9 @@ class ParseRecords(ColumnarParse, beam.DoFn):
     ``(stream, (step, record, original))`` for ``ContinualReleaseDoFn`` or a dead letter. With count steps
     (no clock) a bundle's valid records of one stream leave as one block ``(stream, (None, RecordRows,
     elements))`` in arrival order (:class:`~beam_dp.beam.shell.blocks.BundleBlocks`), and a ``LabelledColumns``
-    block is validated at once (the mechanism's ``records``, :func:`~beam_dp.beam.shell.blocks.column_rows`)."""
+    block is validated at once (the mechanism's ``records``, :func:`~beam_dp.beam.shell.blocks.column_rows`).
+    Records read one by one from a file come as :class:`~beam_dp.beam.shell.blocks.RecordColumns`: each is
+    checked as one element, and its letters, here or in the release stage (``late``), name its ``file#record=n``."""
 
     MAX_ROWS = 4096  # records per block
     rows_type = RecordRows  # a columnar block's valid records of one stream
@@ -228,6 +237,13 @@ class ParseRecords(ColumnarParse, beam.DoFn):
         if isinstance(element, LabelledColumns) and self._clock is None:
             yield from self._process_columns(element, timestamp, window)
             return
+        if isinstance(element, RecordColumns):
+            yield from by_record(element, lambda row, original: self._one(row, timestamp, window, original))
+            return
+        yield from self._one(element, timestamp, window, element)
+
+    def _one(self, element: Any, timestamp: Any, window: Any, original: Any) -> Iterator:
+        """One record; ``original``: what stands for it downstream (a one-row block knowing its source)."""
         head = split_event(element, ("features", "label"), self._clock, self._streams)
         if isinstance(head, DeadLetter):
             yield self._dead_letter(*head)
@@ -240,9 +256,9 @@ class ParseRecords(ColumnarParse, beam.DoFn):
         self._count_clipping(np.asarray(features, dtype=np.float64)[None, :], np.array([float(label)]))
         self._elements.inc()
         if step is not None:
-            yield stream, (step, record, element)
+            yield stream, (step, record, alone(original))
         else:
-            yield from self._blocks.add(stream, record, element, timestamp, window)
+            yield from self._blocks.add(stream, record, original, timestamp, window)
 
     def _record(self, stream: str, features: Any, label: Any, element: Any) -> Any:
         """The mechanism's record of one element, or its dead letter."""

@@ -162,3 +162,35 @@ def test_a_local_batch_run_is_staged_and_others_write_in_place(flags, staged):
     from pipelines.run_yaml import _staged
 
     assert _staged(PipelineOptions(flags)) is staged
+
+
+# -- rejected input: a warning, and --fail-on-rejected exit 3 (as the five jobs) --------------------------
+def test_a_yaml_run_whose_input_was_all_rejected_warns_and_fail_on_rejected_exits_3(tmp_path):
+    variables, before = _first_run(tmp_path)
+    (tmp_path / "e.csv").write_text("stream_id,timestamp,value_0\na,99.0,0.5\nb,98.0,0.25\na,abc,0.5\n")
+    warned = _run(tmp_path, dict(variables, output=str(tmp_path / "other")))
+    assert warned.returncode == 0, warned.stderr[-2000:]
+    assert warned.stderr.splitlines() == [
+        "warning: 3 of 3 input rows were rejected (raw-data count, not private); dead letters under "
+        f"{tmp_path / 'other.private'}"]
+    failed = _run(tmp_path, variables, "--fail-on-rejected", "0.5")
+    assert failed.returncode == 3, failed.stderr[-2000:]
+    assert failed.stderr.splitlines() == [
+        "python -m pipelines.run_yaml: error: 3 of 3 input rows were rejected (raw-data count, not private), more "
+        f"than --fail-on-rejected 0.5: this run's releases were not published, its dead letters are under "
+        f"{tmp_path / 'out.private'}; the previous output under {tmp_path / 'out'} is kept unchanged"]
+    assert tree(tmp_path / "out") == before["out"]  # the releases of the previous run stay
+    letters = (tmp_path / "out.private" / "dead_letter-00000-of-00001.jsonl").read_text().splitlines()
+    assert sorted(json.loads(line)["reason"] for line in letters) == ["after_end", "after_end", "bad_timestamp"]
+    kept = _run(tmp_path, variables, "--fail-on-rejected=1")  # at most the fraction allowed: a success
+    assert kept.returncode == 0 and kept.stderr.startswith("warning: 3 of 3 input rows"), kept.stderr[-2000:]
+
+
+@pytest.mark.parametrize("flags,fix", [(["--fail-on-rejected=2"], "must be a fraction from 0 to 1, got 2"),
+                                       (["--fail-on-rejected=0.1", "--streaming"], "needs a local batch run (")])
+def test_fail_on_rejected_outside_a_fraction_or_a_local_batch_run_is_one_line_with_exit_code_2(tmp_path, flags, fix):
+    (tmp_path / "e.csv").write_text("stream_id,timestamp,value_0\na,1.0,0.5\n")
+    done = _run(tmp_path, dict(TEST_VARIABLES, input=str(tmp_path / "e.csv"), output=str(tmp_path / "out")), *flags)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1].startswith(f"python -m pipelines.run_yaml: error: --fail-on-rejected {fix}")
+    assert not (tmp_path / "out").exists()

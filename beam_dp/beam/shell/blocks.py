@@ -19,11 +19,20 @@ Columnar input (:class:`~beam_dp.steps.columns.LabelledColumns`, a file's batch 
 stream's valid rows as one chunk, in the same arrival order; the chunk's originals stay columns (a
 ``LabelledColumns`` item of :class:`BlockOriginals`, or an ``ElementColumns`` one for growing
 databases), turned into per-row elements only when a letter is written.
+
+Records read one by one (a file's rows that no columns describe: lifelong task rows, event-time
+records, growing-database queries) come as :class:`RecordColumns`, the rows' elements with their file
+and record numbers (a column), so a family-stage dead letter names ``file#record=n`` as the parse
+stages' do: :func:`by_record` runs a parse stage's check of one element on each row, with the row's
+source and its one-row original; a block's consecutive one-row originals of one file leave as one item.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from dataclasses import dataclass
+from itertools import groupby
+from types import MappingProxyType
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -39,15 +48,82 @@ from beam_dp.steps.events import DETAIL, DeadLetter
 from beam_dp.steps.policies import split_rows
 
 __all__ = ["BlockOriginals", "BundleBlocks", "ColumnRows", "ColumnarParse", "ElementColumns", "LabelledColumns",
-           "column_rows", "sourced", "stack_rows", "stream_parts"]
+           "OneOriginal", "RecordColumns", "alone", "by_record", "column_rows", "sourced", "stack_rows", "stream_parts"]
 
-register_block_coders(LabelledColumns, ElementColumns)  # a file's batch of rows: Beam's sizing must not pickle it
+
+@dataclass(frozen=True, eq=False)
+class RecordColumns(RowColumns):
+    """``n`` records read one by one, as the family's elements (``items``), with where they were read:
+    ``source`` (the file) and ``rows`` ((n,) int64 record numbers in it); no value is in columns."""
+
+    items: tuple
+    source: str | None = None
+    rows: np.ndarray | None = None
+
+    odd: ClassVar[Mapping[int, Any]] = MappingProxyType({})  # every row is its element: none is odd
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def record(self, i: int) -> Any:
+        """Row ``i``'s element."""
+        return self.items[i]
+
+    def take(self, rows: np.ndarray) -> RecordColumns:
+        """The block of ``rows`` (int indices, in their order)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return RecordColumns(tuple(self.items[i] for i in rows.tolist()), self.source, self._rows_of(rows))
+
+    def one(self, i: int) -> RecordColumns:
+        """Row ``i`` as a one-row block (its element and record number)."""
+        return RecordColumns((self.items[i],), self.source, None if self.rows is None else self.rows[i:i + 1])
+
+    def __reduce__(self) -> tuple:  # record numbers as a list: a one-row block stays small in a shuffle
+        return _record_columns, (self.items, self.source, None if self.rows is None else self.rows.tolist())
+
+
+def _record_columns(items: tuple, source: str | None, rows: list | None) -> RecordColumns:
+    return RecordColumns(items, source, None if rows is None else np.asarray(rows, dtype=np.int64))
+
+
+def by_record(block: RecordColumns, one: Callable[[Any, RecordColumns], Iterable]) -> Iterator:
+    """A parse stage's outputs for ``block``: ``one(element, original)`` of each row, ``original`` its
+    one-row block (sent on, so a later letter knows the source too), its dead letters with the row's source."""
+    for i in range(len(block)):
+        for out in one(block.items[i], block.one(i)):
+            yield sourced(out, block.source_of(i)) if isinstance(out, TaggedOutput) else out
+
+
+def alone(original: Any) -> Any:
+    """The ``original`` of one element sent on by itself (not in a block): a one-row block as its
+    :class:`OneOriginal`, so a later letter is written with its source; any other element as it is."""
+    return OneOriginal((original.record(0), original.source_of(0))) if isinstance(original, RowColumns) else original
+
+
+def _joined(items: list) -> list:
+    """Originals with each run of :class:`RecordColumns` of one file joined into one item."""
+    out: list = []
+    for key, run in groupby(items, lambda item: (item.source, item.rows is None)
+                            if isinstance(item, RecordColumns) else None):
+        parts = list(run)
+        if key is None or len(parts) == 1:
+            out += parts
+        else:
+            out.append(RecordColumns(tuple(x for part in parts for x in part.items), key[0],
+                                     None if key[1] else np.concatenate([part.rows for part in parts])))
+    return out
+
+
+register_block_coders(LabelledColumns, ElementColumns, RecordColumns)  # Beam's sizing must not pickle them
 
 
 class BlockOriginals(tuple):
     """The elements of one block, in its order (the ``original`` the keyed stage gets with the block);
     a :class:`~beam_dp.steps.columns.RowColumns` item (``LabelledColumns``, ``ElementColumns``) stands
     for its rows' records."""
+
+    def __reduce__(self) -> tuple:  # as a tuple: originals of one element stay cheap in a shuffle
+        return type(self), (tuple(self),)
 
     def letters(self, letter: DeadLetter) -> list[DeadLetter]:
         """A dead letter written for the whole block, as one letter per element (a columnar row's with its source)."""
@@ -92,21 +168,39 @@ class BlockOriginals(tuple):
         return out
 
 
-class _Open:
-    """One open block: its row items (rows, or chunks of rows), their originals, the row count and
-    the latest timestamp."""
+class OneOriginal(BlockOriginals):
+    """The original of one element sent on by itself, ``(element, source)``: a letter written for it is
+    one letter, with its source (a pair in a shuffle, not a block)."""
 
-    __slots__ = ("rows", "originals", "count", "latest")
+    def letters(self, letter: DeadLetter) -> list[DeadLetter]:
+        return [letter._replace(element=self[0], source=self[1])]
+
+    def sources(self) -> Iterator[str | None]:
+        yield self[1]
+
+    def elements(self) -> Iterator[Any]:
+        yield self[0]
+
+
+class _Open:
+    """One open block: its row items (rows, or chunks of rows), their originals, the row count, the
+    latest timestamp and whether one-row originals of records read one by one are to be joined."""
+
+    __slots__ = ("rows", "originals", "count", "latest", "joins")
 
     def __init__(self) -> None:
         self.rows: list = []
         self.originals: list = []
         self.count = 0
         self.latest = MIN_TIMESTAMP
+        self.joins = False
 
     def stamp(self, timestamp: Any) -> None:
         if timestamp is not None and timestamp > self.latest:
             self.latest = timestamp
+
+    def block_originals(self) -> BlockOriginals:
+        return BlockOriginals(_joined(self.originals) if self.joins else self.originals)
 
 
 class BundleBlocks:
@@ -124,6 +218,7 @@ class BundleBlocks:
         block = self._open.setdefault((key, window), _Open())
         block.rows.append(row)
         block.originals.append(element)
+        block.joins = block.joins or type(element) is RecordColumns
         block.count += 1
         block.stamp(timestamp)
         return self._full(key, window, block)
@@ -154,14 +249,14 @@ class BundleBlocks:
         if block.count < self._max:
             return []
         del self._open[(key, window)]
-        return self._make(key, block.rows, BlockOriginals(block.originals))
+        return self._make(key, block.rows, block.block_originals())
 
     def flush(self, where: Callable[[Any], bool] | None = None) -> Iterator[Any]:
         """Every open block's outputs (or those whose key satisfies ``where``: a marker that must follow
         its stream's rows), as windowed values stamped with their latest element's timestamp."""
         for (key, window) in [k for k in self._open if where is None or where(k[0])]:
             block = self._open.pop((key, window))
-            for out in self._make(key, block.rows, BlockOriginals(block.originals)):
+            for out in self._make(key, block.rows, block.block_originals()):
                 if isinstance(out, TaggedOutput):
                     yield TaggedOutput(out.tag, WindowedValue(out.value, block.latest, (window,)))
                 else:
