@@ -11,12 +11,17 @@ Public rules (the same on every engine):
 * **Event-time steps.** Step ``s`` closes when the watermark reaches ``end(s) + allowed_lateness``;
   one call closes *every* step the watermark has passed, in order, each releasing whether or not it
   has data. An item for a closed step is late: dead-lettered whole (``late``), never in state.
-* **First step of a key.** An engine that knows the watermark (Flink) opens a new key at the first
-  step the watermark has not closed. One that cannot read it (Beam) opens a new key *provisionally*
-  (:meth:`StepDriver.open` ``provisional=True``): its first step is the lowest step of the items it
-  receives before its first close timer fires, fixed by that firing; nothing about it lives in
-  process memory, so every worker (fresh, restarted, updated) decides the same. Declared streams
-  and batch replays start at step 1. A key restored from a snapshot continues after the snapshot's step.
+* **First step of a key.** A new key opens at the first step the watermark has not closed (its
+  items of earlier steps are late), from a watermark the engine *proves*: Flink reads its own; Beam
+  reads the time a watermark gate stamped on the key's first element (``beam_dp.beam.shell.dofn``:
+  a stateful stage keyed by a fixed public set of buckets, seeded when the job starts, whose close
+  timers track the watermark and hold its output below the stamp), so every worker (fresh,
+  restarted, updated) decides the same and nothing is released behind the watermark. A key that
+  has no proof (Flink before its first watermark after a start or restore; a Beam DoFn fed without
+  the gate) opens *provisionally* (:meth:`StepDriver.open` ``provisional=True``): its first step is
+  the lowest step of the items it receives before its first close timer fires, fixed by that firing.
+  Declared streams and batch replays start at step 1. A key restored from a snapshot continues
+  after the snapshot's step.
 * **Release times.** A step's release rows carry the public time :meth:`StepDriver.release_time`:
   ``end(s) + allowed_lateness``, whichever timer, rung, restore or end of input closed the step.
 * **End of input** (watermark at +infinity: drain, end of a bounded input, Flink ``stop --drain``):
@@ -141,11 +146,12 @@ class StepDriver:
 
     # -- keys and timers ------------------------------------------------------------------------
     def open(self, key: str, watermark: int | None = None, provisional: bool = False) -> KeyState:
-        """The state of a key seen for the first time (see the module rules for its first step).
+        """The state of a key seen for the first time (see the module rules for its first step):
+        ``watermark`` (µs), a proven watermark: the key opens at :meth:`first_open` of it.
 
-        ``provisional`` (an engine that cannot read the watermark, event-time steps): the key has no
-        step yet; :meth:`add` places it at the lowest step of its items until :meth:`advance` (its
-        first close timer) or :meth:`declare` fixes it. Arm no close timer before it has a step
+        ``provisional`` (no proof of the watermark, event-time steps): the key has no step yet;
+        :meth:`add` places it at the lowest step of its items until :meth:`advance` (its first close
+        timer) or :meth:`declare` fixes it. Arm no close timer before it has a step
         (:meth:`timer` returns None)."""
         restored = self._restored.get(key)
         if restored is not None:
@@ -156,10 +162,15 @@ class StepDriver:
             return KeyState(key, _as_array(encoded), 0, provisional=True, noise_binding=self.binding)
         first = 1
         if self.clock is not None and watermark is not None:
-            first = max(1, int(self.clock.step_of_micros(watermark - self.grace)))
+            first = max(1, self.first_open(watermark))
         encoded = self.policy.mechanism.encode_state(self.policy.mechanism.init_state(key))
         return KeyState(key, _as_array(encoded), first, watermark=watermark, offset=first - 1,
                         noise_binding=self.binding)
+
+    def first_open(self, watermark: int) -> int:
+        """The first step a watermark (µs, event-time steps) has not closed: ``end(s) + grace > watermark``
+        (0 or less before the clock's start)."""
+        return int(self.clock.step_of_micros(watermark - self.grace))
 
     def declare(self, state: KeyState) -> None:
         """A declared stream (or a group with one) releases from step 1: fixes a provisional key there."""
@@ -305,7 +316,7 @@ class StepDriver:
         """The watermark (µs) reached ``watermark``: close every step whose end + grace it passed."""
         state.watermark = watermark if state.watermark is None else max(state.watermark, watermark)
         state.provisional = False
-        return self.close_through(state, buffer, int(self.clock.step_of_micros(watermark - self.grace)) - 1)
+        return self.close_through(state, buffer, self.first_open(watermark) - 1)
 
     def close_marked(self, state: KeyState, buffer: Buffer, step: int, original: Any = None) -> list[Output]:
         """A marker (a lifelong task's end) closes ``step`` and every earlier open step now; a marker of

@@ -29,7 +29,7 @@ from typing import Any, Iterable, Iterator
 import apache_beam as beam
 
 from beam_dp.beam.shell.combine import MergeClippedSums
-from beam_dp.beam.shell.dofn import ContinualReleaseDoFn, DriverShell, continual_driver
+from beam_dp.beam.shell.dofn import ContinualReleaseDoFn, DriverShell, WatermarkGate, continual_driver
 from beam_dp.mechanisms.stream_groups import GroupBlock
 from beam_dp.steps.coder import KeyState, UnreadableState
 from beam_dp.steps.driver import CARRIED, ListBuffer, Output, StepDriver
@@ -127,15 +127,17 @@ def release_stage(items: beam.PCollection, params: Any, label: str, bounded: boo
                   per_step_timers: bool | None = None, rows_type: Any = None) -> beam.pvalue.DoOutputsTuple:
     """``items`` keyed for the driver → ``(rows, dead_letter)`` outputs: on a bounded input a
     ``GroupByKey`` and :class:`KeyReleaseDoFn`, else the stateful :class:`ContinualReleaseDoFn`
-    (``per_step_timers``: default True). ``label`` names the release step; ``rows_type``
+    (``per_step_timers``: default True) behind a :class:`~beam_dp.beam.shell.dofn.WatermarkGate` on an event-time
+    clock, so a new key's first step is one the watermark has not closed. ``label`` names the release step; ``rows_type``
     (optional) the type of its releases (``ReleaseColumns``: sized by the block coder, not pickled)."""
     if bounded:
         grouped = items | f"{label}: by key" >> beam.GroupByKey()
         release = beam.ParDo(KeyReleaseDoFn(params))
     else:
-        grouped = items
         timers = True if per_step_timers is None else per_step_timers
-        release = beam.ParDo(ContinualReleaseDoFn(params, per_step_timers=timers))
+        gated = timers and getattr(params, "clock", None) is not None  # event time: a new key opens where proven
+        grouped = items | f"{label}: watermark gate" >> WatermarkGate(params) if gated else items
+        release = beam.ParDo(ContinualReleaseDoFn(params, per_step_timers=timers, gated=gated))
     if rows_type is not None:
         release = release.with_output_types(rows_type)
     return grouped | label >> release.with_outputs(DEAD_LETTER, main="rows")

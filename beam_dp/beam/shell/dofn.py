@@ -8,11 +8,18 @@ watermark reached +infinity, so the driver's end rule applies).
 
 **Nothing lives in process memory.** Beam gives a DoFn no watermark, and a worker may be fresh,
 restarted or updated at any time, so every decision reads keyed state, timers and their firing times
-(a lower bound of the watermark) and public params only. A new key (in streaming) is opened
-*provisionally* (:meth:`StepDriver.open`): its first step is the lowest step of the items it receives
-before its first close timer fires; a key with state (a group of streams keyed by ``stream_groups``
-after its first firing) knows what its timers proved, so a new stream joining it never releases a
-closed step. See docs/steps.md for the argument.
+(a lower bound of the watermark) and public params only. A timer set behind the watermark fires at
+once with the time it was set for, so a key with no state cannot learn from its own timers whether
+its first item was late. The proof comes from :class:`WatermarkGate`, the stage before the
+release shell in streaming: keyed by :data:`GATE_BUCKETS` public buckets, each seeded when the job
+starts (so its first element is on time) and tracking the watermark with its own ladder of close
+timers, it stamps every element with the close of the first step its firings have not proven
+closed. Its first close timer holds its output watermark at or before that stamp, so the stamped
+element is never behind the release shell's watermark: a new key (``gated``) opens at that step,
+items of earlier steps are late, and its first close timer holds the shell's output watermark too.
+A shell fed without the gate (the lifelong and growing-database DoFns) opens a new key
+*provisionally* (:meth:`StepDriver.open`): at the lowest step of the items it receives before its
+first close timer fires. See docs/steps.md for the argument.
 
 In streaming a key arms one ``close`` timer per rung of a ladder (:data:`LADDER`): the close of its
 first open step, and of the first open step numbered a multiple of 4 and of 16 (capped at the
@@ -50,10 +57,11 @@ a key whose state was written under another count (an ``--update`` that changed 
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, Tuple
 
 import apache_beam as beam
-from apache_beam.coders import BytesCoder, Coder
+import numpy as np
+from apache_beam.coders import BytesCoder, Coder, VarIntCoder
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
@@ -63,7 +71,7 @@ from apache_beam.utils.timestamp import Timestamp
 from beam_dp.beam.shell.blocks import BlockOriginals
 from beam_dp.io.keys import load_noise_source
 from beam_dp.mechanisms.base import ClippedSum
-from beam_dp.mechanisms.stream_groups import GroupBlock, GroupedSum
+from beam_dp.mechanisms.stream_groups import GroupBlock, GroupedSum, group_of
 from beam_dp.steps.coder import (
     KeyState,
     UnreadableState,
@@ -80,11 +88,12 @@ from beam_dp.steps.params import legacy_noise_of, noise_source_of
 from beam_dp.steps.policies import BlockPolicy, GroupPolicy
 from beam_dp.steps.schema import ReleaseColumns
 
-__all__ = ["BufferCoder", "ContinualReleaseDoFn", "DriverDoFn", "DriverShell", "EncodedBuffer", "SummingBuffer",
-           "continual_driver"]
+__all__ = ["GATE_BUCKETS", "BufferCoder", "ContinualReleaseDoFn", "DriverDoFn", "DriverShell", "EncodedBuffer",
+           "SummingBuffer", "WatermarkGate", "continual_driver"]
 
 _END_OF_INPUT = GlobalWindow().max_timestamp()
 LADDER = (1, 4, END_RUNG)  # rungs of close timers: every k-th step (dynamic timer tags); the top is the end rule's
+GATE_BUCKETS = 256  # the watermark gate's keys: a public hash of the engine key (stream or group)
 
 
 class BufferCoder(Coder):
@@ -263,11 +272,12 @@ class DriverDoFn(DriverShell):
         return state, outputs
 
     # -- moving state and timers ----------------------------------------------------------------
-    def key_state(self, key: str, key_state, close, end, buffer=None, sums=None) -> KeyState:
+    def key_state(self, key: str, key_state, close, end, buffer=None, sums=None, stamp: int | None = None) -> KeyState:
         """The key's driver state; a new key is opened (and its timers set). In streaming with a clock
-        a new key is provisional: its close timers are armed once an item gives it a step.
-        (``buffer``: the key's bag, to end a key whose state cannot be read; its letter goes out with
-        the next :meth:`emit`.)"""
+        a new key opens at the first step the :class:`WatermarkGate`'s ``stamp`` (µs, the element's
+        timestamp) has not proven closed; without a stamp it is provisional: its close timers are armed
+        once an item gives it a step. (``buffer``: the key's bag, to end a key whose state cannot be
+        read; its letter goes out with the next :meth:`emit`.)"""
         self._close = close  # the element's close timer, for a provisional key's ladder (see add)
         if key_state.read() is not None:
             state, letters = self.read_state(key, key_state, buffer, sums)
@@ -275,7 +285,10 @@ class DriverDoFn(DriverShell):
             return state
         streaming = self._per_step_timers and self._driver.clock is not None
         try:
-            state = self._driver.open(key, provisional=streaming)
+            if streaming and stamp is not None:
+                state = self._driver.open(key, watermark=_gate_watermark(self._driver, stamp))
+            else:
+                state = self._driver.open(key, provisional=streaming)
         except UnreadableState as exc:  # a restored snapshot this version cannot read: the key ends, no retry
             state, letters = self.unreadable(key, key_state, buffer, exc, sums)
             self._pending = list(getattr(self, "_pending", ())) + letters
@@ -371,16 +384,29 @@ class DriverDoFn(DriverShell):
 
 class ContinualReleaseDoFn(DriverDoFn):
     """Input ``(stream, (step | None, block | None, original))``; ``block=None`` declares the stream
-    (with stream groups: ``(group, ...)`` and ``GroupBlock`` s, see the module docstring)."""
+    (with stream groups: ``(group, ...)`` and ``GroupBlock`` s, see the module docstring).
+
+    Args:
+        params: the family's step params.
+        per_step_timers: close steps at a ladder of close timers (streaming); False: one timer at the public end.
+        gated: the input passed a :class:`WatermarkGate` (streaming, event-time steps): a new key opens at
+            the step its first element's stamp proves open, never provisionally.
+    """
+
+    def __init__(self, params: Any, per_step_timers: bool, gated: bool = False):
+        super().__init__(params, per_step_timers)
+        self._gated = gated
 
     def make_driver(self) -> StepDriver:
         return continual_driver(self._params)
 
     def process(self, element, key_state=beam.DoFn.StateParam(DriverDoFn.KEY_STATE),
                 buffer=beam.DoFn.StateParam(DriverDoFn.BUFFER), close=beam.DoFn.TimerParam(DriverDoFn.CLOSE),
-                end=beam.DoFn.TimerParam(DriverDoFn.END), sums=beam.DoFn.StateParam(DriverDoFn.SUMS)) -> Iterator:
+                end=beam.DoFn.TimerParam(DriverDoFn.END), sums=beam.DoFn.StateParam(DriverDoFn.SUMS),
+                timestamp=beam.DoFn.TimestampParam) -> Iterator:
         stream, (step, block, original) = element
-        state = self.key_state(stream, key_state, close, end, buffer, sums)
+        stamp = timestamp.micros if self._gated else None
+        state = self.key_state(stream, key_state, close, end, buffer, sums, stamp)
         if block is None or step == CARRIED:  # a declaration (by stream, or a group's declaring block)
             self.declare(state, key_state, close)
         if block is None:
@@ -389,6 +415,98 @@ class ContinualReleaseDoFn(DriverDoFn):
         streams = getattr(block, "streams", None)  # a group's block: late letters carry the stream if one
         yield from self.add(state, key_state, buffer, step, block, original,
                             streams[0] if streams is not None and len(streams) == 1 else None, sums)
+
+
+class WatermarkGate(beam.PTransform):
+    """Streaming, event-time steps: keyed elements ``(key, value)`` -> the same elements, each with the
+    timestamp ``close(f)`` = ``end(f) + allowed_lateness`` (µs), ``f`` the first step the watermark has
+    not been proven to close, for a :class:`ContinualReleaseDoFn` ``gated=True``.
+
+    Guarantee (the module docstring, docs/steps.md rule 3): the watermark had closed every step before
+    ``f`` (a close timer proved it) and the stamped element is on time downstream (its bucket's first
+    close timer, at or before ``close(f)``, holds the gate's output watermark), whatever worker runs
+    either stage. Keyed by ``GATE_BUCKETS`` buckets (``group_of`` of the key), each seeded when the job
+    starts; a bucket's state is one integer, its timers one ladder.
+
+    Args:
+        params: the release stage's params: ``clock`` (a ``StepClock``) and ``allowed_lateness`` (seconds).
+    """
+
+    def __init__(self, params: Any, label: str | None = None):
+        super().__init__(label)
+        self._params = params
+
+    def expand(self, items: beam.PCollection) -> beam.PCollection:
+        seeds = items.pipeline | "Seed buckets" >> beam.Create(
+            [(_bucket_key(bucket), None) for bucket in range(GATE_BUCKETS)]).with_output_types(Tuple[str, Any])
+        keyed = items | "By bucket" >> beam.Map(_by_bucket).with_output_types(Tuple[str, Any])
+        return ((keyed, seeds) | "With seeds" >> beam.Flatten()
+                | "Stamp" >> beam.ParDo(_GateDoFn(self._params)).with_output_types(Tuple[str, Any]))
+
+
+def _bucket_key(bucket: int) -> str:
+    return f"watermark-gate-{bucket}"
+
+
+def _by_bucket(element: tuple) -> tuple:
+    return _bucket_key(group_of(element[0], GATE_BUCKETS)), element
+
+
+def _gate_watermark(driver: StepDriver, stamp: int) -> int:
+    """The watermark a gate's stamp ``close(f)`` proves: the close of step ``f - 1``."""
+    return stamp - driver.clock.period_micros
+
+
+class _GateDoFn(beam.DoFn):
+    """Per bucket the first step its close timers have not proven closed (``first_open``; 0 once the
+    watermark reached +infinity), a ladder of close timers (:data:`LADDER`) whose first rung sits at
+    or before that step's close, and an ``end`` timer after which no rung is re-armed."""
+
+    FIRST_OPEN = ReadModifyWriteStateSpec("first_open", VarIntCoder())
+    CLOSE = TimerSpec("close", TimeDomain.WATERMARK)
+    END = TimerSpec("end", TimeDomain.WATERMARK)
+
+    def __init__(self, params: Any):
+        self._params = params
+
+    def setup(self) -> None:
+        clock = self._params.clock
+        self._driver = StepDriver(None, clock=clock, last_step=clock.last_step,
+                                  allowed_lateness=self._params.allowed_lateness)
+
+    def process(self, element, first_open=beam.DoFn.StateParam(FIRST_OPEN), close=beam.DoFn.TimerParam(CLOSE),
+                end=beam.DoFn.TimerParam(END)) -> Iterator:
+        _, value = element
+        step = first_open.read()
+        if step is None:  # the bucket's seed (this element or one in flight) holds the watermark at -infinity
+            step = 1
+            first_open.write(step)
+            self._arm(close, step, LADDER)
+            end.set(_END_OF_INPUT)
+        if value is not None:
+            yield TimestampedValue(value, Timestamp(micros=self._driver.release_time(step)))
+
+    @on_timer(CLOSE)
+    def on_close(self, fired=beam.DoFn.TimestampParam, rung=beam.DoFn.DynamicTimerTagParam,
+                 first_open=beam.DoFn.StateParam(FIRST_OPEN), close=beam.DoFn.TimerParam(CLOSE)) -> None:
+        if (step := first_open.read()) == 0:  # the end: a rung re-armed now would fire again at once, forever
+            return
+        step = max(step, self._driver.first_open(fired.micros))
+        first_open.write(step)
+        self._arm(close, step, (int(rung),))
+
+    @on_timer(END)
+    def on_end(self, first_open=beam.DoFn.StateParam(FIRST_OPEN)) -> None:
+        first_open.write(0)
+
+    def _arm(self, close, step: int, rungs: tuple[int, ...]) -> None:
+        at = KeyState("", _NO_BYTES, step)
+        for every in rungs:
+            if (timer := self._driver.timer(at, every)) is not None:
+                close.set(Timestamp(micros=timer), dynamic_timer_tag=str(every))
+
+
+_NO_BYTES = np.zeros(0, dtype=np.uint8)
 
 
 def continual_driver(params: Any) -> StepDriver:
