@@ -54,10 +54,12 @@ test: install-test lint
 
 ## Native Flink: its own venv (PyFlink pins apache-beam<=2.61, pyarrow<21), then a real local Flink job.
 FLINK_VENV ?= .venv-flink
+# the lifelong family on Flink: torch (the CPU build the lock pins, as in the main venv) and dp-accounting
+FLINK_FAMILIES := torch==2.13.0 dp-accounting
 $(FLINK_VENV)/.installed: beam_dp/flink/requirements.txt $(FLINK_LOCK)
 	$(PYTHON) -m venv $(FLINK_VENV)
 	$(FLINK_VENV)/bin/pip install --quiet --upgrade pip
-	$(FLINK_VENV)/bin/pip install --quiet -c $(FLINK_LOCK) -r beam_dp/flink/requirements.txt
+	$(FLINK_VENV)/bin/pip install --quiet -c $(FLINK_LOCK) -r beam_dp/flink/requirements.txt $(FLINK_FAMILIES)
 	touch $@
 
 # the parity test runs the Beam path in the main venv (Beam 2.77) beside the Flink job; the slow cluster
@@ -77,7 +79,8 @@ lock:
 	{ echo "# The main venv's lock (make demo, make test, .ci/run install through it: pip -c). Regenerate with"; \
 	  echo "# 'make lock' after changing setup.py's requirements, and review the diff."; \
 	  .venv-lock/bin/pip freeze --exclude-editable; } > $(LOCK)
-	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock && .venv-lock/bin/pip install --quiet -r beam_dp/flink/requirements.txt
+	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock && .venv-lock/bin/pip install --quiet -r beam_dp/flink/requirements.txt \
+	  $(FLINK_FAMILIES)
 	{ echo "# The Flink venv's lock (.venv-flink, make flink-test). Regenerate with 'make lock'."; \
 	  .venv-lock/bin/pip freeze --exclude-editable; } > $(FLINK_LOCK)
 	rm -rf .venv-lock

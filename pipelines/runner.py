@@ -416,13 +416,12 @@ def lateness(opts, params_class: type) -> dict:
 
 
 def budget_shares(opts, names: list[str]) -> Any:
-    """The job's total ``(--epsilon, --delta)`` split among its transforms ``names``
-    (``beam_dp.core.budget.JobBudget``): pure epsilons add, Gaussian transforms compose through their mu."""
-    from beam_dp.core.budget import JobBudget
+    """The job's total ``(--epsilon, --delta)`` split among its transforms ``names`` by the one rule of every
+    engine (``beam_dp.core.budget.flag_budget``): pure epsilons add, Gaussian transforms compose through their mu."""
+    from beam_dp.core.budget import flag_budget
 
-    composition = "gaussian" if getattr(opts, "noise", None) == "gaussian" else "pure"
     return params_or_usage_error(
-        lambda: JobBudget(opts.epsilon, opts.delta).split({name: composition for name in names}), "job budget")
+        lambda: flag_budget(opts.epsilon, opts.delta, getattr(opts, "noise", None), names), "job budget")
 
 
 def verified_lines(verifier) -> list[str]:

@@ -44,7 +44,7 @@ from beam_dp.core.calibration import analytic_gaussian_epsilon, analytic_gaussia
 
 __all__ = [
     "COMPOSITIONS", "UNSPENT_TOLERANCE", "BudgetPlan", "BudgetShare", "JobBudget", "ShareUse", "check_params_budget",
-    "check_share", "compose", "composition_of", "gaussian_mu", "max_spend_of", "share_use",
+    "check_share", "compose", "composition_of", "flag_budget", "gaussian_mu", "max_spend_of", "share_use",
 ]
 
 Composition = Literal["pure", "gaussian", "approx"]
@@ -235,6 +235,15 @@ class JobBudget:
                 mu_i = mu_g * math.sqrt(weights[name] / gauss_w)
                 shares[name] = ("gaussian", analytic_gaussian_epsilon(mu_i, delta_g), delta_g)
         return self.plan({name: shares[name] for name in compositions})
+
+
+def flag_budget(epsilon: float, delta: float, noise: str | None, names: Iterable[str]) -> BudgetPlan:
+    """The job budget of a command line's ``--epsilon``/``--delta``/``--noise``, split equally among the
+    job's transforms ``names`` (``"gaussian"`` shares for Gaussian noise, else ``"pure"``): the one rule of
+    every engine's entry (the Beam jobs, the native Flink job), so that matching flags calibrate every
+    transform to the same share. ``ValueError`` for a budget it cannot split."""
+    composition: Composition = "gaussian" if noise == "gaussian" else "pure"
+    return JobBudget(epsilon, delta).split({name: composition for name in names})
 
 
 def composition_of(mechanism) -> Composition:

@@ -49,7 +49,9 @@ from pyflink.table import DataTypes, Schema, StreamTableEnvironment
 from beam_dp.core.budget import composition_of
 from beam_dp.flink.blocks import BlockParser, StepBlock, read_split
 from beam_dp.flink.domains import bind_noise_domain
+from beam_dp.flink.params import FlinkReleaseParams
 from beam_dp.flink.rows import json_rows
+from beam_dp.mechanisms.base import ContinualSumMechanism
 from beam_dp.mechanisms.stream_groups import GroupBlock, GroupedSum, group_key, group_of
 from beam_dp.steps.coder import (
     KeyState,
@@ -61,12 +63,12 @@ from beam_dp.steps.coder import (
 )
 from beam_dp.steps.driver import RELEASE, Output, StepDriver, release_step
 from beam_dp.steps.events import DEAD_LETTER, DeadLetter, parse_contribution
-from beam_dp.steps.params import legacy_noise_of, noise_source_of
+from beam_dp.steps.params import StepParams, legacy_noise_of, noise_source_of
 from beam_dp.steps.policies import BlockPolicy, GroupPolicy
 from beam_dp.steps.schema import ReleaseLabels
 
-__all__ = ["DEAD_LETTERS", "EVENT_TYPE", "ContinualReleaseFunction", "block_events", "local_environment",
-           "release_stream", "to_event"]
+__all__ = ["DEAD_LETTERS", "EVENT_TYPE", "ContinualReleaseFunction", "block_events", "check_sums",
+           "local_environment", "release_stream", "to_event"]
 
 EVENT_TYPE = Types.TUPLE([Types.STRING(), Types.DOUBLE(), Types.PICKLED_BYTE_ARRAY()])
 DEAD_LETTERS = OutputTag(DEAD_LETTER, Types.STRING())
@@ -77,14 +79,45 @@ _NO_BYTES = np.zeros(0, dtype=np.uint8)
 _STAMPED = Types.ROW_NAMED(["release_ms", "row"], [Types.LONG(), Types.STRING()])  # a release and its time
 
 
+class _Counts:
+    """An operator's metrics in its ``beam_dp`` group (the Beam shell's names, docs/running.md), each a
+    count kept here and read by a gauge. PyFlink reports a counter only when it changes while an element
+    is processed (its timer path runs outside the operation's metrics scope, so what ``on_timer``
+    counted never reached Flink), but reads every gauge when a bundle finishes, whatever changed it.
+    A reason's dead letters are the metric ``dead_letters_<reason>`` beside ``dead_letters`` (a group of
+    that name would collide with the metric; Flink's metric names turn dots into underscores). Per
+    subtask, counted from its (re)start."""
+
+    def __init__(self, metrics, names: tuple[str, ...]) -> None:
+        self._metrics, self._values = metrics, {}
+        for name in names:
+            self._gauge(name)
+
+    def _gauge(self, name: str) -> None:
+        self._values[name] = 0
+        self._metrics.gauge(name, lambda: self._values[name])
+
+    def add(self, name: str, n: int = 1) -> None:
+        if name not in self._values:
+            self._gauge(name)
+        self._values[name] += n
+
+    def set(self, name: str, value: int) -> None:
+        self._values[name] = value
+
+    def letter(self, reason: str) -> None:
+        self.add("dead_letters")
+        self.add(f"dead_letters_{reason}")
+
+
 class _StepSums:
     """The driver's :class:`~beam_dp.steps.driver.Buffer` over a Flink ``MapState`` of step -> one merged
     item (entry bytes): each item added to a step is merged into that step's item (``merge``: the
     mechanism's ``merge_blocks``: clipped sums and counts), so state per open step holds sums, O(d) per
-    stream with data, not one entry per event. ``held``: the ``buffered_items`` counter (entries held)."""
+    stream with data, not one entry per event. ``counts``: its ``buffered_items`` (entries held)."""
 
-    def __init__(self, state, merge, held) -> None:
-        self._state, self._merge, self._held, self._read = state, merge, held, 0
+    def __init__(self, state, merge, counts: _Counts) -> None:
+        self._state, self._merge, self._counts, self._read = state, merge, counts, 0
 
     def add(self, entry: tuple[int, Any]) -> None:
         step, item = entry
@@ -92,7 +125,7 @@ class _StepSums:
         if held is not None:
             item = self._merge([decode_entry(bytes(held))[1], item])
         else:
-            self._held.inc()
+            self._counts.add("buffered_items")
         self._state.put(step, encode_entry(step, item))
 
     def read(self) -> list[tuple[int, Any]]:
@@ -102,23 +135,8 @@ class _StepSums:
 
     def clear(self) -> None:
         self._state.clear()
-        if self._read:
-            self._held.dec(self._read)
+        self._counts.add("buffered_items", -self._read)
         self._read = 0
-
-
-class _LetterCounts:
-    """An operator's dead-letter metrics: ``dead_letters`` and ``dead_letters.<reason>`` (the Beam shell's
-    ``dead_letters/<reason>``) in its ``beam_dp`` metric group."""
-
-    def __init__(self, metrics) -> None:
-        self._all, self._group, self._by_reason = metrics.counter("dead_letters"), metrics.add_group("dead_letters"), {}
-
-    def __call__(self, reason: str) -> None:
-        self._all.inc()
-        if reason not in self._by_reason:
-            self._by_reason[reason] = self._group.counter(reason)
-        self._by_reason[reason].inc()
 
 
 def _dead_json(letter: DeadLetter, stage: str) -> str:
@@ -137,26 +155,34 @@ class ContinualReleaseFunction(KeyedProcessFunction):
 
     def open(self, runtime_context: RuntimeContext) -> None:
         params = self._params
-        self._mechanism = params.build_mechanism()
-        self._grouped = getattr(params, "stream_groups", None) is not None
-        noise = noise_source_of(params)
-        policy = GroupPolicy(GroupedSum(self._mechanism), noise) if self._grouped else BlockPolicy(self._mechanism, noise)
-        self._driver = StepDriver.for_params(params, policy)
-        self._driver.legacy_noise = legacy_noise_of(params)  # keys written before the binding
+        self._driver = self._make_driver()
         self._labels = ReleaseLabels(params.noise_key.domain, composition_of(self._mechanism), params.budget)
         self._streams = frozenset(params.streams) if params.streams is not None else None
         self._step_records = getattr(params, "step_records", False)
         self._key = runtime_context.get_state(ValueStateDescriptor("beam_dp_key_state", _BYTES))
         self._mechanism_state = runtime_context.get_state(ValueStateDescriptor("beam_dp_mechanism", _BYTES))
-        metrics = runtime_context.get_metrics_group().add_group("beam_dp")  # the Beam shell's names (README)
-        self._releases, self._count_letter = metrics.counter("releases"), _LetterCounts(metrics)
-        self._firings, self._unreadable = metrics.counter("timer_firings"), metrics.counter("unreadable_states")
-        self._closed = [0, 0]  # the last step a firing closed, and its release time's lag behind the wall clock (ms)
-        metrics.gauge("last_closed_step", lambda: self._closed[0])
-        metrics.gauge("last_closed_step_lag_ms", lambda: self._closed[1])
-        self._buffer = _StepSums(runtime_context.get_map_state(MapStateDescriptor("beam_dp_step_sums", Types.LONG(),
-                                                                                  _BYTES)),
-                                 policy.mechanism.merge_blocks, metrics.counter("buffered_items"))
+        # last_closed_step: the last step a firing closed; its lag: the wall clock then minus its release time (ms)
+        self._counts = _Counts(runtime_context.get_metrics_group().add_group("beam_dp"), (
+            "releases", "dead_letters", "buffered_items", "timer_firings", "unreadable_states", "last_closed_step",
+            "last_closed_step_lag_ms"))
+        self._buffer = self._make_buffer(runtime_context)
+
+    def _make_driver(self) -> StepDriver:
+        """The step driver and its policy (the sums': blocks, or groups of streams); sets ``_mechanism``
+        and ``_grouped``. A family's function (:mod:`beam_dp.flink.families`) builds its own."""
+        params = self._params
+        self._mechanism = params.build_mechanism()
+        self._grouped = getattr(params, "stream_groups", None) is not None
+        noise = noise_source_of(params)
+        policy = GroupPolicy(GroupedSum(self._mechanism), noise) if self._grouped else BlockPolicy(self._mechanism, noise)
+        driver = StepDriver.for_params(params, policy)
+        driver.legacy_noise = legacy_noise_of(params)  # keys written before the binding
+        return driver
+
+    def _make_buffer(self, runtime_context: RuntimeContext):
+        """The driver's buffer: the sums' one merged block per open step."""
+        return _StepSums(runtime_context.get_map_state(MapStateDescriptor("beam_dp_step_sums", Types.LONG(), _BYTES)),
+                         self._driver.policy.mechanism.merge_blocks, self._counts)
 
     def _emit(self, outputs: list[Output]) -> Iterator:
         """Release rows as JSON text: one record per row, or with ``params.step_records`` one record per
@@ -164,11 +190,11 @@ class ContinualReleaseFunction(KeyedProcessFunction):
         ``Row(release_ms, text)``, stamped downstream (:func:`release_stream`); dead letters to the side output."""
         for tag, value in outputs:
             if tag != RELEASE:
-                self._count_letter(value.reason)
+                self._counts.letter(value.reason)
                 yield DEAD_LETTERS, _dead_json(value, "release")
                 continue
             rows = json_rows(value, self._labels)
-            self._releases.inc(len(rows))
+            self._counts.add("releases", len(rows))
             if self._step_records:
                 rows = ["\n".join(rows)] if rows else []
             when = self._driver.release_time(release_step(value)) if self._stamp else None
@@ -177,7 +203,7 @@ class ContinualReleaseFunction(KeyedProcessFunction):
     def _ended_unreadable(self, key: str, exc: UnreadableState) -> Iterator:
         """A key whose state this version cannot read ends (as on Beam, :meth:`StepDriver.unreadable`): one
         ``unreadable_state`` dead letter and the metric, never a failure that Flink would retry forever."""
-        self._unreadable.inc()
+        self._counts.add("unreadable_states")
         state, outputs = self._driver.unreadable(key, self._buffer, str(exc))
         self._store(state, True)
         yield from self._emit(outputs)
@@ -256,7 +282,7 @@ class ContinualReleaseFunction(KeyedProcessFunction):
             return
         parsed = parse_contribution((stream, seconds, payload), self._mechanism, self._driver.clock, self._streams)
         if isinstance(parsed, DeadLetter):
-            self._count_letter(parsed.reason)
+            self._counts.letter(parsed.reason)
             yield DEAD_LETTERS, _dead_json(parsed, "parse")
             return
         stream, step, block = parsed
@@ -278,7 +304,7 @@ class ContinualReleaseFunction(KeyedProcessFunction):
         yield from self._emit(outputs)
 
     def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext):
-        self._firings.inc()
+        self._counts.add("timer_firings")
         try:
             state = self._load(True)
             first = state.next_step
@@ -293,12 +319,13 @@ class ContinualReleaseFunction(KeyedProcessFunction):
             return
         self._store(state, True)
         if state.next_step > first:
-            self._closed_gauges(state.next_step - 1)
+            self._closed(state.next_step - 1)
         yield from self._emit(outputs)
 
-    def _closed_gauges(self, step: int) -> None:
+    def _closed(self, step: int) -> None:
         when = self._driver.release_time(step)
-        self._closed[:] = step, (0 if when is None else int(time.time() * 1000 - when / 1000))
+        self._counts.set("last_closed_step", step)
+        self._counts.set("last_closed_step_lag_ms", 0 if when is None else int(time.time() * 1000 - when / 1000))
 
 
 class _ParseBlocks(ProcessFunction):
@@ -313,12 +340,12 @@ class _ParseBlocks(ProcessFunction):
         streams = frozenset(params.streams) if params.streams is not None else None
         self._parser = BlockParser(params.build_mechanism(), params.clock, streams,
                                    getattr(params, "stream_groups", None))
-        self._count_letter = _LetterCounts(runtime_context.get_metrics_group().add_group("beam_dp"))
+        self._counts = _Counts(runtime_context.get_metrics_group().add_group("beam_dp"), ("dead_letters",))
 
     def process_element(self, value, ctx: ProcessFunction.Context):
         records, letters = self._parser.parse(read_split(*value))
         for letter in letters:
-            self._count_letter(letter.reason)
+            self._counts.letter(letter.reason)
             yield DEAD_LETTERS, _dead_json(letter, "parse")
         yield from records
 
@@ -388,7 +415,8 @@ def release_stream(env: StreamExecutionEnvironment, events, params: Any, *, uid:
     ``uid`` names this release function in the job: its noise domain unless ``params.noise_key.domain``
     is set (one of them is required), and, as ``beam_dp/<domain>``, its Flink operator uid. A domain
     already claimed by a release function of this job is refused (``ValueError``;
-    :mod:`beam_dp.flink.domains`)."""
+    :mod:`beam_dp.flink.domains`), as are params of anything but continual sums (:func:`check_sums`)."""
+    check_sums(params)
     params, operator = bind_noise_domain(params, uid, _claimed_uids(env))
     if params.clock is not None:
         events = events.assign_timestamps_and_watermarks(watermarks(max_delay_ms, idle_ms))
@@ -413,6 +441,18 @@ def release_stream(env: StreamExecutionEnvironment, events, params: Any, *, uid:
                 .uid(operator).name(uid or params.noise_key.domain))
     dead = releases.get_side_output(DEAD_LETTERS)
     return (_restamped(env, releases) if stamped else releases), dead
+
+
+def check_sums(params: Any) -> None:
+    """Refuse (``ValueError``, one line, when the job is built) params the function cannot run: it
+    releases continual sums of vectors, a :class:`~beam_dp.flink.params.FlinkReleaseParams` of a
+    continual-sum mechanism or a Beam ``ContinualSumParams`` / ``WindowedSumParams``; another family's
+    params (a count's, whose events carry no value, included) would fail on every element."""
+    sums = isinstance(params, FlinkReleaseParams) or (isinstance(params, StepParams)
+                                                      and callable(getattr(params, "sum_spec", None)))
+    if not (sums and isinstance(params.build_mechanism(), ContinualSumMechanism)):
+        raise ValueError(f"release_stream releases continual sums of vectors (FlinkReleaseParams of a continual sum, "
+                         f"ContinualSumParams or WindowedSumParams), not {type(params).__name__}")
 
 
 def _restamped(env: StreamExecutionEnvironment, stamped):

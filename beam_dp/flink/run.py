@@ -31,6 +31,9 @@ domain, guarantee and release files) is written into ``--output`` before the job
 ``python -m beam_dp.verify <output>`` checks the releases against it. A job started (a savepoint
 resumed, or a run repeated) into an ``--output`` whose manifest declares other privacy parameters is
 refused with one line, exit code 2 (:func:`resume_problem`): the noise is bound to the parameters.
+
+The other families (model release, growing databases, online learning, lifelong) run on Flink with their
+Beam job's flags: ``python -m pipelines.flink_job --job <job> ...`` (``--job continual_stats`` is this job).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ import json
 import os
 import sys
 
-from beam_dp.core.budget import composition_of
+from beam_dp.core.budget import composition_of, flag_budget
 from beam_dp.core.clock import StepClock
 from beam_dp.core.noise import KEY_ENV_VAR, load_key
 from beam_dp.core.noise_binding import calibration_binding
@@ -54,7 +57,8 @@ from beam_dp.mechanisms.stream_groups import groups_for
 from beam_dp.mechanisms.sums import make_counter
 from beam_dp.steps.params import NoiseKey
 
-__all__ = ["checkpoint_settings", "exact_counts", "main", "parse_line", "private_default", "resume_problem"]
+__all__ = ["checkpoint_settings", "exact_counts", "kafka_lines", "main", "parse_line", "private_default",
+           "resume_problem"]
 
 
 UID = "continual-sums"  # the release function's uid: its default noise domain
@@ -95,6 +99,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--delta", type=float, default=0.0)
     p.add_argument("--clip-bound", type=float, default=1.0)
     p.add_argument("--noise", default="gamma", choices=["gamma", "gaussian"])
+    p.add_argument("--calibration", default="analytic", choices=["analytic", "paper"],
+                   help="Gaussian noise on the tree: the smallest exact sigma (default, as the Beam jobs) or the paper's")
     p.add_argument("--counter", default="auto")
     p.add_argument("--stream-groups", type=int, default=4,
                    help="key by this many groups of streams where the counter steps groups (0: by stream)")
@@ -146,18 +152,22 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _params(args: argparse.Namespace):
+    """The job's params: its one release function calibrated to its share of ``--epsilon``/``--delta``
+    (:func:`~beam_dp.core.budget.flag_budget`, the Beam jobs' rule: the same flags, the same calibration)."""
     from beam_dp.flink.params import FlinkReleaseParams
 
     clock = StepClock(start=args.start, period=args.period, end=args.end)
+    share = flag_budget(args.epsilon, args.delta, args.noise, [UID])[UID]
     build = functools.partial(make_counter, args.counter, public_end=clock.last_step, dim=args.dim,
-                              epsilon=args.epsilon, delta=args.delta, clip_bound=args.clip_bound, noise=args.noise)
+                              epsilon=share.epsilon, delta=share.delta, clip_bound=args.clip_bound, noise=args.noise,
+                              calibration=args.calibration)
     streams = tuple(args.streams.split(",")) if args.streams else None
     load_key(KEY_ENV_VAR, args.key_file)  # read at launch as the workers read it: an unusable key is exit 2
     key = NoiseKey(key_file=args.key_file) if args.key_file else NoiseKey()
     if args.noise_domain is not None:
         key = dataclasses.replace(key, domain=args.noise_domain)
     return FlinkReleaseParams(build=build, clock=clock, streams=streams, allowed_lateness=args.allowed_lateness,
-                              noise_key=key, stream_groups=groups_for(build(), args.stream_groups),
+                              noise_key=key, budget=share, stream_groups=groups_for(build(), args.stream_groups),
                               step_records=not args.kafka_brokers)
 
 
@@ -175,13 +185,14 @@ RELEASE_FILES = "*/part"
 
 def job_manifest(params) -> JobManifest:
     """The job's manifest (``beam_dp.io.manifest``): its one release function, with its bound noise
-    domain (``--noise-domain`` or :data:`UID`), mechanism, composition and guarantee, the job's total,
-    and its release files under --output (:data:`RELEASE_FILES`)."""
+    domain (``--noise-domain`` or :data:`UID`), mechanism, composition and guarantee, the job's total
+    (its budget's, as on Beam), and its release files under --output (:data:`RELEASE_FILES`)."""
     mechanism = params.build_mechanism()
     epsilon, delta = float(mechanism.guarantee.epsilon), float(mechanism.guarantee.delta)
     transform = ManifestTransform(params.noise_key.domain or UID, mechanism.name, composition_of(mechanism), epsilon,
                                   delta, (RELEASE_FILES,), calibration_binding(params))
-    return JobManifest("flink_continual_sums", epsilon, delta, (transform,))
+    total = (epsilon, delta) if params.budget is None else (params.budget.plan.epsilon, params.budget.plan.delta)
+    return JobManifest("flink_continual_sums", float(total[0]), float(total[1]), (transform,))
 
 
 def resume_problem(output: str, manifest: JobManifest) -> str | None:
@@ -244,6 +255,21 @@ def exact_counts(input_path: str, dead_letters: str) -> str:
             f"{sum(reasons.values())} dead letters" + (f" {dict(sorted(reasons.items()))}" if reasons else ""))
 
 
+def kafka_lines(env, brokers: str, topic: str, jar: str | None = None):
+    """The text messages of a Kafka ``topic`` (group ``beam_dp``, from its committed offsets) as a DataStream;
+    ``jar``: the ``file://`` URL of the Kafka connector jar (else ``flink run --jarfile``)."""
+    from pyflink.common import WatermarkStrategy
+    from pyflink.common.serialization import SimpleStringSchema
+    from pyflink.datastream.connectors.kafka import KafkaOffsetsInitializer, KafkaSource
+
+    if jar:
+        env.add_jars(jar)
+    source = (KafkaSource.builder().set_bootstrap_servers(brokers).set_topics(topic)
+              .set_group_id("beam_dp").set_starting_offsets(KafkaOffsetsInitializer.committed_offsets())
+              .set_value_only_deserializer(SimpleStringSchema()).build())
+    return env.from_source(source, WatermarkStrategy.no_watermarks(), "kafka-events")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     try:
@@ -267,19 +293,9 @@ def main(argv: list[str] | None = None) -> int:
                             settings=checkpoint_settings(args.checkpoint_ms, args.checkpoint_dir, args.state_backend))
     if args.kafka_brokers:
         from pyflink.common.serialization import SimpleStringSchema
-        from pyflink.datastream.connectors.kafka import (
-            KafkaOffsetsInitializer,
-            KafkaRecordSerializationSchema,
-            KafkaSink,
-            KafkaSource,
-        )
+        from pyflink.datastream.connectors.kafka import KafkaRecordSerializationSchema, KafkaSink
 
-        if args.kafka_jar:
-            env.add_jars(args.kafka_jar)
-        source = (KafkaSource.builder().set_bootstrap_servers(args.kafka_brokers).set_topics(args.kafka_topic)
-                  .set_group_id("beam_dp").set_starting_offsets(KafkaOffsetsInitializer.committed_offsets())
-                  .set_value_only_deserializer(SimpleStringSchema()).build())
-        lines = env.from_source(source, WatermarkStrategy.no_watermarks(), "kafka-events")
+        lines = kafka_lines(env, args.kafka_brokers, args.kafka_topic, args.kafka_jar)
 
         def sink(topic: str):
             return (KafkaSink.builder().set_bootstrap_servers(args.kafka_brokers).set_record_serializer(

@@ -53,28 +53,35 @@ def entry_args(input_path, output, *extra: str) -> list[str]:
             "--counter", "tree", *extra]
 
 
-def entry_binding(*extra: str) -> str:
-    """The noise binding of ``beam_dp.flink.run`` under :func:`entry_args` (and ``extra`` flags)."""
+def entry_params(*extra: str):
+    """The params ``beam_dp.flink.run`` builds under :func:`entry_args` (and ``extra`` flags): BUILD's
+    hybrid tree at the job's budget share of ``--epsilon`` (``beam_dp.core.budget.flag_budget``)."""
     from beam_dp.flink.run import _args, _params
 
-    return calibration_binding(_params(_args(entry_args("in", "out", *extra))))
+    return _params(_args(entry_args("in", "out", *extra)))
+
+
+def entry_binding(*extra: str) -> str:
+    """The noise binding of ``beam_dp.flink.run`` under :func:`entry_args` (and ``extra`` flags)."""
+    return calibration_binding(entry_params(*extra))
 
 
 def expected_rows(events: list[tuple], domain: str = DOMAIN, binding: str | None = None) -> list[dict]:
-    """The pure replay's rows in ``domain`` under ``binding`` (default: the entry point's for its domain
-    ``continual-sums``, else that of ``FlinkReleaseParams(build=BUILD, clock=CLOCK, streams=STREAMS)``)."""
+    """The pure replay's rows in ``domain`` under ``binding`` (default: the params' own) of the entry
+    point's params for its domain ``continual-sums``, else of ``FlinkReleaseParams(build=BUILD,
+    clock=CLOCK, streams=STREAMS)``."""
     from beam_dp.flink.params import FlinkReleaseParams
 
-    if binding is None:
-        binding = entry_binding() if domain == "continual-sums" else calibration_binding(
-            FlinkReleaseParams(build=BUILD, clock=CLOCK, streams=STREAMS))
+    params = entry_params() if domain == "continual-sums" else FlinkReleaseParams(build=BUILD, clock=CLOCK,
+                                                                                  streams=STREAMS)
+    binding = calibration_binding(params) if binding is None else binding
     ids = np.array([e[0] for e in events])
     ts = np.array([e[1] for e in events])
     values = np.array([e[2] for e in events])
-    mechanism = BUILD()
+    mechanism = params.build_mechanism()
     noise = NoiseSource(TEST_KEY).for_domain(domain, binding)
     by_stream = replay_event_time(mechanism, ids, ts, values, CLOCK, noise, STREAMS)
-    labels = ReleaseLabels(domain, composition_of(mechanism))
+    labels = ReleaseLabels(domain, composition_of(mechanism), params.budget)
     rows = [labels(release_to_row(r, mechanism.guarantee, CLOCK.step_start_micros(r.step),
                                   CLOCK.step_end_micros(r.step)))
             for releases in by_stream.values() for r in releases]
