@@ -207,12 +207,16 @@ def test_a_regression_row_with_half_its_noise_and_its_spend_kept_fails(case, reg
     _fails_naming(_doctor(rows, i, noise=_halve_scale), i, cause, also=BELOW)
 
 
-@pytest.mark.parametrize("case", list(REGRESSION))
-def test_a_regression_row_with_its_spend_lowered_and_its_noise_kept_fails(case, regression_rows):
-    rows = regression_rows[case]
+def _last_row_with_its_spend_halved_fails(rows: list[dict]) -> None:
+    """The last row's stated spend halved, its noise kept: one problem, naming that row's step."""
     i = len(rows) - 1
     problems = verify_job(_doctor(rows, i, epsilon_spent=rows[i]["epsilon_spent"] / 2), strict=True).problems
     assert len(problems) == 1 and BELOW in problems[0] and f"step {rows[i]['step']})" in problems[0], problems
+
+
+@pytest.mark.parametrize("case", list(REGRESSION))
+def test_a_regression_row_with_its_spend_lowered_and_its_noise_kept_fails(case, regression_rows):
+    _last_row_with_its_spend_halved_fails(regression_rows[case])
 
 
 @pytest.mark.parametrize("case", list(REGRESSION))
@@ -278,10 +282,7 @@ def test_an_erm_row_with_half_its_noise_and_its_spend_kept_fails(case, erm_rows)
 
 @pytest.mark.parametrize("case", list(ERM))
 def test_an_erm_row_with_its_spend_lowered_and_its_noise_kept_fails(case, erm_rows):
-    rows = erm_rows[case]
-    i = len(rows) - 1
-    problems = verify_job(_doctor(rows, i, epsilon_spent=rows[i]["epsilon_spent"] / 2), strict=True).problems
-    assert len(problems) == 1 and BELOW in problems[0] and f"step {rows[i]['step']})" in problems[0], problems
+    _last_row_with_its_spend_halved_fails(erm_rows[case])
 
 
 @pytest.mark.parametrize("case", list(ERM))
