@@ -472,10 +472,15 @@ class JobVerifier:
         if not len(rows):
             return
         stream = batch.column("stream")
+        scoped = np.array([n in RECOMPUTED_FAMILIES and self._calibrations.scoped(n) for n in self._mechanisms.names],
+                          dtype=bool)[mechanism[rows]]
+        streams = np.zeros(len(rows), dtype=np.uint64)  # a family whose check ignores the stream: one per stream set
+        if scoped.any():
+            streams[scoped] = _text_hashes(stream.take(pa.array(rows[scoped])))
         keys = _row_hashes([mechanism[rows].astype(np.uint64), noise[rows].astype(np.uint64), meta_hash[rows],
                             step[rows].astype(np.uint64), np.ascontiguousarray(eps_budget[rows]).view(np.uint64),
                             np.ascontiguousarray(dlt_budget[rows]).view(np.uint64), domain[rows].astype(np.uint64),
-                            _text_hashes(stream.take(pa.array(rows)))])
+                            streams])
         distinct, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
         meta = batch.column("meta")
         reasons: list[str | None] = []

@@ -133,6 +133,9 @@ class _Calibrations:
     family = "mechanism"
     #: what a declared key is checked against, for :meth:`unmatched`'s lines
     logged_as = "call"
+    #: whether a release's check depends on its stream (its ``scope``): else one check serves every
+    #: stream's release with the same public parameters
+    scoped = False
 
     def __init__(self) -> None:
         self._logged: dict[Hashable, set] = {}
@@ -313,6 +316,7 @@ class ErmCalibrations(_Calibrations):
     its members."""
 
     family = "ERM call"
+    scoped = True
     logged_as = "training call"
 
     def __init__(self) -> None:
@@ -445,6 +449,7 @@ class LifelongCalibrations(_Calibrations):
     declaration goes."""
 
     family = "DP-SGD account"
+    scoped = True
     logged_as = "task stream"
 
     def _check(self, mechanism: str, meta: dict, terms: tuple, accounts: tuple, epsilon: float, delta: float,
@@ -485,6 +490,7 @@ class GrowingDbCalibrations(_Calibrations):
     run's ``epsilon_run`` is ``ε_t`` of the budget."""
 
     family = "growing-database account"
+    scoped = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -688,6 +694,10 @@ class Calibrations:
                 declaration: str, scope: Hashable = None) -> str | None:
         """:meth:`_Calibrations.problem` of ``mechanism``'s family (one of :data:`RECOMPUTED_FAMILIES`)."""
         return self._checks[mechanism].problem(mechanism, meta_text, epsilon, delta, step, declaration, scope)
+
+    def scoped(self, mechanism: str) -> bool:
+        """Whether ``mechanism``'s check compares a stream's releases with each other (its scope matters)."""
+        return self._checks[mechanism].scoped
 
     def unmatched(self) -> list[str]:
         """Every family's problems found once all releases were seen."""
