@@ -1,8 +1,11 @@
 """Audit drivers for the online learners and incremental regressions (``test_audit_learners.py``).
 
-A driver is ``run(neighbour, noise) -> np.ndarray``: one run of the real mechanism through its public
-``init_state``/``step`` API on D (``neighbour=False``) or D' (``True``), returning the audited releases
-flattened. :func:`llr_samples` turns it into ``sample(factor)`` for ``audit_with_mutant``: noise-free
+A driver is ``runs(neighbour, n, noise_of) -> np.ndarray``: n independent runs of the real mechanism
+on D (``neighbour=False``) or D' (``True``), one row of audited releases (flattened) per run; run ``i``
+draws from ``noise_of(i)``. :func:`per_run` makes one from a single run through ``init_state``/``step``
+(one key per run); :func:`regression_group_runs` steps the n runs as one group of n streams
+(``init_group``/``step_group``, each stream its own noise cells, so one key serves them all).
+:func:`llr_samples` turns a driver into ``sample(factor)`` for ``audit_with_mutant``: noise-free
 means from ``ZeroNoise`` runs, ``Σ`` from separate noisy runs (salt ``cov``), and the log-likelihood
 ratio of releases that are linear in Gaussian (``w · (s − m_D)``, ``w = Σ⁺(m_D' − m_D)``) or Laplace
 node noise. The audited configurations keep the releases (near-)linear in the noise: projections
@@ -22,6 +25,7 @@ from beam_dp.testing import ZeroNoise
 from beam_dp.testing.audit import ScaledNoise, linear_statistic_weights, seeded_key
 
 Run = Callable[[bool, NoiseSource], np.ndarray]
+Runs = Callable[[bool, int, Callable[[int], NoiseSource]], np.ndarray]
 
 # Online learners: L = μ = 1 on the box [−1/2, 1/2] (D = 1), so μD = L and the tree's
 # Δ₂ = max(2L, L + μD) = 2L is attained by two gradients ±L.
@@ -35,7 +39,12 @@ def constant_gradient_loss() -> OnlineLoss:
     return OnlineLoss(kind="custom", mu=1.0, lipschitz=L, gradient=lambda x, a, b: np.array(a, dtype=np.float64))
 
 
-def llr_samples(run: Run, runs: int, law: str = "gaussian",
+def per_run(run: Run) -> Runs:
+    """The driver of ``run``: n runs one after another, run ``i`` on ``noise_of(i)``."""
+    return lambda neighbour, n, noise_of: np.stack([run(neighbour, noise_of(i)) for i in range(n)])
+
+
+def llr_samples(driver: Runs, runs: int, law: str = "gaussian",
                 cov_runs: int = 1000) -> Callable[[float], tuple[np.ndarray, np.ndarray]]:
     """``sample(factor)``: ``runs`` statistics per neighbour, a fresh ``ScaledNoise`` key per run.
 
@@ -44,13 +53,13 @@ def llr_samples(run: Run, runs: int, law: str = "gaussian",
     Cholesky factor of ``Σ`` recovers those noises up to scale, ``u``; the statistic is their summed
     Laplace log-likelihood ratio ``Σ_i |u_i| − |u_i − Δu_i|`` (exact up to one common factor).
     """
-    m_d, m_dp = run(False, ZeroNoise()), run(True, ZeroNoise())
+    m_d, m_dp = (driver(neighbour, 1, lambda i: ZeroNoise())[0] for neighbour in (False, True))
 
     def sample(factor: float) -> tuple[np.ndarray, np.ndarray]:
-        def noisy(neighbour: bool, seed: int, salt: bytes) -> np.ndarray:
-            return run(neighbour, ScaledNoise(seeded_key(seed, salt), factor)) - m_d
+        def noisy(neighbour: bool, n: int, salt: bytes) -> np.ndarray:
+            return driver(neighbour, n, lambda i: ScaledNoise(seeded_key(i, salt), factor)) - m_d
 
-        cov_rows = np.stack([noisy(False, s, b"cov") for s in range(cov_runs)])
+        cov_rows = noisy(False, cov_runs, b"cov")
         if law == "laplace":
             chol = np.linalg.cholesky(np.atleast_2d(np.cov(cov_rows, rowvar=False)))
             du = np.linalg.solve(chol, m_dp - m_d)
@@ -64,9 +73,9 @@ def llr_samples(run: Run, runs: int, law: str = "gaussian",
             def statistic(v: np.ndarray) -> float:
                 return float(w @ v)
 
-        x = np.array([statistic(noisy(False, s, b"D")) for s in range(runs)])
-        y = np.array([statistic(noisy(True, s, b"D'")) for s in range(runs)])
-        return x, y
+        # row by row: the Laplace statistic has atoms, whose ties a batched solve would round differently
+        return tuple(np.array([statistic(v) for v in noisy(neighbour, runs, salt)])
+                     for neighbour, salt in ((False, b"D"), (True, b"D'")))
 
     return sample
 
@@ -112,3 +121,20 @@ def regression_run(mech, steps: int, x: np.ndarray, padding: int = 0) -> Run:
         return np.concatenate([r.value["theta"] for r in releases])
 
     return run
+
+
+def regression_group_runs(mech, steps: int, x: np.ndarray) -> Runs:
+    """:func:`regression_run` (no padding) for a mechanism that steps groups of streams: the n runs are
+    the streams of one group, each fed its own record at step 1; one key (``noise_of(0)``) for them all."""
+    empty = (np.zeros((0, x.size)), np.zeros(0), np.zeros(0, dtype=np.intp))
+
+    def runs(neighbour: bool, n: int, noise_of: Callable[[int], NoiseSource]) -> np.ndarray:
+        group, noise, out = mech.init_group([f"run-{i}" for i in range(n)]), noise_of(0), []
+        first = (np.tile(x, (n, 1)), np.full(n, 1.0 if neighbour else -1.0), np.arange(n))
+        for t in range(steps):
+            group, batch = mech.step_group(group, *(first if t == 0 else empty), noise)
+            if batch is not None:
+                out.append(batch.values)
+        return np.concatenate(out, axis=1)
+
+    return runs

@@ -3,7 +3,8 @@ regressions (PRIVINCREG₁, PRIVINCREG₂, PRIVINCERM) — issue 8, item 1, on t
 ``beam_dp.testing.audit`` (drivers in ``tests.audit.learner_helpers``).
 
 Method. Each audit runs the real mechanism through ``init_state``/``step`` many times (a fresh
-``ScaledNoise`` key per run) on two neighbouring streams that differ in ONE record chosen to attain the
+``ScaledNoise`` key per run; PRIVINCREG₁'s runs are the streams of one group, ``init_group``/``step_group``,
+each stream its own noise cells) on two neighbouring streams that differ in ONE record chosen to attain the
 sensitivity the calibration assumes, and reduces each run's releases to their log-likelihood ratio
 as a linear function of the node noise: ``w · (s − m_D)`` with ``w = Σ⁺(m_D' − m_D)`` for Gaussian
 noise; for Gamma (1-D: Laplace) nodes, ``Σ_i |u_i| − |u_i − Δu_i|`` after whitening by the Cholesky
@@ -43,7 +44,7 @@ claim. Configurations keep every projection inactive, so the releases are linear
   half noise at δ = 1e-2.
 
 Gaussian audits use a larger claimed δ (1e-3, 1e-2) so ~10⁴ runs suffice. Runs are deterministic
-(fixed seeds). Measured: default part ≈ 10 s, ``slow`` part ≈ 95 s (each test ≤ 40 s).
+(fixed seeds). Measured: default part ≈ 10 s, ``slow`` part ≈ 75 s (each test ≤ 40 s).
 """
 
 from __future__ import annotations
@@ -54,7 +55,15 @@ import pytest
 from beam_dp.mechanisms.online.learners import WDPCOCOL, WDPCOCOP
 from beam_dp.mechanisms.online.regression import PrivIncERM, PrivIncReg1, PrivIncReg2
 from beam_dp.testing.audit import AuditReport, audit_with_mutant, epsilon_lower_bound
-from tests.audit.learner_helpers import BOX, constant_gradient_loss, llr_samples, online_run, regression_run
+from tests.audit.learner_helpers import (
+    BOX,
+    constant_gradient_loss,
+    llr_samples,
+    online_run,
+    per_run,
+    regression_group_runs,
+    regression_run,
+)
 
 EPSILON = 1.0
 REPORTS: list[AuditReport] = []
@@ -85,7 +94,7 @@ def test_online_learner_audit(name):
     make, changed_step, runs, delta, law = ONLINE[name]
     mech = make()
     assert mech.sensitivity == 2.0 * mech.lipschitz  # the neighbour pair ±L attains the calibrated Δ₂
-    sample = llr_samples(online_run(mech, changed_step), runs, law)
+    sample = llr_samples(per_run(online_run(mech, changed_step)), runs, law)
     report = _keep(audit_with_mutant(name, sample, EPSILON, delta))
     assert report.honest_ok, report
     assert report.mutant_caught, report
@@ -94,17 +103,17 @@ def test_online_learner_audit(name):
 REG_DELTA, REG_RUNS = 1e-3, 5000
 _REG = dict(constraint={"kind": "l2_ball", "radius": 1e3}, epsilon=EPSILON, delta=REG_DELTA, horizon=2,
             calibration="analytic", r_max=2)
-REGRESSIONS = {
-    "privincreg1 (analytic, T=2)": (lambda: PrivIncReg1(dim=1, **_REG), np.ones(1)),
-    "privincreg2 (analytic, T=2, d=3, m=2)": (lambda: PrivIncReg2(dim=3, m=2, **_REG), np.array([1.0, 0.0, 0.0])),
+REGRESSIONS = {  # name -> driver (PRIVINCREG₁ steps the runs as one group; PRIVINCREG₂ steps one stream at a time)
+    "privincreg1 (analytic, T=2)": lambda: regression_group_runs(PrivIncReg1(dim=1, **_REG), 2, np.ones(1)),
+    "privincreg2 (analytic, T=2, d=3, m=2)": lambda: per_run(regression_run(PrivIncReg2(dim=3, m=2, **_REG), 2,
+                                                                             np.array([1.0, 0.0, 0.0]))),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(REGRESSIONS))
 def test_incremental_regression_audit(name):
-    make, x = REGRESSIONS[name]
-    sample = llr_samples(regression_run(make(), 2, x), REG_RUNS)
+    sample = llr_samples(REGRESSIONS[name](), REG_RUNS)
     honest, half, quarter = (epsilon_lower_bound(*sample(f), REG_DELTA).epsilon for f in (1.0, 0.5, 0.25))
 
     def report(label, mutant):
@@ -122,7 +131,7 @@ def test_privincerm_audit():
                       tau=1, iterations=8)
     spent, spent_delta = mech.spend(mech.calls_total)  # the epsilon_spent/delta_spent of the last release
     assert spent < mech.guarantee.epsilon / 10  # the guarantee is loose; audit the tighter reported spend
-    sample = llr_samples(regression_run(mech, 3, np.ones(1), padding=300), 5000)
+    sample = llr_samples(per_run(regression_run(mech, 3, np.ones(1), padding=300)), 5000)
     report = _keep(audit_with_mutant("privincerm (3 calls, K=8, vs reported spend)", sample, spent, spent_delta))
     assert report.honest_ok, report
     assert report.mutant_caught, report

@@ -62,8 +62,10 @@ COUNTERS = {  # name -> (make, steps)
 
 
 def _check_spend(releases, guarantee):
-    eps = np.array([r.epsilon_spent for r in releases])
-    delta = np.array([r.delta_spent for r in releases])
+    _check_spends(np.array([r.epsilon_spent for r in releases]), np.array([r.delta_spent for r in releases]), guarantee)
+
+
+def _check_spends(eps, delta, guarantee):
     assert len(eps) and np.all(eps <= guarantee.epsilon * (1 + TOL)) and np.all(delta <= guarantee.delta * (1 + TOL) + 0)
     assert np.all(np.diff(eps) >= -TOL * guarantee.epsilon), "epsilon_spent went down"
 
@@ -76,7 +78,17 @@ def test_counter_spend_over_a_long_run(name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name, counter, extra", [("blt", "blt", GAUSS), ("kary", "kary", {})])
 def test_default_counters_spend_over_1e5_steps(name, counter, extra):
-    _long_run(name, lambda: make_counter(counter, dim=1, epsilon=1.0, clip_bound=1.0, **extra), 100_000)
+    """Stepped as a group of one stream (``step_group``: the spend ``step`` releases, without a
+    ``Release`` object per step)."""
+    mech, steps = make_counter(counter, dim=1, epsilon=1.0, clip_bound=1.0, **extra), 100_000
+    group, noise, ones = mech.init_group(["s"]), NoiseSource(TEST_KEY), np.ones(1)
+    values = np.random.default_rng(0).uniform(-1, 1, (steps, 1, 1))  # within the clip bound
+    eps, delta = np.empty(steps), np.empty(steps)
+    for t in range(steps):
+        group, batch = mech.step_group(group, values[t], ones, noise)
+        assert batch.step == t + 1
+        eps[t], delta[t] = batch.epsilon_spent, batch.delta_spent
+    _check_spends(eps, delta, mech.guarantee)
 
 
 def _long_run(name, make, steps):

@@ -23,23 +23,10 @@ import pytest
 from beam_dp.io.manifest import MANIFEST_NAME
 from beam_dp.verify import PROBLEM_LINES
 from beam_dp.verify import main as verify_main
-from tests.conftest import TEST_KEY
 
 pytestmark = pytest.mark.pipeline
 
 MARKER = "RAW-MARKER-7f3a9"  # a raw value planted in files that are not releases: never printed
-
-
-@pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    """One honest run of the main job with a count (kary_tree sum and count, window_tree windowed)."""
-    from pipelines.continual_stats import main
-
-    out = str(tmp_path_factory.mktemp("job") / "out")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("BEAM_DP_NOISE_KEY", TEST_KEY.hex())
-        assert main(["--output", out, "--count"]) == 0
-    return out
 
 
 def _copy(job, tmp_path, name="copy"):

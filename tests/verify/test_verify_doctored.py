@@ -18,20 +18,6 @@ from beam_dp.verify import main as verify_main
 
 pytestmark = pytest.mark.pipeline
 
-KEY = bytes(range(32)).hex()
-
-
-@pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    """One honest run of the main job with a count (three transforms: sum, count, windowed)."""
-    from pipelines.continual_stats import main
-
-    out = str(tmp_path_factory.mktemp("job") / "out")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("BEAM_DP_NOISE_KEY", KEY)
-        assert main(["--output", out, "--count"]) == 0
-    return out
-
 
 def _copy(job, tmp_path):
     folder = str(tmp_path / "copy")
