@@ -13,8 +13,8 @@ Three kinds of case:
   must end as "would run" or one line ``<prog>: error: ...`` with exit 2, within a few seconds, and
   leave a previous output byte for byte, with no staging folder or lock left behind;
 * ``full``: a real run in a subprocess: exit 0, or one line and exit 2; never a traceback;
-* ``interrupted``: a real run sent SIGINT after a random delay: exit 0, 2 or 130 (one line); the
-  previous output is either untouched or replaced by a complete new one.
+* ``interrupted``: a real run sent SIGINT, SIGTERM or SIGHUP after a random delay: exit 0, 2 or
+  130 / 143 / 129 (one line); the previous output is either untouched or replaced by a complete new one.
 
     python -m tests.reliability.fuzz_jobs --launch 20000 --full 6 --interrupted 6 --seed 1
 
@@ -353,6 +353,11 @@ def _variant(rng: random.Random, arg: str) -> str:
     return arg[: -len(name)] + rng.choice((name, *VARIANTS[name]))
 
 
+#: the interrupts a real run may get, and the exit code each must end with: Ctrl-C, a scheduler's or
+#: container's stop, a closed terminal
+INTERRUPTS = ((signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129))
+
+
 def subprocess_cases(n_full: int, n_interrupted: int, seed: int, root: Path, tally: Tally) -> None:
     world = make_world(root)
     rng = random.Random(seed + 1)
@@ -370,9 +375,11 @@ def subprocess_cases(n_full: int, n_interrupted: int, seed: int, root: Path, tal
             argv += [a for a in extra if not a.startswith(("--output", "--input", "--queries", "--dead-letter"))][:1]
         tally.outcomes.update(f"input {a.rsplit('/', 1)[-1]}" for a in argv if a.startswith("--input="))
         proc = _process(job, argv)
+        sig, code = rng.choice(INTERRUPTS) if interrupted else (signal.SIGINT, 130)
         if interrupted:
             time.sleep(rng.uniform(0.2, 8.0))
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(sig)
+            tally.outcomes[f"interrupted by {sig.name}"] += 1
         try:
             _, err = proc.communicate(timeout=300)
         except subprocess.TimeoutExpired:
@@ -383,11 +390,11 @@ def subprocess_cases(n_full: int, n_interrupted: int, seed: int, root: Path, tal
         tally.kinds[kind] += 1
         tally.outcomes[f"{kind} exit {proc.returncode}"] += 1
         lines = err.strip().splitlines()
-        if interrupted and proc.returncode == -signal.SIGINT and len(lines) <= 1 and "Traceback" not in err:
+        if interrupted and proc.returncode == -sig and len(lines) <= 1 and "Traceback" not in err:
             # ended by the signal itself (a shell shows exit 130): in interpreter start-up (no output)
             # or after its one line was printed, while the process was already exiting
             tally.outcomes["interrupted: ended by the signal"] += 1
-        elif "Traceback" in err or proc.returncode not in ((0, 2, 130) if interrupted else (0, 2)):
+        elif "Traceback" in err or proc.returncode not in ((0, 2, code) if interrupted else (0, 2)):
             tally.fail(kind, argv, f"exit {proc.returncode}: {err}")
         elif proc.returncode != 0 and len(lines) != 1:
             tally.fail(kind, argv, f"exit {proc.returncode} with {len(lines)} lines: {err}")
@@ -397,11 +404,11 @@ def subprocess_cases(n_full: int, n_interrupted: int, seed: int, root: Path, tal
                     and not set(want.values()) & set(now.values()))  # a whole new run, nothing of the old one
         if proc.returncode == 0 and not complete:
             tally.fail(kind, argv, "a successful run did not publish a complete new output")
-        elif proc.returncode == -signal.SIGINT and now != want and not complete:
+        elif proc.returncode == -sig and now != want and not complete:
             tally.fail(kind, argv, "a run ended by the signal left a mix of outputs")
-        elif proc.returncode not in (0, -signal.SIGINT) and now != want:
+        elif proc.returncode not in (0, -sig) and now != want:
             tally.fail(kind, argv, "a failed run changed the previous output")
-        elif proc.returncode == -signal.SIGINT and now != want:
+        elif proc.returncode == -sig and now != want:
             tally.outcomes["interrupted: ended by the signal after publishing"] += 1
         if leftovers(root):
             tally.fail(kind, argv, f"left behind: {leftovers(root)}")
