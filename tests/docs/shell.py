@@ -16,6 +16,8 @@ NOT_HERE: tuple[tuple[str, str], ...] = (
     (r"\.venv-flink|make flink-test", "PyFlink lives in its own venv (make flink-test, tests/flink)"),
     (r"FLINK_HOME|FLINK_CONF_DIR", "a standalone Flink cluster (started, killed and recovered by "
                                     "tests/flink/test_flink_cluster.py in make flink-test)"),
+    (r"^curl \"?localhost:8081", "a running Flink cluster's REST API (read by tests/flink/test_cluster_metrics.py "
+                                 "in make flink-test)"),
     (r"^pip install", "installs from a package index (network)"),
     (r"^make (demo|test)\b", "make demo / make test create the venv with pip; the demo's own command runs in "
                              "test_readme_shell.py, make test is the whole suite"),
