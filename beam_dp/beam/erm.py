@@ -1,4 +1,5 @@
-"""Beam transforms of the ERM family: privately trained model snapshots released from streams.
+"""Beam transforms of the ERM family: privately trained model snapshots released from streams (guide:
+``docs/erm.md``).
 
 * ``MultiResolutionRelease`` — Algorithm 2 (Algorithm 6 with ``sampling=True``): models on dyadic
   blocks of B elements, released when each block closes.
@@ -10,10 +11,10 @@
 
 Elements: ``(stream_id, features, label)`` tuples, or mappings / ``beam.Row``s with fields
 ``stream_id``, ``features``, ``label``, or :class:`~beam_dp.steps.columns.LabelledColumns` blocks of
-them (a file's batch, validated in vectorised passes with the same dead letters per row). Steps are **count steps** (blocks of b0, B or w0 valid
-elements in arrival order per stream): the arrival count per stream is public and Beam does not
-fix the order of elements within a key. Invalid elements (features of the wrong width, NaN/inf,
-labels outside ``classes``, bad stream ids) go to ``dead_letter`` and do not count.
+them (a file's batch, validated in vectorised passes with the same dead letters per row). Steps are
+**count steps** (blocks of b0, B or w0 valid elements in arrival order per stream): the arrival count per
+stream is public and Beam does not fix the order of elements within a key. Invalid elements (features of
+the wrong width, NaN/inf, labels outside ``classes``, bad stream ids) go to ``dead_letter`` and do not count.
 
 Each transform returns ``ContinualOutputs(releases, dead_letter)``; a release row's value holds
 the model's ``weights`` and ``intercepts`` (``parts``), and its meta the data range covered, the
@@ -76,11 +77,28 @@ BAD_LABEL = "bad_label"
 
 @dataclass(frozen=True)
 class _ERMParams:
-    """Model, privacy and stream parameters shared by the ERM transforms.
+    """Model, privacy and stream parameters shared by the ERM transforms (``docs/erm.md``).
 
-    ``classes`` (the public class labels) selects multiclass logistic regression; ``classes=None``
-    selects Huber ("ridge") regression with threshold ``huber``. Features are clipped to L2 norm
-    ``clip_bound``. ``noise="gamma"`` is pure ε-DP (K-norm), ``"gaussian"`` (ε, δ)-DP.
+    Args:
+        n_features: the feature dimension ``d`` (integer in ``[1, 10^7]``; default 1).
+        classes: the public class labels: multiclass logistic regression; default None: Huber ("ridge")
+            regression with threshold ``huber``. Other labels are dead-lettered.
+        lam: the L2 regularisation ``λ`` (in ``[1e-12, 1e12]``; default 1.0); the sensitivity scales as
+            ``1/λ``.
+        epsilon: ``ε`` (in ``[1e-9, 1e9]``) of each element over the whole stream (default 1.0).
+        delta: ``δ`` (default 0.0): 0 with ``noise="gamma"``, in ``(0, 1)`` with ``"gaussian"``.
+        noise: ``"gamma"`` (default: K-norm noise, pure ε-DP) or ``"gaussian"`` ((ε, δ)-DP).
+        clip_bound: features are clipped to L2 norm ``clip_bound`` (> 0; default 1.0): it sets the
+            Lipschitz constant ``L`` the noise is calibrated for.
+        huber: the Huber threshold of the regression loss (> 0; default 1.0).
+        backend: the certified solver: ``"numpy"`` (default), ``"torch"`` or ``"auto"``; the guarantee is
+            the same.
+        uncertified: train with replication SGD under the spec's sensitivity ``2L/(λn)``, releases marked
+            ``certified=False`` (default False: the certified solver, whose tolerance the sensitivity counts).
+        granularity: release models on the power-of-two grid ``>= granularity`` (in ``(0, clip_bound]``)
+            with exact arithmetic, the sensitivity grown by ``sqrt(d)·g``; default None: raw floats.
+        streams, noise_key, budget: the step fields of :class:`~beam_dp.steps.params.StepParams` (count steps
+            only: no clock, lateness or restore).
     """
 
     n_features: int = 1
@@ -135,7 +153,18 @@ class _ERMParams:
 
 @dataclass(frozen=True)
 class MultiResolutionParams(_ERMParams):
-    """Algorithm 2 / 6: ``block`` = B elements per step, optional ``max_level``."""
+    """Algorithm 2 / 6: models on dyadic blocks of ``B`` elements (``docs/erm.md``).
+
+    Args:
+        block: ``B``: elements per step (>= 1; default 1024).
+        max_level: the highest dyadic level released (>= 1; default None: unbounded, and the state keeps the
+            whole prefix); it bounds the rows kept in state, not the guarantee.
+        sampling: Algorithm 6 (``noise="gamma"`` only): level ``k`` trains on a Bernoulli sample at a
+            smaller scale (default False).
+        n_features, classes, lam, epsilon, delta, noise, clip_bound, huber, backend, uncertified,
+            granularity, streams, noise_key, budget: the model, privacy and stream fields every ERM params
+            shares (``_ERMParams``; count steps only: no clock, lateness or restore).
+    """
 
     block: int = 1024
     max_level: int | None = None
@@ -155,7 +184,21 @@ class MultiResolutionParams(_ERMParams):
 
 @dataclass(frozen=True)
 class ContinualModelParams(_ERMParams):
-    """Algorithm 4 / 8: ``update`` = b0 elements per step, ``base`` = B (b0 | B)."""
+    """Algorithm 4 / 8: a model over the whole stream so far, every ``b0`` elements from ``B`` on
+    (``docs/erm.md``).
+
+    Args:
+        update: ``b0``: elements per step (>= 1, dividing ``base``; default 1024).
+        base: ``B``: elements before the first release (>= 1; default 8192).
+        variant: ``"cumulative"`` (default, Algorithm 4), ``"basic"`` (the paper's basic release) or
+            ``"independent"`` (the per-block baseline: each block trained alone at ε).
+        sampling: Algorithm 8 (``variant="cumulative"``, ``noise="gamma"`` only; default False).
+        base_fraction: ``f`` in ``(0, 1)`` (default 0.5): ε splits into ``f·ε`` for the prefix models and
+            ``(1 − f)·ε`` for the updates; every element's spend stays below ε.
+        n_features, classes, lam, epsilon, delta, noise, clip_bound, huber, backend, uncertified,
+            granularity, streams, noise_key, budget: the model, privacy and stream fields every ERM params
+            shares (``_ERMParams``; count steps only: no clock, lateness or restore).
+    """
 
     update: int = 1024
     base: int = 8192
@@ -177,7 +220,16 @@ class ContinualModelParams(_ERMParams):
 
 @dataclass(frozen=True)
 class SlidingWindowModelParams(_ERMParams):
-    """Algorithm 5: ``window`` = w = (2^k − 1)·``block`` elements, one step per ``block`` = w0."""
+    """Algorithm 5 (PSWERM): a model over the last ``w`` elements, every ``w0`` (``docs/erm.md``).
+
+    Args:
+        window: ``w = (2^k − 1)·block`` elements (default ``7·1024``).
+        block: ``w0``: elements per step (>= 1; default 1024).
+        sampling: the fine-tuning sampling variant (``noise="gamma"`` only; default False).
+        n_features, classes, lam, epsilon, delta, noise, clip_bound, huber, backend, uncertified,
+            granularity, streams, noise_key, budget: the model, privacy and stream fields every ERM params
+            shares (``_ERMParams``; count steps only: no clock, lateness or restore).
+    """
 
     window: int = 7 * 1024
     block: int = 1024
@@ -338,18 +390,36 @@ class _ERMRelease(beam.PTransform):
 
 
 class MultiResolutionRelease(_ERMRelease):
-    """Algorithm 2/6 per stream. ε-DP (or (ε, δ)) per element, forever; see ``MultiResolutionMechanism``."""
+    """Algorithm 2/6 per stream. ε-DP (or (ε, δ)) per element, forever; see ``MultiResolutionMechanism``.
+
+    Args:
+        params: a :class:`MultiResolutionParams` (every privacy parameter, checked at its construction).
+        label: the transform's label (default None: Beam's); it names the noise domain when
+            ``params.noise_key.domain`` is unset.
+    """
 
     params_type = MultiResolutionParams
 
 
 class ContinualModelRelease(_ERMRelease):
-    """Algorithm 4/8 per stream (base + updates at total ε). See ``ContinualReleaseMechanism``."""
+    """Algorithm 4/8 per stream (base + updates at total ε). See ``ContinualReleaseMechanism``.
+
+    Args:
+        params: a :class:`ContinualModelParams` (every privacy parameter, checked at its construction).
+        label: the transform's label (default None: Beam's); it names the noise domain when
+            ``params.noise_key.domain`` is unset.
+    """
 
     params_type = ContinualModelParams
 
 
 class SlidingWindowModelRelease(_ERMRelease):
-    """Algorithm 5 (PSWERM) per stream, ε-DP (or (ε, δ)) per element forever. See ``SlidingWindowMechanism``."""
+    """Algorithm 5 (PSWERM) per stream, ε-DP (or (ε, δ)) per element forever. See ``SlidingWindowMechanism``.
+
+    Args:
+        params: a :class:`SlidingWindowModelParams` (every privacy parameter, checked at its construction).
+        label: the transform's label (default None: Beam's); it names the noise domain when
+            ``params.noise_key.domain`` is unset.
+    """
 
     params_type = SlidingWindowModelParams

@@ -1,4 +1,4 @@
-"""Beam transforms for private learners: ``OnlineLearner`` and ``IncrementalRegression``.
+"""Beam transforms for private learners: ``OnlineLearner`` and ``IncrementalRegression`` (guide: ``docs/online.md``).
 
 Both reuse the generic release stage (:func:`~beam_dp.beam.shell.batch_release.release_stage`: keyed by
 stream; encoded mechanism state; count steps or event-time steps closed by watermark timers) behind their own
@@ -12,8 +12,9 @@ Records:
 
 * ``OnlineLearner``: ``(stream_id, features, label)`` or a mapping / ``beam.Row`` with fields
   ``stream_id``, ``features``, ``label``, or a :class:`~beam_dp.steps.columns.LabelledColumns` block
-  of them (count steps: validated in vectorised passes, with the same dead letters per row). One record per step in arrival order within a stream
-  (count steps): **the arrival order and count are public**, as are release times.
+  of them (count steps: validated in vectorised passes, with the same dead letters per row). One record
+  per step in arrival order within a stream (count steps): **the arrival order and count are public**, as
+  are release times.
 * ``IncrementalRegression``: the same, plus ``timestamp`` (``(stream_id, timestamp, features,
   label)``) when steps come from a ``StepClock``; with ``block_size = b`` a step is ``b`` records.
 
@@ -70,13 +71,34 @@ __all__ = ["IncrementalRegression", "IncrementalRegressionParams", "OnlineLearne
 
 @dataclass(frozen=True)
 class OnlineLearnerParams:
-    """WDP-COCOP (``algorithm="cocop"``) or WDP-COCOL (``"cocol"``) per stream.
+    """WDP-COCOP (``algorithm="cocop"``) or WDP-COCOL (``"cocol"``) per stream (``docs/online.md``).
 
     Guarantee: window ε-DP (``noise="gamma"``) or window (ε, δ)-DP (``"gaussian"``) over the last
     ``B = 2^⌈log₂ window⌉`` records of a stream, event level; older records are effectively
-    published (see ``beam_dp.mechanisms.online.learners``). ``constraint`` is a spec (``"simplex"``,
-    ``{"kind": "l1_ball", "radius": 1}``, ...) or a ``ConvexSet``; ``loss`` is ``"logistic"``,
-    ``"squared"`` or an ``OnlineLoss``. ``alpha``/``C0`` override COCOL's paper constants.
+    published (see ``beam_dp.mechanisms.online.learners``). Steps: one record each, in arrival order.
+
+    Args:
+        dim: the feature dimension ``d`` (integer in ``[1, 10^7]``); features are clipped to L2 norm 1.
+        constraint: the convex decision set: a spec (``"simplex"``, ``{"kind": "l1_ball", "radius": 1}``, ...)
+            or a ``ConvexSet``; its diameter enters the sensitivity.
+        epsilon: ``ε`` (in ``[1e-9, 1e9]``) of each record while inside the window.
+        window: records protected (>= 1, rounded up to a power of two ``B``); beyond it a record's protection
+            expires.
+        algorithm: ``"cocop"`` (default) or ``"cocol"``.
+        loss: ``"logistic"`` (default; labels ±1), ``"squared"`` (labels clipped to ``|y| <= 1``) or an
+            ``OnlineLoss``.
+        mu: the strong convexity ``μ > 0`` of a named loss (default 1.0; an ``OnlineLoss`` carries its own):
+            the noise is calibrated for the sensitivity ``max(2L, L + μD)``.
+        delta: ``δ`` (default 0.0): 0 with ``noise="gamma"`` (pure ε), in ``(0, 1)`` with ``"gaussian"``.
+        noise: the window tree's noise: ``"gamma"`` (default, ε-DP) or ``"gaussian"`` ((ε, δ)-DP).
+        calibration: Gaussian noise only: ``"analytic"`` (default, the window tree's exact sigma) or
+            ``"paper"`` (eq. 16).
+        beta: COCOL's failure probability in ``(0, 1)`` (default 0.05): its regret bound, not the privacy.
+        alpha: COCOL's step constant in ``(0, 1]`` (default None: the paper's); accuracy only.
+        C0: COCOL's offset constant ``>= 0`` (default None: the paper's); accuracy only.
+        x1: the starting point, a point of the constraint set (default None: the set's own start point).
+        streams, noise_key, budget: the step fields of :class:`~beam_dp.steps.params.StepParams` (steps are
+            count steps of one record: no clock, lateness or restore).
     """
 
     dim: int
@@ -143,9 +165,24 @@ class OnlineLearnerParams:
 class IncrementalRegressionParams:
     """PRIVINCREG₁ (``"privincreg1"``), PRIVINCREG₂ (``"privincreg2"``) or PRIVINCERM
     (``"privincerm"``) per stream; (ε, δ)-DP, event level (one record), forever (PRIVINCREG with
-    ``horizon=None``) or over ``horizon`` steps. Steps: ``clock`` (event time) or ``block_size``
-    records. ``release_every = k`` releases θ every k steps. ``options`` passes the mechanism's other
-    keyword arguments (``beta``, ``r_max``, ``m``, ``input_domain``, ``tau``, ``schedule``, ...)."""
+    ``horizon=None``) or over ``horizon`` steps (``docs/online.md``).
+
+    Args:
+        dim: the feature dimension ``d`` (integer in ``[1, 10^7]``); features are clipped to L2 norm 1 and
+            labels to ``|y| <= 1``.
+        epsilon: ``ε`` (in ``[1e-9, 1e9]``) of each record over the whole stream (or horizon).
+        delta: ``δ`` in ``(0, 1)`` of each record.
+        algorithm: ``"privincreg1"`` (default), ``"privincreg2"`` or ``"privincerm"``.
+        constraint: the convex parameter set (a spec or a ``ConvexSet``; default ``"l2_ball"``).
+        horizon: the public number of steps (>= 1; the clock's steps must fit); default None: forever
+            (PRIVINCREG).
+        release_every: release θ every ``k`` steps (>= 1; default 1).
+        calibration: the trees' Gaussian sigma: ``"analytic"`` (default, exact) or ``"paper"``.
+        options: the mechanism's other keyword arguments (``beta``, ``r_max``, ``m``, ``input_domain``,
+            ``tau``, ``schedule``, ...; default none).
+        clock, block_size, streams, noise_key, budget, allowed_lateness: the step fields of
+            :class:`~beam_dp.steps.params.StepParams` (steps: event time or blocks of ``block_size`` records).
+    """
 
     dim: int
     epsilon: float
@@ -360,6 +397,11 @@ class OnlineLearner(_LearnerTransform):
     Guarantee: window ε-DP or (ε, δ)-DP over the last ``B >= window`` records of each stream
     (event level); expired records are effectively published. Public: the stream set, the arrival
     order and count of records, release times.
+
+    Args:
+        params: a :class:`OnlineLearnerParams` (every privacy parameter, checked at its construction).
+        label: the transform's label (default None: Beam's); it names the noise domain when
+            ``params.noise_key.domain`` is unset.
     """
 
     params_type = OnlineLearnerParams
@@ -369,6 +411,12 @@ class IncrementalRegression(_LearnerTransform):
     """Private incremental least-squares regression (PRIVINCREG₁/₂, PRIVINCERM) per stream;
     releases ``{"theta": θ_t}`` every ``release_every`` steps. Guarantee: (ε, δ)-DP, event level
     (one record), over the whole stream (or its declared horizon). Public: stream set, step
-    schedule (and record counts for count steps), release times."""
+    schedule (and record counts for count steps), release times.
+
+    Args:
+        params: a :class:`IncrementalRegressionParams` (every privacy parameter, checked at its construction).
+        label: the transform's label (default None: Beam's); it names the noise domain when
+            ``params.noise_key.domain`` is unset.
+    """
 
     params_type = IncrementalRegressionParams

@@ -1,4 +1,4 @@
-"""Public transforms: ``ContinualSum``, ``ContinualCount``, ``WindowedSum``.
+"""Public transforms: ``ContinualSum``, ``ContinualCount``, ``WindowedSum`` (guide: ``docs/sums.md``).
 
 Each takes a frozen params dataclass and returns a :class:`ContinualOutputs` with two
 PCollections: ``releases`` (schema'd :class:`~beam_dp.io.ReleaseRow`, one per stream per step)
@@ -11,9 +11,9 @@ Shape of the pipeline::
 
 On a bounded input (batch replay) contributions are pre-aggregated per (stream, step) by a
 lifted combiner (keyed by stream groups: summed per bundle in Parse itself, and the bundles' blocks of
-a step added as the release stage takes them), so the mechanism sees one block per step. On an unbounded input each contribution
-reaches the stateful DoFn on its own, so a late one can be dead-lettered whole; an on-time one is
-merged into its step's sum in state as it arrives (``beam_dp.beam.shell.dofn.SummingBuffer``: one sum per
+a step added as the release stage takes them), so the mechanism sees one block per step. On an unbounded
+input each contribution reaches the stateful DoFn on its own, so a late one can be dead-lettered whole; an
+on-time one is merged into its step's sum in state as it arrives (``beam_dp.beam.shell.dofn.SummingBuffer``: one sum per
 open step, O(d), whatever the number of events).
 
 With ``params.stream_groups`` the stateful DoFn is keyed by group of streams
@@ -130,18 +130,40 @@ class _VectorSumParams(StepParams):
 
 @dataclass(frozen=True)
 class ContinualSumParams(_VectorSumParams):
-    """Private running sums of vectors per stream, forever.
+    """Private running sums of vectors per stream, forever (``docs/sums.md``).
 
-    ``counter`` picks the mechanism (``beam_dp.mechanisms.sums.make_counter``): ``"auto"``
-    (default) = the 4-buffer BLT factorization for ``noise="gaussian"`` and the fitted k-ary Honaker
-    tree for ``noise="gamma"``; ``"tree"`` = the tree mechanisms (``horizon`` known -> binary tree;
-    ``None`` -> unbounded: ``"hybrid"`` (default) or ``"doubling"``); also ``"honaker"``,
-    ``"toeplitz"`` (needs a horizon), ``"blt"``, ``"kary"``. For counters other than ``"tree"`` a missing
-    ``horizon`` defaults to the clock's public end, else to the counter's unbounded mode;
-    ``calibration`` applies to ``"tree"`` only. ``blt_error`` picks the BLT's shipped fit: ``"max"``
-    (default, minimal max per-step variance) or ``"mean"`` (minimal mean per-step variance over the
-    horizon; the BLT only). Guarantee: epsilon-DP (``noise="gamma"``) or
-    (epsilon, delta)-DP (``"gaussian"``) for each contribution, over the whole stream.
+    Guarantee: ε-DP (``noise="gamma"``) or (ε, δ)-DP (``"gaussian"``) for each contribution (event level,
+    replace-one), over the whole stream.
+
+    Args:
+        clock, block_size, streams, noise_key, restore_states, granularity, budget, allowed_lateness: the
+            step fields of :class:`~beam_dp.steps.params.StepParams`.
+        dim: the vector dimension ``d`` of each contribution (integer in ``[1, 10^7]``; default 1).
+        epsilon: the privacy loss ``ε`` of each contribution over the whole stream (in ``[1e-9, 1e9]``;
+            default 1.0).
+        clip_bound: ``R``: each contribution is clipped to L2 norm ``R`` (the values' units, > 0; default 1.0);
+            the noise is calibrated for the replace-one sensitivity ``2R``.
+        delta: ``δ`` (default 0.0): 0 with ``noise="gamma"`` (pure ε-DP), in ``(0, 1)`` with ``"gaussian"``.
+        noise: ``"gamma"`` (default: Gamma/K-norm noise, ε-DP) or ``"gaussian"`` ((ε, δ)-DP).
+        calibration: Gaussian noise of the ``"tree"`` counter and the window tree: ``"analytic"`` (default, the
+            smallest exact sigma) or ``"paper"`` (the paper's closed form, certified); other counters are exact.
+        stream_groups: key the engine by this many groups of streams (``[1, 2^20]``, a public stable hash of
+            the stream id; event time only): one state and timer per group, releases as ``ReleaseColumns``.
+            Default None: keyed by stream. Releases and privacy do not depend on it.
+        idle_steps: ``k``: with ``idle_threshold`` (both or neither; event time, keyed by stream), a stream
+            ends (``stream_ended``, state freed) after its step ``t >= k`` at which its released sums moved by
+            ``||release_t - release_{t-k}||_2 <= idle_threshold``. Decided from releases alone: no privacy cost.
+            Default None.
+        idle_threshold: ``τ`` of the idle rule (the values' units, >= 0; default None).
+        horizon: the public number of steps (>= 1; the clock's steps must fit), or None (default): the
+            ``"tree"`` counter runs unbounded, the others fall back to the clock's public end, else their
+            unbounded mode.
+        unbounded: the ``"tree"`` counter without a horizon: ``"hybrid"`` (default) or ``"doubling"``.
+        counter: the mechanism (``beam_dp.mechanisms.sums.make_counter``): ``"auto"`` (default: the BLT for
+            Gaussian noise, the fitted k-ary Honaker tree for Gamma), ``"tree"``, ``"honaker"``,
+            ``"toeplitz"`` (needs a horizon), ``"blt"`` or ``"kary"``. Same guarantee for every counter.
+        blt_error: the BLT's shipped fit: ``"max"`` (default, minimal max per-step variance) or ``"mean"``
+            (minimal mean per-step variance over the horizon; the BLT counter only).
     """
 
     horizon: int | None = None
@@ -193,10 +215,17 @@ class _UnitCountSumParams(ContinualSumParams):
 
 @dataclass(frozen=True)
 class WindowedSumParams(_VectorSumParams):
-    """Private running sums with privacy expiration: each contribution is protected while fewer than
-    ``window`` (rounded up to a power of two) later steps have been released; afterwards it appears
-    un-noised in later releases. ``calibration`` (Gaussian noise): ``"analytic"`` (default, the
-    smallest exact sigma: the transform spends its whole share) or ``"paper"`` (certified)."""
+    """Private running sums with privacy expiration (window tree; ``docs/sums.md``).
+
+    Args:
+        clock, block_size, streams, noise_key, restore_states, granularity, budget, allowed_lateness: the
+            step fields of :class:`~beam_dp.steps.params.StepParams`.
+        dim, epsilon, clip_bound, delta, noise, calibration, stream_groups, idle_steps, idle_threshold: as
+            ``ContinualSumParams`` (ε and δ hold for each contribution while it is inside the window).
+        window: ``W`` in steps (>= 1, rounded up to a power of two; default 1): each contribution is
+            protected (ε or (ε, δ)) while fewer than ``W`` later steps have been released; afterwards it
+            appears un-noised in later releases (window DP).
+    """
 
     window: int = 1
 
@@ -218,14 +247,23 @@ class WindowedSumParams(_VectorSumParams):
 @dataclass(frozen=True)
 class ContinualCountParams(StepParams):
     """Private running counts of events per stream: a continual sum of 1 per event (R = 1, so
-    Δ₂ = 2 under replace-one neighbours). Same mechanisms (``counter``) and guarantees as ``ContinualSumParams``.
+    Δ₂ = 2 under replace-one neighbours; ``docs/sums.md``). Same mechanisms (``counter``) and guarantees
+    as ``ContinualSumParams``.
 
-    Counts are integers, so by default (``granularity=1``) they are released as exact integers:
-    integer steps plus data-independent noise rounded to the integers, added exactly (``SnappedSum``;
-    the steps are already on the grid, so the guarantee is the counter's own). ``granularity=None``
-    releases the raw float estimate. ``noise="discrete_laplace"``: the trees' exact integer sampler
-    (discrete Laplace node noise at their Gamma scales, pure epsilon; ``counter`` must be ``"auto"`` or
-    ``"tree"``)."""
+    Args:
+        clock, block_size, streams, noise_key, restore_states, budget, allowed_lateness: the step fields of
+            :class:`~beam_dp.steps.params.StepParams`.
+        granularity: default 1.0: counts released as exact integers (integer steps plus data-independent
+            noise rounded to the integers, ``SnappedSum``; the guarantee is the counter's own). None: the raw
+            float estimate.
+        epsilon: the privacy loss ``ε`` of each event over the whole stream (default 1.0).
+        delta: ``δ`` (default 0.0): 0 for pure ε-DP noise, in ``(0, 1)`` with ``"gaussian"``.
+        noise: ``"gamma"`` (default, ε-DP), ``"gaussian"`` ((ε, δ)-DP) or ``"discrete_laplace"`` (the trees'
+            exact integer sampler at their Gamma scales, pure ε; ``counter`` ``"auto"`` or ``"tree"``).
+        calibration: as ``ContinualSumParams.calibration`` (default ``"analytic"``).
+        horizon, unbounded, counter, blt_error: as ``ContinualSumParams``.
+        stream_groups: as ``ContinualSumParams.stream_groups`` (needs ``granularity=None``; default None).
+    """
 
     granularity: float | None = 1.0
     epsilon: float = 1.0
@@ -417,6 +455,16 @@ class ContinualSum(_ContinualRelease):
     Guarantee: each contribution (event level, replace-one) is epsilon-DP (Gamma/K-norm noise) or
     (epsilon, delta)-DP (Gaussian) over the whole, unbounded release sequence. Contributions are
     clipped to L2 norm ``clip_bound``. Public: the step schedule, the stream set, release times.
+
+    Args:
+        params: a :class:`ContinualSumParams` (every privacy parameter, checked at its construction).
+        pre_aggregate: sum contributions per (stream, step) before the stateful step (event time only);
+            default None: on a bounded input (batch replay) only. Releases do not depend on it.
+        label: the transform's label (default None: Beam's); it names the noise domain when
+            ``params.noise_key.domain`` is unset.
+        privacy_unit: protect one privacy unit's whole bounded contribution instead of one event
+            (:class:`PrivacyUnit`; event time, batch replay only; the noise is calibrated at the unit level,
+            ``docs/privacy_units.md``). Default None: event level.
     """
 
     def __init__(self, params: ContinualSumParams, pre_aggregate: bool | None = None, label: str | None = None,
@@ -430,7 +478,12 @@ class ContinualSum(_ContinualRelease):
 class WindowedSum(_ContinualRelease):
     """Private running sum with privacy expiration (window tree): each contribution is protected
     while fewer than ``window`` (rounded up to a power of two) later steps have been released;
-    afterwards it appears un-noised in later releases (window DP)."""
+    afterwards it appears un-noised in later releases (window DP).
+
+    Args:
+        params: a :class:`WindowedSumParams` (every privacy parameter, checked at its construction).
+        pre_aggregate, label, privacy_unit: as ``ContinualSum``.
+    """
 
     def __init__(self, params: WindowedSumParams, pre_aggregate: bool | None = None, label: str | None = None,
                  privacy_unit: PrivacyUnit | None = None):
@@ -471,6 +524,10 @@ class ContinualCount(beam.PTransform):
     Elements: ``(stream_id, timestamp)``, ``(stream_id, timestamp, anything)``, mappings/rows with
     ``stream_id`` and ``timestamp``, or ``EventBatch``. Same guarantee as ``ContinualSum`` with
     sensitivity 2 (replace-one).
+
+    Args:
+        params: a :class:`ContinualCountParams` (every privacy parameter, checked at its construction).
+        pre_aggregate, label, privacy_unit: as ``ContinualSum``.
     """
 
     def __init__(self, params: ContinualCountParams, pre_aggregate: bool | None = None, label: str | None = None,

@@ -24,18 +24,22 @@ __all__ = ["NoiseKey", "StepParams", "check_idle", "check_schedule", "check_stre
 
 @dataclass(frozen=True)
 class NoiseKey:
-    """Where workers read the secret noise key at ``setup()`` (a file path or an env var, hex), and
-    the *noise domain* the transform draws in.
+    """Where workers read the secret noise key at ``setup()`` (a file path, an env var or a secret, hex),
+    and the *noise domain* the transform draws in. Only the *location* travels in the pipeline graph,
+    never the key; with none present the workers draw a random key and log that the run is not
+    reproducible. Every draw is keyed by (key, domain, calibration binding, stream, purpose, index), so
+    two transforms never share noise and a changed parameter draws independent noise
+    (:func:`noise_source_of`; ``docs/running.md``).
 
-    Only the *location* travels in the pipeline graph, never the key. With neither present the
-    workers draw a random key and log that the run is not reproducible.
-
-    ``domain`` names one transform instance of one job; every draw is keyed by (key, domain, calibration
-    binding, stream, purpose, index), so two transforms never share noise and a changed parameter draws
-    independent noise (:func:`noise_source_of`). Leave it ``None``: a beam_dp transform binds
-    it to its full label in the pipeline when it is applied (``beam_dp.beam.shell.domains``) and refuses a
-    domain already claimed in the same pipeline. Set it explicitly to keep a transform's noise when it
-    is renamed, or to separate two jobs that reuse one key with the same labels.
+    Args:
+        env_var: the environment variable holding the hex key (default ``KEY_ENV_VAR``); None: not read.
+        key_file: a file holding the hex key (any Beam filesystem through ``beam_dp.io.keys``; default None).
+        domain: the noise domain, a non-empty string naming one transform instance of one job. Default None:
+            a beam_dp transform binds it to its full pipeline label when applied and refuses one already
+            claimed in the pipeline; set it to keep a transform's noise when renamed, or to separate two jobs
+            that reuse one key with the same labels.
+        secret: a Secret Manager secret version ``projects/P/secrets/S/versions/V`` holding the key (read by
+            ``beam_dp.io.keys``; default None).
     """
 
     env_var: str | None = KEY_ENV_VAR
@@ -156,7 +160,27 @@ def check_idle(params: Any, mechanism: Any) -> None:
 
 @dataclass(frozen=True)
 class StepParams:
-    """Base of the continual transforms' params: steps, declared streams, noise key, restore, grid."""
+    """Base of the continual transforms' params: steps, declared streams, noise key, restore, grid.
+
+    Args:
+        clock: event-time steps (:class:`~beam_dp.core.StepClock`; a batch replay needs its public ``end``).
+            Exactly one of ``clock`` and ``block_size``; default None.
+        block_size: count steps: blocks of ``block_size`` (>= 1) contributions in arrival order; an
+            incomplete final block is never released. Default None.
+        streams: stream ids (non-empty UTF-8 strings, de-duplicated) that release from step 1, data or not;
+            default None. Public, like every stream id.
+        noise_key: where workers read the secret noise key, and the noise domain (:class:`NoiseKey`; default
+            ``NoiseKey()``: the env var ``KEY_ENV_VAR``).
+        restore_states: ``(stream, encoded mechanism state)`` pairs to resume streams from (default None). A
+            state holds un-noised sums: it is as sensitive as the raw data.
+        granularity: release on the grid ``g = 2^k >= granularity`` (> 0, the values' units) with exact
+            arithmetic and data-independent noise (``SnappedSum``), closing the floating-point channel; the
+            mechanism is calibrated for the clip bound ``R + sqrt(dim)*g``. Default None: raw floats.
+        budget: this transform's share of its job's budget (``JobBudget(...).split(...)[name]``, pass
+            ``**share.params()``): refused at construction unless the mechanism fits it. Default None.
+        allowed_lateness: the grace in seconds (event time only; default 0): a step closes when the watermark
+            passes its end plus the grace, later data for it is dead-lettered whole (reason ``late``).
+    """
 
     clock: StepClock | None = None
     block_size: int | None = None
