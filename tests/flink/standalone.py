@@ -37,9 +37,11 @@ def _free_port() -> int:
 
 class StandaloneCluster:
     """JobManager and TaskManagers on localhost; ``env``: extra environment of every process (a Python
-    worker inherits its TaskManager's)."""
+    worker inherits its TaskManager's); ``slots``: task slots per TaskManager; ``settings``: more Flink
+    configuration (over the defaults below)."""
 
-    def __init__(self, folder: Path, env: dict[str, str] | None = None, slots: int = 1) -> None:
+    def __init__(self, folder: Path, env: dict[str, str] | None = None, slots: int = 1,
+                 settings: dict | None = None) -> None:
         self.folder = folder
         self.rest_port = _free_port()
         conf, tmp = folder / "conf", folder / "tmp"
@@ -61,6 +63,7 @@ class StandaloneCluster:
             # a replacement TaskManager started on a loaded machine (NoResourceAvailableException)
             "restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.attempts": 1000,
             "restart-strategy.fixed-delay.delay": "2 s",
+            **(settings or {}),
         }
         (conf / "config.yaml").write_text("".join(f"{k}: {v}\n" for k, v in settings.items()))
         self.env = {**os.environ, **(env or {}), "FLINK_HOME": str(FLINK_HOME), "FLINK_CONF_DIR": str(conf),
@@ -76,8 +79,12 @@ class StandaloneCluster:
         self._processes.append(process)
         return process
 
-    def rest(self, path: str) -> dict:
-        with urllib.request.urlopen(f"http://localhost:{self.rest_port}{path}", timeout=10) as response:
+    def rest(self, path: str, body: dict | None = None) -> dict:
+        """GET ``path`` of the REST API, or POST ``body`` (JSON) to it."""
+        request = urllib.request.Request(f"http://localhost:{self.rest_port}{path}", method="GET" if body is None
+                                         else "POST", data=None if body is None else json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
             return json.load(response)
 
     def __enter__(self) -> "StandaloneCluster":
@@ -99,6 +106,12 @@ class StandaloneCluster:
         """``flink run -m localhost:<rest port> ARGS`` (attached: it exits when the job ends)."""
         return self._start("flink", "client", "run", "-m", f"localhost:{self.rest_port}", "-pyclientexec",
                            sys.executable, "-pyexec", sys.executable, *args)
+
+    def command(self, action: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        """``flink ACTION -m localhost:<rest port> ARGS`` run to its end (e.g. ``stop --savepointPath DIR JOB``),
+        its output captured as text."""
+        return subprocess.run([str(FLINK_HOME / "bin" / "flink"), action, "-m", f"localhost:{self.rest_port}", *args],
+                              env=self.env, capture_output=True, text=True, timeout=timeout, cwd=self.folder)
 
     def log_tail(self, chars: int = 4000) -> str:
         """The end of every log of the cluster's processes (for a failing test's message)."""
