@@ -105,10 +105,10 @@ def file_records(path: str, kind: str, to_element: Callable[[dict], Any]) -> Ite
 
     from beam_dp.flink.families import block_record, stream_of
     from pipelines.common import dead_letter_json
-    from pipelines.records import _ReadRecordFile
+    from pipelines.records import ReadRecordFile
 
     open_blocks: dict[str, list] = {}
-    for row in _ReadRecordFile().process(path):
+    for row in ReadRecordFile().process(path):
         if isinstance(row, TaggedOutput):
             yield "dead", dead_letter_json(row.value, "read")
             continue

@@ -48,8 +48,8 @@ from pipelines.common import ReadMessages, input_header, match_files
 from pipelines.rows import features_of, indexed_columns, number
 from pipelines.runner import UsageError
 
-__all__ = ["Elements", "Labelled", "ReadRecords", "Records", "column_names", "element_columns", "features_of",
-           "indexed_columns", "labelled_columns", "number", "read_rows"]
+__all__ = ["Elements", "Labelled", "ReadRecordFile", "ReadRecords", "Records", "column_names", "element_columns",
+           "features_of", "indexed_columns", "labelled_columns", "number", "read_rows"]
 
 
 def column_names(pattern: str, flag: str = "--input") -> list[str]:
@@ -285,7 +285,7 @@ def _read_file(path: str) -> tuple[list[pa.RecordBatch], np.ndarray | None, list
     return read.batches, read.records, read.letters(path)
 
 
-class _ReadRecordFile(beam.DoFn):
+class ReadRecordFile(beam.DoFn):
     """One file -> its rows as mappings, or (``columns``) its batches as the spec's blocks (each row with
     its ``file#record=n``); unreadable records -> ``malformed`` or ``line_too_long`` dead letters."""
 
@@ -336,7 +336,7 @@ class ReadRecords(beam.PTransform):
                      | "Pattern" >> beam.Create([self.pattern])
                      | "Match" >> beam.FlatMap(lambda p: sorted(m.path for m in FileSystems.match([p])[0].metadata_list))
                      | "Spread" >> beam.Reshuffle())
-            read = beam.ParDo(_ReadRecordFile(self.columns))
+            read = beam.ParDo(ReadRecordFile(self.columns))
             if self.columns is not None:
                 read = read.with_output_types(self.columns.block_type)
             out = paths | "Read" >> read.with_outputs(DEAD_LETTER, main="rows")
@@ -352,7 +352,7 @@ def read_rows(pattern: str, flag: str) -> list[dict]:
     an unreadable row is a usage error."""
     rows: list[dict] = []
     for path in match_files(pattern, flag):
-        for item in _ReadRecordFile().process(path):
+        for item in ReadRecordFile().process(path):
             if isinstance(item, beam.pvalue.TaggedOutput):
                 raise UsageError(f"{flag} {path}: unreadable row ({item.value.detail})")
             rows.append(item)

@@ -1,4 +1,5 @@
-"""``GrowingDatabaseQueries``: linear queries on growing databases (PMWG, BBScheduler, BBImprover) on Beam.
+"""``GrowingDatabaseQueries``: linear queries on growing databases (PMWG, BBScheduler, BBImprover) on Beam
+(guide: ``docs/growing_db.md``).
 
 Two inputs keyed by stream (Cummings et al., "Differential Privacy for Growing Databases"):
 
@@ -97,6 +98,7 @@ __all__ = [
     "GrowingDatabaseParams",
     "GrowingDatabaseQueries",
     "GrowingReason",
+    "ParseGrowing",
     "plan_block",
     "replay_growing_database",
 ]
@@ -112,12 +114,33 @@ class GrowingReason(Reason):
 
 @dataclass(frozen=True)
 class GrowingDatabaseParams:
-    """Parameters of :class:`GrowingDatabaseQueries` (validated, and the mechanism built, at construction).
+    """Parameters of :class:`GrowingDatabaseQueries` (validated, and the mechanism built, at construction;
+    ``docs/growing_db.md``).
 
-    ``mechanism``: ``"pmwg"`` (uses ``alpha``, ``a``, ``xi_n``), ``"bbscheduler"`` (``black_box``,
-    ``beta``, ``gamma``) or ``"bbimprover"`` (``black_box``, ``beta``; needs ``delta > 0``). The default
-    black box is ``LaplaceHistogram(N)``. ``clock`` gives the event-time steps (a batch replay needs its
-    ``end``); ``streams`` optionally declares the streams.
+    Args:
+        universe: the declared data universe of ``N >= 2`` rows
+            (:class:`~beam_dp.mechanisms.growing_db.universe.Universe`); records outside it are dead-lettered.
+        n: the starting database size (>= 1; >= 3 for ``"bbimprover"``): queries are answered from ``t = n``
+            elements on, earlier ones are dead-lettered (``before_start``).
+        epsilon: ``ε`` (in ``[1e-9, 1e9]``): each element's total privacy loss over the whole unbounded stream
+            of answers (substitution from its arrival on).
+        clock: the event-time steps (:class:`~beam_dp.core.StepClock`; a batch replay needs its public ``end``).
+        mechanism: ``"pmwg"`` (default; uses ``alpha``, ``a``, ``xi_n``), ``"bbscheduler"`` (``black_box``,
+            ``beta``, ``gamma``) or ``"bbimprover"`` (``black_box``, ``beta``; needs ``delta > 0``).
+        alpha: PMWG's target accuracy ``α`` in ``(0, 1]`` (default 0.25).
+        delta: ``δ`` in ``[0, 1)`` (default 0.0: pure ε-DP); ``δ > 0``: (ε, δ)-DP under zCDP accounting.
+        a: PMWG's noise-decay exponent in ``[0, 1)``: noise scale ``ξ_t = ξ_n (n/t)^a`` (default 0.5).
+        xi_n: PMWG's noise scale ``ξ_n`` at size ``n`` (> 0; default None: planned from ``n``, ε, δ). Its
+            accountant charges every segment, so ε holds for any value: it sets the accuracy only.
+        black_box: the schedulers' offline ε-DP synopsis (default None: ``LaplaceHistogram(N)``).
+        beta: the schedulers' failure probability ``β`` in ``(0, 1]`` (``"bbimprover"``: at most ``1/e``;
+            default 0.05); it sets their accuracy, not the privacy.
+        gamma: BBScheduler's epoch growth ``γ`` in ``[1e-6, 1e3]`` (runs at sizes ``⌈(1+γ)^i n⌉``); default None:
+            planned from ``n`` and ``beta``.
+        snapshots: also release the public synthetic histogram each time steps close (default False;
+            post-processing, no privacy cost).
+        streams, noise_key, budget, allowed_lateness: the step fields of
+            :class:`~beam_dp.steps.params.StepParams`.
     """
 
     universe: Universe
@@ -242,7 +265,7 @@ def _flatten(rows: list) -> tuple[_Rows, np.ndarray, list]:
     return flat, np.concatenate(singles) if singles else np.zeros(0, dtype=np.int64), records
 
 
-class _ParseGrowing(beam.DoFn):
+class ParseGrowing(beam.DoFn):
     """Validate elements (``kind="element"``) or queries (``"query"``); dead-letter the bad ones. A
     bundle's valid elements of one stream leave as one block per step ``(stream, ("b", step, micros,
     indices, elements))`` (:class:`~beam_dp.beam.shell.blocks.BundleBlocks`). An ``ElementColumns`` block (a
@@ -484,6 +507,11 @@ class GrowingDatabaseQueries(beam.PTransform):
     Input: ``{"elements": pcoll, "queries": pcoll}`` or ``(elements, queries)``. Guarantee per element
     (substitution from its arrival on): ε-DP, or (ε, δ)-DP when ``delta > 0``, over the whole
     unbounded stream of answers; every release carries the worst element's ``epsilon_spent``.
+
+    Args:
+        params: a :class:`GrowingDatabaseParams` (every privacy parameter, checked at its construction).
+        label: the transform's label (default None: Beam's); it names the noise domain when
+            ``params.noise_key.domain`` is unset.
     """
 
     def __init__(self, params: GrowingDatabaseParams, label: str | None = None):
@@ -501,9 +529,9 @@ class GrowingDatabaseQueries(beam.PTransform):
         bounded = bool(getattr(elements, "is_bounded", True)) and bool(getattr(queries, "is_bounded", True))
         if bounded and params.clock.last_step is None:
             raise ValueError("a batch replay needs a public end: StepClock(..., end=...)")
-        parsed_e = elements | "ParseElements" >> beam.ParDo(_ParseGrowing(params, "element")).with_outputs(
+        parsed_e = elements | "ParseElements" >> beam.ParDo(ParseGrowing(params, "element")).with_outputs(
             DEAD_LETTER, main="ok")
-        parsed_q = queries | "ParseQueries" >> beam.ParDo(_ParseGrowing(params, "query")).with_outputs(
+        parsed_q = queries | "ParseQueries" >> beam.ParDo(ParseGrowing(params, "query")).with_outputs(
             DEAD_LETTER, main="ok")
         keyed = [parsed_e.ok, parsed_q.ok]
         if params.streams:

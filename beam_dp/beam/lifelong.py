@@ -1,4 +1,5 @@
-"""``LifelongLearner``: private lifelong (continual) learning on a stream of tasks, one snapshot per task.
+"""``LifelongLearner``: private lifelong (continual) learning on a stream of tasks, one snapshot per task
+(guide: ``docs/lifelong.md``).
 
 Elements (per stream, tasks in the declared order ``params.learner.task_ids``):
 
@@ -52,7 +53,7 @@ from beam_dp.steps.params import NoiseKey, check_streams, legacy_noise_of, noise
 from beam_dp.steps.policies import TaskPolicy
 from beam_dp.steps.schema import ReleaseRow
 
-__all__ = ["END_OF_TASK", "LifelongLearner", "LifelongParams"]
+__all__ = ["END_OF_TASK", "LifelongDoFn", "LifelongLearner", "LifelongParams", "ParseTaskRows"]
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +67,21 @@ _warned_paper_claim = False
 
 @dataclass(frozen=True)
 class LifelongParams:
-    """``learner``: an ``L2DPConfig``, ``BoundedAGEMConfig`` or ``NaiveGaussianConfig`` with declared
-    ``task_ids``; ``streams``: declared stream ids (each releases every task even without data);
-    ``allow_cuda``: let workers train on CUDA when present; ``torch_threads``: torch intra-op threads."""
+    """Parameters of :class:`LifelongLearner` (validated at construction; ``docs/lifelong.md``).
+
+    Args:
+        learner: the private learner and its guarantee: a ``BoundedAGEMConfig`` or ``NaiveGaussianConfig``
+            ((ε, δ)-DP from dp-accounting) or an ``L2DPConfig`` (the paper's unaudited claim, labelled
+            ``paper_claim``), with declared ``task_ids`` (the public task order).
+        streams: stream ids (non-empty UTF-8 strings) that release every task even without data; default None.
+        noise_key: where workers read the secret noise key, and the noise domain
+            (:class:`~beam_dp.steps.params.NoiseKey`; default ``NoiseKey()``).
+        budget: this transform's share of its job's budget (``**share.params()``; default None): refused
+            unless the learner's (ε, δ) fits it under basic composition; not for an ``L2DPConfig``.
+        allow_cuda: let workers train on CUDA when present (default True); False: the CPU.
+        torch_threads: torch intra-op threads per worker (integer >= 1; default None: torch's own). Not part
+            of the calibration.
+    """
 
     learner: L2DPConfig | BoundedAGEMConfig | NaiveGaussianConfig
     streams: tuple[str, ...] | None = None
@@ -104,7 +117,7 @@ def _dead(reason: str, detail: str, stream, element, source=None) -> beam.pvalue
     return beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(reason, detail, stream, element, source))
 
 
-class _ParseTaskRows(beam.DoFn):
+class ParseTaskRows(beam.DoFn):
     """Validate rows and markers; emit ``(stream, (task_index, x (k, d) | None, y (k,) | None, original))``.
 
     A bundle's valid rows of one (stream, task) leave as one block (:class:`~beam_dp.beam.shell.blocks.BundleBlocks`,
@@ -192,7 +205,7 @@ def _task_rows(key: tuple[str, int], rows: list, originals: tuple) -> list:
     return [(stream, (index, np.concatenate([x for x, _ in rows]), np.concatenate([y for _, y in rows]), originals))]
 
 
-class _LifelongDoFn(DriverDoFn):
+class LifelongDoFn(DriverDoFn):
     """Keyed by stream, a shell over the step driver with a :class:`~beam_dp.steps.policies.TaskPolicy`:
     step ``i + 1`` is task ``i``; a marker closes it (and every earlier open task), the end of the
     input closes every declared task."""
@@ -234,6 +247,11 @@ class LifelongLearner(beam.PTransform):
 
     Returns ``ContinualOutputs(releases, dead_letter)``; see the module docstring for the elements, the
     dead-letter reasons and the guarantees.
+
+    Args:
+        params: a :class:`LifelongParams` (the learner's privacy parameters, checked at its construction).
+        label: the transform's label (default None: Beam's); it names the noise domain when
+            ``params.noise_key.domain`` is unset.
     """
 
     def __init__(self, params: LifelongParams, label: str | None = None):
@@ -244,14 +262,14 @@ class LifelongLearner(beam.PTransform):
 
     def expand(self, events):
         params = bind_noise_domain(self.params, events)
-        parsed = events | "Parse" >> beam.ParDo(_ParseTaskRows(params)).with_output_types(
+        parsed = events | "Parse" >> beam.ParDo(ParseTaskRows(params)).with_output_types(
             Tuple[str, Any]).with_outputs(DEAD_LETTER, main="rows")
         rows = parsed.rows
         if params.streams:
             declared = events.pipeline | "DeclareStreams" >> beam.Create(
                 [(s, (_DECLARE, None, None, None)) for s in params.streams]).with_output_types(Tuple[str, Any])
             rows = (rows, declared) | "WithDeclared" >> beam.Flatten()
-        learned = rows | "Learn" >> beam.ParDo(_LifelongDoFn(params, per_step_timers=False)).with_outputs(
+        learned = rows | "Learn" >> beam.ParDo(LifelongDoFn(params, per_step_timers=False)).with_outputs(
             DEAD_LETTER, main="rows")
         releases = learned.rows | "Rows" >> beam.Map(release_labels(params, params.composition)).with_output_types(
             ReleaseRow)

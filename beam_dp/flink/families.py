@@ -41,26 +41,28 @@ from beam_dp.beam.erm import (
     ParseLabelledExamples,
     SlidingWindowModelParams,
 )
-from beam_dp.beam.growing_db import GrowingDatabaseDoFn, GrowingDatabaseParams, _ParseGrowing
-from beam_dp.beam.lifelong import LifelongParams, _LifelongDoFn, _ParseTaskRows
+from beam_dp.beam.growing_db import GrowingDatabaseDoFn, GrowingDatabaseParams, ParseGrowing
+from beam_dp.beam.lifelong import LifelongDoFn, LifelongParams, ParseTaskRows
 from beam_dp.beam.online import IncrementalRegressionParams, OnlineLearnerParams, ParseRecords
 from beam_dp.beam.shell.blocks import BlockOriginals
 from beam_dp.beam.shell.dofn import continual_driver
 from beam_dp.beam.shell.domains import release_labels
 from beam_dp.flink.domains import bind_noise_domain
 from beam_dp.flink.job import (
-    _BYTES,
-    _DECLARE,
-    _STAMPED,
+    BYTES_TYPE,
     DEAD_LETTERS,
+    DECLARE,
     EVENT_TYPE,
+    STAMPED_TYPE,
     ContinualReleaseFunction,
-    _claimed_uids,
-    _dead_json,
-    _restamped,
+    claimed_uids,
+    dead_json,
+    gated,
+    restamped,
     to_event,
     watermarks,
 )
+from beam_dp.flink.params import check_timers
 from beam_dp.steps.coder import decode_entry, encode_entry
 from beam_dp.steps.driver import RELEASE, SNAPSHOTS, Output, StepDriver
 from beam_dp.steps.events import DEAD_LETTER
@@ -112,11 +114,11 @@ FAMILIES: dict[type, Family] = {
     MultiResolutionParams: _ERM,
     ContinualModelParams: _ERM,
     SlidingWindowModelParams: _ERM,
-    GrowingDatabaseParams: Family(lambda params, kind: _ParseGrowing(params, "query" if kind == QUERIES else "element"),
+    GrowingDatabaseParams: Family(lambda params, kind: ParseGrowing(params, "query" if kind == QUERIES else "element"),
                                   lambda params: GrowingDatabaseDoFn(params, per_step_timers=False).make_driver(),
                                   "growing"),
-    LifelongParams: Family(lambda params, kind: _ParseTaskRows(params),
-                           lambda params: _LifelongDoFn(params, per_step_timers=False).make_driver(), "tasks",
+    LifelongParams: Family(lambda params, kind: ParseTaskRows(params),
+                           lambda params: LifelongDoFn(params, per_step_timers=False).make_driver(), "tasks",
                            lambda params: params.composition),
 }
 
@@ -127,11 +129,7 @@ def family_of(params: Any) -> Family:
     if family is None:
         raise ValueError(f"Flink runs no family of {type(params).__name__}: give one of "
                          f"{', '.join(sorted(t.__name__ for t in FAMILIES))} (the sums: beam_dp.flink.job.release_stream)")
-    clock = getattr(params, "clock", None)
-    if clock is not None and (clock.period_micros % 1000 or clock.start_micros % 1000):
-        raise ValueError("Flink timers are in milliseconds: the step start and period must be whole ms")
-    if round(getattr(params, "allowed_lateness", 0.0) * 1_000_000) % 1000:
-        raise ValueError("Flink timers are in milliseconds: allowed_lateness must be whole ms")
+    check_timers(params)
     return family
 
 
@@ -224,7 +222,8 @@ class FamilyReleaseFunction(ContinualReleaseFunction):
         return driver
 
     def _make_buffer(self, runtime_context: RuntimeContext) -> "_EntryList":
-        return _EntryList(runtime_context.get_list_state(ListStateDescriptor("beam_dp_entries", _BYTES)), self._counts)
+        entries = runtime_context.get_list_state(ListStateDescriptor("beam_dp_entries", BYTES_TYPE))
+        return _EntryList(entries, self._counts)
 
     def _timer(self, ctx, state) -> None:
         if self._driver.clock is None and self._driver.block_size is None:  # marker steps: the end of the input
@@ -271,7 +270,7 @@ class FamilyReleaseFunction(ContinualReleaseFunction):
 
     def _process(self, value, ctx) -> Iterator:
         stream, _, payload = value
-        if payload == _DECLARE:
+        if payload == DECLARE:
             if isinstance(stream, str) and stream:
                 self._declare(self._state(stream, ctx), ctx)
             return
@@ -280,7 +279,7 @@ class FamilyReleaseFunction(ContinualReleaseFunction):
                 letters = out.element.letters(out) if isinstance(out.element, BlockOriginals) else [out]
                 for letter in letters:
                     self._counts.letter(letter.reason)
-                    yield DEAD_LETTERS, _dead_json(letter, "parse")
+                    yield DEAD_LETTERS, dead_json(letter, "parse")
                 continue
             yield from self._feed(ctx, *out)
 
@@ -324,7 +323,7 @@ def family_stream(env, events, params: Any, *, uid: str | None = None, max_delay
     ``stamp`` as for :func:`beam_dp.flink.job.release_stream`: ``uid`` names the function's noise domain
     unless ``params.noise_key.domain`` is set."""
     family_of(params)
-    params, operator = bind_noise_domain(params, uid, _claimed_uids(env))
+    params, operator = bind_noise_domain(params, uid, claimed_uids(env))
     clock = getattr(params, "clock", None)
     if clock is not None:
         events = events.assign_timestamps_and_watermarks(watermarks(max_delay_ms, idle_ms))
@@ -335,12 +334,14 @@ def family_stream(env, events, params: Any, *, uid: str | None = None, max_delay
             markers = markers.assign_timestamps_and_watermarks(watermarks(0, idle_ms))
         events = events.union(markers)
     streaming = env.get_config().get_auto_watermark_interval() > 0
+    if streaming and clock is not None:
+        events = gated(env, events, params, operator, idle_ms)
     stamped = stamp and clock is not None
     releases = (events
                 .key_by(lambda event: event[0] if isinstance(event[0], str) else "", key_type=Types.STRING())
                 .process(FamilyReleaseFunction(params, provisional=streaming, stamp=stamped),
-                         output_type=_STAMPED if stamped else Types.STRING())
+                         output_type=STAMPED_TYPE if stamped else Types.STRING())
                 .uid(operator).name(uid or params.noise_key.domain))
     snapshots, dead = releases.get_side_output(SNAPSHOT_ROWS), releases.get_side_output(DEAD_LETTERS)
-    return (_restamped(env, releases) if stamped else releases), snapshots, dead
+    return (restamped(env, releases) if stamped else releases), snapshots, dead
 

@@ -26,7 +26,9 @@ open step (pre-aggregated per (stream, step) as it arrives: sums, not events). T
 driver gets Flink's exact watermark: one timer firing closes every step the watermark has passed,
 and the watermark at +infinity (end of a bounded input, ``flink stop --drain``) applies the driver's
 end rule. A Flink watermark ``W`` (ms) means no more records with timestamp ``<= W``; the driver's
-watermarks are Beam's (no more records ``< W``, µs): ``(W + 1) * 1000``.
+watermarks are Beam's (no more records ``< W``, µs): ``(W + 1) * 1000``. In streaming the events first
+pass the watermark gate (:func:`gated`, :mod:`beam_dp.flink.gate`), so a key first seen after a restore
+opens at the watermark proven before it.
 """
 
 from __future__ import annotations
@@ -49,6 +51,15 @@ from pyflink.table import DataTypes, Schema, StreamTableEnvironment
 from beam_dp.core.budget import composition_of
 from beam_dp.flink.blocks import BlockParser, StepBlock, read_split
 from beam_dp.flink.domains import bind_noise_domain
+from beam_dp.flink.gate import (
+    GATE_BUCKETS,
+    MAX_WATERMARK,
+    MIN_WATERMARK,
+    Gated,
+    GateSeed,
+    WatermarkGateFunction,
+    gate_bucket,
+)
 from beam_dp.flink.params import FlinkReleaseParams
 from beam_dp.flink.rows import json_rows
 from beam_dp.mechanisms.base import ContinualSumMechanism
@@ -67,16 +78,16 @@ from beam_dp.steps.params import StepParams, legacy_noise_of, noise_source_of
 from beam_dp.steps.policies import BlockPolicy, GroupPolicy
 from beam_dp.steps.schema import ReleaseLabels
 
-__all__ = ["DEAD_LETTERS", "EVENT_TYPE", "ContinualReleaseFunction", "block_events", "check_sums",
-           "local_environment", "release_stream", "to_event"]
+__all__ = ["BYTES_TYPE", "DEAD_LETTERS", "DECLARE", "EVENT_TYPE", "STAMPED_TYPE", "ContinualReleaseFunction",
+           "block_events", "check_sums", "claimed_uids", "dead_json", "gated", "local_environment", "release_stream",
+           "restamped", "to_event"]
 
 EVENT_TYPE = Types.TUPLE([Types.STRING(), Types.DOUBLE(), Types.PICKLED_BYTE_ARRAY()])
 DEAD_LETTERS = OutputTag(DEAD_LETTER, Types.STRING())
-_BYTES = Types.PRIMITIVE_ARRAY(Types.BYTE())
-_DECLARE = "beam_dp:declare-stream"  # Flink cannot carry a null value: the marker of a declared stream
-_MIN_WATERMARK, _MAX_WATERMARK = -(2 ** 63), 2 ** 63 - 1
+BYTES_TYPE = Types.PRIMITIVE_ARRAY(Types.BYTE())
+DECLARE = "beam_dp:declare-stream"  # Flink cannot carry a null value: the marker of a declared stream
 _NO_BYTES = np.zeros(0, dtype=np.uint8)
-_STAMPED = Types.ROW_NAMED(["release_ms", "row"], [Types.LONG(), Types.STRING()])  # a release and its time
+STAMPED_TYPE = Types.ROW_NAMED(["release_ms", "row"], [Types.LONG(), Types.STRING()])  # a release and its time
 
 
 class _Counts:
@@ -139,7 +150,7 @@ class _StepSums:
         self._read = 0
 
 
-def _dead_json(letter: DeadLetter, stage: str) -> str:
+def dead_json(letter: DeadLetter, stage: str) -> str:
     """One dead letter as the Beam jobs write it (``DeadLetter.to_json``): ``stage`` ("parse": a line or
     event refused; "release": the keyed function's late, unclosed or ended-stream letters)."""
     return json.dumps(letter.to_json(stage), allow_nan=False)
@@ -159,13 +170,14 @@ class ContinualReleaseFunction(KeyedProcessFunction):
         self._labels = ReleaseLabels(params.noise_key.domain, composition_of(self._mechanism), params.budget)
         self._streams = frozenset(params.streams) if params.streams is not None else None
         self._step_records = getattr(params, "step_records", False)
-        self._key = runtime_context.get_state(ValueStateDescriptor("beam_dp_key_state", _BYTES))
-        self._mechanism_state = runtime_context.get_state(ValueStateDescriptor("beam_dp_mechanism", _BYTES))
+        self._key = runtime_context.get_state(ValueStateDescriptor("beam_dp_key_state", BYTES_TYPE))
+        self._mechanism_state = runtime_context.get_state(ValueStateDescriptor("beam_dp_mechanism", BYTES_TYPE))
         # last_closed_step: the last step a firing closed; its lag: the wall clock then minus its release time (ms)
         self._counts = _Counts(runtime_context.get_metrics_group().add_group("beam_dp"), (
             "releases", "dead_letters", "buffered_items", "timer_firings", "unreadable_states", "last_closed_step",
             "last_closed_step_lag_ms"))
         self._buffer = self._make_buffer(runtime_context)
+        self._gate = MIN_WATERMARK  # the watermark (ms) the element in hand's gate bucket proved (beam_dp.flink.gate)
 
     def _make_driver(self) -> StepDriver:
         """The step driver and its policy (the sums': blocks, or groups of streams); sets ``_mechanism``
@@ -181,8 +193,8 @@ class ContinualReleaseFunction(KeyedProcessFunction):
 
     def _make_buffer(self, runtime_context: RuntimeContext):
         """The driver's buffer: the sums' one merged block per open step."""
-        return _StepSums(runtime_context.get_map_state(MapStateDescriptor("beam_dp_step_sums", Types.LONG(), _BYTES)),
-                         self._driver.policy.mechanism.merge_blocks, self._counts)
+        sums = runtime_context.get_map_state(MapStateDescriptor("beam_dp_step_sums", Types.LONG(), BYTES_TYPE))
+        return _StepSums(sums, self._driver.policy.mechanism.merge_blocks, self._counts)
 
     def _emit(self, outputs: list[Output]) -> Iterator:
         """Release rows as JSON text: one record per row, or with ``params.step_records`` one record per
@@ -191,7 +203,7 @@ class ContinualReleaseFunction(KeyedProcessFunction):
         for tag, value in outputs:
             if tag != RELEASE:
                 self._counts.letter(value.reason)
-                yield DEAD_LETTERS, _dead_json(value, "release")
+                yield DEAD_LETTERS, dead_json(value, "release")
                 continue
             rows = json_rows(value, self._labels)
             self._counts.add("releases", len(rows))
@@ -233,17 +245,18 @@ class ContinualReleaseFunction(KeyedProcessFunction):
             self._mechanism_state.update(np.asarray(held, dtype=np.uint8).tobytes())
 
     def _state(self, key: str, ctx, mechanism: bool = False) -> KeyState:
-        """The key's driver state; a key seen for the first time opens at Flink's current watermark. With
-        none yet (a job just started or restored: Flink's watermark is not checkpointed) a streaming key
-        opens provisionally, as on Beam: at the lowest step of its items until its first timer fires."""
+        """The key's driver state; a key seen for the first time opens at Flink's current watermark, or the
+        higher one its gate bucket proved (kept across a restore: :mod:`beam_dp.flink.gate`). With neither
+        (a job just started: Flink's watermark is not checkpointed) a streaming key opens provisionally, as
+        on Beam: at the lowest step of its items until its first timer fires."""
         state = self._load(mechanism)
         if state is not None:
             return state
-        watermark = ctx.timer_service().current_watermark()
-        if watermark == _MIN_WATERMARK and self._provisional:
+        watermark = max(ctx.timer_service().current_watermark(), self._gate)
+        if watermark == MIN_WATERMARK and self._provisional:
             state = self._driver.open(key, provisional=True)
         else:
-            state = self._driver.open(key, None if watermark == _MIN_WATERMARK else (watermark + 1) * 1000)
+            state = self._driver.open(key, None if watermark == MIN_WATERMARK else (watermark + 1) * 1000)
         self._store(state, True)
         self._timer(ctx, state)
         return state
@@ -256,6 +269,10 @@ class ContinualReleaseFunction(KeyedProcessFunction):
             self._timer(ctx, state)
 
     def process_element(self, value, ctx: KeyedProcessFunction.Context):
+        stream, seconds, payload = value
+        self._gate = MIN_WATERMARK
+        if isinstance(payload, Gated):
+            self._gate, value = payload.watermark, (stream, seconds, payload.payload)
         try:
             outputs = list(self._process(value, ctx))
         except UnreadableState as exc:
@@ -267,7 +284,7 @@ class ContinualReleaseFunction(KeyedProcessFunction):
         if isinstance(payload, StepBlock):  # a file replay's block: the clipped sums of one key and step
             yield from self._add(ctx, stream, payload.step, payload.block, None, None)
             return
-        if payload == _DECLARE:
+        if payload == DECLARE:
             if not (isinstance(stream, str) and stream):
                 return
             if self._grouped:  # a group learns its declared streams as carried items
@@ -283,7 +300,7 @@ class ContinualReleaseFunction(KeyedProcessFunction):
         parsed = parse_contribution((stream, seconds, payload), self._mechanism, self._driver.clock, self._streams)
         if isinstance(parsed, DeadLetter):
             self._counts.letter(parsed.reason)
-            yield DEAD_LETTERS, _dead_json(parsed, "parse")
+            yield DEAD_LETTERS, dead_json(parsed, "parse")
             return
         stream, step, block = parsed
         if self._grouped:
@@ -309,7 +326,7 @@ class ContinualReleaseFunction(KeyedProcessFunction):
             state = self._load(True)
             first = state.next_step
             watermark = ctx.timer_service().current_watermark()
-            if watermark >= _MAX_WATERMARK:
+            if watermark >= MAX_WATERMARK:
                 outputs = self._driver.finish(state, self._buffer)
             else:
                 outputs = self._driver.advance(state, self._buffer, (max(watermark, timestamp) + 1) * 1000)
@@ -346,7 +363,7 @@ class _ParseBlocks(ProcessFunction):
         records, letters = self._parser.parse(read_split(*value))
         for letter in letters:
             self._counts.letter(letter.reason)
-            yield DEAD_LETTERS, _dead_json(letter, "parse")
+            yield DEAD_LETTERS, dead_json(letter, "parse")
         yield from records
 
 
@@ -409,7 +426,7 @@ def release_stream(env: StreamExecutionEnvironment, events, params: Any, *, uid:
     """``events`` (a DataStream of :data:`EVENT_TYPE`) -> ``(releases, dead_letters)``, JSON strings.
 
     With a clock each release record of step s carries the Flink timestamp ``end(s) + allowed_lateness``
-    (ms; :func:`_restamped`); ``stamp=False`` skips that for a sink that never reads record timestamps
+    (ms; :func:`restamped`); ``stamp=False`` skips that for a sink that never reads record timestamps
     (a ``FileSink`` of text), saving the Table planner's start and a map per record.
 
     ``uid`` names this release function in the job: its noise domain unless ``params.noise_key.domain``
@@ -417,7 +434,7 @@ def release_stream(env: StreamExecutionEnvironment, events, params: Any, *, uid:
     already claimed by a release function of this job is refused (``ValueError``;
     :mod:`beam_dp.flink.domains`), as are params of anything but continual sums (:func:`check_sums`)."""
     check_sums(params)
-    params, operator = bind_noise_domain(params, uid, _claimed_uids(env))
+    params, operator = bind_noise_domain(params, uid, claimed_uids(env))
     if params.clock is not None:
         events = events.assign_timestamps_and_watermarks(watermarks(max_delay_ms, idle_ms))
     if params.streams:
@@ -426,21 +443,35 @@ def release_stream(env: StreamExecutionEnvironment, events, params: Any, *, uid:
         if params.clock is not None:
             markers = markers.assign_timestamps_and_watermarks(watermarks(0, idle_ms))
         events = events.union(markers)
+    streaming = env.get_config().get_auto_watermark_interval() > 0  # else a replay: new keys start at step 1
+    if streaming and params.clock is not None:
+        events = gated(env, events, params, operator, idle_ms)
     groups = getattr(params, "stream_groups", None)
 
     def key(event) -> str:
         stream = event[0] if isinstance(event[0], str) else ""
         return group_key(group_of(stream, groups)) if groups is not None else stream
 
-    streaming = env.get_config().get_auto_watermark_interval() > 0  # else a replay: new keys start at step 1
     stamped = stamp and params.clock is not None
     releases = (events
                 .key_by(key, key_type=Types.STRING())
                 .process(ContinualReleaseFunction(params, provisional=streaming, stamp=stamped),
-                         output_type=_STAMPED if stamped else Types.STRING())
+                         output_type=STAMPED_TYPE if stamped else Types.STRING())
                 .uid(operator).name(uid or params.noise_key.domain))
     dead = releases.get_side_output(DEAD_LETTERS)
-    return (_restamped(env, releases) if stamped else releases), dead
+    return (restamped(env, releases) if stamped else releases), dead
+
+
+def gated(env: StreamExecutionEnvironment, events, params: Any, operator: str, idle_ms: int | None = None):
+    """``events`` (timestamped) through the watermark gate of a streaming release function (operator uid
+    ``operator``; :mod:`beam_dp.flink.gate`): every bucket seeded at the clock's start, each event
+    forwarded with its bucket's proven watermark."""
+    seeds = env.from_collection([to_event("", params.clock.start, GateSeed(bucket)) for bucket in range(GATE_BUCKETS)],
+                                type_info=EVENT_TYPE).assign_timestamps_and_watermarks(watermarks(0, idle_ms))
+    return (events.union(seeds)
+            .key_by(gate_bucket, key_type=Types.INT())
+            .process(WatermarkGateFunction(params), output_type=EVENT_TYPE)
+            .uid(f"{operator}/gate").name(f"{operator}/gate"))
 
 
 def check_sums(params: Any) -> None:
@@ -455,7 +486,7 @@ def check_sums(params: Any) -> None:
                          f"ContinualSumParams or WindowedSumParams), not {type(params).__name__}")
 
 
-def _restamped(env: StreamExecutionEnvironment, stamped):
+def restamped(env: StreamExecutionEnvironment, stamped):
     """``(release_ms, row)`` records -> the ``row`` texts, each with the Flink record timestamp
     ``release_ms``, the release function's watermarks kept. A PyFlink function cannot set its outputs'
     timestamps (they carry the input's, or the firing timer's); the Table API can: ``rt``, a rowtime
@@ -480,7 +511,7 @@ def _text(record: Row) -> str:
     return record[0]  # the release row's text
 
 
-def _claimed_uids(env: StreamExecutionEnvironment) -> list[str]:
+def claimed_uids(env: StreamExecutionEnvironment) -> list[str]:
     """The operator uids of the job ``env`` is building (its transformations so far)."""
     return [t.getUid() for t in env._j_stream_execution_environment.getTransformations() if t.getUid()]
 
@@ -489,4 +520,4 @@ def to_event(stream_id: Any, seconds: float, value: Any) -> tuple:
     """A record of :data:`EVENT_TYPE` for ``env.from_collection`` (which wants the pickled bytes of a
     PICKLED_BYTE_ARRAY field; Python operators upstream emit the plain value instead). The value
     may have any shape (validated on the worker); ``None`` declares the stream."""
-    return (stream_id, float(seconds), pickle.dumps(_DECLARE if value is None else value))
+    return (stream_id, float(seconds), pickle.dumps(DECLARE if value is None else value))

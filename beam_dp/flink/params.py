@@ -7,7 +7,17 @@ from typing import Any, Callable
 
 from beam_dp.steps.params import StepParams, check_idle, check_stream_groups
 
-__all__ = ["FlinkReleaseParams"]
+__all__ = ["FlinkReleaseParams", "check_timers"]
+
+
+def check_timers(params: Any) -> None:
+    """Refuse (``ValueError``) a schedule Flink timers cannot keep: ``params.clock``'s step start and period
+    and ``params.allowed_lateness`` must be whole milliseconds."""
+    clock = getattr(params, "clock", None)
+    if clock is not None and (clock.period_micros % 1000 or clock.start_micros % 1000):
+        raise ValueError("Flink timers are in milliseconds: the step start and period must be whole ms")
+    if round(getattr(params, "allowed_lateness", 0.0) * 1_000_000) % 1000:
+        raise ValueError("Flink timers are in milliseconds: allowed_lateness must be whole ms")
 
 
 @dataclass(frozen=True)
@@ -36,10 +46,7 @@ class FlinkReleaseParams(StepParams):
         if not callable(self.build):
             raise ValueError("build must be a zero-argument factory of the mechanism")
         self._validate_steps()
-        if self.clock is not None and (self.clock.period_micros % 1000 or self.clock.start_micros % 1000):
-            raise ValueError("Flink timers are in milliseconds: the step start and period must be whole ms")
-        if round(self.allowed_lateness * 1_000_000) % 1000:
-            raise ValueError("Flink timers are in milliseconds: allowed_lateness must be whole ms")
+        check_timers(self)
         mechanism = self.build()  # invalid privacy parameters fail here, before a job is submitted
         if self.stream_groups is not None:
             check_stream_groups(self, mechanism)

@@ -110,10 +110,10 @@ def test_a_declared_stream_releases_from_step_1_in_a_streaming_job_with_no_water
     declared stream without data releases steps 1.. like any other (the end rule: through step 16)."""
     import dataclasses
 
-    from beam_dp.flink.job import _DECLARE
+    from beam_dp.flink.job import DECLARE
 
     flink = ScriptedFlink(dataclasses.replace(_params(), streams=("a", "quiet")), provisional=True)
-    flink.element("quiet", OPEN.start, _DECLARE)
+    flink.element("quiet", OPEN.start, DECLARE)
     flink.element("a", 25.0, [0.5])  # "a", not declared here, opens provisionally at its item's step (3)
     flink.advance(_ms(52))
     flink.advance(END)

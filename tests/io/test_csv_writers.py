@@ -19,7 +19,7 @@ from beam_dp.io.tables import csv_header, read_csv_rows
 from beam_dp.steps.events import EventBatch
 from pipelines import growing_db_queries, model_release, online_learning
 from pipelines.common import input_header
-from pipelines.records import _ReadRecordFile
+from pipelines.records import ReadRecordFile
 
 WRITERS = ["plain", "pyarrow", "quote_all", "excel", "pandas"]
 
@@ -92,7 +92,7 @@ UNIVERSE = growing_db_queries.parse_universe('{"colour": ["red", "dark blue"], "
 
 
 def _records(path: str, spec) -> list:
-    out = list(_ReadRecordFile(spec).process(path))
+    out = list(ReadRecordFile(spec).process(path))
     assert out and all(hasattr(o, "records") for o in out), out  # blocks only, no dead letter
     return [(r, b.source_of(i).rsplit("#", 1)[1]) for b in out for i, r in enumerate(b.records())]
 
@@ -124,10 +124,10 @@ TASK_ROWS = (["stream_id", "task_id", "x_0", "label"], [["s", "0", 0.5, 1], ["s 
 @pytest.mark.parametrize("how", WRITERS[1:])
 def test_per_row_readers_read_every_writer_as_the_plain_file(tmp_path, how):
     """lifelong's rows and growing_db_queries' queries: mappings, one per row."""
-    plain = list(_ReadRecordFile().process(write_csv(tmp_path / "plain.csv", *TASK_ROWS, "plain")))
+    plain = list(ReadRecordFile().process(write_csv(tmp_path / "plain.csv", *TASK_ROWS, "plain")))
     path = write_csv(tmp_path / f"{how}.csv", *TASK_ROWS, how)
     assert input_header(path)[1] == TASK_ROWS[0]
-    got = list(_ReadRecordFile().process(path))
+    got = list(ReadRecordFile().process(path))
     assert len(got) == 2 and repr(got) == repr(plain)
 
 

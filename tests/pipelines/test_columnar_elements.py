@@ -25,13 +25,13 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_dp.beam import GrowingDatabaseQueries
-from beam_dp.beam.growing_db import GrowingDatabaseParams, _ParseGrowing
+from beam_dp.beam.growing_db import GrowingDatabaseParams, ParseGrowing
 from beam_dp.beam.shell.blocks import BlockOriginals
 from beam_dp.core import StepClock
 from beam_dp.io.coders import BlockCoder
 from beam_dp.steps.events import DeadLetter
 from pipelines import growing_db_queries as job
-from pipelines.records import ReadRecords, _ReadRecordFile
+from pipelines.records import ReadRecordFile, ReadRecords
 from tests.beam.collect import run
 from tests.pipelines.test_columnar_records import _assert_same, _sourceless
 
@@ -109,7 +109,7 @@ BAD_CSV = ["s1,inf,red,1.0,0", "s2,-inf,red,1.0,0", "s1,nan,red,1.0,0", ",5.0,re
 def test_csv_elements_in_columns_equal_the_per_row_path(tmp_path, monkeypatch, declared, max_rows):
     # max_rows 5: a bundle's blocks fill inside a chunk and around the odd rows (cut like the per-row path's)
     if max_rows is not None:
-        monkeypatch.setattr(_ParseGrowing, "MAX_ROWS", max_rows)
+        monkeypatch.setattr(ParseGrowing, "MAX_ROWS", max_rows)
     elements = _csv(tmp_path / "elements.csv", HEADER, _good(), BAD_CSV)
     per_row, columnar = _both(elements, _queries(tmp_path / "queries.jsonl"), _params(streams=declared))
     _assert_same(per_row, columnar, min_releases=9, min_letters=len(BAD_CSV) - 3)
@@ -170,7 +170,7 @@ def test_json_lines_equal_the_per_row_path(tmp_path):
     _assert_same(per_row, columnar, min_releases=9, min_letters=4)
 
 
-def _parsed(parse: _ParseGrowing, elements: list) -> tuple[dict, list]:
+def _parsed(parse: ParseGrowing, elements: list) -> tuple[dict, list]:
     """The parse stage's outputs of one bundle: per stream, its blocks in order ``(step, micros, index,
     originals)``; and the dead letters, sorted."""
     parse.setup()
@@ -193,18 +193,18 @@ def _parsed(parse: _ParseGrowing, elements: list) -> tuple[dict, list]:
 
 @pytest.mark.parametrize("max_rows", [4096, 5])
 def test_the_parse_stage_makes_the_same_blocks_in_the_same_order(tmp_path, monkeypatch, max_rows):
-    monkeypatch.setattr(_ParseGrowing, "MAX_ROWS", max_rows)
+    monkeypatch.setattr(ParseGrowing, "MAX_ROWS", max_rows)
     path = _csv(tmp_path / "elements.csv", HEADER, _good(n=90), BAD_CSV)
-    read = list(_ReadRecordFile(job.elements(UNIVERSE)).process(path))
+    read = list(ReadRecordFile(job.elements(UNIVERSE)).process(path))
     block = read[-1]
     assert 0 < len(block.odd) < 8  # the null cells only: the rest is read in columns
-    rows = [job.to_element(row, UNIVERSE) for row in _ReadRecordFile().process(path)
+    rows = [job.to_element(row, UNIVERSE) for row in ReadRecordFile().process(path)
             if not isinstance(row, beam.pvalue.TaggedOutput)]
     assert repr([block.record(i) for i in range(len(block))]) == repr(rows)  # row i is the per-row element (NaN too)
     params = _params(streams=("s1", "s2", "s3"))
-    per_row = _parsed(_ParseGrowing(params, "element"), rows)
+    per_row = _parsed(ParseGrowing(params, "element"), rows)
     checked = []
-    parse = _ParseGrowing(params, "element")
+    parse = ParseGrowing(params, "element")
     element = parse._element
 
     def spy(record, timestamp, window, *where):
@@ -242,5 +242,5 @@ def test_a_block_of_other_fields_is_checked_row_by_row():
     block = spec.columns(pa.record_batch({"stream_id": ["s1", "s2"], "timestamp": [1.0, 2.0],
                                           "colour": ["red", "blue"], "size": [0.5, 2.0], "k": [0, 1]}))
     params = _params(GRADES)
-    assert _parsed(_ParseGrowing(params, "element"), [block]) == \
-        _parsed(_ParseGrowing(params, "element"), block.records())
+    assert _parsed(ParseGrowing(params, "element"), [block]) == \
+        _parsed(ParseGrowing(params, "element"), block.records())

@@ -15,7 +15,7 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_dp.beam import ContinualSumParams, GrowingDatabaseParams, IncrementalRegressionParams
-from beam_dp.beam.growing_db import _ParseGrowing
+from beam_dp.beam.growing_db import ParseGrowing
 from beam_dp.beam.online import ParseRecords
 from beam_dp.beam.shell.parse import ParseEvents
 from beam_dp.core import StepClock
@@ -54,7 +54,7 @@ def _sum_parser():
 def _growing_parser():
     params = GrowingDatabaseParams(universe=Universe([Categorical("c", ("x", "y"))]), n=1, epsilon=1.0, clock=CLOCK,
                                    streams=STREAMS)
-    return _ParseGrowing(params, "element")
+    return ParseGrowing(params, "element")
 
 
 def _regression_parser():
@@ -115,12 +115,12 @@ def _erm_parser():
 
 
 def _lifelong_parser():
-    from beam_dp.beam.lifelong import LifelongParams, _ParseTaskRows
+    from beam_dp.beam.lifelong import LifelongParams, ParseTaskRows
     from beam_dp.mechanisms.lifelong.config import L2DPConfig
 
     config = L2DPConfig(input_dim=1, n_classes=2, hidden=4, g_layers=(4,), batch_size=2, epochs=1, task_ids=("0",),
                         device="cpu", epsilon=1.0)
-    return _ParseTaskRows(LifelongParams(config, allow_cuda=False, streams=STREAMS))
+    return ParseTaskRows(LifelongParams(config, allow_cuda=False, streams=STREAMS))
 
 
 # count-step families (no timestamp): (parser, the payload after stream_id, the value's field name)

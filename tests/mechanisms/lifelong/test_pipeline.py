@@ -96,9 +96,9 @@ def _parse_bundle(params, elements, max_rows=1024):
     from apache_beam.utils.timestamp import Timestamp
     from apache_beam.utils.windowed_value import WindowedValue
 
-    from beam_dp.beam.lifelong import _ParseTaskRows
+    from beam_dp.beam.lifelong import ParseTaskRows
 
-    parse = _ParseTaskRows(params)
+    parse = ParseTaskRows(params)
     parse.MAX_ROWS = max_rows
     parse.setup()
     parse.start_bundle()
