@@ -1,0 +1,145 @@
+"""Privacy units for the per-record families on a batch replay: at most ``k`` records per unit.
+
+::
+
+    records ─ UnitRecordIds (hash the unit id, strip it) ─┬─ dead_letter (bad_unit_id; no clear id)
+                                                          └─ GroupByKey(unit hash) ─ KeepUnitRecords ─ records
+
+A per-record family (ERM, growing databases, online learners, incremental regression, lifelong
+learners) protects one record; bounded to at most ``max_records`` records per privacy unit, it protects
+one unit by group privacy (:mod:`beam_dp.core.group_privacy`), calibrated at the record-level budget
+:func:`~beam_dp.core.group_privacy.record_budget` gives. The unit id is read from each record (a mapping
+key, a row attribute, or a tuple's last item), hashed under the job's secret key and dropped: the family
+gets its records as they would come without a unit, and the clear id never reaches a shuffle, state or a
+dead letter. Per unit the first ``max_records`` records in the order the engine delivers them are kept
+(an order that does not depend on the records' values, so which *positions* a unit keeps is the same in
+two inputs that differ in its values only); the rest are dropped, counted (Beam counter
+``beam_dp/units:dropped_over_records``), never released nor written. Each kept record keeps its event
+timestamp.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import TimestampedValue
+
+from beam_dp.beam.shell.units import unit_key
+from beam_dp.core.limits import MAX_COUNT, check_count
+from beam_dp.core.units import UnitKeys, unit_id_problems
+from beam_dp.steps.events import DEAD_LETTER, DETAIL, DeadLetter, Reason
+
+__all__ = ["BoundUnitRecords", "RecordUnit"]
+
+_NAMESPACE = "beam_dp/units"
+_FIELD = r"^[A-Za-z_][A-Za-z0-9_.-]*$"
+
+
+@dataclass(frozen=True)
+class RecordUnit:
+    """The privacy unit of a per-record family and its bound (see ``docs/privacy_units.md``).
+
+    Args:
+        column: the field holding the unit id (a mapping key or row attribute; a tuple record carries the
+            id as its last item).
+        max_records: ``k``: at most this many records per unit over the stream's life; the release then
+            protects one unit's whole contribution as it protects a group of ``k`` records.
+    """
+
+    column: str
+    max_records: int
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.column, str) and re.match(_FIELD, self.column)):
+            raise ValueError(f"the privacy unit column must be a field name ({_FIELD}), got {self.column!r}")
+        object.__setattr__(self, "max_records", check_count("max_records", self.max_records, 1, MAX_COUNT))
+
+    def declaration(self) -> dict[str, Any]:
+        """The meta fields a unit-level release declares beside its record-level noise."""
+        return {"privacy_unit": self.column, "max_records": self.max_records}
+
+
+def _split(element: Any, column: str) -> tuple[Any, Any, Any]:
+    """``(unit id, the record without it, the record with the id slot emptied for a dead letter)``."""
+    if isinstance(element, tuple) and not hasattr(element, "_fields"):
+        if not element:
+            return None, element, element
+        return element[-1], element[:-1], element[:-1] + (None,)
+    if isinstance(element, Mapping):
+        rest = {k: v for k, v in element.items() if k != column}
+        return element.get(column), rest, dict(rest, **{column: None})
+    if hasattr(element, "_asdict") or hasattr(element, "as_dict"):
+        fields = element._asdict() if hasattr(element, "_asdict") else element.as_dict()
+        rest = {k: v for k, v in fields.items() if k != column}
+        return fields.get(column), beam.Row(**rest), dict(rest, **{column: None})
+    return None, element, None
+
+
+class UnitRecordIds(beam.DoFn):
+    """Records → ``(unit hash as int64, (timestamp, record without the id))``; a bad id to ``dead_letter``."""
+
+    def __init__(self, unit: RecordUnit, noise_key: Any):
+        self._unit = unit
+        self._noise_key = noise_key
+
+    def setup(self) -> None:
+        self._keys = UnitKeys(unit_key(self._noise_key))
+        self._dead = Metrics.counter(_NAMESPACE, "dead_letters")
+
+    def process(self, element: Any, timestamp=beam.DoFn.TimestampParam) -> Iterator:
+        unit, rest, redacted = _split(element, self._unit.column)
+        problems = unit_id_problems([unit])
+        if problems:
+            self._dead.inc()
+            detail = f"{DETAIL[Reason.BAD_UNIT_ID]}: {problems[0][1].replace('unit_id', self._unit.column)}"
+            yield beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(Reason.BAD_UNIT_ID, detail, None, redacted))
+            return
+        yield int(self._keys.hash([unit]).view(np.int64)[0]), (timestamp, rest)
+
+
+class KeepUnitRecords(beam.DoFn):
+    """One unit's records → its first ``max_records`` (each at its own timestamp); the rest counted."""
+
+    def __init__(self, max_records: int):
+        self._max = max_records
+
+    def setup(self) -> None:
+        self._kept = Metrics.counter(_NAMESPACE, "kept")
+        self._dropped = Metrics.counter(_NAMESPACE, "dropped_over_records")
+
+    def process(self, keyed: tuple[int, Any]) -> Iterator:
+        count = 0
+        for timestamp, record in keyed[1]:
+            count += 1
+            if count <= self._max:
+                yield TimestampedValue(record, timestamp)
+        self._kept.inc(min(count, self._max))
+        if count > self._max:
+            self._dropped.inc(count - self._max)
+
+
+class BoundUnitRecords(beam.PTransform):
+    """Records with a unit field → ``(records bounded to max_records per unit, without the field;
+    dead letters)``. Batch replay only (``ValueError`` on an unbounded input)."""
+
+    def __init__(self, unit: RecordUnit, noise_key: Any, label: str | None = None):
+        super().__init__(label)
+        if not isinstance(unit, RecordUnit):
+            raise TypeError(f"privacy_unit must be a RecordUnit, got {type(unit).__name__}")
+        self.unit = unit
+        self.noise_key = noise_key
+
+    def expand(self, records):
+        if not getattr(records, "is_bounded", True):
+            raise ValueError("privacy units of a per-record family run on a batch replay only")
+        ids = records | "UnitIds" >> beam.ParDo(UnitRecordIds(self.unit, self.noise_key)).with_outputs(
+            DEAD_LETTER, main="records")
+        kept = (ids.records | "ByUnit" >> beam.GroupByKey()
+                | "KeepRecords" >> beam.ParDo(KeepUnitRecords(self.unit.max_records)))
+        return kept, ids[DEAD_LETTER]

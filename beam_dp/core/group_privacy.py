@@ -1,0 +1,70 @@
+"""Group privacy: the guarantee of a record-level mechanism for a privacy unit of up to ``k`` records.
+
+A per-record family (ERM, growing databases, online learners, incremental regression, lifelong
+learners) whose records are bounded to at most ``k`` per privacy unit protects one unit as it protects
+a group of ``k`` records. Two inputs that differ in one unit's whole contribution are joined by a chain
+of at most ``k`` single-record changes, so a record-level guarantee composes along the chain:
+
+* ``pure`` (ε-DP): a group of ``k`` is ``kε``-DP (exact: no tighter bound holds in general);
+* ``gaussian`` (μ-GDP, every Gaussian family's accounting): a group of ``k`` is ``kμ``-GDP (Dong, Roth
+  and Su 2022, Theorem 2.14; exact for the Gaussian mechanism, whose sensitivity grows ``k``-fold);
+* ``approx`` ((ε, δ)-DP): a group of ``k`` is ``(kε, δ·(e^{kε} − 1)/(e^{ε} − 1))``-DP (the chain's
+  deltas, each scaled by the likelihood ratio before it; Vadhan 2017, Lemma 2.2).
+
+:func:`unit_spend` is that group guarantee of a record-level spend; :func:`record_budget` inverts it:
+the record-level budget whose unit-level guarantee is at most the unit budget asked for. Both are pure
+functions of public numbers: the verifier recomputes :func:`unit_spend` from what a release declares.
+"""
+
+from __future__ import annotations
+
+import math
+
+from beam_dp.core.budget import COMPOSITIONS, gaussian_mu
+from beam_dp.core.calibration import analytic_gaussian_epsilon
+from beam_dp.core.limits import MAX_COUNT, check_count
+
+__all__ = ["record_budget", "unit_spend"]
+
+
+def _checked(composition: str, epsilon: float, delta: float, k: int) -> int:
+    if composition not in COMPOSITIONS:
+        raise ValueError(f"composition must be one of {COMPOSITIONS}, got {composition!r}")
+    if not (isinstance(epsilon, (int, float)) and not isinstance(epsilon, bool) and math.isfinite(epsilon)
+            and epsilon > 0):
+        raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
+    if not (isinstance(delta, (int, float)) and not isinstance(delta, bool) and 0.0 <= delta < 1.0):
+        raise ValueError(f"delta must lie in [0, 1), got {delta!r}")
+    if composition == "pure" and delta > 0.0:
+        raise ValueError(f"a pure guarantee has delta 0, got {delta!r}")
+    if composition == "gaussian" and delta == 0.0:
+        raise ValueError("a Gaussian guarantee needs delta > 0")
+    return check_count("max_records", k, 1, MAX_COUNT)
+
+
+def unit_spend(composition: str, epsilon: float, delta: float, k: int) -> tuple[float, float]:
+    """``(ε, δ)`` of one privacy unit of at most ``k`` records under a record-level ``(epsilon, delta)``
+    spend of ``composition`` (``pure``, ``gaussian`` or ``approx``; see the module docstring)."""
+    k = _checked(composition, epsilon, delta, k)
+    if k == 1:
+        return float(epsilon), float(delta)
+    if composition == "pure":
+        return k * float(epsilon), 0.0
+    if composition == "gaussian":  # kμ-GDP, read at the same delta
+        return analytic_gaussian_epsilon(k * gaussian_mu(epsilon, delta), delta), float(delta)
+    return k * float(epsilon), float(delta) * math.expm1(k * epsilon) / math.expm1(epsilon)
+
+
+def record_budget(composition: str, epsilon: float, delta: float, k: int) -> tuple[float, float]:
+    """The record-level ``(ε, δ)`` to calibrate at so that a unit of at most ``k`` records is
+    ``(epsilon, delta)``-DP: :func:`unit_spend` of the result is at most ``(epsilon, delta)``."""
+    k = _checked(composition, epsilon, delta, k)
+    if k == 1:
+        return float(epsilon), float(delta)
+    if composition == "pure":
+        return float(epsilon) / k, 0.0
+    if composition == "gaussian":  # μ/k-GDP at the same delta, rounded down past gaussian_mu's rounding up
+        mu = gaussian_mu(epsilon, delta) / (1.0 + 1e-8) ** 2
+        return analytic_gaussian_epsilon(mu / k * (1.0 - 1e-9), delta), float(delta)
+    eps = float(epsilon) / k
+    return eps, float(delta) * math.expm1(eps) / math.expm1(epsilon) * (1.0 - 1e-12)
