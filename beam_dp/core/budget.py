@@ -36,11 +36,13 @@ at construction and show the ratio in its summary and manifest.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Iterable, Literal, Mapping
 
 from beam_dp.core.calibration import analytic_gaussian_epsilon, analytic_gaussian_sigma
+from beam_dp.core.limits import check_count
 
 __all__ = [
     "COMPOSITIONS", "UNSPENT_TOLERANCE", "BudgetPlan", "BudgetShare", "JobBudget", "ShareUse", "check_params_budget",
@@ -112,16 +114,42 @@ class BudgetShare:
     delta: float
     composition: Composition
     plan: "BudgetPlan"
+    #: a per-record family's records per privacy unit (``per_unit``): the share is the unit's, its
+    #: transform calibrates at the record-level budget whose group of ``max_records`` fits it
+    max_records: int = 1
+
+    def per_unit(self, max_records: int) -> "BudgetShare":
+        """This share as one privacy unit's, for a per-record transform bounded to ``max_records`` records
+        per unit (:mod:`beam_dp.core.group_privacy`)."""
+        return dataclasses.replace(self, max_records=check_count("max_records", max_records))
+
+    def record_budget(self) -> tuple[float, float]:
+        """The record-level ``(epsilon, delta)`` a transform of this share calibrates at."""
+        if self.max_records == 1:
+            return self.epsilon, self.delta
+        from beam_dp.core.group_privacy import record_budget
+
+        return record_budget(self.composition, self.epsilon, self.delta, self.max_records)
+
+    def unit_spend(self, epsilon_spent: float, delta_spent: float) -> tuple[float, float]:
+        """A record-level spend of this share's transform as the spend of one unit (itself if ``max_records`` is 1)."""
+        if self.max_records == 1 or epsilon_spent <= 0.0:
+            return float(epsilon_spent), float(delta_spent)
+        from beam_dp.core.group_privacy import unit_spend
+
+        return unit_spend(self.composition, epsilon_spent, delta_spent, self.max_records)
 
     def params(self) -> dict:
-        """Keyword arguments for a beam_dp params class: ``epsilon``, ``delta`` and ``budget``."""
-        return {"epsilon": self.epsilon, "delta": self.delta, "budget": self}
+        """Keyword arguments for a beam_dp params class: ``epsilon``, ``delta`` (record level for a unit's
+        share) and ``budget``."""
+        epsilon, delta = self.record_budget()
+        return {"epsilon": epsilon, "delta": delta, "budget": self}
 
     def job_spend(self, epsilon_spent: float, delta_spent: float) -> tuple[float, float]:
-        """The job's worst per-contribution spend when this share has spent ``(epsilon_spent,
-        delta_spent)`` so far: composed with every other share at its full amount (an upper bound,
-        since no transform ever spends more than its share)."""
-        return self.plan.spend_with(self.name, epsilon_spent, delta_spent)
+        """The job's worst spend per contribution (per unit, for a unit's share) when this share's transform
+        has spent ``(epsilon_spent, delta_spent)`` so far: composed with every other share at its full
+        amount (an upper bound, since no transform ever spends more than its share)."""
+        return self.plan.spend_with(self.name, *self.unit_spend(epsilon_spent, delta_spent))
 
     def __repr__(self) -> str:
         return (f"BudgetShare({self.name!r}, epsilon={self.epsilon:.6g}, delta={self.delta:.3g}, "
@@ -256,17 +284,19 @@ def composition_of(mechanism) -> Composition:
 
 
 def check_share(share: BudgetShare | None, epsilon: float, delta: float, composition: Composition, what: str) -> None:
-    """Refuse (``ValueError``) params whose ``(epsilon, delta, composition)`` do not fit their budget share."""
+    """Refuse (``ValueError``) params whose ``(epsilon, delta, composition)`` do not fit their budget share
+    (a unit's share: their spend as one unit's, :meth:`BudgetShare.unit_spend`)."""
     if share is None:
         return
     if not isinstance(share, BudgetShare):
         raise ValueError(f"{what}: budget must be a BudgetShare (JobBudget(...).split(...)[name]), got {share!r}")
-    if epsilon > share.epsilon * (1.0 + 1e-12) or delta > share.delta * (1.0 + 1e-12):
-        raise ValueError(f"{what}: (epsilon={epsilon:g}, delta={delta:g}) exceeds its budget share {share!r}")
     fits = {"pure": ("pure",), "gaussian": ("gaussian",), "approx": COMPOSITIONS}[share.composition]
     if composition not in fits:
         raise ValueError(f"{what}: its releases compose as {composition!r}, but its budget share is "
                          f"{share.composition!r}; split the job's budget with the right composition")
+    spent = share.unit_spend(epsilon, delta)
+    if spent[0] > share.epsilon * (1.0 + 1e-12) or spent[1] > share.delta * (1.0 + 1e-12):
+        raise ValueError(f"{what}: (epsilon={epsilon:g}, delta={delta:g}) exceeds its budget share {share!r}")
 
 
 def check_params_budget(params, mechanism) -> None:

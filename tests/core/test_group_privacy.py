@@ -54,3 +54,18 @@ def test_bad_arguments_are_refused(bad):
     for fn in (record_budget, unit_spend):
         with pytest.raises(ValueError):
             fn(args["composition"], args["epsilon"], args["delta"], args["k"])
+
+
+@pytest.mark.parametrize("composition,delta", [("pure", 0.0), ("gaussian", 1e-6), ("approx", 1e-6)])
+def test_a_units_share_calibrates_at_the_record_budget_and_reports_the_units_spend(composition, delta):
+    from beam_dp.core.budget import JobBudget, check_share
+
+    share = JobBudget(1.0, delta).split({"model": composition, "other": "pure"})["model"]
+    unit = share.per_unit(5)
+    kwargs = unit.params()
+    assert (kwargs["epsilon"], kwargs["delta"]) == record_budget(composition, share.epsilon, share.delta, 5)
+    assert unit.job_spend(kwargs["epsilon"], kwargs["delta"])[0] == pytest.approx(
+        share.job_spend(share.epsilon, share.delta)[0], rel=1e-6)
+    check_share(unit, kwargs["epsilon"], kwargs["delta"], composition, "model")
+    with pytest.raises(ValueError, match="exceeds its budget share"):  # the record budget of k = 4 is too much
+        check_share(unit, *record_budget(composition, share.epsilon, share.delta, 4), composition, "model")
