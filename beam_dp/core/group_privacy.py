@@ -19,12 +19,17 @@ functions of public numbers: the verifier recomputes :func:`unit_spend` from wha
 from __future__ import annotations
 
 import math
+import re
+from dataclasses import dataclass
+from typing import Any
 
 from beam_dp.core.budget import COMPOSITIONS, gaussian_mu
 from beam_dp.core.calibration import analytic_gaussian_epsilon
 from beam_dp.core.limits import MAX_COUNT, check_count
 
-__all__ = ["record_budget", "unit_spend"]
+__all__ = ["RecordUnit", "record_budget", "unit_spend"]
+
+_FIELD = r"^[A-Za-z_][A-Za-z0-9_.-]*$"
 
 
 def _checked(composition: str, epsilon: float, delta: float, k: int) -> int:
@@ -68,3 +73,27 @@ def record_budget(composition: str, epsilon: float, delta: float, k: int) -> tup
         return analytic_gaussian_epsilon(mu / k * (1.0 - 1e-9), delta), float(delta)
     eps = float(epsilon) / k
     return eps, float(delta) * math.expm1(eps) / math.expm1(epsilon) * (1.0 - 1e-12)
+
+
+@dataclass(frozen=True)
+class RecordUnit:
+    """The privacy unit of a per-record family and its bound (see ``docs/privacy_units.md``).
+
+    Args:
+        column: the field holding the unit id (a mapping key or row attribute; a tuple record carries the
+            id as its last item).
+        max_records: ``k``: at most this many records per unit over the stream's life; the release then
+            protects one unit's whole contribution as it protects a group of ``k`` records.
+    """
+
+    column: str
+    max_records: int
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.column, str) and re.match(_FIELD, self.column)):
+            raise ValueError(f"the privacy unit column must be a field name ({_FIELD}), got {self.column!r}")
+        object.__setattr__(self, "max_records", check_count("max_records", self.max_records, 1, MAX_COUNT))
+
+    def declaration(self) -> dict[str, Any]:
+        """The meta fields a unit-level release declares beside its record-level noise."""
+        return {"privacy_unit": self.column, "max_records": self.max_records}

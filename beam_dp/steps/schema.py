@@ -28,7 +28,7 @@ Columns:
 import functools
 import json
 from dataclasses import dataclass
-from typing import List, NamedTuple, Optional
+from typing import Any, List, NamedTuple, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -141,9 +141,14 @@ class ReleaseLabels:
     noise_domain: str
     composition: Composition
     budget: BudgetShare | None = None
+    #: what a unit-level per-record transform declares in every row's meta (``privacy_unit``,
+    #: ``max_records``; ``docs/privacy_units.md``); empty at event level
+    unit_meta: tuple[tuple[str, Any], ...] = ()
 
     def __call__(self, row: ReleaseRow) -> ReleaseRow:
         job = self.job_spend(row.epsilon_spent, row.delta_spent, row.epsilon_budget, row.delta_budget)
+        if self.unit_meta:
+            row = row._replace(meta=json.dumps({**json.loads(row.meta), **dict(self.unit_meta)}, sort_keys=True))
         return row._replace(noise_domain=self.noise_domain, composition=self.composition,
                             job_epsilon_spent=job[0], job_delta_spent=job[1],
                             job_epsilon_budget=job[2], job_delta_budget=job[3])
@@ -208,7 +213,8 @@ def _facts(part: ReleaseColumns) -> tuple:
     batch, g, labels = part.batch, part.guarantee, part.labels
     eps, delta = float(batch.epsilon_spent), float(batch.delta_spent)
     job = (0.0,) * 4 if labels is None else labels.job_spend(eps, delta, g.epsilon, g.delta)
-    meta = json.dumps(dict(batch.meta), sort_keys=True, default=_json_default)
+    unit_meta = {} if labels is None else dict(labels.unit_meta)
+    meta = json.dumps({**dict(batch.meta), **unit_meta}, sort_keys=True, default=_json_default)
     parts = "" if batch.value_name is None else json.dumps([[batch.value_name, [batch.values.shape[1]]]])
     return (parts, eps, delta, float(g.epsilon), float(g.delta), g.window, part.step_start, part.step_end, meta,
             "" if labels is None else labels.noise_domain, "" if labels is None else labels.composition, *job,

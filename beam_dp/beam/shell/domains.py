@@ -15,6 +15,7 @@ import dataclasses
 from typing import Any, TypeVar
 
 from beam_dp.core.budget import composition_of
+from beam_dp.core.group_privacy import RecordUnit
 from beam_dp.io.schema import ReleaseLabels
 
 __all__ = ["bind_noise_domain", "bound_domains", "pipeline_of", "release_labels"]
@@ -70,4 +71,6 @@ def release_labels(params: Any, composition: str | None = None) -> ReleaseLabels
     its mechanism unless given) and its budget share."""
     if composition is None:
         composition = composition_of(params.build_mechanism())
-    return ReleaseLabels(params.noise_key.domain, composition, params.budget)
+    unit = getattr(params, "privacy_unit", None)
+    unit_meta = tuple(unit.declaration().items()) if isinstance(unit, RecordUnit) else ()
+    return ReleaseLabels(params.noise_key.domain, composition, params.budget, unit_meta)

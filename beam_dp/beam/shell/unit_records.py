@@ -20,9 +20,8 @@ timestamp.
 
 from __future__ import annotations
 
-import re
+import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 import apache_beam as beam
@@ -31,38 +30,14 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import TimestampedValue
 
 from beam_dp.beam.shell.units import unit_key
-from beam_dp.core.limits import MAX_COUNT, check_count
+from beam_dp.core.budget import JobBudget, composition_of
+from beam_dp.core.group_privacy import RecordUnit
 from beam_dp.core.units import UnitKeys, unit_id_problems
 from beam_dp.steps.events import DEAD_LETTER, DETAIL, DeadLetter, Reason
 
-__all__ = ["BoundUnitRecords", "RecordUnit"]
+__all__ = ["BoundUnitRecords", "KeepUnitRecords", "RecordUnit", "UnitRecordIds", "with_record_unit"]
 
 _NAMESPACE = "beam_dp/units"
-_FIELD = r"^[A-Za-z_][A-Za-z0-9_.-]*$"
-
-
-@dataclass(frozen=True)
-class RecordUnit:
-    """The privacy unit of a per-record family and its bound (see ``docs/privacy_units.md``).
-
-    Args:
-        column: the field holding the unit id (a mapping key or row attribute; a tuple record carries the
-            id as its last item).
-        max_records: ``k``: at most this many records per unit over the stream's life; the release then
-            protects one unit's whole contribution as it protects a group of ``k`` records.
-    """
-
-    column: str
-    max_records: int
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.column, str) and re.match(_FIELD, self.column)):
-            raise ValueError(f"the privacy unit column must be a field name ({_FIELD}), got {self.column!r}")
-        object.__setattr__(self, "max_records", check_count("max_records", self.max_records, 1, MAX_COUNT))
-
-    def declaration(self) -> dict[str, Any]:
-        """The meta fields a unit-level release declares beside its record-level noise."""
-        return {"privacy_unit": self.column, "max_records": self.max_records}
 
 
 def _split(element: Any, column: str) -> tuple[Any, Any, Any]:
@@ -143,3 +118,22 @@ class BoundUnitRecords(beam.PTransform):
         kept = (ids.records | "ByUnit" >> beam.GroupByKey()
                 | "KeepRecords" >> beam.ParDo(KeepUnitRecords(self.unit.max_records)))
         return kept, ids[DEAD_LETTER]
+
+
+def with_record_unit(params: Any, unit: RecordUnit, composition: str | None = None) -> Any:
+    """``params`` (a per-record family's: ``epsilon``, ``delta``, ``budget`` and ``privacy_unit`` fields)
+    protecting one privacy unit of at most ``unit.max_records`` records as they protected one record: their
+    budget share (one for the transform alone if they have none) becomes the unit's
+    (:meth:`~beam_dp.core.budget.BudgetShare.per_unit`) and the mechanism is calibrated at its record-level
+    budget, so every row reports the unit's spend as the job's and declares ``privacy_unit`` and
+    ``max_records`` in its meta. ``composition``: how the family's releases compose (default: its mechanism's)."""
+    if not isinstance(unit, RecordUnit):
+        raise TypeError(f"privacy_unit must be a RecordUnit, got {type(unit).__name__}")
+    if getattr(params, "privacy_unit", None) is not None:
+        raise ValueError("these params protect a privacy unit already")
+    share = params.budget
+    if share is None:
+        comp = composition or composition_of(params.build_mechanism())
+        share = JobBudget(params.epsilon, params.delta).plan({"transform": (comp, params.epsilon, params.delta)})[
+            "transform"]
+    return dataclasses.replace(params, privacy_unit=unit, **share.per_unit(unit.max_records).params())
