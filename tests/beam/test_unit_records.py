@@ -38,10 +38,19 @@ def test_bad_units_are_refused(column, k):
         RecordUnit(column, k)
 
 
-def test_unbounded_input_is_refused():
+def test_a_streaming_job_keeps_the_first_k_records_of_a_unit_by_arrival():
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
     from apache_beam.testing.test_stream import TestStream
+    from apache_beam.transforms.window import TimestampedValue
 
-    pipeline = beam.Pipeline()
-    stream = pipeline | TestStream().add_elements([("s", 1.0, "ann")])
-    with pytest.raises(ValueError, match="batch replay only"):
-        stream | BoundUnitRecords(RecordUnit("user", 1), NoiseKey())
+    options = PipelineOptions()
+    options.view_as(StandardOptions).streaming = True
+    events = (TestStream().add_elements([TimestampedValue(("s", 1.0, "ann"), 10)])
+              .advance_watermark_to(50).add_elements([TimestampedValue(("s", 2.0, "ann"), 60),
+                                                      TimestampedValue(("s", 3.0, "bob"), 61)])
+              .advance_watermark_to(100).add_elements([TimestampedValue(("s", 4.0, "ann"), 110)])
+              .advance_watermark_to_infinity())
+    with beam.Pipeline(options=options) as pipeline:
+        kept, _ = pipeline | events | BoundUnitRecords(RecordUnit("user", 2), NoiseKey())
+        assert_that(kept | beam.Map(lambda r, t=beam.DoFn.TimestampParam: (r[1], float(t))),
+                    equal_to([(1.0, 10.0), (2.0, 60.0), (3.0, 61.0)]), label="ann's third is dropped")

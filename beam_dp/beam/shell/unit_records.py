@@ -1,9 +1,9 @@
-"""Privacy units for the per-record families on a batch replay: at most ``k`` records per unit.
+"""Privacy units for the per-record families: at most ``k`` records per unit.
 
 ::
 
     records ─ UnitRecordIds (hash the unit id, strip it) ─┬─ dead_letter (bad_unit_id; no clear id)
-                                                          └─ GroupByKey(unit hash) ─ KeepUnitRecords ─ records
+                                                          └─ KeepUnitRecords (keyed by unit hash) ─ records
 
 A per-record family (ERM, growing databases, online learners, incremental regression, lifelong
 learners) protects one record; bounded to at most ``max_records`` records per privacy unit, it protects
@@ -12,10 +12,10 @@ one unit by group privacy (:mod:`beam_dp.core.group_privacy`), calibrated at the
 key, a row attribute, or a tuple's last item), hashed under the job's secret key and dropped: the family
 gets its records as they would come without a unit, and the clear id never reaches a shuffle, state or a
 dead letter. Per unit the first ``max_records`` records in the order the engine delivers them are kept
-(an order that does not depend on the records' values, so which *positions* a unit keeps is the same in
-two inputs that differ in its values only); the rest are dropped, counted (Beam counter
-``beam_dp/units:dropped_over_records``), never released nor written. Each kept record keeps its event
-timestamp.
+(arrival order: it does not depend on the records' values, so which *positions* a unit keeps is the same
+in two inputs that differ in its values only); the rest are dropped, counted (Beam counter
+``beam_dp/units:dropped_over_records``), never released nor written. A kept record keeps its event
+timestamp; the stage holds no timers, so it delays nothing on a streaming job.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from typing import Any, Iterator
 
 import apache_beam as beam
 import numpy as np
+from apache_beam.coders import VarIntCoder
 from apache_beam.metrics import Metrics
-from apache_beam.transforms.window import TimestampedValue
+from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
 
 from beam_dp.beam.shell.units import unit_key
 from beam_dp.core.budget import JobBudget, composition_of
@@ -57,7 +58,7 @@ def _split(element: Any, column: str) -> tuple[Any, Any, Any]:
 
 
 class UnitRecordIds(beam.DoFn):
-    """Records → ``(unit hash as int64, (timestamp, record without the id))``; a bad id to ``dead_letter``."""
+    """Records → ``(unit hash as int64, record without the id)``; a bad id to ``dead_letter``."""
 
     def __init__(self, unit: RecordUnit, noise_key: Any):
         self._unit = unit
@@ -67,7 +68,7 @@ class UnitRecordIds(beam.DoFn):
         self._keys = UnitKeys(unit_key(self._noise_key))
         self._dead = Metrics.counter(_NAMESPACE, "dead_letters")
 
-    def process(self, element: Any, timestamp=beam.DoFn.TimestampParam) -> Iterator:
+    def process(self, element: Any) -> Iterator:
         unit, rest, redacted = _split(element, self._unit.column)
         problems = unit_id_problems([unit])
         if problems:
@@ -75,11 +76,15 @@ class UnitRecordIds(beam.DoFn):
             detail = f"{DETAIL[Reason.BAD_UNIT_ID]}: {problems[0][1].replace('unit_id', self._unit.column)}"
             yield beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(Reason.BAD_UNIT_ID, detail, None, redacted))
             return
-        yield int(self._keys.hash([unit]).view(np.int64)[0]), (timestamp, rest)
+        yield int(self._keys.hash([unit]).view(np.int64)[0]), rest
 
 
 class KeepUnitRecords(beam.DoFn):
-    """One unit's records → its first ``max_records`` (each at its own timestamp); the rest counted."""
+    """Records keyed by unit hash → each unit's first ``max_records`` (at their own timestamps); the rest
+    counted, never emitted. State per unit: one count, kept for good (a unit that used its ``k`` records
+    never regains one: across bundles, restarts, restores and rescales, as the runner keeps keyed state)."""
+
+    RECORDS = ReadModifyWriteStateSpec("records", VarIntCoder())
 
     def __init__(self, max_records: int):
         self._max = max_records
@@ -88,20 +93,19 @@ class KeepUnitRecords(beam.DoFn):
         self._kept = Metrics.counter(_NAMESPACE, "kept")
         self._dropped = Metrics.counter(_NAMESPACE, "dropped_over_records")
 
-    def process(self, keyed: tuple[int, Any]) -> Iterator:
-        count = 0
-        for timestamp, record in keyed[1]:
-            count += 1
-            if count <= self._max:
-                yield TimestampedValue(record, timestamp)
-        self._kept.inc(min(count, self._max))
-        if count > self._max:
-            self._dropped.inc(count - self._max)
+    def process(self, keyed: tuple[int, Any], records=beam.DoFn.StateParam(RECORDS)) -> Iterator:
+        count = records.read() or 0
+        if count >= self._max:
+            self._dropped.inc()
+            return
+        records.write(count + 1)
+        self._kept.inc()
+        yield keyed[1]
 
 
 class BoundUnitRecords(beam.PTransform):
     """Records with a unit field → ``(records bounded to max_records per unit, without the field;
-    dead letters)``. Batch replay only (``ValueError`` on an unbounded input)."""
+    dead letters)``, on a batch replay and on a streaming job alike (first records by arrival)."""
 
     def __init__(self, unit: RecordUnit, noise_key: Any, label: str | None = None):
         super().__init__(label)
@@ -111,12 +115,9 @@ class BoundUnitRecords(beam.PTransform):
         self.noise_key = noise_key
 
     def expand(self, records):
-        if not getattr(records, "is_bounded", True):
-            raise ValueError("privacy units of a per-record family run on a batch replay only")
         ids = records | "UnitIds" >> beam.ParDo(UnitRecordIds(self.unit, self.noise_key)).with_outputs(
             DEAD_LETTER, main="records")
-        kept = (ids.records | "ByUnit" >> beam.GroupByKey()
-                | "KeepRecords" >> beam.ParDo(KeepUnitRecords(self.unit.max_records)))
+        kept = ids.records | "KeepRecords" >> beam.ParDo(KeepUnitRecords(self.unit.max_records))
         return kept, ids[DEAD_LETTER]
 
 
