@@ -67,6 +67,7 @@ class UnitRecordIds(beam.DoFn):
     def setup(self) -> None:
         self._keys = UnitKeys(unit_key(self._noise_key))
         self._dead = Metrics.counter(_NAMESPACE, "dead_letters")
+        self._elements = Metrics.counter(_NAMESPACE, "elements")  # accepted records (what a job counts as read)
 
     def process(self, element: Any) -> Iterator:
         unit, rest, redacted = _split(element, self._unit.column)
@@ -76,6 +77,7 @@ class UnitRecordIds(beam.DoFn):
             detail = f"{DETAIL[Reason.BAD_UNIT_ID]}: {problems[0][1].replace('unit_id', self._unit.column)}"
             yield beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(Reason.BAD_UNIT_ID, detail, None, redacted))
             return
+        self._elements.inc()
         yield int(self._keys.hash([unit]).view(np.int64)[0]), rest
 
 

@@ -37,8 +37,10 @@ from beam_dp.core.limits import check_count
 from beam_dp.core.units import UnitBounds
 from beam_dp.mechanisms.sums.participation import Participation, unit_sensitivity
 
-__all__ = ["MAX_CALIBRATED_STEPS", "MAX_KNAPSACK", "PrivacyUnit", "UnitFactor", "best_unit_loss", "unit_factor"]
+__all__ = ["EVENT_FIELDS", "MAX_CALIBRATED_STEPS", "MAX_KNAPSACK", "PrivacyUnit", "UnitFactor", "best_unit_loss", "unit_factor"]
 
+#: the event fields a unit column cannot be (a mapping's keys, a row's attributes)
+EVENT_FIELDS = ("stream_id", "timestamp", "value")
 #: the largest ``max_steps`` whose per-stream losses ``g(1..k)`` a Gaussian calibration computes
 MAX_CALIBRATED_STEPS = 256
 #: the largest knapsack capacity ``C`` solved by dynamic programming (beyond: the fractional bound)
@@ -69,6 +71,9 @@ class PrivacyUnit:
     def __post_init__(self) -> None:
         if not isinstance(self.column, str) or not self.column or not self.column.isprintable():
             raise ValueError("the privacy unit column must be a non-empty printable string")
+        if self.column in EVENT_FIELDS:
+            raise ValueError(f"the privacy unit column must not be an event field ({', '.join(EVENT_FIELDS)}), "
+                             f"got {self.column!r}")
         self.bounds()  # every count checked
 
     def bounds(self, window: int | None = None) -> UnitBounds:
