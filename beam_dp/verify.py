@@ -14,8 +14,12 @@ stated spend on trust:
   regression, ERM, L2DP-ML: ``beam_dp.verify_calibration``; an output written before its family
   declared a parameter that rebuild needs is checked by its declaration, with a note);
 * a unit-level sum's release (``privacy_unit`` in its meta) must declare its bounding, and its unit's
-  spend recomputed from it must not exceed its stated one (``beam_dp.verify_units``); with the manifest,
-  every release of a transform it declares unit-level must declare that unit;
+  spend recomputed from it must not exceed its stated one (``beam_dp.verify_units``); a per-record
+  family's unit-level release must declare ``max_records`` ``k``, and the spend of one unit of ``k``
+  records (group privacy of its record-level spend) must not exceed its stated job spend or the job's
+  budget; such a domain is charged that unit's spend in the job's composition (and, with the manifest,
+  must fit the transform's share); with the manifest, every release of a transform it declares
+  unit-level must declare that unit;
 * a release of a mechanism beam_dp does not have (:data:`KNOWN_MECHANISMS`), or with a ``purpose`` its
   mechanism never writes (:data:`RELEASE_PURPOSES`), fails;
 * it fails on a release that reports more than its own budget, a budget or job total that is not a
@@ -68,10 +72,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from beam_dp.core.budget import COMPOSITIONS, compose
+from beam_dp.core.group_privacy import unit_spend
 from beam_dp.core.noise_declaration import DeclaredLoss, loss_of_declaration, recomputed_epsilon
 from beam_dp.io.manifest import JobManifest
 from beam_dp.verify_calibration import RECOMPUTED_FAMILIES, Calibrations
-from beam_dp.verify_units import UnitCalibrations
+from beam_dp.verify_units import UnitCalibrations, is_record_unit, record_unit_problem, record_unit_size
 
 __all__ = ["KNOWN_MECHANISMS", "PROBLEM_LINES", "RELEASE_PURPOSES", "VERIFIED_COLUMNS", "DomainSpend", "JobVerdict",
            "JobVerifier", "main", "manifest_release_files", "verify_job"]
@@ -105,6 +110,9 @@ RELEASE_PURPOSES: dict[str, str] = {
        for suffix, purpose in (("", r"query:.+"), ("_run", r"run:\d+"), ("_synthetic", "synthetic"))},
     **{m: r"model:.+" for m in _ERM_MECHANISMS},
 }
+#: distinct (spend, job spend) pairs kept per per-record unit-level domain for the job-spend check (its rows
+#: declare one max_records, so a bound lowered on all of them shows on any)
+_RECORD_SPENDS_KEPT = 64
 #: problem lines shown per kind of problem; the rest are counted ("... and N more")
 PROBLEM_LINES = 20
 
@@ -156,9 +164,9 @@ class JobVerdict:
 
 VERIFIED_COLUMNS = ("noise_domain", "composition", "stream", "step", "mechanism", "meta", "epsilon_spent",
                     "delta_spent", "epsilon_budget", "delta_budget", "job_epsilon_budget", "job_delta_budget",
-                    "purpose", "noise", "value", "parts", "job_epsilon_spent")
+                    "purpose", "noise", "value", "parts", "job_epsilon_spent", "job_delta_spent")
 _NUMBERS = ("epsilon_spent", "delta_spent", "epsilon_budget", "delta_budget", "job_epsilon_budget", "job_delta_budget",
-            "job_epsilon_spent")
+            "job_epsilon_spent", "job_delta_spent")
 #: the columns a file must have to be read as releases (``purpose``, ``noise`` and the rest may be absent
 #: in outputs of older versions)
 _RELEASE_COLUMNS = ("stream", "step", "mechanism", "epsilon_spent", "delta_spent", "epsilon_budget", "delta_budget",
@@ -344,6 +352,11 @@ class JobVerifier:
         self._hidden: dict[str, int] = {}
         self._calibrations = Calibrations()
         self._units = UnitCalibrations()  # unit-level releases: their spend from their declared bounding
+        self._record_units: dict[int, set[int]] = {}  # domain id -> the max_records its per-record releases declare
+        self._unit_metas: dict[tuple[int, int], tuple] = {}  # (meta hash, mechanism) -> (unit, max_records, problem)
+        self._record_checked: dict[tuple, str | None] = {}  # (composition, spends, budget, k) -> problem
+        #: domain id -> its distinct (composition, spend, delta, job spend, job delta, k, where) (record units)
+        self._record_spends: dict[int, set[tuple]] = {}
         self._calibrated: dict[int, str | None] = {}  # hash of (mechanism, noise, meta, step, budget) -> problem
         self.problems: list[str] = []
         self.rows = 0
@@ -420,6 +433,8 @@ class JobVerifier:
         declared = np.array([loss is not None for loss in self._losses], dtype=bool)[noise]
         self._check_calibration(batch, valid & declared & budgeted, mechanism, noise, meta_hash, step, eps_budget,
                                 dlt_budget, domain, where)
+        self._check_record_units(batch, names, labelled, valid, mechanism, composition, domain, meta_hash, number,
+                                 where)
         families = [mechanism_family(n) for n in self._mechanisms.names]
         for d in _distinct(domain[labelled])[0].tolist():
             rows_of = np.flatnonzero(labelled & (domain == d))
@@ -501,6 +516,56 @@ class JobVerifier:
             self.flag("calibration", rows[affected[:1]], lambda i, n=len(affected), d=d, why=why: (
                 f"{n} release(s) of {self._domains.names[d]!r} do not declare the noise their mechanism's "
                 f"public calibration gives, e.g. {where(i)}: {why}"))
+
+    def _check_record_units(self, batch: pa.RecordBatch, names: list[str], labelled: np.ndarray, valid: np.ndarray,
+                            mechanism: np.ndarray, composition: np.ndarray, domain: np.ndarray, meta_hash: np.ndarray,
+                            number: dict[str, np.ndarray], where) -> None:
+        """Record each release's privacy unit (for the manifest's unit checks) and flag a per-record family's
+        unit-level release whose ``max_records`` is missing or malformed, or whose stated job spend is below
+        one unit's (:func:`beam_dp.verify_units.record_unit_problem`); only releases whose meta names a
+        ``privacy_unit`` are parsed, once per distinct meta."""
+        unit_rows = (_contains(batch.column("meta"), '"privacy_unit"') if "meta" in names
+                     else np.zeros(batch.num_rows, dtype=bool))
+        for d in _distinct(domain[labelled & ~unit_rows])[0].tolist():
+            self._units.declare(self._domains.names[d], None)
+        rows = np.flatnonzero(labelled & unit_rows)
+        if not len(rows):
+            return
+        spends = ("epsilon_spent", "delta_spent", "job_epsilon_spent", "job_delta_spent", "job_epsilon_budget",
+                  "job_delta_budget")
+        keys = _row_hashes([meta_hash[rows], mechanism[rows].astype(np.uint64), domain[rows].astype(np.uint64),
+                            composition[rows].astype(np.uint64), valid[rows].astype(np.uint64),
+                            *(np.ascontiguousarray(number[n][rows]).view(np.uint64) for n in spends)])
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        meta = batch.column("meta")
+        failed: dict[int, list] = {}  # domain id -> [rows failing, (first row, why)]
+        for i, r in zip(range(len(first)), rows[first].tolist()):
+            parsed_key = (int(meta_hash[r]), int(mechanism[r]))
+            parsed = self._unit_metas.get(parsed_key)
+            if parsed is None:
+                parsed = self._unit_metas[parsed_key] = _record_unit_of(self._mechanisms.names[mechanism[r]],
+                                                                         meta[r].as_py())
+            unit, k, why = parsed
+            d = int(domain[r])
+            self._units.declare(self._domains.names[d], unit)
+            if (k is None and why is None) or not valid[r]:
+                continue
+            if why is None:
+                self._record_units.setdefault(d, set()).add(k)
+                spend = (int(composition[r]), *(float(number[n][r]) for n in spends[:5]), k)
+                if spend not in self._record_checked:
+                    self._record_checked[spend] = record_unit_problem(self._compositions.names[spend[0]], *spend[1:])
+                    sample = self._record_spends.setdefault(d, set())
+                    if len(sample) < _RECORD_SPENDS_KEPT:
+                        sample.add(spend[:4] + (float(number["job_delta_budget"][r]), k, where(r)))
+                why = self._record_checked[spend]
+            if why is not None:
+                entry = failed.setdefault(d, [0, (r, why)])
+                entry[0] += int(np.sum(inverse == i))
+        for d, (n, item) in sorted(failed.items()):
+            self.flag("record unit", [item], lambda item, n=n, d=d: (
+                f"{n} unit-level release(s) of {self._domains.names[d]!r} do not account for their privacy unit, "
+                f"e.g. {where(item[0])}: {item[1]}"))
 
     def _check_names(self, mechanism: np.ndarray, purpose: np.ndarray, labelled: np.ndarray, domain: np.ndarray,
                      where) -> None:
@@ -622,6 +687,62 @@ class JobVerifier:
                 f"{f', purpose {purpose!r}' if purpose else ''}) of {self._domains.names[high >> _PURPOSE_BITS]!r} "
                 f"appears {times} times{copies}: two transforms share the noise domain")
 
+    def _charged(self, d: DomainSpend) -> tuple[str, float, float]:
+        """What a domain adds to the job's composition: its worst spend, a per-record unit's as one unit's
+        (group privacy over its declared ``max_records``)."""
+        composition = "approx" if self._spends[self._domains.ids[d.domain]].pure_delta else d.composition
+        sizes = self._record_units.get(self._domains.ids[d.domain])
+        if not sizes or d.epsilon_spent <= 0:
+            return composition, d.epsilon_spent, d.delta_spent
+        try:
+            return composition, *unit_spend(composition, d.epsilon_spent, d.delta_spent, max(sizes))
+        except ValueError:  # flagged per release (record_unit_problem): charged as approx
+            return "approx", *unit_spend("approx", d.epsilon_spent, d.delta_spent, max(sizes))
+
+    def _record_job_spends(self, shares: list[tuple[str, str, float, float]]) -> list[str]:
+        """A per-record unit-level release whose stated job spend is not its unit's spend (group privacy over
+        its declared ``max_records``) composed with the job's other ``shares`` ``(domain, composition,
+        epsilon, delta)`` at their full amounts: a ``max_records`` lowered below the one its job spend was
+        computed for (or raised above it)."""
+        problems = []
+        for d, spends in sorted(self._record_spends.items()):
+            name = self._domains.names[d]
+            others = [(c if c in COMPOSITIONS else "approx", e, dl) for n, c, e, dl in shares if n != name]
+            for comp, eps, dlt, stated, job_delta, k, where in sorted(spends):
+                if eps <= 0:
+                    continue
+                try:
+                    unit = unit_spend(self._compositions.names[comp], eps, dlt, k)
+                    expected = compose([(self._compositions.names[comp], *unit)] + others, job_delta)
+                except ValueError:
+                    continue  # flagged per release (record_unit_problem)
+                if abs(stated - expected) > 1e-7 * max(expected, 1e-12):
+                    problems.append(f"{where} of {name!r} states a job spend of epsilon {stated:.6g}, but one unit of "
+                                    f"its declared max_records={k} records spends epsilon {expected:.6g} in the job: "
+                                    "it declares another bound than the one its spend was computed for")
+                    break
+        return problems
+
+    def _record_unit_sizes(self) -> list[str]:
+        """A domain whose per-record releases declare different ``max_records``."""
+        return [f"releases of {self._domains.names[d]!r} declare max_records {sorted(sizes)}: one transform bounds "
+                "its units once" for d, sizes in sorted(self._record_units.items()) if len(sizes) > 1]
+
+    def _record_unit_shares(self, manifest: JobManifest, spent: list[DomainSpend]) -> list[str]:
+        """A per-record unit-level domain whose budget, as one unit's, exceeds the share the manifest declares."""
+        declared = {t.noise_domain: t for t in manifest.transforms}
+        problems = []
+        for d in spent:
+            sizes, t = self._record_units.get(self._domains.ids[d.domain]), declared.get(d.domain)
+            if not sizes or t is None:
+                continue
+            _, eps, delta = self._charged(DomainSpend(d.domain, d.composition, d.epsilon_budget, d.delta_budget))
+            if eps > t.epsilon * (1 + _TOL) or delta > t.delta * (1 + _TOL):
+                problems.append(f"the budget of {d.domain!r} ({d.epsilon_budget:.6g}, {d.delta_budget:.3g}) is, for "
+                                f"one unit of max_records={max(sizes)} records, ({eps:.6g}, {delta:.3g}): above the "
+                                f"share ({t.epsilon:.6g}, {t.delta:.3g}) the manifest declares")
+        return problems
+
     def verdict(self, epsilon: float | None = None, delta: float | None = None,
                 manifest: JobManifest | None = None) -> JobVerdict:
         """The job's verdict over every table added (call once). The declared total is
@@ -653,11 +774,14 @@ class JobVerifier:
                                     s.family)
                         for d, s in self._spends.items()), key=lambda d: d.domain)
         declared = sorted(self._declared)
-        charged = [("approx" if self._spends[self._domains.ids[d.domain]].pure_delta else d.composition,
-                    d.epsilon_spent, d.delta_spent) for d in spent]
+        charged = [self._charged(d) for d in spent]
         warnings, unchecked = [], []
+        problems += self._record_unit_sizes()
         if manifest is not None:
             problems += manifest_problems(manifest, spent, declared)
+            problems += self._record_unit_shares(manifest, spent)
+            problems += self._record_job_spends([(t.noise_domain, t.composition, t.epsilon, t.delta)
+                                                 for t in manifest.transforms])
             problems += self._units.manifest_problems({t.noise_domain: t.privacy_unit for t in manifest.transforms
                                                        if t.privacy_unit is not None})
             found = (manifest.epsilon, manifest.delta)
@@ -667,6 +791,8 @@ class JobVerifier:
                          else "approx", t.epsilon, t.delta) for t in manifest.transforms if t.noise_domain not in seen]
         else:
             problems += self._units.mixed()
+            if len(spent) == 1:  # a lone transform: the job spend is its own
+                problems += self._record_job_spends([(spent[0].domain, spent[0].composition, 0.0, 0.0)])
             unchecked = list(UNCHECKED_WITHOUT_MANIFEST)
             if epsilon is None or delta is None:
                 if len(declared) != 1:
@@ -689,6 +815,40 @@ class JobVerifier:
         if not spent and not problems:
             problems.append("no releases")
         return JobVerdict(float(epsilon), float(delta), float(worst), spent, problems, notes, warnings, unchecked)
+
+
+def _contains(column: "pa.ChunkedArray | pa.Array", text: str) -> np.ndarray:
+    """Whether each cell of a text column (plain or dictionary-encoded) contains ``text`` (null: False);
+    a dictionary's distinct values are searched once."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    parts = [np.zeros(0, dtype=bool)]
+    for chunk in chunks:
+        if pa.types.is_dictionary(chunk.type):
+            hit = np.asarray(pc.fill_null(pc.match_substring(chunk.dictionary, text), False)
+                             .to_numpy(zero_copy_only=False), dtype=bool)
+            index = np.asarray(pc.fill_null(chunk.indices, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
+            valid = np.asarray(chunk.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+            parts.append(hit[index] & valid if len(hit) else np.zeros(len(chunk), dtype=bool))
+        else:
+            parts.append(np.asarray(pc.fill_null(pc.match_substring(chunk, text), False)
+                                    .to_numpy(zero_copy_only=False), dtype=bool))
+    return np.concatenate(parts)
+
+
+def _record_unit_of(mechanism: str, meta_text: str | None) -> tuple:
+    """``(privacy unit or None, max_records or None, problem or None)`` of a release's meta: ``max_records``
+    only for a per-record family's unit-level release (a sum's bounding is ``beam_dp.verify_units``')."""
+    try:
+        meta = json.loads(meta_text) if meta_text else {}
+    except ValueError:
+        return None, None, None  # an unreadable meta names no unit (the calibration checks refuse it)
+    unit = meta.get("privacy_unit") if isinstance(meta, dict) else None
+    if unit is None or not is_record_unit(mechanism, meta):
+        return unit, None, None
+    try:
+        return unit, record_unit_size(meta), None
+    except ValueError as exc:
+        return unit, None, str(exc)
 
 
 #: what the verifier checks only against a job's manifest (printed when it has none)

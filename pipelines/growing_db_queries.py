@@ -7,7 +7,9 @@ cells) or ``w_0..w_{N-1}`` / ``weights``). Elements join in event-time order on 
 schedule (``--start``, ``--period``, ``--end``). CSV / Parquet elements are read in columns (one
 block per Arrow batch, checked in vectorised passes; the same releases and dead letters as row by row). Streaming: one Pub/Sub / Kafka source carries both,
 a message with a ``query_id`` is a query. With no ``--input`` the job runs on a small generated
-dataset (two shops, a colour x size universe, 30 queries).
+dataset (two shops, a colour x size universe, 30 queries). With ``--privacy-unit-column COL
+--max-unit-records K`` (a batch replay of ``--input``) every answer protects one unit's at most ``K``
+elements instead of one element; queries carry no unit (``pipelines.record_units``, ``docs/growing_db.md``).
 
     python -m pipelines.growing_db_queries --help
 """
@@ -21,6 +23,7 @@ from typing import Any
 
 from pipelines.outputs import private_dir
 from pipelines.paths import join, write_text
+from pipelines.record_units import record_unit, unit_id, with_unit
 from pipelines.rows import number, require_columns
 from pipelines.runner import (
     Job,
@@ -123,12 +126,13 @@ def plan(options) -> Plan:
             require_columns(header, ("stream_id", "timestamp") + fields, "--input")
             require_columns(column_names(queries, "--queries"), ("stream_id", "query_id", "t"), "--queries")
     clock = params_or_usage_error(lambda: step_clock(opts, start, period, end), "step schedule")
+    unit = record_unit(opts, streaming, demo, elements)
     params = params_or_usage_error(lambda: GrowingDatabaseParams(
         universe=universe, n=opts.n, epsilon=opts.epsilon, delta=opts.delta, clock=clock, mechanism=opts.mechanism,
         alpha=opts.alpha, a=opts.a, xi_n=opts.xi_n, beta=opts.beta, gamma=opts.gamma, snapshots=opts.snapshots,
         streams=split_list(opts.streams, "--streams"), noise_key=noise_key_of(opts),
         **lateness(opts, GrowingDatabaseParams)), opts.mechanism)
-    return Plan(demo, elements, queries, out_dir, params, streaming)
+    return Plan(demo, elements, queries, out_dir, with_unit(params, unit, "privacy unit"), streaming)
 
 
 # -- rows -> the transform's elements and queries -------------------------------------------------
@@ -150,6 +154,12 @@ def to_element(row: dict, universe) -> dict:
     record = row.get("record") if isinstance(row.get("record"), dict) else row
     return {"stream_id": row.get("stream_id"), "timestamp": row.get("timestamp"),
             "value": {f.name: _field_value(f, record.get(f.name)) for f in universe.fields}}
+
+
+def to_unit_element(row: dict, universe, column: str) -> tuple:
+    """A row with a unit column -> ``(stream_id, timestamp, record, unit id)`` (the unit stage strips the id)."""
+    element = to_element(row, universe)
+    return element["stream_id"], element["timestamp"], element["value"], unit_id(row.get(column))
 
 
 def elements(universe):
@@ -200,10 +210,14 @@ def build(pipeline, job: Plan, opts, messages=None):
     from pipelines.common import write_dead_letters, write_releases
     from pipelines.records import ReadRecords, Records
 
-    universe = job.params.universe
-    if messages is None and opts.source == "files":  # elements in columns: one ElementColumns per Arrow batch
-        element_blocks, bad_rows = pipeline | "ReadElements" >> ReadRecords(opts, job.elements, None,
-                                                                            elements(universe))
+    universe, unit = job.params.universe, job.params.privacy_unit
+    if messages is None and opts.source == "files":
+        if unit is None:  # elements in columns: one ElementColumns per Arrow batch
+            element_blocks, bad_rows = pipeline | "ReadElements" >> ReadRecords(opts, job.elements, None,
+                                                                                elements(universe))
+        else:  # one row at a time, with its unit id (the columnar blocks have no unit column)
+            rows, bad_rows = pipeline | "ReadElements" >> ReadRecords(opts, job.elements)
+            element_blocks = rows | "ToUnitElements" >> beam.Map(to_unit_element, universe, unit.column)
         queries, bad_queries = pipeline | "ReadQueries" >> ReadRecords(
             opts, job.queries, None, Records(partial(to_query, size=universe.size)))
         dead = {"read": bad_rows, "read_queries": bad_queries}

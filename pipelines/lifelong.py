@@ -13,6 +13,9 @@ with ``task_id``) adds ``meta["accuracy"]`` to each snapshot. Needs torch. With 
 runs a demo on *permuted digits*: scikit-learn's digits in three tasks of all ten classes, each task a
 third of the training rows with its pixels shuffled by a fixed public permutation (task 0: none), 20% held
 out for eval; it prints the non-private A-GEM reference beside the private accuracy.
+``--privacy-unit-column COL --max-unit-records K`` (a batch replay of ``--input`` files; every task closes at
+the end of the input, no end markers) protects one unit's whole contribution of at most K training rows
+instead of one row (group privacy of the learner's guarantee, ``docs/lifelong.md``).
 
     python -m pipelines.lifelong --help
 """
@@ -26,6 +29,7 @@ from typing import Any
 
 from pipelines.outputs import private_dir
 from pipelines.paths import join, write_text
+from pipelines.record_units import record_unit, unit_id
 from pipelines.rows import features_of, number, require_columns
 from pipelines.runner import Job, UsageError, noise_key_of, options_class, params_or_usage_error, run_cli, split_list
 
@@ -93,6 +97,7 @@ def plan(options) -> Plan:
         raise UsageError(f"--input reads files: drop it with --source {opts.source}")
     out_dir = opts.output
     demo = opts.input is None and opts.source == "files"
+    unit = record_unit(opts, streaming, demo, opts.input)
     if demo:
         pattern, eval_pattern = (join(private_dir(opts), name) for name in ("demo_tasks.csv", "demo_eval.csv"))
         demo_sizes = write_demo(pattern, eval_pattern)  # needed now: the eval sets are part of the params
@@ -140,6 +145,8 @@ def plan(options) -> Plan:
         learner, streams=split_list(opts.streams, "--streams"), noise_key=noise_key_of(opts),
         allow_cuda=opts.device == "auto",
         torch_threads=opts.torch_threads or (1 if demo else None)), "lifelong")  # demo: a tiny network
+    if unit is not None:
+        params = params_or_usage_error(lambda: params.with_privacy_unit(unit), "privacy unit")
     return Plan(demo, pattern, out_dir, params, streaming, classes)
 
 
@@ -168,15 +175,18 @@ def _integer(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def to_task_row(row: dict, dim: int, classes: tuple[str, ...]) -> tuple:
-    """A row -> ``(stream_id, task_id, x, class index)``, or ``(stream_id, task_id, END_OF_TASK)`` for an end marker."""
+def to_task_row(row: dict, dim: int, classes: tuple[str, ...], unit_column: str | None = None) -> tuple:
+    """A row -> ``(stream_id, task_id, x, class index)``, or ``(stream_id, task_id, END_OF_TASK)`` for an end
+    marker; with ``unit_column``, that cell (the unit id) appended."""
     from beam_dp.beam.lifelong import END_OF_TASK
 
     task = row.get("task_id")
     task = str(_integer(task)) if isinstance(task, (int, float)) and not isinstance(task, bool) else task
     if row.get(END_OF_TASK_FIELD) is True:
-        return row.get("stream_id"), task, END_OF_TASK
-    return row.get("stream_id"), task, features_of(row, dim), class_index(row.get("label"), classes)
+        element: tuple = (row.get("stream_id"), task, END_OF_TASK)
+    else:
+        element = (row.get("stream_id"), task, features_of(row, dim), class_index(row.get("label"), classes))
+    return element + ((unit_id(row.get(unit_column)),) if unit_column is not None else ())
 
 
 def build(pipeline, job: Plan, opts, messages=None):
@@ -186,8 +196,16 @@ def build(pipeline, job: Plan, opts, messages=None):
     from pipelines.common import write_dead_letters, write_releases
     from pipelines.records import ReadRecords, Records
 
-    task_rows = Records(partial(to_task_row, dim=job.params.learner.input_dim, classes=job.classes))
-    records, bad_rows = pipeline | "ReadRecords" >> ReadRecords(opts, job.pattern, messages, task_rows)
+    unit = job.params.privacy_unit
+    to_row = partial(to_task_row, dim=job.params.learner.input_dim, classes=job.classes,
+                     unit_column=None if unit is None else unit.column)
+    if unit is not None:  # one row at a time, with its unit id, as the unit stage bounds them
+        import apache_beam as beam
+
+        rows, bad_rows = pipeline | "ReadRecords" >> ReadRecords(opts, job.pattern)
+        records = rows | "ToUnitRows" >> beam.Map(to_row)
+    else:
+        records, bad_rows = pipeline | "ReadRecords" >> ReadRecords(opts, job.pattern, messages, Records(to_row))
     out = records | "LifelongLearner" >> LifelongLearner(job.params)
     write_releases(out.releases, job.out_dir, "models", opts.format, job.streaming)
     write_dead_letters({"read": bad_rows, "models": out.dead_letter}, private_dir(opts), job.streaming)

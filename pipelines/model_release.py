@@ -5,7 +5,9 @@ examples from ``--base-size`` on), ``multiresolution`` (Algorithm 2/6: models on
 ``--block-size`` examples) or ``sliding`` (Algorithm 5: a model over the last ``--window`` examples, every
 ``--block-size``). ``--classes`` selects multiclass logistic regression; without it, Huber regression.
 Steps are count steps per stream (arrival order and counts are public). With no ``--input`` the job
-runs on scikit-learn's bundled digits (one stream, 10 classes, features scaled to [0, 1]).
+runs on scikit-learn's bundled digits (one stream, 10 classes, features scaled to [0, 1]). With
+``--privacy-unit-column COL --max-unit-records K`` (a batch replay of ``--input``) every model protects one
+unit's at most ``K`` examples instead of one example (``pipelines.record_units``, ``docs/erm.md``).
 
     python -m pipelines.model_release --help
 """
@@ -18,6 +20,7 @@ from typing import Any
 
 from pipelines.outputs import private_dir
 from pipelines.paths import join, write_text
+from pipelines.record_units import record_unit, unit_id, with_unit
 from pipelines.rows import features_of, number, require_columns
 from pipelines.runner import Job, UsageError, noise_key_of, options_class, params_or_usage_error, run_cli, split_list
 
@@ -90,7 +93,9 @@ def plan(options) -> Plan:
         extra = dict(block=opts.block_size, max_level=opts.max_level, sampling=sampling)
     else:
         extra = dict(block=opts.block_size, window=opts.window or 7 * opts.block_size, sampling=sampling)
-    params = params_or_usage_error(lambda: params_type(**common, **extra), opts.algorithm)
+    unit = record_unit(opts, streaming, demo, pattern)
+    params = with_unit(params_or_usage_error(lambda: params_type(**common, **extra), opts.algorithm), unit,
+                       "privacy unit")
     return Plan(demo, pattern, out_dir, params, streaming)
 
 
@@ -109,6 +114,11 @@ def to_example(row: dict, dim: int, classification: bool) -> tuple:
     return row.get("stream_id"), features_of(row, dim), _class_label(label) if classification else number(label)
 
 
+def to_unit_example(row: dict, dim: int, classification: bool, column: str) -> tuple:
+    """A record with a unit column -> ``(stream_id, features, label, unit id)`` (the unit stage strips the id)."""
+    return to_example(row, dim, classification) + (unit_id(row.get(column)),)
+
+
 def labelled(params: Any):
     """How the job reads its examples (``pipelines.records.Labelled``): files in columns, messages by ``to_example``."""
     from pipelines.records import Labelled
@@ -120,12 +130,20 @@ def labelled(params: Any):
 
 def build(pipeline, job: Plan, opts, messages=None):
     """Add the job to ``pipeline``; returns the transform's ``ContinualOutputs``."""
+    import apache_beam as beam
+
     import beam_dp.beam as transforms
     from pipelines.common import write_dead_letters, write_releases
     from pipelines.records import ReadRecords
 
     params = job.params
-    examples, bad_rows = pipeline | "ReadRecords" >> ReadRecords(opts, job.pattern, messages, labelled(params))
+    if params.privacy_unit is None:
+        examples, bad_rows = pipeline | "ReadRecords" >> ReadRecords(opts, job.pattern, messages, labelled(params))
+    else:  # one row at a time, with its unit id (the columnar blocks have no unit column)
+        rows, bad_rows = pipeline | "ReadRecords" >> ReadRecords(opts, job.pattern)
+        examples = rows | "ToUnitExamples" >> beam.Map(
+            to_unit_example, dim=params.n_features, classification=params.classes is not None,
+            column=params.privacy_unit.column)
     name = ALGORITHMS[opts.algorithm][1]
     out = examples | name >> getattr(transforms, name)(params)
     write_releases(out.releases, job.out_dir, "models", opts.format, job.streaming)

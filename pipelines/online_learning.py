@@ -7,6 +7,8 @@ records. ``--learner regression``: PRIVINCREG1/2 or PRIVINCERM, releasing ``{"th
 ``--period``, ``--end``; the records then need a ``timestamp``). Records: ``stream_id``,
 [``timestamp``,] ``x_0..x_{d-1}``, ``label``. With no ``--input`` the job runs on scikit-learn's
 breast-cancer data (online, labels -1/+1) or diabetes data (regression), rows scaled to norm <= 1.
+``--privacy-unit-column COL --max-unit-records K`` (a batch replay of ``--input`` files) protects one unit's
+whole contribution of at most K records instead of one record (group privacy, ``docs/online.md``).
 
     python -m pipelines.online_learning --help
 """
@@ -19,6 +21,7 @@ from typing import Any
 
 from pipelines.outputs import private_dir
 from pipelines.paths import join, write_text
+from pipelines.record_units import record_unit, unit_id, with_unit
 from pipelines.rows import features_of, number, require_columns
 from pipelines.runner import (
     Job,
@@ -92,6 +95,7 @@ def plan(options) -> Plan:
     out_dir = opts.output
     demo = opts.input is None and opts.source == "files"
     pattern = join(private_dir(opts), f"demo_{opts.learner}.csv") if demo else opts.input
+    unit = record_unit(opts, streaming, demo, pattern)
     dim = (30 if opts.learner == "online" else 10) if demo else _dim(opts, pattern)
     streams = split_list(opts.streams, "--streams")
     constraint = {"kind": opts.constraint, "radius": opts.radius}
@@ -103,7 +107,7 @@ def plan(options) -> Plan:
             constraint=constraint, window=opts.window, algorithm=algorithm, loss=opts.loss, mu=opts.mu,
             delta=opts.delta or 0.0, noise=opts.noise, calibration=opts.calibration, beta=opts.beta,
             alpha=opts.alpha, C0=opts.c0, **common), algorithm)
-        return Plan(demo, pattern, out_dir, params, False, streaming, opts.learner)
+        return Plan(demo, pattern, out_dir, with_unit(params, unit, "privacy unit"), False, streaming, opts.learner)
     clock, block_size = None, opts.block_size
     if opts.start is not None or opts.period is not None:
         if opts.start is None or opts.period is None or (opts.end is None and opts.source == "files"):
@@ -119,7 +123,7 @@ def plan(options) -> Plan:
         horizon=opts.horizon, release_every=opts.release_every, calibration=opts.calibration, clock=clock,
         block_size=block_size, options=_regression_options(opts, algorithm), **common,
         **lateness(opts, IncrementalRegressionParams)), algorithm)
-    return Plan(demo, pattern, out_dir, params, clock is not None, streaming, opts.learner)
+    return Plan(demo, pattern, out_dir, with_unit(params, unit, "privacy unit"), clock is not None, streaming, opts.learner)
 
 
 def _regression_options(opts, algorithm: str) -> dict:
@@ -131,12 +135,11 @@ def _regression_options(opts, algorithm: str) -> dict:
     return {k: v for k, v in (("m", opts.m), ("iterations", opts.iterations)) if v is not None}
 
 
-def to_record(row: dict, dim: int, event_time: bool) -> tuple:
-    """A row -> ``(stream_id, [timestamp,] features, label)``."""
+def to_record(row: dict, dim: int, event_time: bool, unit_column: str | None = None) -> tuple:
+    """A row -> ``(stream_id, [timestamp,] features, label[, unit id])`` (the unit id: ``unit_column``'s cell)."""
     features, label = features_of(row, dim), number(row.get("label"))
-    if event_time:
-        return row.get("stream_id"), row.get("timestamp"), features, label
-    return row.get("stream_id"), features, label
+    head = (row.get("stream_id"), row.get("timestamp")) if event_time else (row.get("stream_id"),)
+    return (*head, features, label) + ((unit_id(row.get(unit_column)),) if unit_column is not None else ())
 
 
 def labelled(dim: int):
@@ -148,14 +151,21 @@ def labelled(dim: int):
 
 def build(pipeline, job: Plan, opts, messages=None):
     """Add the job to ``pipeline``; returns the transform's ``ContinualOutputs``. Event-time records
-    (with a timestamp) are read row by row."""
+    (with a timestamp) and records with a privacy unit are read row by row."""
 
     from beam_dp.beam import IncrementalRegression, OnlineLearner
     from pipelines.common import write_dead_letters, write_releases
     from pipelines.records import ReadRecords, Records
 
     transform = OnlineLearner if opts.learner == "online" else IncrementalRegression
-    if job.event_time:
+    unit = job.params.privacy_unit
+    if unit is not None:  # one row at a time, with its unit id (the columnar blocks have no unit column)
+        import apache_beam as beam
+
+        rows, bad_rows = pipeline | "ReadRecords" >> ReadRecords(opts, job.pattern)
+        records = rows | "ToUnitRecords" >> beam.Map(to_record, dim=job.params.dim, event_time=job.event_time,
+                                                    unit_column=unit.column)
+    elif job.event_time:
         records, bad_rows = pipeline | "ReadRecords" >> ReadRecords(
             opts, job.pattern, messages, Records(partial(to_record, dim=job.params.dim, event_time=True)))
     else:

@@ -20,6 +20,11 @@ Each transform returns ``ContinualOutputs(releases, dead_letter)``; a release ro
 the model's ``weights`` and ``intercepts`` (``parts``), and its meta the data range covered, the
 regulariser chain, every training call (for the per-element ledger), ε/δ spent and ``certified``.
 ``beam_dp.io.load_model(row)`` turns a row back into a predictor.
+
+With ``privacy_unit=`` (a :class:`~beam_dp.core.group_privacy.RecordUnit`; batch replay only) each release
+protects one privacy unit's whole contribution of at most ``max_records`` examples, by group privacy
+over the chain of its record substitutions, calibrated at the record-level budget
+:func:`~beam_dp.core.group_privacy.record_budget` gives (``docs/erm.md``, "Privacy units").
 """
 
 from __future__ import annotations
@@ -37,7 +42,9 @@ from beam_dp.beam.shell.blocks import BundleBlocks, ColumnarParse, RecordColumns
 from beam_dp.beam.shell.domains import bind_noise_domain, release_labels
 from beam_dp.beam.shell.outputs import ContinualOutputs
 from beam_dp.beam.shell.parse import DEAD_LETTER
+from beam_dp.beam.shell.unit_records import BoundUnitRecords, with_record_unit
 from beam_dp.core.budget import BudgetShare, check_params_budget
+from beam_dp.core.group_privacy import UNITS_BATCH_ONLY, RecordUnit, check_unit_share
 from beam_dp.core.limits import (
     EPSILON_RANGE,
     LAMBDA_RANGE,
@@ -99,6 +106,9 @@ class _ERMParams:
             with exact arithmetic, the sensitivity grown by ``sqrt(d)·g``; default None: raw floats.
         streams, noise_key, budget: the step fields of :class:`~beam_dp.steps.params.StepParams` (count steps
             only: no clock, lateness or restore).
+        privacy_unit: the :class:`~beam_dp.core.group_privacy.RecordUnit` every release protects (default None:
+            one example); set by ``with_record_unit`` (or the transform's ``privacy_unit=``), with ``epsilon``,
+            ``delta`` the record-level budget and ``budget`` the unit's share.
     """
 
     n_features: int = 1
@@ -116,6 +126,7 @@ class _ERMParams:
     streams: tuple[str, ...] | None = None
     noise_key: NoiseKey = field(default_factory=NoiseKey)
     budget: BudgetShare | None = None  # this transform's share of its job's budget (**share.params())
+    privacy_unit: RecordUnit | None = None  # the unit protected (with_record_unit); None: one example
 
     clock = None  # the driver contract: count steps only, no grace, nothing to restore
     allowed_lateness = 0.0
@@ -138,6 +149,7 @@ class _ERMParams:
         if self.classes is not None:
             object.__setattr__(self, "classes", tuple(self.classes))
         check_streams(self)
+        check_unit_share(self.privacy_unit, self.budget)
         check_params_budget(self, self.build_mechanism())  # validates everything (ValueError)
 
     def model(self) -> LinearModel:
@@ -162,7 +174,7 @@ class MultiResolutionParams(_ERMParams):
         sampling: Algorithm 6 (``noise="gamma"`` only): level ``k`` trains on a Bernoulli sample at a
             smaller scale (default False).
         n_features, classes, lam, epsilon, delta, noise, clip_bound, huber, backend, uncertified,
-            granularity, streams, noise_key, budget: the model, privacy and stream fields every ERM params
+            granularity, streams, noise_key, budget, privacy_unit: the model, privacy and stream fields every ERM params
             shares (``_ERMParams``; count steps only: no clock, lateness or restore).
     """
 
@@ -196,7 +208,7 @@ class ContinualModelParams(_ERMParams):
         base_fraction: ``f`` in ``(0, 1)`` (default 0.5): ε splits into ``f·ε`` for the prefix models and
             ``(1 − f)·ε`` for the updates; every element's spend stays below ε.
         n_features, classes, lam, epsilon, delta, noise, clip_bound, huber, backend, uncertified,
-            granularity, streams, noise_key, budget: the model, privacy and stream fields every ERM params
+            granularity, streams, noise_key, budget, privacy_unit: the model, privacy and stream fields every ERM params
             shares (``_ERMParams``; count steps only: no clock, lateness or restore).
     """
 
@@ -227,7 +239,7 @@ class SlidingWindowModelParams(_ERMParams):
         block: ``w0``: elements per step (>= 1; default 1024).
         sampling: the fine-tuning sampling variant (``noise="gamma"`` only; default False).
         n_features, classes, lam, epsilon, delta, noise, clip_bound, huber, backend, uncertified,
-            granularity, streams, noise_key, budget: the model, privacy and stream fields every ERM params
+            granularity, streams, noise_key, budget, privacy_unit: the model, privacy and stream fields every ERM params
             shares (``_ERMParams``; count steps only: no clock, lateness or restore).
     """
 
@@ -367,14 +379,20 @@ def _labelled_rows(stream: str, rows: list, originals: tuple) -> list:
 class _ERMRelease(beam.PTransform):
     params_type: type = _ERMParams
 
-    def __init__(self, params: _ERMParams, label: str | None = None):
+    def __init__(self, params: _ERMParams, label: str | None = None, privacy_unit: RecordUnit | None = None):
         super().__init__(label)
         if not isinstance(params, self.params_type):
             raise TypeError(f"{type(self).__name__} takes a {self.params_type.__name__}")
-        self.params = params
+        self.params = params if privacy_unit is None else with_record_unit(params, privacy_unit)
 
     def expand(self, events: PCollection) -> ContinualOutputs:
         params = bind_noise_domain(self.params, events)
+        unit_dead: list[PCollection] = []
+        if params.privacy_unit is not None:  # at most max_records examples per unit, the id hashed and dropped
+            if not getattr(events, "is_bounded", True):
+                raise ValueError(UNITS_BATCH_ONLY)
+            events, bad_units = events | "BoundUnits" >> BoundUnitRecords(params.privacy_unit, params.noise_key)
+            unit_dead.append(bad_units)
         parsed = events | "Parse" >> beam.ParDo(ParseLabelledExamples(params)).with_output_types(
             Tuple[str, Any]).with_outputs(DEAD_LETTER, main="examples")
         examples = parsed.examples
@@ -385,7 +403,7 @@ class _ERMRelease(beam.PTransform):
         released = release_stage(examples, params, "Release", bool(getattr(events, "is_bounded", True)),
                                  per_step_timers=False)
         rows = released.rows | "Rows" >> beam.Map(release_labels(params)).with_output_types(ReleaseRow)
-        dead = (parsed[DEAD_LETTER], released[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
+        dead = (*unit_dead, parsed[DEAD_LETTER], released[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
         return ContinualOutputs(rows, dead)
 
 
@@ -396,6 +414,8 @@ class MultiResolutionRelease(_ERMRelease):
         params: a :class:`MultiResolutionParams` (every privacy parameter, checked at its construction).
         label: the transform's label (default None: Beam's); it names the noise domain when
             ``params.noise_key.domain`` is unset.
+        privacy_unit: protect this :class:`~beam_dp.core.group_privacy.RecordUnit` (the examples carry its
+            field; a tuple its id as a 4th item) instead of one example (default None; batch replay only).
     """
 
     params_type = MultiResolutionParams
@@ -408,6 +428,8 @@ class ContinualModelRelease(_ERMRelease):
         params: a :class:`ContinualModelParams` (every privacy parameter, checked at its construction).
         label: the transform's label (default None: Beam's); it names the noise domain when
             ``params.noise_key.domain`` is unset.
+        privacy_unit: protect this :class:`~beam_dp.core.group_privacy.RecordUnit` (the examples carry its
+            field; a tuple its id as a 4th item) instead of one example (default None; batch replay only).
     """
 
     params_type = ContinualModelParams
@@ -420,6 +442,8 @@ class SlidingWindowModelRelease(_ERMRelease):
         params: a :class:`SlidingWindowModelParams` (every privacy parameter, checked at its construction).
         label: the transform's label (default None: Beam's); it names the noise domain when
             ``params.noise_key.domain`` is unset.
+        privacy_unit: protect this :class:`~beam_dp.core.group_privacy.RecordUnit` (the examples carry its
+            field; a tuple its id as a 4th item) instead of one example (default None; batch replay only).
     """
 
     params_type = SlidingWindowModelParams

@@ -29,6 +29,12 @@ Public: the clock, the arrival count per stream (t is the database size), the qu
 weights, the set of streams. Protected: which elements the database holds (event level,
 substitution from the element's arrival on). The privacy arithmetic is in the mechanisms.
 
+With ``privacy_unit=`` (a :class:`~beam_dp.core.group_privacy.RecordUnit`; batch replay only) the elements
+are bounded to at most ``max_records`` per privacy unit, and every answer protects one unit's whole
+contribution by group privacy over the chain of its element substitutions, calibrated at the record-level
+budget :func:`~beam_dp.core.group_privacy.record_budget` gives (``docs/growing_db.md``, "Privacy units").
+Queries are public and carry no unit.
+
 The stateful DoFn is a shell over the one step driver (:mod:`beam_dp.steps.driver`) with the
 growing-database policy (:class:`~beam_dp.steps.policies.GrowingPolicy`): two inputs, elements by
 step, queries carried until answered; the same end, lateness and refusal rules as every family.
@@ -55,8 +61,10 @@ from beam_dp.beam.shell.blocks import (
 )
 from beam_dp.beam.shell.dofn import DriverDoFn
 from beam_dp.beam.shell.domains import bind_noise_domain, release_labels
+from beam_dp.beam.shell.unit_records import BoundUnitRecords, with_record_unit
 from beam_dp.core.budget import BudgetShare, check_params_budget
 from beam_dp.core.clock import StepClock
+from beam_dp.core.group_privacy import UNITS_BATCH_ONLY, RecordUnit, check_unit_share
 from beam_dp.core.limits import (
     EPSILON_RANGE,
     MAX_COUNT,
@@ -141,6 +149,10 @@ class GrowingDatabaseParams:
             post-processing, no privacy cost).
         streams, noise_key, budget, allowed_lateness: the step fields of
             :class:`~beam_dp.steps.params.StepParams`.
+        privacy_unit: the :class:`~beam_dp.core.group_privacy.RecordUnit` every answer protects (default
+            None: one element); set by ``with_record_unit`` (or the transform's ``privacy_unit=``), with
+            ``epsilon``, ``delta`` the record-level budget every calibration (PMWG's ``xi_n``, the schedulers'
+            epochs) is planned from and ``budget`` the unit's share.
     """
 
     universe: Universe
@@ -160,6 +172,7 @@ class GrowingDatabaseParams:
     noise_key: NoiseKey = field(default_factory=NoiseKey)
     budget: BudgetShare | None = None  # this transform's share of its job's budget (**share.params())
     allowed_lateness: float = 0.0  # grace in seconds (see beam_dp.steps.params)
+    privacy_unit: RecordUnit | None = None  # the unit protected (with_record_unit); None: one element
 
     def __post_init__(self) -> None:
         if not isinstance(self.universe, Universe):
@@ -180,6 +193,7 @@ class GrowingDatabaseParams:
             check_number("gamma", self.gamma, 1e-6, 1e3)
         if self.xi_n is not None:
             check_number("xi_n", self.xi_n, MIN_SCALE, MAX_SCALE)
+        check_unit_share(self.privacy_unit, self.budget)
         check_params_budget(self, self.build_mechanism())
 
     def build_mechanism(self) -> GrowingQueryMechanism:
@@ -506,19 +520,23 @@ class GrowingDatabaseQueries(beam.PTransform):
 
     Input: ``{"elements": pcoll, "queries": pcoll}`` or ``(elements, queries)``. Guarantee per element
     (substitution from its arrival on): ε-DP, or (ε, δ)-DP when ``delta > 0``, over the whole
-    unbounded stream of answers; every release carries the worst element's ``epsilon_spent``.
+    unbounded stream of answers; every release carries the worst element's ``epsilon_spent``. With a
+    privacy unit, per unit of at most ``max_records`` elements (group privacy; batch replay only).
 
     Args:
         params: a :class:`GrowingDatabaseParams` (every privacy parameter, checked at its construction).
         label: the transform's label (default None: Beam's); it names the noise domain when
             ``params.noise_key.domain`` is unset.
+        privacy_unit: protect this :class:`~beam_dp.core.group_privacy.RecordUnit` (the elements carry its
+            field; a tuple element its id as a 4th item) instead of one element (default None).
     """
 
-    def __init__(self, params: GrowingDatabaseParams, label: str | None = None):
+    def __init__(self, params: GrowingDatabaseParams, label: str | None = None,
+                 privacy_unit: RecordUnit | None = None):
         super().__init__(label)
         if not isinstance(params, GrowingDatabaseParams):
             raise TypeError("GrowingDatabaseQueries takes a GrowingDatabaseParams")
-        self.params = params
+        self.params = params if privacy_unit is None else with_record_unit(params, privacy_unit)
 
     def expand(self, inputs) -> GrowingDatabaseOutputs:
         if isinstance(inputs, Mapping):
@@ -529,6 +547,12 @@ class GrowingDatabaseQueries(beam.PTransform):
         bounded = bool(getattr(elements, "is_bounded", True)) and bool(getattr(queries, "is_bounded", True))
         if bounded and params.clock.last_step is None:
             raise ValueError("a batch replay needs a public end: StepClock(..., end=...)")
+        unit_dead = []
+        if params.privacy_unit is not None:  # at most max_records elements per unit, the id hashed and dropped
+            if not bounded:
+                raise ValueError(UNITS_BATCH_ONLY)
+            elements, bad_units = elements | "BoundUnits" >> BoundUnitRecords(params.privacy_unit, params.noise_key)
+            unit_dead.append(bad_units)
         parsed_e = elements | "ParseElements" >> beam.ParDo(ParseGrowing(params, "element")).with_outputs(
             DEAD_LETTER, main="ok")
         parsed_q = queries | "ParseQueries" >> beam.ParDo(ParseGrowing(params, "query")).with_outputs(
@@ -545,5 +569,6 @@ class GrowingDatabaseQueries(beam.PTransform):
         labels = release_labels(params)
         rows = out.rows | "Rows" >> beam.Map(labels).with_output_types(ReleaseRow)
         snaps = out[SNAPSHOTS] | "SnapshotRows" >> beam.Map(labels).with_output_types(ReleaseRow)
-        dead = (parsed_e[DEAD_LETTER], parsed_q[DEAD_LETTER], out[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
+        dead = ((*unit_dead, parsed_e[DEAD_LETTER], parsed_q[DEAD_LETTER], out[DEAD_LETTER])
+                | "DeadLetters" >> beam.Flatten())
         return GrowingDatabaseOutputs(rows, snaps, dead)

@@ -24,6 +24,16 @@ Guarantees: those of the learner (``L2DPConfig``: the paper's claim, labelled ``
 release and warned about once per worker; ``BoundedAGEMConfig``/``NaiveGaussianConfig``: (ε, δ)-DP
 from dp-accounting). The torch device is chosen on each worker in ``setup()``: CUDA when available and
 ``allow_cuda``, else the CPU. The non-private ``AGEMConfig`` is refused.
+
+With ``privacy_unit=`` (a :class:`~beam_dp.core.group_privacy.RecordUnit`; batch replay only) every snapshot
+protects one privacy unit's whole contribution of at most ``max_records`` training rows over the stream's
+life, by group privacy of the learner's guarantee over the chain of its row changes (add/remove for the
+DP-SGD learners, Lai et al.'s lifelong neighbours for L2DP-ML), calibrated at the record-level (ε, δ)
+:func:`~beam_dp.core.group_privacy.record_budget` gives (``LifelongParams.with_privacy_unit``;
+``docs/lifelong.md``, "Privacy units"). Each element is then one row carrying the unit field (a tuple's last
+item, a mapping key or a row attribute); a block of rows (``wrong_shape``) or an ``END_OF_TASK`` marker
+(``malformed``: every task closes at the end of the replay) is a dead letter, and a bad id a ``bad_unit_id``
+one without the id.
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Tuple
+from typing import Any, ClassVar, Iterator, Tuple
 
 import apache_beam as beam
 import numpy as np
@@ -41,7 +51,9 @@ from beam_dp.beam.shell.blocks import BundleBlocks, RecordColumns, alone, by_rec
 from beam_dp.beam.shell.dofn import DriverDoFn, EncodedBuffer
 from beam_dp.beam.shell.domains import bind_noise_domain, release_labels
 from beam_dp.beam.shell.outputs import ContinualOutputs
-from beam_dp.core.budget import BudgetShare, check_share
+from beam_dp.beam.shell.unit_records import BoundUnitRecords
+from beam_dp.core.budget import BudgetShare, Composition, JobBudget, check_share
+from beam_dp.core.group_privacy import RecordUnit, check_unit_share
 from beam_dp.core.noise_binding import calibration_binding
 from beam_dp.io.keys import load_noise_source
 from beam_dp.mechanisms.lifelong.config import BoundedAGEMConfig, L2DPConfig, NaiveGaussianConfig, TaskData
@@ -81,6 +93,9 @@ class LifelongParams:
         allow_cuda: let workers train on CUDA when present (default True); False: the CPU.
         torch_threads: torch intra-op threads per worker (integer >= 1; default None: torch's own). Not part
             of the calibration.
+        privacy_unit: the :class:`~beam_dp.core.group_privacy.RecordUnit` every snapshot protects (default None:
+            one training row); set by :meth:`with_privacy_unit`, with the learner at the record-level budget
+            and ``budget`` the unit's share.
     """
 
     learner: L2DPConfig | BoundedAGEMConfig | NaiveGaussianConfig
@@ -89,6 +104,7 @@ class LifelongParams:
     budget: BudgetShare | None = None  # this transform's share of its job's budget (**share.params())
     allow_cuda: bool = True
     torch_threads: int | None = None
+    privacy_unit: RecordUnit | None = None  # the unit protected (with_privacy_unit); None: one training row
 
     def __post_init__(self) -> None:
         if not isinstance(self.learner, (L2DPConfig, BoundedAGEMConfig, NaiveGaussianConfig)):
@@ -98,19 +114,50 @@ class LifelongParams:
         check_streams(self)
         if self.torch_threads is not None and (not isinstance(self.torch_threads, int) or self.torch_threads < 1):
             raise ValueError("torch_threads must be an integer >= 1 or None")
+        check_unit_share(self.privacy_unit, self.budget)
         if self.budget is not None:
-            if isinstance(self.learner, L2DPConfig):
+            own_unit_share = self.privacy_unit is not None and len(self.budget.plan.shares) == 1
+            if isinstance(self.learner, L2DPConfig) and not own_unit_share:
                 raise ValueError("L2DP-ML's guarantee is the paper's unaudited claim: it cannot take a share of a "
                                  "job budget; use BoundedAGEMConfig (DP-SGD + A-GEM)")
-            check_share(self.budget, self.learner.epsilon, self.learner.delta, self.composition, "LifelongParams")
+            check_share(self.budget, self.learner.epsilon, _delta(self.learner), self.composition, "LifelongParams")
 
     # DP-SGD's subsampled Gaussian steps are accounted with RDP: basic (epsilon, delta) composition with others
-    composition = "approx"
+    composition: ClassVar[Composition] = "approx"
+
+    def with_privacy_unit(self, unit: RecordUnit) -> "LifelongParams":
+        """These params protecting one privacy unit of at most ``unit.max_records`` training rows as they
+        protect one row: their budget share (one for the transform alone if they have none) becomes the
+        unit's (:meth:`~beam_dp.core.budget.BudgetShare.per_unit`, ``approx`` composition: the learners'
+        (ε, δ) guarantees, L2DP-ML's with δ = 0, so ``kε`` exactly) and the learner config is calibrated at
+        its record-level ``(epsilon, delta)``, so every calibration (DP-SGD's noise multipliers and memory
+        share, L2DP-ML's Laplace scales) sees it. A fixed ``noise_multiplier`` is refused: it is not
+        calibrated to any budget."""
+        if not isinstance(unit, RecordUnit):
+            raise TypeError(f"privacy_unit must be a RecordUnit, got {type(unit).__name__}")
+        if self.privacy_unit is not None:
+            raise ValueError("these params protect a privacy unit already")
+        if getattr(self.learner, "noise_multiplier", None) is not None:
+            raise ValueError("a fixed noise_multiplier is not calibrated to a privacy unit's budget: leave it unset")
+        epsilon, delta = self.learner.epsilon, _delta(self.learner)
+        share = self.budget or JobBudget(epsilon, delta).plan({"transform": (self.composition, epsilon, delta)})[
+            "transform"]
+        share = share.per_unit(unit.max_records)
+        epsilon, delta = share.record_budget()
+        calibration: dict[str, Any] = {"epsilon": epsilon, **({"delta": delta} if hasattr(self.learner, "delta")
+                                                              else {})}
+        return dataclasses.replace(self, learner=dataclasses.replace(self.learner, **calibration), budget=share,
+                                   privacy_unit=unit)
 
     def build_mechanism(self):
         """The learner, on CUDA when available and allowed (call on the worker)."""
         config = self.learner if self.allow_cuda else dataclasses.replace(self.learner, device="cpu")
         return build_learner(config)
+
+
+def _delta(learner: Any) -> float:
+    """The learner's delta (L2DP-ML's claim is pure: 0)."""
+    return float(getattr(learner, "delta", 0.0))
 
 
 def _dead(reason: str, detail: str, stream, element, source=None) -> beam.pvalue.TaggedOutput:
@@ -135,7 +182,8 @@ class ParseTaskRows(beam.DoFn):
     def setup(self) -> None:
         cfg = self._params.learner
         self._dim, self._classes = cfg.input_dim, cfg.n_classes
-        self._tasks = {t: i for i, t in enumerate(cfg.task_ids)}
+        self._tasks = {t: i for i, t in enumerate(cfg.task_ids or ())}  # declared: LifelongParams checks
+        self._one_row = self._params.privacy_unit is not None  # a unit's bound counts elements: one row each
         self._streams = frozenset(self._params.streams) if self._params.streams is not None else None
         self._dead = Metrics.counter("beam_dp/lifelong", "dead_letters")
         self._rows = Metrics.counter("beam_dp/lifelong", "elements")  # accepted rows: the jobs sum "elements"
@@ -169,19 +217,26 @@ class ParseTaskRows(beam.DoFn):
             yield self._reject(UNKNOWN_TASK, "task id is not among the declared task_ids", stream, element)
             return
         if marker:
-            if isinstance(payload[0], str) and payload[0] == END_OF_TASK:
+            if self._one_row:
+                yield self._reject(Reason.MALFORMED, "with a privacy unit every task closes at the end of the "
+                                   "batch replay: no END_OF_TASK markers", stream, element)
+            elif isinstance(payload[0], str) and payload[0] == END_OF_TASK:
                 yield from self._blocks.flush(lambda key: key[0] == stream)  # the stream's rows before its marker
                 yield stream, (index, None, None, alone(original))
             else:
                 yield self._reject(Reason.MALFORMED, "a 3-tuple must be an END_OF_TASK marker", stream, element)
             return
-        yield from self._rows_of(stream, index, element, original, *payload, timestamp, window)
+        x_raw, y_raw = payload
+        yield from self._rows_of(stream, index, element, original, x_raw, y_raw, timestamp, window)
 
     def _rows_of(self, stream: str, index: int, element, original, x_raw, y_raw, timestamp, window) -> Iterator:
         try:
             arr = numeric_array(x_raw, "x")
             if arr.ndim == 2 and (arr.shape[1] != self._dim or arr.shape[0] == 0):
                 raise ValueError(f"{Reason.WRONG_SHAPE}: a block of rows must have shape (n >= 1, {self._dim})")
+            if arr.ndim == 2 and arr.shape[0] > 1 and self._one_row:
+                raise ValueError(f"{Reason.WRONG_SHAPE}: with a privacy unit an element is one row, x of shape "
+                                 f"({self._dim},)")
             x = (np.stack([coerce_value(r, self._dim, "x") for r in arr]) if arr.ndim == 2
                  else coerce_value(arr, self._dim, "x")[None, :])
         except ValueError as exc:  # "<reason>: <detail>" (beam_dp.steps.events)
@@ -252,16 +307,24 @@ class LifelongLearner(beam.PTransform):
         params: a :class:`LifelongParams` (the learner's privacy parameters, checked at its construction).
         label: the transform's label (default None: Beam's); it names the noise domain when
             ``params.noise_key.domain`` is unset.
+        privacy_unit: a :class:`~beam_dp.core.group_privacy.RecordUnit`: protect one unit's at most
+            ``max_records`` training rows (batch replay; see the module docstring). Default None: one row.
     """
 
-    def __init__(self, params: LifelongParams, label: str | None = None):
+    def __init__(self, params: LifelongParams, label: str | None = None, privacy_unit: RecordUnit | None = None):
         super().__init__(label)
         if not isinstance(params, LifelongParams):
             raise TypeError("LifelongLearner takes a LifelongParams")
-        self.params = params
+        self.params = params if privacy_unit is None else params.with_privacy_unit(privacy_unit)
 
     def expand(self, events):
         params = bind_noise_domain(self.params, events)
+        unit_dead = []
+        if params.privacy_unit is not None:  # at most max_records rows per unit, the id hashed and dropped
+            if not getattr(events, "is_bounded", True):
+                raise ValueError("privacy units of a per-record family run on a batch replay only")
+            events, bad_units = events | "BoundUnits" >> BoundUnitRecords(params.privacy_unit, params.noise_key)
+            unit_dead.append(bad_units)
         parsed = events | "Parse" >> beam.ParDo(ParseTaskRows(params)).with_output_types(
             Tuple[str, Any]).with_outputs(DEAD_LETTER, main="rows")
         rows = parsed.rows
@@ -273,5 +336,5 @@ class LifelongLearner(beam.PTransform):
             DEAD_LETTER, main="rows")
         releases = learned.rows | "Rows" >> beam.Map(release_labels(params, params.composition)).with_output_types(
             ReleaseRow)
-        dead = (parsed[DEAD_LETTER], learned[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
+        dead = (*unit_dead, parsed[DEAD_LETTER], learned[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
         return ContinualOutputs(releases, dead)

@@ -25,6 +25,14 @@ Bad input goes to ``dead_letter`` with a machine-readable reason and never reach
 the declared bound (1) and features with ``‖x‖ > 1`` are **clipped and counted** (metrics
 ``clipped_labels`` / ``clipped_features``), not dead-lettered: the guarantee assumes the clipped
 values, so they are safe to use.
+
+With ``privacy_unit=`` (a :class:`~beam_dp.core.group_privacy.RecordUnit`; batch replay only) every release
+protects one privacy unit's whole contribution of at most ``max_records`` records, replaced by any other
+values in the same positions (the unit's arrival pattern stays public, as arrival counts are), by group
+privacy over the chain of its record substitutions, calibrated at the record-level budget
+:func:`~beam_dp.core.group_privacy.record_budget` gives (``docs/online.md``, "Privacy units"). Records then
+carry the unit field (a mapping key, a row attribute, or a tuple's last item); a bad id is a
+``bad_unit_id`` dead letter without the id.
 """
 
 from __future__ import annotations
@@ -48,8 +56,10 @@ from beam_dp.beam.shell.blocks import (
 from beam_dp.beam.shell.domains import bind_noise_domain, release_labels
 from beam_dp.beam.shell.outputs import ContinualOutputs
 from beam_dp.beam.shell.parse import DEAD_LETTER
+from beam_dp.beam.shell.unit_records import BoundUnitRecords, with_record_unit
 from beam_dp.core.budget import BudgetShare, check_params_budget
 from beam_dp.core.clock import StepClock
+from beam_dp.core.group_privacy import RecordUnit, check_unit_share
 from beam_dp.core.limits import (
     EPSILON_RANGE,
     MAX_DIM,
@@ -99,6 +109,9 @@ class OnlineLearnerParams:
         x1: the starting point, a point of the constraint set (default None: the set's own start point).
         streams, noise_key, budget: the step fields of :class:`~beam_dp.steps.params.StepParams` (steps are
             count steps of one record: no clock, lateness or restore).
+        privacy_unit: the :class:`~beam_dp.core.group_privacy.RecordUnit` every release protects (default None:
+            one record); set by the transform's ``privacy_unit=`` (``with_record_unit``), with ``epsilon``,
+            ``delta`` the record-level budget and ``budget`` the unit's share.
     """
 
     dim: int
@@ -118,6 +131,7 @@ class OnlineLearnerParams:
     streams: tuple[str, ...] | None = None
     noise_key: NoiseKey = field(default_factory=NoiseKey)
     budget: BudgetShare | None = None  # this transform's share of its job's budget (**share.params())
+    privacy_unit: RecordUnit | None = None  # the unit protected (with_record_unit); None: one record
 
     allowed_lateness = 0.0  # the driver contract: count steps, nothing to restore
     restore_states = None
@@ -130,6 +144,7 @@ class OnlineLearnerParams:
         check_window(self.window, self.dim)
         check_number("mu", self.mu, 0.0, MAX_SCALE)
         check_number("beta", self.beta, 0.0, 1.0, low_open=True)
+        check_unit_share(self.privacy_unit, self.budget)
         check_params_budget(self, self.build_mechanism())
 
     # the DoFn contract: count steps of one record
@@ -182,6 +197,9 @@ class IncrementalRegressionParams:
             ``tau``, ``schedule``, ...; default none).
         clock, block_size, streams, noise_key, budget, allowed_lateness: the step fields of
             :class:`~beam_dp.steps.params.StepParams` (steps: event time or blocks of ``block_size`` records).
+        privacy_unit: the :class:`~beam_dp.core.group_privacy.RecordUnit` every release protects (default None:
+            one record); set by the transform's ``privacy_unit=`` (``with_record_unit``), with ``epsilon``,
+            ``delta`` the record-level budget and ``budget`` the unit's share.
     """
 
     dim: int
@@ -199,6 +217,7 @@ class IncrementalRegressionParams:
     noise_key: NoiseKey = field(default_factory=NoiseKey)
     budget: BudgetShare | None = None  # this transform's share of its job's budget (**share.params())
     allowed_lateness: float = 0.0  # grace in seconds (event time), see beam_dp.steps.params
+    privacy_unit: RecordUnit | None = None  # the unit protected (with_record_unit); None: one record
 
     restore_states = None  # the driver contract: nothing to restore
 
@@ -216,6 +235,7 @@ class IncrementalRegressionParams:
         if self.horizon is not None and self.clock is not None and self.clock.last_step is not None:
             if self.clock.last_step > self.horizon:
                 raise ValueError(f"the clock has {self.clock.last_step} steps but horizon is {self.horizon}")
+        check_unit_share(self.privacy_unit, self.budget)
         check_params_budget(self, self.build_mechanism())
 
     @property
@@ -362,21 +382,28 @@ def _record_rows(stream: str, records: list, originals: tuple) -> list:
 
 
 class _LearnerTransform(beam.PTransform):
-    """Parse → (declared streams) → the release stage (`release_stage`), as the continual-sum transforms."""
+    """(Bound units →) parse → (declared streams) → the release stage (`release_stage`), as the continual-sum
+    transforms."""
 
     params_type: type = object
 
-    def __init__(self, params: Any, label: str | None = None):
+    def __init__(self, params: Any, label: str | None = None, privacy_unit: RecordUnit | None = None):
         super().__init__(label)
         if not isinstance(params, self.params_type):
             raise TypeError(f"{type(self).__name__} takes a {self.params_type.__name__}")
-        self.params = params
+        self.params: Any = params if privacy_unit is None else with_record_unit(params, privacy_unit)
 
     def expand(self, records) -> ContinualOutputs:
         params = bind_noise_domain(self.params, records)
         bounded = bool(getattr(records, "is_bounded", True))
         if params.event_time and bounded and params.clock.last_step is None:
             raise ValueError("a batch replay with event-time steps needs a public end: StepClock(..., end=...)")
+        unit_dead = []
+        if params.privacy_unit is not None:  # at most max_records records per unit, the id hashed and dropped
+            if not bounded:
+                raise ValueError("privacy units of a per-record family run on a batch replay only")
+            records, bad_units = records | "BoundUnits" >> BoundUnitRecords(params.privacy_unit, params.noise_key)
+            unit_dead.append(bad_units)
         parsed = records | "Parse" >> beam.ParDo(ParseRecords(params)).with_output_types(
             Tuple[str, Any]).with_outputs(DEAD_LETTER, main="records")
         items = parsed.records
@@ -386,7 +413,7 @@ class _LearnerTransform(beam.PTransform):
             items = (items, declared) | "WithDeclared" >> beam.Flatten()
         released = release_stage(items, params, "Release", bounded)
         rows = released.rows | "Rows" >> beam.Map(release_labels(params)).with_output_types(ReleaseRow)
-        dead = (parsed[DEAD_LETTER], released[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
+        dead = (*unit_dead, parsed[DEAD_LETTER], released[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
         return ContinualOutputs(rows, dead)
 
 
@@ -402,6 +429,8 @@ class OnlineLearner(_LearnerTransform):
         params: a :class:`OnlineLearnerParams` (every privacy parameter, checked at its construction).
         label: the transform's label (default None: Beam's); it names the noise domain when
             ``params.noise_key.domain`` is unset.
+        privacy_unit: a :class:`~beam_dp.core.group_privacy.RecordUnit`: protect one unit's at most
+            ``max_records`` records (batch replay; see the module docstring). Default None: one record.
     """
 
     params_type = OnlineLearnerParams
@@ -417,6 +446,7 @@ class IncrementalRegression(_LearnerTransform):
         params: a :class:`IncrementalRegressionParams` (every privacy parameter, checked at its construction).
         label: the transform's label (default None: Beam's); it names the noise domain when
             ``params.noise_key.domain`` is unset.
+        privacy_unit: as :class:`OnlineLearner`'s.
     """
 
     params_type = IncrementalRegressionParams

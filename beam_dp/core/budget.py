@@ -350,11 +350,13 @@ class ShareUse:
 
 def share_use(name: str, params, mechanism=None) -> ShareUse:
     """How much of its share (``params.budget``, else its own ``epsilon``/``delta``) the transform of
-    ``params`` can spend by its clock's public last step (any step when it has none)."""
+    ``params`` can spend by its clock's public last step (any step when it has none); a unit's share: as
+    one unit's spend."""
     mechanism = params.build_mechanism() if mechanism is None else mechanism
     share = getattr(params, "budget", None)
     planned = ((float(share.epsilon), float(share.delta)) if share is not None
                else (float(mechanism.guarantee.epsilon), float(mechanism.guarantee.delta)))
     last_step = getattr(getattr(params, "clock", None), "last_step", None)
-    spendable = max_spend_of(mechanism, last_step) or planned
+    spent = max_spend_of(mechanism, last_step)  # the mechanism's, per record for a unit's share
+    spendable = planned if spent is None else spent if share is None else share.unit_spend(*spent)
     return ShareUse(name, planned[0], planned[1], spendable[0], spendable[1])

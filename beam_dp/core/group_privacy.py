@@ -27,9 +27,11 @@ from beam_dp.core.budget import COMPOSITIONS, gaussian_mu
 from beam_dp.core.calibration import analytic_gaussian_epsilon
 from beam_dp.core.limits import MAX_COUNT, check_count
 
-__all__ = ["RecordUnit", "record_budget", "unit_spend"]
+__all__ = ["UNITS_BATCH_ONLY", "RecordUnit", "check_unit_share", "record_budget", "unit_spend"]
 
 _FIELD = r"^[A-Za-z_][A-Za-z0-9_.-]*$"
+#: why a per-record family refuses a privacy unit on an unbounded input
+UNITS_BATCH_ONLY = "privacy units of a per-record family run on a batch replay only"
 
 
 def _checked(composition: str, epsilon: float, delta: float, k: int) -> int:
@@ -47,6 +49,11 @@ def _checked(composition: str, epsilon: float, delta: float, k: int) -> int:
     return check_count("max_records", k, 1, MAX_COUNT)
 
 
+def _log_expm1(x: float) -> float:
+    """``log(e^x − 1)`` for ``x > 0``, without overflow."""
+    return x + math.log1p(-math.exp(-x)) if x > 1.0 else math.log(math.expm1(x))
+
+
 def unit_spend(composition: str, epsilon: float, delta: float, k: int) -> tuple[float, float]:
     """``(ε, δ)`` of one privacy unit of at most ``k`` records under a record-level ``(epsilon, delta)``
     spend of ``composition`` (``pure``, ``gaussian`` or ``approx``; see the module docstring)."""
@@ -57,7 +64,10 @@ def unit_spend(composition: str, epsilon: float, delta: float, k: int) -> tuple[
         return k * float(epsilon), 0.0
     if composition == "gaussian":  # kμ-GDP, read at the same delta
         return analytic_gaussian_epsilon(k * gaussian_mu(epsilon, delta), delta), float(delta)
-    return k * float(epsilon), float(delta) * math.expm1(k * epsilon) / math.expm1(epsilon)
+    if delta == 0.0:
+        return k * float(epsilon), 0.0
+    log_delta = math.log(delta) + _log_expm1(k * epsilon) - _log_expm1(epsilon)
+    return k * float(epsilon), (math.exp(log_delta) if log_delta < 0.0 else 1.0)  # 1: no guarantee left
 
 
 def record_budget(composition: str, epsilon: float, delta: float, k: int) -> tuple[float, float]:
@@ -72,7 +82,9 @@ def record_budget(composition: str, epsilon: float, delta: float, k: int) -> tup
         mu = gaussian_mu(epsilon, delta) / (1.0 + 1e-8) ** 2
         return analytic_gaussian_epsilon(mu / k * (1.0 - 1e-9), delta), float(delta)
     eps = float(epsilon) / k
-    return eps, float(delta) * math.expm1(eps) / math.expm1(epsilon) * (1.0 - 1e-12)
+    if delta == 0.0:
+        return eps, 0.0
+    return eps, math.exp(math.log(delta) + _log_expm1(eps) - _log_expm1(epsilon)) * (1.0 - 1e-12)
 
 
 @dataclass(frozen=True)
@@ -97,3 +109,16 @@ class RecordUnit:
     def declaration(self) -> dict[str, Any]:
         """The meta fields a unit-level release declares beside its record-level noise."""
         return {"privacy_unit": self.column, "max_records": self.max_records}
+
+
+def check_unit_share(unit: RecordUnit | None, budget: Any) -> None:
+    """Refuse (``ValueError``) a per-record family's params whose ``privacy_unit`` is not a
+    :class:`RecordUnit` or whose budget share is not that unit's (``BudgetShare.per_unit``), so every row's
+    job spend is the unit's; nothing to check at record level (``unit`` None)."""
+    if unit is None:
+        return
+    if not isinstance(unit, RecordUnit):
+        raise ValueError(f"privacy_unit must be a RecordUnit, got {type(unit).__name__}")
+    if getattr(budget, "max_records", None) != unit.max_records:
+        raise ValueError(f"a privacy unit of {unit.max_records} records needs its budget share per unit "
+                         "(beam_dp.beam.shell.unit_records.with_record_unit)")

@@ -35,7 +35,7 @@ import numpy as np
 
 from beam_dp.core.state import FORMER_MODULES
 
-__all__ = ["BINDING_VERSION", "EXCLUDED_FIELDS", "calibration_binding", "calibration_fingerprint"]
+__all__ = ["BINDING_VERSION", "EXCLUDED_FIELDS", "UNSET_UNBOUND", "calibration_binding", "calibration_fingerprint"]
 
 #: The version of the binding (prefix of every binding): a derivation change bumps it.
 BINDING_VERSION = "b1"
@@ -47,6 +47,10 @@ BINDING_VERSION = "b1"
 #: ``step_records``: the Flink record framing of the same rows;
 #: ``torch_threads``: CPU threads of a lifelong learner's torch ops.
 EXCLUDED_FIELDS = frozenset({"noise_key", "restore_states", "stream_groups", "step_records", "torch_threads"})
+#: Fields bound only when they differ from the value given: params of a run that leaves them so keep the
+#: binding they had before the field existed. ``privacy_unit``: a per-record family's unit (None: record
+#: level); ``max_records``: a budget share's records per unit (1: a record's share).
+UNSET_UNBOUND = {"privacy_unit": None, "max_records": 1}
 
 
 def calibration_fingerprint(params: Any) -> str:
@@ -80,6 +84,11 @@ def _float(x: float) -> Any:
     return {"f": x.hex() if math.isfinite(x) else repr(x)}
 
 
+def _unset(obj: Any, name: str) -> bool:
+    """Whether field ``name`` of ``obj`` holds its :data:`UNSET_UNBOUND` value (then it is not bound)."""
+    return name in UNSET_UNBOUND and getattr(obj, name) == UNSET_UNBOUND[name]
+
+
 def _canon(obj: Any, depth: int) -> Any:
     if depth > _MAX_DEPTH:
         raise TypeError("a calibration fingerprint is nested too deeply (a cycle?)")
@@ -110,7 +119,8 @@ def _canon(obj: Any, depth: int) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {"type": type(obj).__qualname__,  # not its module: moving a params class keeps its noise
                 "fields": {f.name: _canon(getattr(obj, f.name), d) for f in dataclasses.fields(obj)
-                           if f.name not in EXCLUDED_FIELDS}}
+                           if f.name not in EXCLUDED_FIELDS
+                           and not _unset(obj, f.name)}}
     if isinstance(obj, functools.partial):
         return {"partial": _canon(obj.func, d), "args": _canon(obj.args, d), "keywords": _canon(obj.keywords, d)}
     if isinstance(obj, types.MethodType):

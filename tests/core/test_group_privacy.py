@@ -69,3 +69,9 @@ def test_a_units_share_calibrates_at_the_record_budget_and_reports_the_units_spe
     check_share(unit, kwargs["epsilon"], kwargs["delta"], composition, "model")
     with pytest.raises(ValueError, match="exceeds its budget share"):  # the record budget of k = 4 is too much
         check_share(unit, *record_budget(composition, share.epsilon, share.delta, 4), composition, "model")
+
+
+def test_large_epsilons_do_not_overflow():
+    eps0, delta0 = record_budget("approx", 2000.0, 1e-6, 3)
+    assert eps0 == pytest.approx(2000.0 / 3) and 0.0 <= delta0 < 1e-6  # underflows to 0: a family refuses it
+    assert unit_spend("approx", 800.0, 1e-6, 3) == (2400.0, 1.0)  # the chain's delta passes 1: no guarantee

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Iterator
+from typing import Any, Iterator, Tuple
 
 import apache_beam as beam
 import numpy as np
@@ -117,7 +117,8 @@ class BoundUnitRecords(beam.PTransform):
         self.noise_key = noise_key
 
     def expand(self, records):
-        ids = records | "UnitIds" >> beam.ParDo(UnitRecordIds(self.unit, self.noise_key)).with_outputs(
+        ids = records | "UnitIds" >> beam.ParDo(UnitRecordIds(self.unit, self.noise_key)).with_output_types(
+            Tuple[int, Any]).with_outputs(
             DEAD_LETTER, main="records")
         kept = ids.records | "KeepRecords" >> beam.ParDo(KeepUnitRecords(self.unit.max_records))
         return kept, ids[DEAD_LETTER]
