@@ -122,7 +122,7 @@ def plan(options) -> Plan:
             raise UsageError(f"--dim is required with --source {opts.source}")
         else:
             dim = opts.dim
-    unit = _privacy_unit(opts, streaming, demo)
+    unit = _privacy_unit(opts, demo)
     if unit is not None and opts.source == "files":
         _require_unit_column(pattern, unit.column)
     clock = params_or_usage_error(lambda: step_clock(opts, start, period, end), "step schedule")
@@ -145,10 +145,10 @@ def plan(options) -> Plan:
     groups = default_stream_groups(streaming) if opts.stream_groups is None else opts.stream_groups
     if groups < 0:
         raise UsageError(f"--stream-groups must be an integer >= 0, got {groups}")
-    if unit is None:
-        params = {name: _with_stream_groups(p, groups) for name, p in params.items()}
-    else:  # unit-level transforms release keyed by stream
+    if unit is not None:
         params = {name: _unit_level(name, p, unit) for name, p in params.items()}
+    if unit is None or not streaming:  # a stream's unit-level transforms release keyed by stream
+        params = {name: _with_stream_groups(p, groups) for name, p in params.items()}
     warn_unspent(params)
     return Plan(demo, pattern, out_dir, dim, clock, params, streaming, unit)
 
@@ -158,9 +158,10 @@ _BOUNDING_FLAGS = (("--max-unit-steps", "max_unit_steps", None), ("--min-separat
                    ("--max-contributions-per-step", "max_contributions_per_step", 1))
 
 
-def _privacy_unit(opts, streaming: bool, demo: bool) -> PrivacyUnit | None:
+def _privacy_unit(opts, demo: bool) -> PrivacyUnit | None:
     """The job's privacy unit from its flags (None: event level); a usage error for bounding flags without
-    a unit column, a unit without ``--max-unit-steps``, a streaming job or the demo dataset."""
+    a unit column, a unit without ``--max-unit-steps`` or the demo dataset (a streaming job reads the unit
+    field of each JSON message)."""
     from beam_dp.core.noise import KEY_ENV_VAR
     from beam_dp.mechanisms.sums.unit_level import PrivacyUnit
 
@@ -170,8 +171,6 @@ def _privacy_unit(opts, streaming: bool, demo: bool) -> PrivacyUnit | None:
             raise UsageError(f"{', '.join(given)} bound privacy units: give --privacy-unit-column (the column of the "
                              "unit ids), or leave them out for event-level privacy")
         return None
-    if streaming:
-        raise UsageError("--privacy-unit-column runs on a batch replay only: a streaming job cannot bound units yet")
     if demo:
         raise UsageError("--privacy-unit-column needs --input: the embedded demo dataset has no unit ids")
     if opts.max_unit_steps is None:
@@ -187,8 +186,13 @@ def _privacy_unit(opts, streaming: bool, demo: bool) -> PrivacyUnit | None:
 def _require_unit_column(pattern: str, column: str) -> None:
     from pipelines.common import input_header
 
+    from beam_dp.io.sources import value_columns
+
     _, names, _ = input_header(pattern)
     require_columns(names, ("stream_id", "timestamp", column), "--input")
+    if column in value_columns(names):
+        raise UsageError(f"--privacy-unit-column {column!r} is a value column of --input: give the column of the "
+                         "unit ids")
 
 
 def _unit_level(name: str, params: Any, unit: PrivacyUnit) -> Any:
@@ -242,10 +246,19 @@ def build(pipeline, job: Plan, opts, messages=None) -> dict:
 
     if job.unit is None:
         events, bad_rows = pipeline | "ReadEvents" >> ReadEvents(opts, job.pattern, messages)
+    elif job.streaming or messages is not None:  # JSON messages with the unit field (the transforms check it)
+        import apache_beam as beam
+
+        from beam_dp.steps.events import DEAD_LETTER
+        from pipelines.common import ReadMessages
+
+        read = pipeline | "ReadEvents" >> ReadMessages(opts, messages, as_event=False)
+        events = read.events | "UnitMessages" >> beam.Map(_unit_message, job.unit.column)
+        bad_rows = read[DEAD_LETTER]
     else:
         from beam_dp.beam.shell.units import ReadUnitEventFiles
 
-        events, bad_rows = pipeline | "ReadEvents" >> ReadUnitEventFiles(job.pattern, job.unit.column)
+        events, bad_rows = pipeline | "ReadEvents" >> ReadUnitEventFiles(job.pattern, job.unit.column, batches=True)
     counted = {} if job.unit is None else {"privacy_unit": job.unit}  # the other params are unit-level already
     outputs = {name: events | _TRANSFORMS[name] >> getattr(transforms, _TRANSFORMS[name])(
         params, **(counted if name == "count" else {})) for name, params in job.params.items()}
@@ -256,6 +269,17 @@ def build(pipeline, job: Plan, opts, messages=None) -> dict:
         dead[name] = out.dead_letter
     write_dead_letters(dead, private_dir(opts), job.streaming)
     return outputs
+
+
+def _unit_message(event: dict, column: str) -> dict:
+    """A JSON message's event with its unit field: ``stream_id``, ``timestamp``, ``value`` (or
+    ``value_0..value_{d-1}``, as ``ParseMessages`` reads them) and ``column``."""
+    value = event.get("value")
+    if value is None:
+        columns = sorted((k for k in event if k.startswith("value_") and k[6:].isdigit()), key=lambda k: int(k[6:]))
+        value = [event[k] for k in columns] if columns else None
+    return {"stream_id": event.get("stream_id"), "timestamp": event.get("timestamp"), "value": value,
+            column: event.get(column)}
 
 
 def _dim_of(pattern: str) -> int:

@@ -20,7 +20,7 @@ from typing import Any, Callable, List, Optional
 from beam_dp.core.clock import StepClock
 from beam_dp.core.limits import MAX_STEPS, MAX_STREAM_STEPS
 
-__all__ = ["JOBS", "NOT_EXPOSED", "RULES", "Param", "Rule", "add_flags", "boolean", "flex_metadata", "job_params", "step_clock",
+__all__ = ["JOBS", "NOT_EXPOSED", "RULES", "Param", "Rule", "add_flags", "boolean", "default_of", "flex_metadata", "job_params", "step_clock",
            "validate", "yaml_args_doc", "yaml_signature"]
 
 _NUMBER = r"^[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?$"
@@ -186,6 +186,18 @@ CLASSES = P("classes", "Comma-separated public class labels (a label matches as 
             kind="list", fields=("classes", "n_classes"))
 
 
+#: a column or field name (a privacy unit's)
+_COLUMN = r"^[A-Za-z_][A-Za-z0-9_.-]*$"
+RECORD_UNIT = (
+    P("privacy_unit_column", "Protect privacy units (e.g. users) instead of records: the input column/field holding "
+      "the privacy unit id (text, hashed with the noise key, never kept in the clear). Each unit keeps at most "
+      "--max-unit-records records, protected together by group privacy (docs/privacy_units.md). Default: off "
+      "(record level).", regex=_COLUMN, fields=("privacy_unit",)),
+    P("max_unit_records", "At most this many records per privacy unit over the stream's life; required with "
+      "--privacy-unit-column.", kind="int", regex=_POSITIVE_INT),
+)
+
+
 def _io(name: str, inputs: str, streaming_fields: str, files: str) -> tuple[Param, ...]:
     return ((P("input", inputs, regex=r"^(gs://|/)[^\s]+$", param_type="GCS_READ_FILE", yaml=False),)
             + _source(streaming_fields) + _output(f"output/{name}", files))
@@ -235,20 +247,20 @@ JOBS: dict[str, tuple[Param, ...]] = {
           "releases alone (no privacy cost); those sums are then keyed by stream. Default: off.", kind="int", regex=_POSITIVE_INT, fields=("idle_steps",), yaml=False),
         P("idle_threshold", "With --idle-steps: the L2 change of the released sum (in the values' units) at or "
           "below which a stream is idle.", kind="float", fields=("idle_threshold",), yaml=False),
-        P("privacy_unit_column", "Protect privacy units (e.g. users) instead of events: the --input column holding "
-          "each event's unit id (text, hashed with the noise key, never kept in the clear). Each unit is bounded "
-          "by --max-unit-steps, --min-separation, --max-streams-per-step and --max-contributions-per-step and the noise "
-          "calibrated for its whole bounded contribution (docs/privacy_units.md). Batch replay only. Default: off "
-          "(event level).", regex=r"^[A-Za-z_][A-Za-z0-9_.-]*$", fields=("privacy_unit",), yaml=False),
+        P("privacy_unit_column", "Protect privacy units (e.g. users) instead of events: the --input column (on a "
+          "stream: the JSON field) holding each event's unit id (text, hashed with the noise key, never kept in the "
+          "clear). Each unit is bounded by --max-unit-steps, --min-separation, --max-streams-per-step and "
+          "--max-contributions-per-step and the noise calibrated for its whole bounded contribution "
+          "(docs/privacy_units.md). Default: off (event level).", regex=_COLUMN, fields=("privacy_unit",)),
         P("max_unit_steps", "With --privacy-unit-column: k, the most steps a unit takes part in (the windowed sum: "
-          "within any --window steps, at most 64). Required with it.", kind="int", regex=_POSITIVE_INT, yaml=False),
+          "within any --window steps, at most 64). Required with it.", kind="int", regex=_POSITIVE_INT),
         P("min_separation", "With --privacy-unit-column: b, the least number of steps between two of a unit's "
-          "steps (1: any distinct steps).", kind="int", default=1, regex=_POSITIVE_INT, yaml=False),
+          "steps (1: any distinct steps).", kind="int", default=1, regex=_POSITIVE_INT),
         P("max_streams_per_step", "With --privacy-unit-column: m, the most streams a unit contributes to per "
-          "step.", kind="int", default=1, regex=_POSITIVE_INT, yaml=False),
+          "step.", kind="int", default=1, regex=_POSITIVE_INT),
         P("max_contributions_per_step", "With --privacy-unit-column: c, a unit's contributions summed per "
           "(stream, step), the sum then clipped to --clip-bound (a count counts a unit once per step).", kind="int",
-          default=1, regex=_POSITIVE_INT, yaml=False),
+          default=1, regex=_POSITIVE_INT),
         STREAMS) + KEY + RUN,
     "model_release": _io(
         "model_release", "CSV/Parquet/JSON-lines files (or glob) with columns stream_id, x_0..x_{d-1}, label. "
@@ -282,7 +294,7 @@ JOBS: dict[str, tuple[Param, ...]] = {
         P("max_level", "multiresolution: highest dyadic level (default: unbounded).", kind="int",
           fields=("max_level",)),
         P("sampling", "Algorithms 6/8 (subsampled releases).", kind="bool", default=False, fields=("sampling",)),
-        STREAMS) + KEY + RUN,
+        STREAMS) + RECORD_UNIT + KEY + RUN,
     "growing_db_queries": _io(
         "growing_db_queries", "Element files (CSV/Parquet/JSON lines): stream_id, timestamp, one column per universe "
         "field. Default: a generated demo dataset.",
@@ -308,7 +320,7 @@ JOBS: dict[str, tuple[Param, ...]] = {
     ) + SCHEDULE + LATENESS + (
         P("snapshots", "Also release the public synthetic histogram as steps close.", kind="bool", default=False,
           fields=("snapshots",)),
-        STREAMS) + KEY + RUN,
+        STREAMS) + RECORD_UNIT + KEY + RUN,
     "online_learning": _io(
         "online_learning", "CSV/Parquet/JSON-lines files with stream_id, [timestamp,] x_0..x_{d-1}, label. "
         "Default: scikit-learn's breast cancer (online) or diabetes (regression) data.",
@@ -344,7 +356,7 @@ JOBS: dict[str, tuple[Param, ...]] = {
           fields=("options",)),
         P("block_size", "regression: records per step (count steps; default 16 unless --start/--period give "
           "event-time steps).", kind="int", regex=_POSITIVE_INT, fields=("block_size",)),
-    ) + SCHEDULE + LATENESS + (STREAMS,) + KEY + RUN,
+    ) + SCHEDULE + LATENESS + (STREAMS,) + RECORD_UNIT + KEY + RUN,
     "lifelong": _io(
         "lifelong", "CSV/Parquet/JSON-lines files with stream_id, task_id, x_0..x_{d-1}, label. Default: "
         "scikit-learn's digits in three tasks.", "stream_id, task_id, x_0.. (or features), label; "
@@ -401,7 +413,7 @@ JOBS: dict[str, tuple[Param, ...]] = {
           default="auto", fields=("allow_cuda", "device")),
         P("torch_threads", "torch intra-op threads per worker.", kind="int", regex=_POSITIVE_INT,
           fields=("torch_threads",)),
-        STREAMS) + KEY + RUN,
+        STREAMS) + RECORD_UNIT + KEY + RUN,
 }
 
 @dataclass(frozen=True)
@@ -451,6 +463,11 @@ NOT_EXPOSED: dict[str, str] = {
 
 def job_params(job: str) -> tuple[Param, ...]:
     return JOBS[job]
+
+
+def default_of(job: str, name: str) -> Any:
+    """The default of the job's parameter ``name``."""
+    return next(p.default for p in JOBS[job] if p.name == name)
 
 
 def add_flags(parser: argparse.ArgumentParser, job: str) -> None:

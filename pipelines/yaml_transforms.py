@@ -64,6 +64,7 @@ from beam_dp.beam import (
 )
 from beam_dp.beam.shell.domains import pipeline_of as _pipeline_of
 from beam_dp.beam.shell.manifest import params_composition
+from beam_dp.beam.sums import PrivacyUnit
 from beam_dp.core import StepClock
 from beam_dp.core.budget import BudgetPlan, JobBudget
 from beam_dp.core.noise import KEY_ENV_VAR
@@ -107,14 +108,16 @@ def _fields(row: Any) -> dict:
     return row._asdict() if hasattr(row, "_asdict") else dict(row)
 
 
-def _as_event(row: Any) -> Any:
-    """A YAML row -> the mapping the sum transforms parse; value columns ``value_0..`` become one list."""
+def _as_event(row: Any, unit: Optional[str] = None) -> Any:
+    """A YAML row -> the mapping the sum transforms parse; value columns ``value_0..`` become one list; with
+    ``unit``, the privacy unit's field is kept (``None`` where the row lacks it: a ``bad_unit_id``)."""
     fields = _fields(row)
     if fields.get("value") is None:
         columns = sorted((k for k in fields if k.startswith("value_") and k[6:].isdigit()), key=lambda k: int(k[6:]))
         if columns:
             fields["value"] = [fields[k] for k in columns]
-    return {"stream_id": fields.get("stream_id"), "timestamp": fields.get("timestamp"), "value": fields.get("value")}
+    event = {"stream_id": fields.get("stream_id"), "timestamp": fields.get("timestamp"), "value": fields.get("value")}
+    return event if unit is None else {**event, unit: fields.get(unit)}
 
 
 def _dead_letter_row(letter) -> DeadLetterRow:
@@ -331,8 +334,30 @@ def _sum_common(c: dict, params_class: type) -> dict:
                 streams=_items(c["streams"]), noise_key=_noise_key(c), **_schedule(c), **_lateness(c, params_class))
 
 
+_UNIT = ("privacy_unit_column", "max_unit_steps", "min_separation", "max_streams_per_step",
+         "max_contributions_per_step")
 _SUM = ("epsilon", "clip_bound", "dim", "delta", "noise", "calibration", "granularity") + SCHEDULE + (
-    "allowed_lateness", "streams") + KEYS
+    "allowed_lateness", "streams") + KEYS + _UNIT
+
+
+def _privacy_unit(c: dict) -> Optional[PrivacyUnit]:
+    """The sum's privacy unit from its config (None: event level); ``ValueError`` for bounds without a unit
+    column or a unit without ``max_unit_steps``, as the job refuses its flags."""
+    if c["privacy_unit_column"] is None:
+        given = [name for name in _UNIT[1:] if c[name] != spec.default_of("continual_stats", name)]
+        if given:
+            raise ValueError(f"{', '.join(given)} bound privacy units: give privacy_unit_column, or leave them out "
+                             "for event-level privacy")
+        return None
+    if c["max_unit_steps"] is None:
+        raise ValueError("privacy_unit_column needs max_unit_steps (the most steps a unit takes part in)")
+    return PrivacyUnit(c["privacy_unit_column"], int(c["max_streams_per_step"]), int(c["max_contributions_per_step"]),
+                       int(c["max_unit_steps"]), int(c["min_separation"]))
+
+
+def _unit_release(transform: beam.PTransform, unit: Optional[PrivacyUnit]) -> "YamlRelease":
+    """``transform`` wrapped for YAML, the unit's field kept in each event when there is a unit."""
+    return YamlRelease(transform, None if unit is None else beam.Map(_as_event, unit.column))
 
 
 @_from_spec("continual_stats", _SUM + ("horizon", "unbounded", "counter", "blt_error", "stream_groups"),
@@ -346,21 +371,26 @@ def ContinualSumYaml(c: dict) -> beam.PTransform:
     params = ContinualSumParams(
         dim=int(c["dim"]), clip_bound=float(c["clip_bound"]), horizon=c["horizon"], unbounded=c["unbounded"],
         counter=c["counter"], blt_error=c["blt_error"], granularity=c["granularity"], **_sum_common(c, ContinualSumParams))
-    groups = groups_for(params.build_mechanism(), c["stream_groups"])  # None where the mechanism keys by stream
-    return YamlRelease(ContinualSum(dataclasses.replace(params, stream_groups=groups) if groups else params))
+    unit = _privacy_unit(c)
+    # None where the mechanism keys by stream; unit-level sums release keyed by stream
+    groups = None if unit is not None else groups_for(params.build_mechanism(), c["stream_groups"])
+    return _unit_release(ContinualSum(dataclasses.replace(params, stream_groups=groups) if groups else params,
+                                      privacy_unit=unit), unit)
 
 
 @_from_spec("continual_stats", ("epsilon", "delta", "noise", "calibration", "horizon", "unbounded", "counter",
                                  "blt_error")
-            + SCHEDULE + ("allowed_lateness", "streams") + KEYS, required=("epsilon",))
+            + SCHEDULE + ("allowed_lateness", "streams") + KEYS + _UNIT, required=("epsilon",))
 def ContinualCountYaml(c: dict) -> beam.PTransform:
     """Private running number of events per stream (a continual sum of 1 per event, sensitivity 2).
 
-    Same guarantee as ContinualSum; the value field of the input rows is ignored."""
+    Same guarantee as ContinualSum; the value field of the input rows is ignored. With a privacy unit,
+    each unit is counted at most once per (stream, step)."""
     params = ContinualCountParams(horizon=c["horizon"], unbounded=c["unbounded"], counter=c["counter"],
                                   blt_error=c["blt_error"],
                                   **_sum_common(c, ContinualCountParams))
-    return YamlRelease(ContinualCount(params))
+    unit = _privacy_unit(c)
+    return _unit_release(ContinualCount(params, privacy_unit=unit), unit)
 
 
 @_from_spec("continual_stats", _SUM + ("window",), required=("epsilon", "clip_bound", "window"),
@@ -372,7 +402,8 @@ def WindowedSumYaml(c: dict) -> beam.PTransform:
     steps have been released; afterwards it appears un-noised in later releases (window DP)."""
     params = WindowedSumParams(dim=int(c["dim"]), clip_bound=float(c["clip_bound"]), window=int(c["window"]),
                                granularity=c["granularity"], **_sum_common(c, WindowedSumParams))
-    return YamlRelease(WindowedSum(params))
+    unit = _privacy_unit(c)
+    return _unit_release(WindowedSum(params, privacy_unit=unit), unit)
 
 
 def _as_example(row: Any, n_features: int, classification: bool) -> tuple:

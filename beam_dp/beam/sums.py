@@ -23,10 +23,12 @@ step; the same releases and values as keyed by stream). Write them with the sink
 turn them into rows with ``beam.FlatMap(ReleaseColumns.rows)`` or into Arrow tables with
 :func:`~beam_dp.io.release_table`.
 
-With ``privacy_unit=`` (a :class:`PrivacyUnit`, or params from ``params.with_privacy_unit``; batch replay
-only) every release protects one privacy unit's whole bounded contribution instead of one event: Parse
-is replaced by the unit stages of ``beam_dp.beam.shell.units`` (hash, key by unit, bound) and the noise
-is calibrated at the unit level (``docs/privacy_units.md``). Without it nothing changes.
+With ``privacy_unit=`` (a :class:`PrivacyUnit`, or params from ``params.with_privacy_unit``; event time)
+every release protects one privacy unit's whole bounded contribution instead of one event: Parse is
+replaced by the unit stages (hash, key by unit, bound: ``beam_dp.beam.shell.units`` on a batch replay,
+``beam_dp.beam.shell.units_streaming`` on a stream, each unit's steps closed by the watermark; both keep
+the same contributions) and the noise is calibrated at the unit level (``docs/privacy_units.md``).
+Without it nothing changes.
 
 The frozen params dataclasses (in the spirit of PipelineDP's AggregateParams) validate everything and
 build the mechanism once, so invalid privacy parameters raise ``ValueError`` before a pipeline is built.
@@ -37,7 +39,6 @@ Steps come from exactly one of ``clock`` (event-time steps; a batch replay needs
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Literal, Tuple
@@ -50,7 +51,8 @@ from beam_dp.beam.shell.batch_release import release_stage
 from beam_dp.beam.shell.domains import bind_noise_domain, release_labels
 from beam_dp.beam.shell.outputs import ContinualOutputs
 from beam_dp.beam.shell.parse import DEAD_LETTER, MergeClippedSums, ParseEvents
-from beam_dp.beam.shell.units import BoundUnits, UnitEvents
+from beam_dp.beam.shell.units import UNIT_BUCKETS, BoundUnits, UnitEventBatch, UnitEvents
+from beam_dp.beam.shell.units_streaming import BoundUnitStream
 from beam_dp.core.budget import check_params_budget
 from beam_dp.core.clock import StepClock
 from beam_dp.core.limits import check_count, check_noise_std
@@ -308,8 +310,6 @@ class _UnitLevel:
             raise TypeError("unit-level params need a PrivacyUnit")
         if self.clock is None:
             raise ValueError("privacy units need event-time steps (a clock), not block_size")
-        if self.stream_groups is not None:
-            raise ValueError("privacy units release keyed by stream: leave stream_groups unset")
         if self.restore_states:
             raise ValueError("privacy units do not resume from saved states: the units' ledger is not saved, so a "
                              "resumed run could let a unit take part again")
@@ -382,23 +382,31 @@ class _ContinualRelease(beam.PTransform):
         if params.event_time and bounded and params.clock.last_step is None:
             raise ValueError("a batch replay with event-time steps needs a public end: StepClock(..., end=...)")
         unit = getattr(params, "privacy_unit", None)
-        if unit is not None and not bounded:
-            raise ValueError("privacy units run on a batch replay only: a streaming job cannot bound units yet")
         aggregate = params.event_time and (bounded if self.pre_aggregate is None else self.pre_aggregate)
         groups = getattr(params, "stream_groups", None)
         block_type = ClippedSum if groups is None else GroupBlock
+        unit_dead: list[PCollection] = []  # the streaming unit stage's late letters
         # typed keys get deterministic coders; typed blocks the block coder (beam_dp.io.coders)
         if unit is None:
             parsed = events | "Parse" >> beam.ParDo(ParseEvents(params, aggregate)).with_output_types(
                 Tuple[Tuple[str, int], block_type] if aggregate else Tuple[str, Any]).with_outputs(
                 DEAD_LETTER, main="blocks")
             blocks = parsed.blocks
-        else:  # keyed by unit hash, each unit bounded over its steps (beam_dp.beam.shell.units)
-            aggregate = True
-            parsed = events | "UnitEvents" >> beam.ParDo(UnitEvents(params)).with_output_types(
+        else:  # keyed by unit hash, each unit bounded over its steps (beam_dp.beam.shell.units, units_streaming)
+            parsed = events | "UnitEvents" >> beam.ParDo(UnitEvents(params, UNIT_BUCKETS if bounded else None)).with_output_types(
                 Tuple[int, Any]).with_outputs(DEAD_LETTER, main="events")
-            blocks = (parsed.events | "ByUnit" >> beam.GroupByKey()
-                      | "BoundUnits" >> beam.ParDo(BoundUnits(params)).with_output_types(Tuple[Tuple[str, int], ClippedSum]))
+            if bounded:
+                aggregate = True
+                blocks = (parsed.events | "ByUnit" >> beam.GroupByKey()
+                          | "BoundUnits" >> beam.ParDo(BoundUnits(params)).with_output_types(
+                              Tuple[Tuple[str, int], block_type]))
+            elif groups is not None:
+                raise ValueError("privacy units on a stream release keyed by stream: leave stream_groups unset")
+            else:  # each unit's kept sums leave at their step's close; the release shell sums them per step
+                blocks, late = parsed.events | "UnitSteps" >> BoundUnitStream(params)
+                blocks = blocks | "ByStream" >> beam.Map(_by_stream).with_output_types(
+                    Tuple[str, Tuple[int, ClippedSum, Any]])
+                unit_dead.append(late)
         if aggregate:
             # keyed by stream: a lifted combiner; keyed by groups: Parse summed each bundle already
             # (BundleGroupSums), and the release stage adds a group's blocks of one step as they come
@@ -422,21 +430,15 @@ class _ContinualRelease(beam.PTransform):
         released = release_stage(blocks, params, release, bounded,
                                  rows_type=None if groups is None else ReleaseColumns)
         labels = release_labels(params)
+        if unit is not None:  # every row's meta declares the unit and its bounds (public parameters)
+            labels = dataclasses.replace(labels, unit_meta=tuple(sorted(params.unit_declaration().items())))
         if groups is None:
             rows = released.rows | "Rows" >> beam.Map(labels).with_output_types(ReleaseRow)
-            if unit is not None:
-                rows = rows | "DeclareUnit" >> beam.Map(_declare_unit, params.unit_declaration()).with_output_types(
-                    ReleaseRow)
         else:
             rows = released.rows | "Labels" >> beam.Map(lambda columns: columns._replace(labels=labels)).with_output_types(
                 ReleaseColumns)
-        dead = (parsed[DEAD_LETTER], released[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
+        dead = (parsed[DEAD_LETTER], *unit_dead, released[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
         return ContinualOutputs(rows, dead)
-
-
-def _declare_unit(row: ReleaseRow, declaration: dict[str, Any]) -> ReleaseRow:
-    """``row`` whose meta declares its privacy unit and bounds (public parameters)."""
-    return row._replace(meta=json.dumps({**json.loads(row.meta or "{}"), **declaration}, sort_keys=True))
 
 
 def _declarations(streams: list[str], groups: int | None, dim: int) -> list[tuple[str, Any]]:
@@ -463,8 +465,8 @@ class ContinualSum(_ContinualRelease):
         label: the transform's label (default None: Beam's); it names the noise domain when
             ``params.noise_key.domain`` is unset.
         privacy_unit: protect one privacy unit's whole bounded contribution instead of one event
-            (:class:`PrivacyUnit`; event time, batch replay only; the noise is calibrated at the unit level,
-            ``docs/privacy_units.md``). Default None: event level.
+            (:class:`PrivacyUnit`; event time, batch replay or stream; the noise is calibrated at the unit
+            level, ``docs/privacy_units.md``). Default None: event level.
     """
 
     def __init__(self, params: ContinualSumParams, pre_aggregate: bool | None = None, label: str | None = None,
@@ -497,6 +499,8 @@ def _as_unit_event(element: Any, event_time: bool, unit: str | None = None) -> A
     """Replace an event's value by 1.0 (keeping its privacy unit field ``unit``, when given: the 4th item
     of a tuple ``(stream_id, timestamp, anything, unit_id)``); leave anything unrecognisable for Parse to
     dead-letter."""
+    if isinstance(element, UnitEventBatch):
+        return element.counted()
     if isinstance(element, EventBatch):
         return EventBatch(element.stream_ids, element.timestamps, np.ones((len(element), 1)))
     if unit is not None and isinstance(element, tuple) and not hasattr(element, "_fields") and len(element) == 4:

@@ -74,7 +74,7 @@ class UnitKeys:
         secret = bytes(secret)
         self._key = secret if len(secret) <= 64 else hashlib.blake2b(secret, digest_size=64).digest()
         self._units = hashlib.blake2b(key=self._key, digest_size=8, person=UNIT_PERSON)
-        self._streams: dict[str, np.uint64] = {}
+        self._streams: dict[str, int] = {}
         self._contribution_words = self._key_words(b"contributions")
         self._stream_words = self._key_words(b"streams")
 
@@ -92,14 +92,18 @@ class UnitKeys:
 
     def stream_hashes(self, names: Sequence[str]) -> np.ndarray:
         """The keyed 64-bit hash of each stream id (cached): what the choices see of a stream."""
-        for name in names:
-            if name not in self._streams:
-                if len(self._streams) >= self.MAX_CACHED:
-                    self._streams.clear()
+        known = list(map(self._streams.get, names))  # the usual case once the streams are known: one C-level pass
+        if None in known:
+            fresh = {}
+            for name in {name for name, h in zip(names, known) if h is None}:
                 raw = name.encode("utf-8")
                 message = b"stream" + struct.pack("<I", len(raw)) + raw
-                self._streams[name] = np.frombuffer(self._digest(message, 8), dtype="<u8")[0]
-        return np.array([self._streams[name] for name in names], dtype=np.uint64)
+                fresh[name] = int(np.frombuffer(self._digest(message, 8), dtype="<u8")[0])
+            if len(self._streams) + len(fresh) > self.MAX_CACHED:
+                self._streams.clear()
+            self._streams.update(fresh)
+            known = [fresh[name] if h is None else h for name, h in zip(names, known)]
+        return np.array(known, dtype=np.uint64)
 
     def hash(self, ids: Sequence[Any]) -> np.ndarray:
         """The keyed 64-bit hash (uint64) of each unit id; ``ValueError`` naming the first bad row and why
@@ -129,7 +133,14 @@ def _keys(key: bytes | UnitKeys) -> UnitKeys:
 
 def unit_id_problems(ids: Sequence[Any]) -> list[tuple[int, str]]:
     """``(row, detail)`` of every id :func:`unit_hash` refuses (not a string, empty, not UTF-8, over
-    :data:`MAX_UNIT_ID_BYTES` bytes); the detail never contains the id."""
+    :data:`MAX_UNIT_ID_BYTES` bytes); the detail never contains the id. All valid (the usual case): one
+    C-level pass over the ids (encode, then lengths), no Python per id."""
+    try:
+        sizes = np.fromiter(map(len, map(str.encode, ids)), np.int64, len(ids))
+        if not len(sizes) or (sizes.min() > 0 and sizes.max() <= MAX_UNIT_ID_BYTES):
+            return []
+    except (TypeError, UnicodeEncodeError):
+        pass
     problems = []
     for row, unit in enumerate(ids):
         if not isinstance(unit, str):
@@ -338,12 +349,18 @@ def _stream_codes(streams: Any, n: int, names: Sequence[str] | None) -> tuple[li
         codes = np.asarray(streams)
         if codes.shape != (n,) or codes.dtype.kind not in "iu" or (n and not 0 <= codes.min() <= codes.max() < len(names)):
             raise ValueError(f"streams must be {n} indices into stream_names")
-    if not all(isinstance(s, str) and s and is_utf8(s) for s in names) or len(set(names)) != len(names):
+    try:  # every name non-empty UTF-8 text, in C-level passes
+        valid = min(map(len, map(str.encode, names)), default=1) > 0 and len(set(names)) == len(names)
+    except (TypeError, UnicodeEncodeError):
+        valid = False
+    if not valid:
         raise ValueError("stream ids must be distinct non-empty UTF-8 strings")
     ranked = sorted(names)
     if codes is None:
         index = {s: i for i, s in enumerate(ranked)}
         return ranked, np.fromiter(map(index.__getitem__, streams), np.int64, n)
+    if ranked == names:  # names given in order (the usual case)
+        return ranked, codes.astype(np.int64)
     rank = np.argsort(np.argsort(np.array(names, dtype=object)))  # each name's place among the sorted names
     return ranked, rank[codes.astype(np.int64)]
 

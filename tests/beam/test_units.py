@@ -242,17 +242,6 @@ def test_count_with_units_counts_each_unit_once_per_step():
     run_and_check(build)
 
 
-def test_streaming_is_refused_in_one_line():
-    from apache_beam.testing.test_stream import TestStream
-
-    from tests.beam.helpers import streaming_options
-
-    with pytest.raises(ValueError, match="batch replay only"):
-        with beam.Pipeline(options=streaming_options()) as pipeline:
-            stream = pipeline | TestStream().add_elements([("a", 1.0, 1.0, "u")]).advance_watermark_to_infinity()
-            _ = stream | ContinualSum(ContinualSumParams(clock=CLOCK), privacy_unit=PrivacyUnit("user", 1, 1, 2))
-
-
 def test_drops_are_counted_in_metrics_and_never_released():
     from apache_beam.metrics.metric import MetricsFilter
 

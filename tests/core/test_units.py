@@ -86,6 +86,16 @@ def test_bad_unit_ids_are_refused_with_a_reason_that_hides_the_id(bad, detail):
     assert unit_id_problems(["ok", "x" * MAX_UNIT_ID_BYTES]) == []
 
 
+def test_unit_id_problems_of_many_ids_find_every_bad_row():
+    rng = np.random.default_rng(5)
+    ids = np.array([f"user-{i}" for i in range(20_000)], dtype=object)
+    assert unit_id_problems(ids) == [] and unit_id_problems([]) == []  # all valid: the one C-level pass
+    bad = np.sort(rng.choice(len(ids), 6, replace=False))
+    for row, value in zip(bad, [7, "", None, "\ud800", "x" * (MAX_UNIT_ID_BYTES + 1), b"raw"]):
+        ids[row] = value
+    assert [row for row, _ in unit_id_problems(ids)] == bad.tolist()
+
+
 def test_unit_keys_hide_the_key():
     keys = UnitKeys(KEY)
     assert KEY.hex() not in repr(keys) and "secret" in repr(keys)

@@ -292,3 +292,10 @@ def test_job_event_field_as_unit_column_is_refused_in_one_line(column, tmp_path,
     path = _csv(tmp_path / "e.csv", _good_rows(4))
     assert_usage_error(continual_stats.main, PROG, _argv(path, tmp_path / "o", f"--privacy-unit-column={column}",
                                                          "--max-unit-steps=2"), column, capsys)
+
+
+def test_job_value_column_as_unit_column_is_refused_in_one_line(tmp_path, capsys):
+    rows = [f"a,{1.0 + i},0.5,0.25,{SECRET}".encode() for i in range(3)]
+    path = _csv(tmp_path / "e.csv", rows, header=b"stream_id,timestamp,value_0,value_1,user")
+    assert_usage_error(continual_stats.main, PROG, _argv(path, tmp_path / "o", "--privacy-unit-column=value_1",
+                                                         "--max-unit-steps=2"), "value column", capsys)
