@@ -29,15 +29,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from beam_dp.mechanisms.base import ClippedSum
-from beam_dp.mechanisms.stream_groups import GroupBlock, group_of
+from beam_dp.mechanisms.stream_groups import GroupBlock, group_key, group_of
 from beam_dp.steps.batch import ROW_REASONS, key_step_parts, row_reasons, step_sums
 from beam_dp.steps.events import DETAIL, DeadLetter, parse_contribution
 
-__all__ = ["SPLIT_BYTES", "BlockParser", "StepBlock", "file_splits", "parse_line", "read_split"]
+__all__ = ["MAX_PARALLELISM", "MIN_SPLIT_BYTES", "SPLIT_BYTES", "BlockParser", "StepBlock", "file_splits",
+           "group_keys", "key_group", "parse_line", "read_split", "subtask_of"]
 
 #: bytes of input per split: what one parse holds in memory at a time (a few times this), and how many
 #: records a key and step gets (one per split touching it: each costs the keyed function a state merge)
 SPLIT_BYTES = 64 << 20
+#: the smallest split :func:`file_splits` cuts to spread a file over the parse subtasks
+MIN_SPLIT_BYTES = 1 << 20
 
 
 def parse_line(line: str) -> tuple:
@@ -63,10 +66,12 @@ class StepBlock:
     block: GroupBlock | ClippedSum
 
 
-def file_splits(path: str, split_bytes: int = SPLIT_BYTES) -> list[tuple[str, int, int]]:
-    """``(file, start, end)`` byte ranges of at most ``split_bytes`` covering the files of ``path`` (a file or
-    a directory, walked recursively; names starting with ``.`` or ``_`` are skipped, as Flink's FileSource
-    skips them), in name order. A path that does not exist raises ``FileNotFoundError``."""
+def file_splits(path: str, split_bytes: int = SPLIT_BYTES, parallelism: int = 1) -> list[tuple[str, int, int]]:
+    """``(file, start, end)`` byte ranges covering the files of ``path`` (a file or a directory, walked
+    recursively; names starting with ``.`` or ``_`` are skipped, as Flink's FileSource skips them), in
+    name order: at most ``split_bytes`` each, and at most ``1/parallelism`` of all the bytes (not below
+    :data:`MIN_SPLIT_BYTES`), so that one file gives every parse subtask a split. A path that does not
+    exist raises ``FileNotFoundError``."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"--input {path} does not exist")
     if os.path.isfile(path):
@@ -76,8 +81,11 @@ def file_splits(path: str, split_bytes: int = SPLIT_BYTES) -> list[tuple[str, in
         for folder, dirs, names in os.walk(path):
             dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
             files += [os.path.join(folder, n) for n in sorted(names) if not n.startswith((".", "_"))]
-    return [(name, start, min(start + split_bytes, size)) for name in files
-            for size in [os.path.getsize(name)] for start in range(0, size, split_bytes)]
+    sizes = [os.path.getsize(name) for name in files]
+    share = -(-sum(sizes) // max(parallelism, 1))
+    split_bytes = min(split_bytes, max(share, MIN_SPLIT_BYTES))
+    return [(name, start, min(start + split_bytes, size)) for name, size in zip(files, sizes)
+            for start in range(0, size, split_bytes)]
 
 
 def read_split(path: str, start: int, end: int) -> pa.Array:
@@ -191,3 +199,56 @@ class BlockParser:
 
     def _seconds(self, step: int) -> float:
         return self._clock.step_start_micros(step) / 1e6
+
+
+#: key groups of a release operator: Flink's default max parallelism for a job run at parallelism <= 85
+MAX_PARALLELISM = 128
+_MASK = 0xFFFFFFFF
+
+
+def _rotl(x: int, r: int) -> int:
+    return ((x << r) | (x >> (32 - r))) & _MASK
+
+
+def _murmur(code: int) -> int:
+    """Flink's ``MathUtils.murmurHash`` of a 32-bit int (as unsigned bits): a non-negative int."""
+    code = _rotl(code * 0xCC9E2D51 & _MASK, 15) * 0x1B873593 & _MASK
+    code = ((_rotl(code, 13) * 5 + 0xE6546B64) & _MASK) ^ 4
+    code = (code ^ (code >> 16)) * 0x85EBCA6B & _MASK
+    code = (code ^ (code >> 13)) * 0xC2B2AE35 & _MASK
+    code ^= code >> 16
+    signed = code - (1 << 32) if code >> 31 else code
+    return abs(signed) if signed != -(1 << 31) else 0
+
+
+def key_group(key: str, max_parallelism: int = MAX_PARALLELISM) -> int:
+    """The Flink key group of a string key of PyFlink's ``key_by(..., key_type=Types.STRING())``, which
+    keys by a one-field ``Row``: Flink hashes that Row as the string's Java ``hashCode`` + 62."""
+    units = key.encode("utf-16-be")
+    code = 0
+    for i in range(0, len(units), 2):  # Java's String.hashCode over UTF-16 code units
+        code = (31 * code + (units[i] << 8 | units[i + 1])) & _MASK
+    return _murmur((code + 62) & _MASK) % max_parallelism
+
+
+def subtask_of(key: str, parallelism: int, max_parallelism: int = MAX_PARALLELISM) -> int:
+    """The subtask of an operator at ``parallelism`` that holds ``key`` (Flink's key-group ranges)."""
+    return key_group(key, max_parallelism) * parallelism // max_parallelism
+
+
+@functools.cache
+def group_keys(groups: int, max_parallelism: int = MAX_PARALLELISM) -> tuple[str, ...]:
+    """The Flink key of each of ``groups`` stream groups: ``group_key(g)``, salted ``group_key(g)/n``
+    (the smallest such n) unless its key group already is the middle one of group g's share of the
+    key groups. At any parallelism the groups then spread over the subtasks as evenly as key-group
+    ranges allow (4 groups at parallelism 4: one a subtask; at 2: two), where the bare keys hash
+    4 groups onto 3 subtasks. A key does not depend on the parallelism: a rescaled job keys each group
+    as before. The salt only places a group: the key its driver state, dead letters and a Beam
+    restore know is ``group_key(g)``, the Flink key up to its first ``/``."""
+    keys = []
+    for group in range(groups):
+        target, key, salt = (2 * group + 1) * max_parallelism // (2 * groups), group_key(group), 0
+        while key_group(key, max_parallelism) != target:
+            key, salt = f"{group_key(group)}/{salt}", salt + 1
+        keys.append(key)
+    return tuple(keys)

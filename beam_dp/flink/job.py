@@ -167,7 +167,9 @@ class ContinualReleaseFunction(KeyedProcessFunction):
     def open(self, runtime_context: RuntimeContext) -> None:
         params = self._params
         self._driver = self._make_driver()
-        self._labels = ReleaseLabels(params.noise_key.domain, composition_of(self._mechanism), params.budget)
+        unit = getattr(params, "unit_declaration", None)  # unit-level sums declare their unit in every row
+        self._labels = ReleaseLabels(params.noise_key.domain, composition_of(self._mechanism), params.budget,
+                                     tuple(sorted(unit().items())) if unit else ())
         self._streams = frozenset(params.streams) if params.streams is not None else None
         self._step_records = getattr(params, "step_records", False)
         self._key = runtime_context.get_state(ValueStateDescriptor("beam_dp_key_state", BYTES_TYPE))
@@ -422,7 +424,7 @@ def watermarks(max_delay_ms: int = 0, idle_ms: int | None = None) -> WatermarkSt
 
 
 def release_stream(env: StreamExecutionEnvironment, events, params: Any, *, uid: str | None = None,
-                   max_delay_ms: int = 0, idle_ms: int | None = None, stamp: bool = True):
+                   max_delay_ms: int = 0, idle_ms: int | None = None, stamp: bool = True, units: bool = False):
     """``events`` (a DataStream of :data:`EVENT_TYPE`) -> ``(releases, dead_letters)``, JSON strings.
 
     With a clock each release record of step s carries the Flink timestamp ``end(s) + allowed_lateness``
@@ -432,10 +434,15 @@ def release_stream(env: StreamExecutionEnvironment, events, params: Any, *, uid:
     ``uid`` names this release function in the job: its noise domain unless ``params.noise_key.domain``
     is set (one of them is required), and, as ``beam_dp/<domain>``, its Flink operator uid. A domain
     already claimed by a release function of this job is refused (``ValueError``;
-    :mod:`beam_dp.flink.domains`), as are params of anything but continual sums (:func:`check_sums`)."""
+    :mod:`beam_dp.flink.domains`), as are params of anything but continual sums (:func:`check_sums`).
+    Unit-level params go through :func:`beam_dp.flink.units.unit_release_stream`, whose unit stage feeds
+    this function its blocks, timestamped already (``units=True``)."""
     check_sums(params)
+    if (getattr(params, "privacy_unit", None) is not None) != units:
+        raise ValueError("unit-level params run through beam_dp.flink.units.unit_release_stream" if not units
+                         else "units=True takes unit-level params")
     params, operator = bind_noise_domain(params, uid, claimed_uids(env))
-    if params.clock is not None:
+    if params.clock is not None and not units:
         events = events.assign_timestamps_and_watermarks(watermarks(max_delay_ms, idle_ms))
     if params.streams:
         start = params.clock.start if params.clock is not None else 0.0

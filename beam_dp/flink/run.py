@@ -32,6 +32,10 @@ domain, guarantee and release files) is written into ``--output`` before the job
 resumed, or a run repeated) into an ``--output`` whose manifest declares other privacy parameters is
 refused with one line, exit code 2 (:func:`resume_problem`): the noise is bound to the parameters.
 
+With ``--privacy-unit NAME`` (and the ``continual_stats`` bounding flags, ``--max-unit-steps`` required) every
+release protects one unit's whole bounded contribution: the lines are ``stream_id,timestamp,unit_id,v0,...``,
+read line by line (:mod:`beam_dp.flink.units`; docs/privacy_units.md).
+
 The other families (model release, growing databases, online learning, lifelong) run on Flink with their
 Beam job's flags: ``python -m pipelines.flink_job --job <job> ...`` (``--job continual_stats`` is this job).
 """
@@ -57,8 +61,8 @@ from beam_dp.mechanisms.stream_groups import groups_for
 from beam_dp.mechanisms.sums import make_counter
 from beam_dp.steps.params import NoiseKey
 
-__all__ = ["checkpoint_settings", "exact_counts", "kafka_lines", "main", "parse_line", "private_default",
-           "resume_problem"]
+__all__ = ["checkpoint_settings", "exact_counts", "kafka_lines", "main", "parse_line", "parse_unit_line",
+           "private_default", "resume_problem"]
 
 
 UID = "continual-sums"  # the release function's uid: its default noise domain
@@ -73,6 +77,17 @@ def private_default(output: str) -> str:
 def _uri(path: str) -> str:
     """A Flink filesystem URI: local paths become absolute ``file://`` URIs."""
     return path if "://" in path else "file://" + os.path.abspath(path)
+
+
+#: the unit bounding flags (the continual_stats job's names): flag, default, what it bounds
+_BOUNDING = (("--max-unit-steps", None, "the most steps a unit takes part in"),
+             ("--min-separation", 1, "the fewest steps between two of a unit's steps"),
+             ("--max-streams-per-step", 1, "the most streams a unit contributes to in one step"),
+             ("--max-contributions-per-step", 1, "the most contributions of a unit summed per (stream, step)"))
+
+
+def _dest(flag: str) -> str:
+    return flag[2:].replace("-", "_")
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -124,7 +139,17 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                    help="rocksdb (default: state on local disk, incremental checkpoints) or hashmap (on the heap)")
     p.add_argument("--max-delay-ms", type=int, default=0, help="bounded out-of-orderness of the watermark")
     p.add_argument("--idle-ms", type=int, default=None, help="mark a silent source split idle after this")
+    p.add_argument("--privacy-unit", default=None,
+                   help="protect privacy units (users) named so in every release: the lines are "
+                        "stream_id,timestamp,unit_id,v0[,v1,...] (docs/privacy_units.md); needs --max-unit-steps")
+    for flag, default, what in _BOUNDING:
+        p.add_argument(flag, type=int, default=default, help=f"{what} (with --privacy-unit)")
     args = p.parse_args(argv)
+    given = [flag for flag, default, _ in _BOUNDING if getattr(args, _dest(flag)) != default]
+    if args.privacy_unit is None and given:
+        p.error(f"{', '.join(given)} bound privacy units: give --privacy-unit, or leave them out")
+    if args.privacy_unit is not None and args.max_unit_steps is None:
+        p.error("--privacy-unit needs --max-unit-steps (the most steps a unit takes part in)")
     if args.kafka_brokers:
         if not (args.kafka_topic and args.kafka_output_topic and args.kafka_dead_letter_topic):
             p.error("Kafka needs --kafka-topic, --kafka-output-topic and --kafka-dead-letter-topic")
@@ -162,18 +187,46 @@ def _params(args: argparse.Namespace):
                               epsilon=share.epsilon, delta=share.delta, clip_bound=args.clip_bound, noise=args.noise,
                               calibration=args.calibration)
     streams = tuple(args.streams.split(",")) if args.streams else None
-    load_key(KEY_ENV_VAR, args.key_file)  # read at launch as the workers read it: an unusable key is exit 2
+    secret = load_key(KEY_ENV_VAR, args.key_file)  # read at launch as the workers read it: an unusable key is exit 2
     key = NoiseKey(key_file=args.key_file) if args.key_file else NoiseKey()
     if args.noise_domain is not None:
         key = dataclasses.replace(key, domain=args.noise_domain)
+    if args.privacy_unit is not None:
+        if secret is None:
+            raise ValueError("--privacy-unit needs the noise key (BEAM_DP_NOISE_KEY or --key-file): unit ids are "
+                             "hashed with it on every worker, never with a random key")
+        return _unit_params(args, clock, streams, key, share)
     return FlinkReleaseParams(build=build, clock=clock, streams=streams, allowed_lateness=args.allowed_lateness,
                               noise_key=key, budget=share, stream_groups=groups_for(build(), args.stream_groups),
                               step_records=not args.kafka_brokers)
 
 
+def _unit_params(args: argparse.Namespace, clock: StepClock, streams, key: NoiseKey, share):
+    """Unit-level sum params (the Beam params, calibrated on the unit's bounded contribution; keyed by stream)."""
+    from beam_dp.beam.sums import ContinualSumParams
+    from beam_dp.mechanisms.sums.unit_level import PrivacyUnit
+
+    unit = PrivacyUnit(args.privacy_unit, args.max_streams_per_step, args.max_contributions_per_step,
+                       args.max_unit_steps, args.min_separation)
+    return ContinualSumParams(dim=args.dim, epsilon=share.epsilon, delta=share.delta, clip_bound=args.clip_bound,
+                              noise=args.noise, calibration=args.calibration, counter=args.counter, clock=clock,
+                              streams=streams, allowed_lateness=args.allowed_lateness, noise_key=key,
+                              budget=share).with_privacy_unit(unit)
+
+
+def parse_unit_line(line: str) -> tuple:
+    """A CSV line ``stream_id,timestamp,unit_id,v0,...`` -> ``(stream_id, seconds, UnitValue(value, unit_id))``;
+    a value that does not parse stays the line without its unit id (dead-lettered on the worker)."""
+    from beam_dp.flink.units import UnitValue
+
+    parts = line.strip().split(",")
+    stream, seconds, value = parse_line(",".join(parts[:2] + parts[3:]))
+    return stream, seconds, UnitValue(value, parts[2] if len(parts) > 2 else None)
+
+
 def block_input(args: argparse.Namespace) -> str | None:
     """The local path of a replay's input read as blocks (``--file-input blocks``), else None (one record per line)."""
-    if args.kafka_brokers or args.streaming or args.file_input != "blocks":
+    if args.kafka_brokers or args.streaming or args.file_input != "blocks" or args.privacy_unit is not None:
         return None
     path = args.input[len("file://"):] if args.input.startswith("file://") else args.input
     return None if "://" in path else path
@@ -189,8 +242,10 @@ def job_manifest(params) -> JobManifest:
     (its budget's, as on Beam), and its release files under --output (:data:`RELEASE_FILES`)."""
     mechanism = params.build_mechanism()
     epsilon, delta = float(mechanism.guarantee.epsilon), float(mechanism.guarantee.delta)
+    unit = getattr(params, "privacy_unit", None)
     transform = ManifestTransform(params.noise_key.domain or UID, mechanism.name, composition_of(mechanism), epsilon,
-                                  delta, (RELEASE_FILES,), calibration_binding(params))
+                                  delta, (RELEASE_FILES,), calibration_binding(params),
+                                  privacy_unit=None if unit is None else unit.column)
     total = (epsilon, delta) if params.budget is None else (params.budget.plan.epsilon, params.budget.plan.delta)
     return JobManifest("flink_continual_sums", float(total[0]), float(total[1]), (transform,))
 
@@ -275,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         params = _params(args)
         blocks = block_input(args)
-        splits = None if blocks is None else file_splits(blocks, args.split_mib << 20)
+        splits = None if blocks is None else file_splits(blocks, args.split_mib << 20, args.parallelism)
         problem = None if args.kafka_brokers else resume_problem(args.output, job_manifest(params))
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -306,16 +361,26 @@ def main(argv: list[str] | None = None) -> int:
         if splits is None:
             source = FileSource.for_record_stream_format(StreamFormat.text_line_format(), args.input).build()
             lines = env.from_source(source, WatermarkStrategy.no_watermarks(), "event-files")
+            if args.parallelism > 1:  # a text file is one split of one reader: spread its lines to the parsers
+                lines = lines.rebalance()
         release_sink = FileSink.for_row_format(args.output, Encoder.simple_string_encoder()).build()
         dead_sink = FileSink.for_row_format(args.dead_letter_output, Encoder.simple_string_encoder()).build()
+    units = args.privacy_unit is not None
     if splits is None:
-        events = lines.filter(lambda line: bool(line.strip())).map(parse_line, output_type=EVENT_TYPE)
+        parse = parse_unit_line if units else parse_line
+        events = lines.filter(lambda line: bool(line.strip())).map(parse, output_type=EVENT_TYPE)
         parse_dead = None
     else:
         events, parse_dead = block_events(env, splits, params)
     # a FileSink writes the text and never reads a record's timestamp: only Kafka records carry it
-    releases, dead = release_stream(env, events, params, uid=UID, max_delay_ms=args.max_delay_ms,
-                                    idle_ms=args.idle_ms, stamp=bool(args.kafka_brokers))
+    if units:
+        from beam_dp.flink.units import unit_release_stream
+
+        release = unit_release_stream
+    else:
+        release = release_stream
+    releases, dead = release(env, events, params, uid=UID, max_delay_ms=args.max_delay_ms, idle_ms=args.idle_ms,
+                             stamp=bool(args.kafka_brokers))
     if parse_dead is not None:
         dead = dead.union(parse_dead)
     releases.sink_to(release_sink)
