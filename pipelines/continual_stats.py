@@ -184,9 +184,8 @@ def _privacy_unit(opts, demo: bool) -> PrivacyUnit | None:
 
 
 def _require_unit_column(pattern: str, column: str) -> None:
-    from pipelines.common import input_header
-
     from beam_dp.io.sources import value_columns
+    from pipelines.common import input_header
 
     _, names, _ = input_header(pattern)
     require_columns(names, ("stream_id", "timestamp", column), "--input")
