@@ -8,7 +8,7 @@ schedule (``--start``, ``--period``, ``--end``). CSV / Parquet elements are read
 block per Arrow batch, checked in vectorised passes; the same releases and dead letters as row by row). Streaming: one Pub/Sub / Kafka source carries both,
 a message with a ``query_id`` is a query. With no ``--input`` the job runs on a small generated
 dataset (two shops, a colour x size universe, 30 queries). With ``--privacy-unit-column COL
---max-unit-records K`` (a batch replay of ``--input``) every answer protects one unit's at most ``K``
+--max-unit-records K`` (files, or the element messages' field COL) every answer protects one unit's at most ``K``
 elements instead of one element; queries carry no unit (``pipelines.record_units``, ``docs/growing_db.md``).
 
     python -m pipelines.growing_db_queries --help
@@ -126,7 +126,7 @@ def plan(options) -> Plan:
             require_columns(header, ("stream_id", "timestamp") + fields, "--input")
             require_columns(column_names(queries, "--queries"), ("stream_id", "query_id", "t"), "--queries")
     clock = params_or_usage_error(lambda: step_clock(opts, start, period, end), "step schedule")
-    unit = record_unit(opts, streaming, demo, elements)
+    unit = record_unit(opts, demo, elements)
     params = params_or_usage_error(lambda: GrowingDatabaseParams(
         universe=universe, n=opts.n, epsilon=opts.epsilon, delta=opts.delta, clock=clock, mechanism=opts.mechanism,
         alpha=opts.alpha, a=opts.a, xi_n=opts.xi_n, beta=opts.beta, gamma=opts.gamma, snapshots=opts.snapshots,
@@ -223,8 +223,9 @@ def build(pipeline, job: Plan, opts, messages=None):
         dead = {"read": bad_rows, "read_queries": bad_queries}
     else:  # one stream of messages: a message with a query_id is a query
         both, bad_rows = pipeline | "ReadMessages" >> ReadRecords(opts, None, messages)
-        element_blocks = both | "Elements" >> beam.Filter(lambda r: not _is_query(r)) | "ToElements" >> beam.Map(
-            to_element, universe)
+        rows = both | "Elements" >> beam.Filter(lambda r: not _is_query(r))
+        element_blocks = (rows | "ToElements" >> beam.Map(to_element, universe) if unit is None
+                          else rows | "ToUnitElements" >> beam.Map(to_unit_element, universe, unit.column))
         queries = both | "Queries" >> beam.Filter(_is_query) | "ToQueries" >> beam.Map(to_query, universe.size)
         dead = {"read": bad_rows}
     out = {"elements": element_blocks, "queries": queries} | "GrowingDatabaseQueries" >> GrowingDatabaseQueries(

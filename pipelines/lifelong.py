@@ -97,7 +97,10 @@ def plan(options) -> Plan:
         raise UsageError(f"--input reads files: drop it with --source {opts.source}")
     out_dir = opts.output
     demo = opts.input is None and opts.source == "files"
-    unit = record_unit(opts, streaming, demo, opts.input)
+    unit = record_unit(opts, demo, opts.input)
+    if unit is not None and (streaming or opts.source != "files"):
+        raise UsageError("--privacy-unit-column runs lifelong on a batch replay of --input files only: a unit's "
+                         "tasks close at the end of the input (no END_OF_TASK markers)")
     if demo:
         pattern, eval_pattern = (join(private_dir(opts), name) for name in ("demo_tasks.csv", "demo_eval.csv"))
         demo_sizes = write_demo(pattern, eval_pattern)  # needed now: the eval sets are part of the params

@@ -6,7 +6,7 @@ examples from ``--base-size`` on), ``multiresolution`` (Algorithm 2/6: models on
 ``--block-size``). ``--classes`` selects multiclass logistic regression; without it, Huber regression.
 Steps are count steps per stream (arrival order and counts are public). With no ``--input`` the job
 runs on scikit-learn's bundled digits (one stream, 10 classes, features scaled to [0, 1]). With
-``--privacy-unit-column COL --max-unit-records K`` (a batch replay of ``--input``) every model protects one
+``--privacy-unit-column COL --max-unit-records K`` (files, or the messages' field COL) every model protects one
 unit's at most ``K`` examples instead of one example (``pipelines.record_units``, ``docs/erm.md``).
 
     python -m pipelines.model_release --help
@@ -93,7 +93,7 @@ def plan(options) -> Plan:
         extra = dict(block=opts.block_size, max_level=opts.max_level, sampling=sampling)
     else:
         extra = dict(block=opts.block_size, window=opts.window or 7 * opts.block_size, sampling=sampling)
-    unit = record_unit(opts, streaming, demo, pattern)
+    unit = record_unit(opts, demo, pattern)
     params = with_unit(params_or_usage_error(lambda: params_type(**common, **extra), opts.algorithm), unit,
                        "privacy unit")
     return Plan(demo, pattern, out_dir, params, streaming)
@@ -140,7 +140,7 @@ def build(pipeline, job: Plan, opts, messages=None):
     if params.privacy_unit is None:
         examples, bad_rows = pipeline | "ReadRecords" >> ReadRecords(opts, job.pattern, messages, labelled(params))
     else:  # one row at a time, with its unit id (the columnar blocks have no unit column)
-        rows, bad_rows = pipeline | "ReadRecords" >> ReadRecords(opts, job.pattern)
+        rows, bad_rows = pipeline | "ReadRecords" >> ReadRecords(opts, job.pattern, messages)
         examples = rows | "ToUnitExamples" >> beam.Map(
             to_unit_example, dim=params.n_features, classification=params.classes is not None,
             column=params.privacy_unit.column)

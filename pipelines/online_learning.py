@@ -7,7 +7,7 @@ records. ``--learner regression``: PRIVINCREG1/2 or PRIVINCERM, releasing ``{"th
 ``--period``, ``--end``; the records then need a ``timestamp``). Records: ``stream_id``,
 [``timestamp``,] ``x_0..x_{d-1}``, ``label``. With no ``--input`` the job runs on scikit-learn's
 breast-cancer data (online, labels -1/+1) or diabetes data (regression), rows scaled to norm <= 1.
-``--privacy-unit-column COL --max-unit-records K`` (a batch replay of ``--input`` files) protects one unit's
+``--privacy-unit-column COL --max-unit-records K`` (files, or the messages' field COL) protects one unit's
 whole contribution of at most K records instead of one record (group privacy, ``docs/online.md``).
 
     python -m pipelines.online_learning --help
@@ -95,7 +95,7 @@ def plan(options) -> Plan:
     out_dir = opts.output
     demo = opts.input is None and opts.source == "files"
     pattern = join(private_dir(opts), f"demo_{opts.learner}.csv") if demo else opts.input
-    unit = record_unit(opts, streaming, demo, pattern)
+    unit = record_unit(opts, demo, pattern)
     dim = (30 if opts.learner == "online" else 10) if demo else _dim(opts, pattern)
     streams = split_list(opts.streams, "--streams")
     constraint = {"kind": opts.constraint, "radius": opts.radius}
@@ -162,7 +162,7 @@ def build(pipeline, job: Plan, opts, messages=None):
     if unit is not None:  # one row at a time, with its unit id (the columnar blocks have no unit column)
         import apache_beam as beam
 
-        rows, bad_rows = pipeline | "ReadRecords" >> ReadRecords(opts, job.pattern)
+        rows, bad_rows = pipeline | "ReadRecords" >> ReadRecords(opts, job.pattern, messages)
         records = rows | "ToUnitRecords" >> beam.Map(to_record, dim=job.params.dim, event_time=job.event_time,
                                                     unit_column=unit.column)
     elif job.event_time:

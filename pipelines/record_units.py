@@ -4,8 +4,9 @@ A per-record job (``model_release``, ``growing_db_queries``, ``online_learning``
 ``--privacy-unit-column COL --max-unit-records K`` protects one unit (the rows sharing ``COL``) of at most
 ``K`` records by group privacy, calibrated at the record-level budget (``docs/privacy_units.md``). The
 column is read from the ``--input`` files' rows, so those are read one row at a time (the columnar block
-path has no unit column); a batch replay only. The flags without each other, the column missing from the
-header, the demo dataset, another source, ``--streaming`` or no noise key are one-line usage errors.
+path has no unit column), or (``--streaming``, ``--source pubsub`` / ``kafka``) from each JSON message's
+field of that name: a message without it is a ``bad_unit_id`` dead letter. The flags without each other,
+the column missing from the header, the demo dataset or no noise key are one-line usage errors.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from pipelines.runner import UsageError, params_or_usage_error
 __all__ = ["record_unit", "unit_id", "with_unit"]
 
 
-def record_unit(opts, streaming: bool, demo: bool, pattern: str | None) -> Any:
-    """The job's :class:`~beam_dp.core.group_privacy.RecordUnit` from its flags (None: record level)."""
+def record_unit(opts, demo: bool, pattern: str | None) -> Any:
+    """The job's :class:`~beam_dp.core.group_privacy.RecordUnit` from its flags (None: record level); with
+    ``--source files`` the column must be in the header of ``pattern``."""
     from beam_dp.core.group_privacy import RecordUnit
     from beam_dp.core.noise import KEY_ENV_VAR
 
@@ -32,18 +34,16 @@ def record_unit(opts, streaming: bool, demo: bool, pattern: str | None) -> Any:
         return None
     if k is None:
         raise UsageError("--privacy-unit-column needs --max-unit-records (the most records a unit contributes)")
-    if streaming or opts.source != "files":
-        raise UsageError("--privacy-unit-column runs on a batch replay of --input files only (no --streaming, "
-                         "no --source pubsub or kafka)")
-    if demo or pattern is None:
+    if opts.source == "files" and (demo or pattern is None):
         raise UsageError("--privacy-unit-column needs --input: the embedded demo dataset has no unit ids")
     if not (opts.noise_key_file or opts.noise_key_secret or os.environ.get(opts.noise_key_env or KEY_ENV_VAR)):
         raise UsageError("--privacy-unit-column needs the noise key (--noise-key-file, --noise-key-secret or the key "
                          "env var): unit ids are hashed with it on every worker, never with a random key")
     unit = params_or_usage_error(lambda: RecordUnit(column, k), "privacy unit")
-    from pipelines.records import column_names
+    if pattern is not None:  # --input files (a stream's messages carry the field, or a bad_unit_id letter)
+        from pipelines.records import column_names
 
-    require_columns(column_names(pattern, "--input"), (column,), "--input")
+        require_columns(column_names(pattern, "--input"), (column,), "--input")
     return unit
 
 

@@ -21,10 +21,12 @@ the model's ``weights`` and ``intercepts`` (``parts``), and its meta the data ra
 regulariser chain, every training call (for the per-element ledger), ε/δ spent and ``certified``.
 ``beam_dp.io.load_model(row)`` turns a row back into a predictor.
 
-With ``privacy_unit=`` (a :class:`~beam_dp.core.group_privacy.RecordUnit`; batch replay only) each release
-protects one privacy unit's whole contribution of at most ``max_records`` examples, by group privacy
-over the chain of its record substitutions, calibrated at the record-level budget
-:func:`~beam_dp.core.group_privacy.record_budget` gives (``docs/erm.md``, "Privacy units").
+With ``privacy_unit=`` (a :class:`~beam_dp.core.group_privacy.RecordUnit`) each release protects one
+privacy unit's whole contribution of at most ``max_records`` examples, by group privacy over the chain of
+its record substitutions, calibrated at the record-level budget
+:func:`~beam_dp.core.group_privacy.record_budget` gives (``docs/erm.md``, "Privacy units"). On a batch
+replay and a streaming job alike: the unit stage keeps each unit's first ``max_records`` examples by
+arrival (one count per unit in keyed state, no timers), so it delays no release.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from beam_dp.beam.shell.outputs import ContinualOutputs
 from beam_dp.beam.shell.parse import DEAD_LETTER
 from beam_dp.beam.shell.unit_records import BoundUnitRecords, with_record_unit
 from beam_dp.core.budget import BudgetShare, check_params_budget
-from beam_dp.core.group_privacy import UNITS_BATCH_ONLY, RecordUnit, check_unit_share
+from beam_dp.core.group_privacy import RecordUnit, check_unit_share
 from beam_dp.core.limits import (
     EPSILON_RANGE,
     LAMBDA_RANGE,
@@ -389,8 +391,6 @@ class _ERMRelease(beam.PTransform):
         params = bind_noise_domain(self.params, events)
         unit_dead: list[PCollection] = []
         if params.privacy_unit is not None:  # at most max_records examples per unit, the id hashed and dropped
-            if not getattr(events, "is_bounded", True):
-                raise ValueError(UNITS_BATCH_ONLY)
             events, bad_units = events | "BoundUnits" >> BoundUnitRecords(params.privacy_unit, params.noise_key)
             unit_dead.append(bad_units)
         parsed = events | "Parse" >> beam.ParDo(ParseLabelledExamples(params)).with_output_types(
@@ -415,7 +415,7 @@ class MultiResolutionRelease(_ERMRelease):
         label: the transform's label (default None: Beam's); it names the noise domain when
             ``params.noise_key.domain`` is unset.
         privacy_unit: protect this :class:`~beam_dp.core.group_privacy.RecordUnit` (the examples carry its
-            field; a tuple its id as a 4th item) instead of one example (default None; batch replay only).
+            field; a tuple its id as a 4th item) instead of one example (default None).
     """
 
     params_type = MultiResolutionParams
@@ -429,7 +429,7 @@ class ContinualModelRelease(_ERMRelease):
         label: the transform's label (default None: Beam's); it names the noise domain when
             ``params.noise_key.domain`` is unset.
         privacy_unit: protect this :class:`~beam_dp.core.group_privacy.RecordUnit` (the examples carry its
-            field; a tuple its id as a 4th item) instead of one example (default None; batch replay only).
+            field; a tuple its id as a 4th item) instead of one example (default None).
     """
 
     params_type = ContinualModelParams
@@ -443,7 +443,7 @@ class SlidingWindowModelRelease(_ERMRelease):
         label: the transform's label (default None: Beam's); it names the noise domain when
             ``params.noise_key.domain`` is unset.
         privacy_unit: protect this :class:`~beam_dp.core.group_privacy.RecordUnit` (the examples carry its
-            field; a tuple its id as a 4th item) instead of one example (default None; batch replay only).
+            field; a tuple its id as a 4th item) instead of one example (default None).
     """
 
     params_type = SlidingWindowModelParams

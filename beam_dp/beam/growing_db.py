@@ -29,8 +29,9 @@ Public: the clock, the arrival count per stream (t is the database size), the qu
 weights, the set of streams. Protected: which elements the database holds (event level,
 substitution from the element's arrival on). The privacy arithmetic is in the mechanisms.
 
-With ``privacy_unit=`` (a :class:`~beam_dp.core.group_privacy.RecordUnit`; batch replay only) the elements
-are bounded to at most ``max_records`` per privacy unit, and every answer protects one unit's whole
+With ``privacy_unit=`` (a :class:`~beam_dp.core.group_privacy.RecordUnit`) the elements are bounded to
+at most ``max_records`` per privacy unit (the first by arrival, on a batch replay and a streaming job
+alike: one count per unit in keyed state, no timers), and every answer protects one unit's whole
 contribution by group privacy over the chain of its element substitutions, calibrated at the record-level
 budget :func:`~beam_dp.core.group_privacy.record_budget` gives (``docs/growing_db.md``, "Privacy units").
 Queries are public and carry no unit.
@@ -64,7 +65,7 @@ from beam_dp.beam.shell.domains import bind_noise_domain, release_labels
 from beam_dp.beam.shell.unit_records import BoundUnitRecords, with_record_unit
 from beam_dp.core.budget import BudgetShare, check_params_budget
 from beam_dp.core.clock import StepClock
-from beam_dp.core.group_privacy import UNITS_BATCH_ONLY, RecordUnit, check_unit_share
+from beam_dp.core.group_privacy import RecordUnit, check_unit_share
 from beam_dp.core.limits import (
     EPSILON_RANGE,
     MAX_COUNT,
@@ -521,7 +522,7 @@ class GrowingDatabaseQueries(beam.PTransform):
     Input: ``{"elements": pcoll, "queries": pcoll}`` or ``(elements, queries)``. Guarantee per element
     (substitution from its arrival on): ε-DP, or (ε, δ)-DP when ``delta > 0``, over the whole
     unbounded stream of answers; every release carries the worst element's ``epsilon_spent``. With a
-    privacy unit, per unit of at most ``max_records`` elements (group privacy; batch replay only).
+    privacy unit, per unit of at most ``max_records`` elements (group privacy).
 
     Args:
         params: a :class:`GrowingDatabaseParams` (every privacy parameter, checked at its construction).
@@ -549,8 +550,6 @@ class GrowingDatabaseQueries(beam.PTransform):
             raise ValueError("a batch replay needs a public end: StepClock(..., end=...)")
         unit_dead = []
         if params.privacy_unit is not None:  # at most max_records elements per unit, the id hashed and dropped
-            if not bounded:
-                raise ValueError(UNITS_BATCH_ONLY)
             elements, bad_units = elements | "BoundUnits" >> BoundUnitRecords(params.privacy_unit, params.noise_key)
             unit_dead.append(bad_units)
         parsed_e = elements | "ParseElements" >> beam.ParDo(ParseGrowing(params, "element")).with_outputs(

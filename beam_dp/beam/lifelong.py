@@ -74,6 +74,10 @@ UNKNOWN_TASK = "unknown_task"
 BAD_LABEL = "bad_label"
 TASK_BACKWARDS = TaskPolicy.TASK_BACKWARDS
 _DECLARE = -1
+#: with a unit a task's END_OF_TASK marker is a dead letter (no unit's row), so a stream's tasks close only
+#: when the input ends: a streaming input would never release
+UNIT_TASKS_BATCH_ONLY = ("a unit-level lifelong learner runs on a batch replay only: its tasks close at the end of "
+                         "the input (an END_OF_TASK marker is no unit's row)")
 _warned_paper_claim = False
 
 
@@ -322,7 +326,7 @@ class LifelongLearner(beam.PTransform):
         unit_dead = []
         if params.privacy_unit is not None:  # at most max_records rows per unit, the id hashed and dropped
             if not getattr(events, "is_bounded", True):
-                raise ValueError("privacy units of a per-record family run on a batch replay only")
+                raise ValueError(UNIT_TASKS_BATCH_ONLY)
             events, bad_units = events | "BoundUnits" >> BoundUnitRecords(params.privacy_unit, params.noise_key)
             unit_dead.append(bad_units)
         parsed = events | "Parse" >> beam.ParDo(ParseTaskRows(params)).with_output_types(

@@ -26,13 +26,15 @@ the declared bound (1) and features with ``‖x‖ > 1`` are **clipped and count
 ``clipped_labels`` / ``clipped_features``), not dead-lettered: the guarantee assumes the clipped
 values, so they are safe to use.
 
-With ``privacy_unit=`` (a :class:`~beam_dp.core.group_privacy.RecordUnit`; batch replay only) every release
-protects one privacy unit's whole contribution of at most ``max_records`` records, replaced by any other
-values in the same positions (the unit's arrival pattern stays public, as arrival counts are), by group
-privacy over the chain of its record substitutions, calibrated at the record-level budget
+With ``privacy_unit=`` (a :class:`~beam_dp.core.group_privacy.RecordUnit`) every release protects one
+privacy unit's whole contribution of at most ``max_records`` records, replaced by any other values in the
+same positions (the unit's arrival pattern stays public, as arrival counts are), by group privacy over
+the chain of its record substitutions, calibrated at the record-level budget
 :func:`~beam_dp.core.group_privacy.record_budget` gives (``docs/online.md``, "Privacy units"). Records then
 carry the unit field (a mapping key, a row attribute, or a tuple's last item); a bad id is a
-``bad_unit_id`` dead letter without the id.
+``bad_unit_id`` dead letter without the id. On a batch replay and a streaming job alike: the unit stage
+keeps each unit's first ``max_records`` records by arrival (one count per unit in keyed state, no
+timers), so it delays no release.
 """
 
 from __future__ import annotations
@@ -400,8 +402,6 @@ class _LearnerTransform(beam.PTransform):
             raise ValueError("a batch replay with event-time steps needs a public end: StepClock(..., end=...)")
         unit_dead = []
         if params.privacy_unit is not None:  # at most max_records records per unit, the id hashed and dropped
-            if not bounded:
-                raise ValueError("privacy units of a per-record family run on a batch replay only")
             records, bad_units = records | "BoundUnits" >> BoundUnitRecords(params.privacy_unit, params.noise_key)
             unit_dead.append(bad_units)
         parsed = records | "Parse" >> beam.ParDo(ParseRecords(params)).with_output_types(
@@ -430,7 +430,7 @@ class OnlineLearner(_LearnerTransform):
         label: the transform's label (default None: Beam's); it names the noise domain when
             ``params.noise_key.domain`` is unset.
         privacy_unit: a :class:`~beam_dp.core.group_privacy.RecordUnit`: protect one unit's at most
-            ``max_records`` records (batch replay; see the module docstring). Default None: one record.
+            ``max_records`` records (see the module docstring). Default None: one record.
     """
 
     params_type = OnlineLearnerParams

@@ -27,11 +27,9 @@ from beam_dp.core.budget import COMPOSITIONS, gaussian_mu
 from beam_dp.core.calibration import analytic_gaussian_epsilon
 from beam_dp.core.limits import MAX_COUNT, check_count
 
-__all__ = ["UNITS_BATCH_ONLY", "RecordUnit", "check_unit_share", "record_budget", "unit_spend"]
+__all__ = ["RecordUnit", "check_unit_share", "record_budget", "unit_spend"]
 
 _FIELD = r"^[A-Za-z_][A-Za-z0-9_.-]*$"
-#: why a per-record family refuses a privacy unit on an unbounded input
-UNITS_BATCH_ONLY = "privacy units of a per-record family run on a batch replay only"
 
 
 def _checked(composition: str, epsilon: float, delta: float, k: int) -> int:

@@ -17,7 +17,9 @@ The function is keyed by stream and parses inside the keyed operator, so the ele
 keep their arrival order from one source at any parallelism (count steps are blocks in arrival order).
 Marker steps (lifelong tasks) close by the element's ``END_OF_TASK`` marker, or all at the end of the
 input (the watermark at +infinity). Params of another kind, or a clock whose start, period or grace is
-not whole milliseconds (Flink timers), are refused when the job is built (``ValueError``).
+not whole milliseconds (Flink timers), are refused when the job is built (``ValueError``). Params with a
+``privacy_unit`` (``with_record_unit``) bound each unit's records first (:mod:`beam_dp.flink.record_units`:
+one element per record, keyed by unit hash, the id dropped).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from beam_dp.flink.job import (
     watermarks,
 )
 from beam_dp.flink.params import check_timers
+from beam_dp.flink.record_units import bound_unit_records
 from beam_dp.steps.coder import decode_entry, encode_entry
 from beam_dp.steps.driver import RELEASE, SNAPSHOTS, Output, StepDriver
 from beam_dp.steps.events import DEAD_LETTER
@@ -324,6 +327,9 @@ def family_stream(env, events, params: Any, *, uid: str | None = None, max_delay
     unless ``params.noise_key.domain`` is set."""
     family_of(params)
     params, operator = bind_noise_domain(params, uid, claimed_uids(env))
+    unit_dead = None
+    if params.privacy_unit is not None:  # at most max_records records per unit, the id hashed and dropped
+        events, unit_dead = bound_unit_records(events, params, operator)
     clock = getattr(params, "clock", None)
     if clock is not None:
         events = events.assign_timestamps_and_watermarks(watermarks(max_delay_ms, idle_ms))
@@ -343,5 +349,6 @@ def family_stream(env, events, params: Any, *, uid: str | None = None, max_delay
                          output_type=STAMPED_TYPE if stamped else Types.STRING())
                 .uid(operator).name(uid or params.noise_key.domain))
     snapshots, dead = releases.get_side_output(SNAPSHOT_ROWS), releases.get_side_output(DEAD_LETTERS)
+    dead = dead if unit_dead is None else dead.union(unit_dead)
     return (restamped(env, releases) if stamped else releases), snapshots, dead
 

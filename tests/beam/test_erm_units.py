@@ -8,8 +8,6 @@ import json
 import apache_beam as beam
 import numpy as np
 import pytest
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
-from apache_beam.testing.test_stream import TestStream
 
 from beam_dp.beam import ContinualModelParams, ContinualModelRelease, MultiResolutionParams, MultiResolutionRelease
 from beam_dp.beam.shell.unit_records import with_record_unit
@@ -98,12 +96,3 @@ def test_continual_release_takes_the_unit_and_params_refuse_a_unit_without_its_s
         dataclasses.replace(params, privacy_unit=UNIT)
     with pytest.raises(ValueError, match="protect a privacy unit already"):
         ContinualModelRelease(with_record_unit(params, UNIT), privacy_unit=UNIT)
-
-
-def test_a_streaming_input_is_refused_in_one_line():
-    options = PipelineOptions()
-    options.view_as(StandardOptions).streaming = True
-    params = MultiResolutionParams(n_features=2, block=4, epsilon=1.0)
-    with pytest.raises(ValueError, match="batch replay only"):
-        with beam.Pipeline(options=options) as pipeline:
-            _ = pipeline | TestStream().add_elements(examples()) | MultiResolutionRelease(params, privacy_unit=UNIT)

@@ -8,8 +8,6 @@ import json
 import apache_beam as beam
 import numpy as np
 import pytest
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
-from apache_beam.testing.test_stream import TestStream
 
 from beam_dp.beam import GrowingDatabaseParams, GrowingDatabaseQueries
 from beam_dp.beam.shell.unit_records import with_record_unit
@@ -104,13 +102,3 @@ def test_a_unit_over_k_keeps_k_elements_bad_ids_are_dead_letters_and_queries_car
     reasons = sorted(d.reason for d in dead)
     assert reasons == sorted([Reason.BAD_UNIT_ID] * 3 + [Reason.AFTER_END])
     assert all("big" not in repr(d) for d in dead)
-
-
-def test_a_streaming_input_is_refused_in_one_line():
-    options = PipelineOptions()
-    options.view_as(StandardOptions).streaming = True
-    with pytest.raises(ValueError, match="batch replay only"):
-        with beam.Pipeline(options=options) as pipeline:
-            _ = {"elements": pipeline | "E" >> TestStream().add_elements(elements()),
-                 "queries": pipeline | "Q" >> TestStream().add_elements(QUERIES)} | GrowingDatabaseQueries(
-                params_of("pmwg"), privacy_unit=UNIT)

@@ -101,19 +101,11 @@ def test_a_job_budget_share_becomes_the_units():
     assert (unit.epsilon, unit.delta) == pytest.approx(record_budget("approx", share.epsilon, share.delta, 3))
 
 
-def test_params_with_a_unit_need_the_units_share_and_streaming_is_refused():
+def test_params_with_a_unit_need_the_units_share():
     with pytest.raises(ValueError, match="budget share per unit"):
         OnlineLearnerParams(dim=3, constraint="simplex", epsilon=1.0, window=8, privacy_unit=UNIT)
     with pytest.raises(ValueError, match="already"):
         OnlineLearner(OnlineLearner(ONLINE, privacy_unit=UNIT).params, privacy_unit=UNIT)
-    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
-    from apache_beam.testing.test_stream import TestStream
-
-    options = PipelineOptions()
-    options.view_as(StandardOptions).streaming = True
-    with pytest.raises(ValueError, match="batch replay only"):
-        with beam.Pipeline(options=options) as pipeline:
-            _ = pipeline | TestStream().add_elements(_records(["ann"])) | OnlineLearner(ONLINE, privacy_unit=UNIT)
 
 
 def test_without_a_unit_the_releases_are_those_of_an_event_level_run():

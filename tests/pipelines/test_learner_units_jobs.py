@@ -126,7 +126,6 @@ def test_lifelong_job_bounds_training_rows_per_unit(tmp_path, key_file):
     (["--max-unit-records=2"], "give --privacy-unit-column"),
     (["--privacy-unit-column=user"], "needs --max-unit-records"),
     (["--privacy-unit-column=owner", "--max-unit-records=2"], "no column 'owner'"),
-    (["--privacy-unit-column=user", "--max-unit-records=2", "--streaming"], "batch replay"),
     (["--privacy-unit-column=user", "--max-unit-records=0"], "max_records"),
 ])
 @pytest.mark.parametrize("main, prog", [(online_learning.main, online_learning.PROG), (lifelong.main, lifelong.PROG)])
@@ -137,6 +136,58 @@ def test_unit_flags_misused_are_one_line_usage_errors(main, prog, extra, fix, tm
             "--tasks=0", "--classes=0,1"] if main is lifelong.main else [
         f"--input={tmp_path / 'r.csv'}", f"--output={tmp_path / 'out'}", f"--noise-key-file={key_file}"]
     assert_usage_error(main, prog, argv + extra, fix, capsys)
+
+
+def test_a_unit_level_lifelong_job_is_a_batch_replay(tmp_path, key_file, capsys):
+    # with a unit, END_OF_TASK markers are dead letters: on a stream the tasks would never close
+    assert_usage_error(lifelong.main, lifelong.PROG, [
+        "--source=pubsub", "--pubsub-subscription=projects/p/subscriptions/s", "--streaming", "--dim=1", "--tasks=0",
+        "--classes=0,1", f"--output={tmp_path / 'out'}", f"--noise-key-file={key_file}", "--privacy-unit-column=user",
+        "--max-unit-records=2"], "tasks close at the end of the input", capsys)
+
+
+def test_a_streaming_regression_job_reads_the_unit_field_of_each_message(tmp_path, key_file):
+    # the same rows as JSON messages on a stream and as a file replay: the same releases, ann's 6 (identical:
+    # any 2 kept are the same) kept to 2; event-time steps sum their records, so delivery order does not matter
+    ann = {"stream_id": "s", "timestamp": 11.0, "x_0": 0.5, "x_1": -0.25, "x_2": 0.25, "label": 0.75, "user": "ann"}
+    rows = [ann] * 6 + [dict(ann, timestamp=12.0 + 7 * i, x_0=0.1 * i, label=-0.5, user=f"u{i}") for i in range(3)]
+    common = ["--learner=regression", "--start=0", "--period=10", "--end=40", "--epsilon=50", "--delta=1e-6",
+              f"--noise-key-file={key_file}", "--privacy-unit-column=user", "--max-unit-records=2", "--format=jsonl"]
+
+    def replay(name: str, records: list[dict]) -> list[dict]:
+        (tmp_path / f"{name}.csv").write_text("\n".join([",".join(ann)] + [",".join(str(v) for v in row.values())
+                                                                          for row in records]) + "\n")
+        assert online_learning.main([f"--input={tmp_path / f'{name}.csv'}", f"--output={tmp_path / name}",
+                                     *common]) == 0
+        return read_releases(str(tmp_path / name / "models-*"))
+
+    want = replay("batch", rows)
+    for a, b in zip(replay("two", rows[4:]), want):  # ann's 2 alone: what the bound keeps
+        np.testing.assert_allclose(a["value"], b["value"], rtol=1e-9, atol=1e-9)
+    got = _streamed(tmp_path / "stream", rows + [{**rows[0], "user": None}], common)
+    assert [r["step"] for r in got] == [r["step"] for r in want] == [1, 2, 3, 4]
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a["value"], b["value"], rtol=1e-9, atol=1e-9)
+        assert (a["meta"]["privacy_unit"], a["meta"]["max_records"]) == ("user", 2)
+    assert dead_letters(tmp_path / "stream") == {"models:bad_unit_id": 1}
+
+
+def _streamed(out, rows: list[dict], common: list[str]) -> list[dict]:
+    """``online_learning`` on ``--source pubsub --streaming``, its messages ``rows`` (a TestStream in their place)."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.testing.test_stream import TestStream
+    from apache_beam.transforms.window import TimestampedValue
+
+    argv = ["--source=pubsub", "--pubsub-subscription=projects/p/subscriptions/s", "--streaming", "--dim=3",
+            f"--output={out}", *common]
+    options = PipelineOptions(argv)
+    job = online_learning.plan(options)
+    messages = TestStream().add_elements([TimestampedValue(json.dumps(row).encode(), row["timestamp"])
+                                          for row in rows]).advance_watermark_to_infinity()
+    with beam.Pipeline(options=options) as p:
+        online_learning.build(p, job, options.view_as(online_learning.OnlineLearningOptions), messages=messages)
+    return sorted(read_releases(str(out / "models-*")), key=lambda r: r["step"])
 
 
 @pytest.mark.parametrize("main, prog, argv", [(online_learning.main, online_learning.PROG, []),

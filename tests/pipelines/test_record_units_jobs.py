@@ -115,9 +115,57 @@ def test_bad_unit_flags_are_one_line_usage_errors(tmp_path, argv, message):
     assert message in text and "\n" not in text
 
 
-def test_the_demo_dataset_and_a_stream_are_refused(tmp_path):
+def test_the_demo_dataset_is_refused_and_a_stream_reads_the_unit_field(tmp_path, monkeypatch):
+    from pipelines import growing_db_queries, model_release
+    from pipelines.runner import parse
+    from tests.conftest import TEST_KEY
+
     unit = ["--privacy-unit-column", "user", "--max-unit-records", "4"]
     assert "needs --input" in _plan_error("model_release", ["--output", str(tmp_path / "o"), *unit])
-    assert "batch replay" in _plan_error("model_release", [
-        "--source", "kafka", "--kafka-bootstrap-servers", "localhost:9092", "--kafka-topic", "t", "--dim", "2", "--streaming",
-        "--output", str(tmp_path / "o"), *unit])
+    monkeypatch.setenv("BEAM_DP_NOISE_KEY", TEST_KEY.hex())
+    kafka = ["--source", "kafka", "--kafka-bootstrap-servers", "localhost:9092", "--kafka-topic", "t", "--streaming"]
+    models = model_release.plan(parse([*kafka, "--dim", "2", "--output", str(tmp_path / "o"), *unit],
+                                      model_release.JOB))
+    answers = growing_db_queries.plan(parse([*kafka, "--output", str(tmp_path / "g"), *GROWING, *unit],
+                                            growing_db_queries.JOB))
+    for job in (models, answers):  # each message's field "user": no header to check
+        assert job.streaming and job.params.privacy_unit.column == "user" and job.params.privacy_unit.max_records == 4
+
+
+def test_a_streaming_growing_db_job_reads_the_unit_field_of_each_element_message(tmp_path, monkeypatch):
+    # the same elements and queries as JSON messages on a stream and as a file replay: the same answers; "big"
+    # sends 8 identical elements (any 5 kept are the same), so the order a stream delivers them in does not matter
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.testing.test_stream import TestStream
+    from apache_beam.transforms.window import TimestampedValue
+
+    from beam_dp.io import read_releases
+    from pipelines import growing_db_queries
+    from tests.conftest import TEST_KEY
+
+    monkeypatch.setenv("BEAM_DP_NOISE_KEY", TEST_KEY.hex())
+    elements = [{"stream_id": "s", "timestamp": 1.5, "colour": "a", "user": "big"}] * 8 + [
+        {"stream_id": "s", "timestamp": 12.0 + 2 * i, "colour": "abcd"[i % 4], "user": f"u{i}"} for i in range(12)]
+    queries = [{"stream_id": "s", "query_id": f"q{t}", "t": t, "indices": [0]} for t in range(4, 20, 4)]
+    (tmp_path / "e.csv").write_text("stream_id,timestamp,colour,user\n" + "".join(
+        f"{e['stream_id']},{e['timestamp']},{e['colour']},{e['user']}\n" for e in elements))
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    unit = ["--privacy-unit-column", "user", "--max-unit-records", "5", "--format", "jsonl"]
+    assert growing_db_queries.main(["--input", str(tmp_path / "e.csv"), "--queries", str(tmp_path / "q.jsonl"),
+                                    "--output", str(tmp_path / "batch"), *GROWING, *unit]) == 0
+    want = read_releases(str(tmp_path / "batch" / "answers-*"))
+    options = PipelineOptions(["--source=pubsub", "--pubsub-subscription=projects/p/subscriptions/s", "--streaming",
+                               "--output", str(tmp_path / "stream"), *GROWING, *unit])
+    job = growing_db_queries.plan(options)
+    messages = (TestStream().add_elements([TimestampedValue(json.dumps(q).encode(), 0) for q in queries])
+                .add_elements([TimestampedValue(json.dumps(e).encode(), e["timestamp"]) for e in elements])
+                .advance_watermark_to_infinity())
+    with beam.Pipeline(options=options) as p:
+        growing_db_queries.build(p, job, options.view_as(growing_db_queries.GrowingDbOptions),
+                                 messages=messages)
+    got = read_releases(str(tmp_path / "stream" / "answers-*"))
+    assert [r["meta"]["query_id"] for r in got] == [r["meta"]["query_id"] for r in want]
+    assert len(want) == 4 and all(r["meta"]["max_records"] == 5 for r in got)  # 5 + 12 kept: every query
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a["value"], b["value"], rtol=1e-9, atol=1e-9)
