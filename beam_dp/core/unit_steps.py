@@ -6,7 +6,8 @@ row for its **closed** steps (:class:`UnitRow`: a few int64), the candidate cont
 steps, the sums it has emitted for them so far and how many of their contributions were dropped for good.
 
 **Bounding** is :func:`~beam_dp.core.units.bound_block` on the unit's own rows, step by step in step order
-from its ledger row: what the batch replay decides for the unit (its choices depend on the unit's
+from its ledger row (its one-unit path: :meth:`UnitRow.refusal`, :func:`~beam_dp.core.units.bound_unit`,
+:meth:`UnitRow.advanced`): what the batch replay decides for the unit (its choices depend on the unit's
 contributions and the key only), so streaming and batch keep the same contributions.
 
 **Emission** (:meth:`UnitSteps.add`): every on-time contribution re-bounds the unit's open steps and
@@ -38,14 +39,14 @@ from typing import NamedTuple
 import numpy as np
 
 from beam_dp.core.clock import StepClock
-from beam_dp.core.units import DROP_REASONS, NO_STEP, BoundedBlock, UnitBounds, UnitKeys, UnitLedger, bound_block
+from beam_dp.core.units import DROP_REASONS, NO_STEP, UnitBlock, UnitBounds, UnitKeys, bound_unit
 
 __all__ = ["STATE_VERSION", "Added", "Contribution", "Delta", "Folded", "UnitRow", "UnitState", "UnitSteps"]
 
 STATE_VERSION = 1
 _HEAD = 7  # version, max_steps, min_separation, window (0: forever), ledger step, taken, exhausted
 _RECORD = struct.Struct("<qIq")  # step, stream id bytes, then d (float64s follow) or a count (none follow)
-_OVER_STREAMS, _OVER_CONTRIBUTIONS = DROP_REASONS.index("over_streams") + 1, DROP_REASONS.index("over_contributions") + 1
+_OVER_STEPS, _TOO_CLOSE, _OVER_STREAMS, _OVER_CONTRIBUTIONS = (DROP_REASONS.index(r) + 1 for r in DROP_REASONS)
 
 
 class Contribution(NamedTuple):
@@ -85,21 +86,23 @@ class UnitRow:
     def empty(cls, bounds: UnitBounds) -> "UnitRow":
         return cls(bounds.rule, 0, 0, False, (NO_STEP,) * bounds.slots)
 
-    def ledger(self, unit: np.uint64) -> UnitLedger:
-        """The one-unit :class:`~beam_dp.core.units.UnitLedger` of this row."""
+    def refusal(self, step: int) -> int:
+        """0 when the row lets its unit take part in ``step`` (after its step), else the index + 1 in
+        :data:`~beam_dp.core.units.DROP_REASONS` of why not: :meth:`~beam_dp.core.units.UnitLedger.refusals` of one unit."""
         k, b, w = self.rule
-        active = self.taken > 0
-        steps = np.array([self.steps] if active else [], np.int64).reshape(int(active), len(self.steps))
-        return UnitLedger(k, b, w, self.step, np.array([unit] if active else [], np.uint64), steps,
-                          np.array([self.taken] if active else [], np.int64),
-                          np.array([unit] if self.exhausted else [], np.uint64))
+        over = (self.exhausted or self.taken >= k) if w is None else self.steps[0] > step - w
+        return _OVER_STEPS if over else _TOO_CLOSE if step - self.steps[-1] < b else 0
 
-    @classmethod
-    def of(cls, ledger: UnitLedger) -> "UnitRow":
-        """The row of a one-unit ledger."""
-        active = len(ledger.units) > 0
-        steps = tuple(map(int, ledger.steps[0])) if active else (NO_STEP,) * ledger.steps.shape[1]
-        return cls(ledger.rule, ledger.step, int(ledger.taken[0]) if active else 0, len(ledger.exhausted) > 0, steps)
+    def advanced(self, step: int, taken: bool) -> "UnitRow":
+        """The row after ``step`` (the unit took part in it or not): :meth:`~beam_dp.core.units.UnitLedger.advanced` of one unit."""
+        k, b, w = self.rule
+        if taken and self.taken + 1 >= k and w is None:  # exhausted: kept for good
+            return UnitRow(self.rule, step, 0, True, (NO_STEP,) * len(self.steps))
+        if taken:
+            return UnitRow(self.rule, step, self.taken + 1, self.exhausted, (*self.steps[1:], step))
+        if w is not None and self.taken and step - self.steps[-1] >= max(w, b):  # inactive: the row expires
+            return UnitRow(self.rule, step, 0, False, (NO_STEP,) * len(self.steps))
+        return UnitRow(self.rule, step, self.taken, self.exhausted, self.steps)
 
 
 @dataclass
@@ -222,25 +225,26 @@ class UnitSteps:
         drops, kept = dict.fromkeys(DROP_REASONS, 0), 0
         if not done:
             return state, Folded(drops, kept)
-        ledger = state.row.ledger(unit)
+        row = state.row
         for step in done:
             rows = [c for c in state.rows if c.step == step]
-            if rows:
-                block = self._bound(ledger, step, unit, rows)
-                ledger = block.ledger
-                for name, count in block.drops.items():
-                    drops[name] += count
+            refused, streams = row.refusal(step), set()
+            if rows and refused:
+                drops[DROP_REASONS[refused - 1]] += len(rows)
+            elif rows:
+                block = self._bound(unit, step, rows)
+                for code in block.row_drops[block.row_drops > 0].tolist():
+                    drops[DROP_REASONS[code - 1]] += 1
                 kept += len(block.streams)
-                refused = int(block.row_drops[0]) if not len(block.streams) else 0
-                streams = set(map(str, block.streams))
-            else:  # every row left the state: the step was refused by the closed steps
-                refused, streams = _refusal(ledger, unit, step), set()
+                streams = set(block.streams)
+            if rows:
+                row = row.advanced(step, not refused)
             for (at, stream), count in state.pruned.items():
                 if at == step:  # the reason the batch replay gives these rows (the first that applies)
                     code = refused or (_OVER_CONTRIBUTIONS if stream in streams else _OVER_STREAMS)
                     drops[DROP_REASONS[code - 1]] += count
         last = done[-1]
-        return UnitState(UnitRow.of(ledger), [c for c in state.rows if c.step > last],
+        return UnitState(row, [c for c in state.rows if c.step > last],
                          {k: v for k, v in state.emitted.items() if k[1] > last},
                          {k: n for k, n in state.pruned.items() if k[0] > last}), Folded(drops, kept)
 
@@ -251,25 +255,28 @@ class UnitSteps:
         step, stream = int(contribution.step), contribution.stream
         if step < first_open or step <= state.row.step:
             return Added(True, state, [], folded)
-        if _refusal(state.row.ledger(unit), unit, step):  # refused by the closed steps: for good, nothing changes
+        if state.row.refusal(step):  # refused by the closed steps: for good, nothing changes
             pruned = dict(state.pruned)
             pruned[(step, stream)] = pruned.get((step, stream), 0) + 1
             return Added(False, UnitState(state.row, state.rows, state.emitted, pruned), [], folded)
         value = np.asarray(contribution.value, np.float64).reshape(-1)
         rows = state.rows + [Contribution(step, stream, value)]
-        ledger, kept, pruned = state.row.ledger(unit), [], dict(state.pruned)
+        row, kept, pruned = state.row, [], dict(state.pruned)
         desired: dict[tuple[str, int], np.ndarray] = {}
         for step in sorted({c.step for c in rows}):
             mine = [c for c in rows if c.step == step]
-            block = self._bound(ledger, step, unit, mine)
-            ledger = block.ledger
-            for row, drop in zip(mine, block.row_drops.tolist()):
-                if drop in (_OVER_STREAMS, _OVER_CONTRIBUTIONS):  # never kept again: out of the state
-                    pruned[(step, row.stream)] = pruned.get((step, row.stream), 0) + 1
+            refused = row.refusal(step)
+            row = row.advanced(step, not refused)
+            if refused:  # refused by an earlier open step: kept, that step may still lose rows
+                kept.extend(mine)
+                continue
+            block = self._bound(unit, step, mine)
+            for one, drop in zip(mine, block.row_drops.tolist()):
+                if drop:  # over_streams or over_contributions: never kept again, out of the state
+                    pruned[(step, one.stream)] = pruned.get((step, one.stream), 0) + 1
                 else:
-                    kept.append(row)
-            desired.update({(str(s), step): np.atleast_1d(np.asarray(v, np.float64))
-                            for s, v in zip(block.streams, block.sums)})
+                    kept.append(one)
+            desired.update({(s, step): v for s, v in zip(block.streams, block.sums)})
         deltas = []
         for key in sorted(set(desired) | set(state.emitted), key=lambda k: (k[1], k[0])):
             new, old = desired.get(key), state.emitted.get(key)
@@ -278,13 +285,6 @@ class UnitSteps:
                 deltas.append(Delta(key[0], key[1], np.asarray(change, np.float64).reshape(value.shape)))
         return Added(False, UnitState(state.row, kept, desired, pruned), deltas, folded)
 
-    def _bound(self, ledger: UnitLedger, step: int, unit: np.uint64, rows: list[Contribution]) -> BoundedBlock:
-        return bound_block(ledger, step, np.full(len(rows), unit, np.uint64), [c.stream for c in rows],
-                           np.stack([c.value for c in rows]), self.bounds, self._keys, clip_bound=self._clip)
-
-
-def _refusal(ledger: UnitLedger, unit: np.uint64, step: int) -> int:
-    """0 when ``ledger`` lets the unit take part in ``step``, else the index + 1 of the refusal reason. A
-    refusal by a unit's closed steps is final: later steps taken before ``step`` only add to the count and
-    move its last step closer."""
-    return int(ledger.refusals(np.array([unit], np.uint64), step)[0])
+    def _bound(self, unit: np.uint64, step: int, rows: list[Contribution]) -> UnitBlock:
+        return bound_unit(unit, step, [c.stream for c in rows], np.stack([c.value for c in rows]), self.bounds,
+                          self._keys, clip_bound=self._clip)

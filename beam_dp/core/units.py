@@ -23,6 +23,9 @@ unit and stream hashes and two words keyed under :data:`BOUND_PERSON`). The guar
 choice that depends on one unit's data alone bounds that unit; the key only keeps a unit from steering
 it. Equal values share a priority (which of them is kept changes nothing). Every dropped contribution has
 exactly one reason (:data:`DROP_REASONS`, the first that applies); drops are counted, never released.
+
+:func:`bound_sorted` (rows already sorted by unit and stream, streams as indices: the batch replay's) and
+:func:`bound_unit` (one unit the ledger admits: a streaming stage's) make the same choices and sums.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ from beam_dp.core.limits import MAX_COUNT, MAX_SCALE, MIN_SCALE, check_count, ch
 
 __all__ = [
     "BOUND_PERSON", "DROP_REASONS", "MAX_UNIT_ID_BYTES", "MAX_WINDOW_STEPS", "NO_STEP", "UNIT_PERSON",
-    "BoundedBlock", "UnitBounds", "UnitKeys", "UnitLedger", "bound_block", "unit_hash", "unit_id_problems",
+    "BoundedBlock", "SortedBlock", "UnitBlock", "UnitBounds", "UnitKeys", "UnitLedger", "bound_block", "bound_sorted",
+    "bound_unit", "unit_hash", "unit_id_problems",
 ]
 
 # BLAKE2b personalisations (<= 16 bytes), the versions of the derivations: unit hashes, and the keys of
@@ -290,29 +294,27 @@ class UnitLedger:
         :meth:`refusals`) took part; exhausted units moved out (forever rule) and inactive rows expired
         (window rule)."""
         step = check_count("step", step, self.step + 1, MAX_COUNT - 1)
-        units, steps, taken = self.units, self.steps, self.taken
+        units, steps, taken, exhausted = self.units, self.steps, self.taken, self.exhausted
         pos, found = _find(units, admitted)
-        old = pos[found]
-        steps, taken = steps.copy(), taken.copy()
-        steps[old, :-1], steps[old, -1] = steps[old, 1:], step
-        taken[old] += 1
-        fresh = admitted[~found]
-        fresh_steps = np.full((len(fresh), steps.shape[1]), NO_STEP, np.int64)
-        fresh_steps[:, -1] = step
-        at = np.searchsorted(units, fresh)
-        units = np.insert(units, at, fresh)
-        steps = np.insert(steps, at, fresh_steps, axis=0)
-        taken = np.insert(taken, at, np.ones(len(fresh), np.int64))
-        exhausted = self.exhausted
-        if self.window is None:
-            done = taken >= self.max_steps
-            gone = units[done]
-            exhausted = np.insert(exhausted, np.searchsorted(exhausted, gone), gone)
+        if found.all():
+            steps, taken = steps.copy(), taken.copy()
+        else:  # fresh rows (no step taken yet) inserted in place, then advanced with the others
+            fresh = admitted[~found]
+            at = np.searchsorted(units, fresh)
+            units = np.insert(units, at, fresh)
+            steps = np.insert(steps, at, np.full((len(fresh), steps.shape[1]), NO_STEP, np.int64), axis=0)
+            taken = np.insert(taken, at, np.zeros(len(fresh), np.int64))
+            pos = np.searchsorted(units, admitted)
+        steps[pos, :-1], steps[pos, -1] = steps[pos, 1:], step
+        taken[pos] += 1
+        if self.window is None:  # only the rows that took this step can have reached k
+            done = pos[taken[pos] >= self.max_steps]
+            exhausted = np.insert(exhausted, np.searchsorted(exhausted, units[done]), units[done])
         else:
-            done = step - steps[:, -1] >= max(self.window, self.min_separation)
-        keep = ~done
-        return dataclasses.replace(self, step=step, units=units[keep], steps=steps[keep], taken=taken[keep],
-                                   exhausted=exhausted)
+            done = np.flatnonzero(step - steps[:, -1] >= max(self.window, self.min_separation))
+        if len(done):
+            units, steps, taken = np.delete(units, done), np.delete(steps, done, axis=0), np.delete(taken, done)
+        return dataclasses.replace(self, step=step, units=units, steps=steps, taken=taken, exhausted=exhausted)
 
 
 class BoundedBlock(NamedTuple):
@@ -432,6 +434,131 @@ def _clipped_sums(values: np.ndarray, starts: np.ndarray, bound: float) -> tuple
     return out, clipped
 
 
+class SortedBlock(NamedTuple):
+    """One step's contributions after :func:`bound_sorted` (as :class:`BoundedBlock`, streams as indices).
+
+    ``units`` (uint64) and ``codes`` (int64 indices into the caller's stream table) are the kept (unit,
+    stream) pairs, ordered by (unit hash, code); ``sums``, ``clipped``, ``drops`` and ``ledger`` as in
+    :class:`BoundedBlock`; ``row_drops`` (int8) per input row, in the input's (sorted) order.
+    """
+
+    units: np.ndarray
+    codes: np.ndarray
+    sums: np.ndarray
+    clipped: np.ndarray
+    row_drops: np.ndarray
+    drops: dict[str, int]
+    ledger: UnitLedger
+
+
+def _checked(ledger: UnitLedger, step: int, unit_hashes: Any, values: Any, bounds: UnitBounds,
+             clip_bound: float) -> tuple[int, float, np.ndarray, np.ndarray]:
+    """``(step, clip bound, unit hashes, values as (n, d) rows)`` once checked (``ValueError`` why not)."""
+    if ledger.rule != bounds.rule:
+        raise ValueError(f"the unit ledger is kept under (max_steps, min_separation, window) = {ledger.rule}, "
+                         f"not {bounds.rule}")
+    step = check_count("step", step, ledger.step + 1, MAX_COUNT - 1)
+    bound = check_number("clip_bound", clip_bound, MIN_SCALE, MAX_SCALE)
+    units = np.asarray(unit_hashes)
+    if units.dtype != np.uint64 or units.ndim != 1:
+        raise ValueError("unit_hashes must be a uint64 array (n,) from unit_hash")
+    vals = np.asarray(values, dtype=np.float64)
+    rows = vals[:, None] if vals.ndim == 1 else vals
+    if rows.ndim != 2 or len(rows) != len(units):
+        raise ValueError(f"values must be (n,) or (n, d) with n = {len(units)} rows, got shape {vals.shape}")
+    if not np.isfinite(rows).all():
+        raise ValueError("values must be finite (dead-letter NaN and inf first)")
+    return step, bound, units, rows
+
+
+def _shift(n: int, streams: int) -> int:
+    """Bits of a stream index in a group key ``(unit rank << shift) | stream`` (``ValueError`` past 62 in all)."""
+    shift = max(1, (streams - 1).bit_length())
+    if n and (n - 1).bit_length() + shift > 62:
+        raise ValueError(f"a block of {n:,} rows and {streams:,} streams is too large: split it by unit")
+    return shift
+
+
+def _bound_sorted(ledger: UnitLedger, step: int, units: np.ndarray, by_group: np.ndarray, new_unit: np.ndarray,
+                  shift: int, rows: np.ndarray, stream_hash: np.ndarray, bounds: UnitBounds, keys: UnitKeys,
+                  bound: float) -> SortedBlock:
+    """The bounding of rows sorted by group key ``by_group`` ((unit rank << shift) | stream index, n > 0):
+    every pass on the sorted rows, no sort but the priority ranks'."""
+    n = len(units)
+    distinct = units[new_unit]
+    refused = ledger.refusals(distinct, step)
+    starts = _runs(by_group)
+    group_key = by_group[starts]
+    group_unit, group_stream = group_key >> shift, group_key & ((1 << shift) - 1)
+    group_size = np.diff(np.r_[starts, n])
+    group_drop = refused[group_unit]
+    # at most m streams per admitted unit: the m of smallest keyed priority
+    open_ = np.flatnonzero(group_drop == 0)
+    per_unit = np.bincount(group_unit[open_], minlength=len(distinct))
+    many = open_[per_unit[group_unit[open_]] > bounds.max_streams_per_step]
+    if len(many):
+        unit_word, stream_word = _words(keys._stream_words, distinct, stream_hash, step)
+        priority = _mix(unit_word[group_unit[many]] ^ stream_word[group_stream[many]])
+        group_drop[many[_beyond(group_unit[many], priority, bounds.max_streams_per_step)]] = _OVER_STREAMS
+    row_drop = np.repeat(group_drop, group_size)
+    # at most c contributions per kept (unit, stream): the c of smallest keyed priority of their values
+    full = np.flatnonzero((group_drop == 0) & (group_size > bounds.max_contributions_per_step))
+    if len(full):
+        in_full = np.zeros(len(starts), bool)
+        in_full[full] = True
+        full_rows = np.flatnonzero(np.repeat(in_full, group_size))
+        row_group = np.repeat(np.arange(len(starts)), group_size)[full_rows]
+        unit_word, stream_word = _words(keys._contribution_words, distinct, stream_hash, step)
+        priority = _mix(unit_word[group_unit[row_group]] ^ stream_word[group_stream[row_group]])
+        priority ^= _value_digests(rows[full_rows])
+        over = _beyond(row_group, _mix(priority), bounds.max_contributions_per_step)
+        row_drop[full_rows[over]] = _OVER_CONTRIBUTIONS
+    kept = row_drop == 0
+    every = bool(kept.all())
+    kept_groups = by_group if every else by_group[kept]
+    kept_starts = (starts if every else _runs(kept_groups)) if len(kept_groups) else np.zeros(0, np.int64)
+    sums, clipped = _clipped_sums(rows if every else rows[kept], kept_starts, bound)
+    kept_groups = kept_groups[kept_starts]
+    counts = np.bincount(row_drop, minlength=len(DROP_REASONS) + 1)[1:]
+    return SortedBlock(distinct[kept_groups >> shift], kept_groups & ((1 << shift) - 1), sums, clipped, row_drop,
+                       dict(zip(DROP_REASONS, map(int, counts))), ledger.advanced(step, distinct[refused == 0]))
+
+
+def bound_sorted(ledger: UnitLedger, step: int, unit_hashes: np.ndarray, codes: np.ndarray, values: Any,
+                 stream_hashes: np.ndarray, bounds: UnitBounds, key: bytes | UnitKeys, *,
+                 clip_bound: float) -> SortedBlock:
+    """:func:`bound_block` of rows already sorted by (unit hash, stream), the streams as indices: the same
+    choices and sums, without its sorts and its stream table (the batch replay's path).
+
+    Args:
+        unit_hashes: uint64 ``(n,)``, ascending.
+        codes: int ``(n,)``: each row's index into ``stream_hashes``, ascending within a unit; the
+            indices must follow the stream ids' order (index ``i`` < ``j`` when id ``i`` < id ``j``).
+        stream_hashes: uint64: :meth:`UnitKeys.stream_hashes` of the (sorted) stream ids.
+        ledger, step, values, bounds, key, clip_bound: as :func:`bound_block`.
+    """
+    keys = _keys(key)
+    step, bound, units, rows = _checked(ledger, step, unit_hashes, values, bounds, clip_bound)
+    stream_hash = np.asarray(stream_hashes)
+    codes = np.asarray(codes)
+    n, flat = len(units), np.ndim(values) == 1
+    if stream_hash.dtype != np.uint64 or stream_hash.ndim != 1:
+        raise ValueError("stream_hashes must be a uint64 array from UnitKeys.stream_hashes")
+    if codes.shape != (n,) or codes.dtype.kind not in "iu" or (n and not 0 <= codes.min() <= codes.max() < len(stream_hash)):
+        raise ValueError(f"codes must be {n} indices into stream_hashes")
+    if n == 0:
+        return SortedBlock(np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros((0,) if flat else (0, rows.shape[1])),
+                           np.zeros(0, bool), np.zeros(0, np.int8), dict.fromkeys(DROP_REASONS, 0),
+                           ledger.advanced(step, units))
+    shift = _shift(n, len(stream_hash))
+    new_unit = np.r_[True, units[1:] != units[:-1]]
+    by_group = ((np.cumsum(new_unit) - 1) << shift) | codes.astype(np.int64)
+    if (units[1:] < units[:-1]).any() or (by_group[1:] < by_group[:-1]).any():
+        raise ValueError("bound_sorted needs rows sorted by (unit hash, stream index)")
+    out = _bound_sorted(ledger, step, units, by_group, new_unit, shift, rows, stream_hash, bounds, keys, bound)
+    return out._replace(sums=out.sums[:, 0]) if flat else out
+
+
 def bound_block(ledger: UnitLedger, step: int, unit_hashes: np.ndarray, streams: Any, values: Any,
                 bounds: UnitBounds, key: bytes | UnitKeys, *, clip_bound: float,
                 stream_names: Sequence[str] | None = None) -> BoundedBlock:
@@ -449,77 +576,66 @@ def bound_block(ledger: UnitLedger, step: int, unit_hashes: np.ndarray, streams:
         stream_names: the distinct stream ids ``streams`` index, or ``None`` (``streams`` are ids).
     """
     keys = _keys(key)
-    if ledger.rule != bounds.rule:
-        raise ValueError(f"the unit ledger is kept under (max_steps, min_separation, window) = {ledger.rule}, "
-                         f"not {bounds.rule}")
-    step = check_count("step", step, ledger.step + 1, MAX_COUNT - 1)
-    bound = check_number("clip_bound", clip_bound, MIN_SCALE, MAX_SCALE)
-    units = np.asarray(unit_hashes)
-    if units.dtype != np.uint64 or units.ndim != 1:
-        raise ValueError("unit_hashes must be a uint64 array (n,) from unit_hash")
-    n = len(units)
-    vals = np.asarray(values, dtype=np.float64)
-    flat = vals.ndim == 1
-    rows = vals[:, None] if flat else vals
-    if rows.ndim != 2 or len(rows) != n:
-        raise ValueError(f"values must be (n,) or (n, d) with n = {n} rows, got shape {vals.shape}")
-    if not np.isfinite(rows).all():
-        raise ValueError("values must be finite (dead-letter NaN and inf first)")
+    step, bound, units, rows = _checked(ledger, step, unit_hashes, values, bounds, clip_bound)
+    n, flat = len(units), np.ndim(values) == 1
     names, codes = _stream_codes(streams, n, stream_names)
-    d = rows.shape[1]
     if n == 0:
-        empty = np.zeros((0,) if flat else (0, d))
+        empty = np.zeros((0,) if flat else (0, rows.shape[1]))
         return BoundedBlock(np.zeros(0, np.uint64), np.zeros(0, object), empty, np.zeros(0, bool),
                             np.zeros(0, np.int8), dict.fromkeys(DROP_REASONS, 0), ledger.advanced(step, units))
-    shift = max(1, (len(names) - 1).bit_length())
-    if len(units) and (len(units) - 1).bit_length() + shift > 62:
-        raise ValueError(f"a block of {n:,} rows and {len(names):,} streams is too large: split it by unit")
+    shift = _shift(n, len(names))
     by_unit = np.argsort(units)
     sorted_units = units[by_unit]
     new_unit = np.r_[True, sorted_units[1:] != sorted_units[:-1]]
-    distinct = sorted_units[new_unit]
-    refused = ledger.refusals(distinct, step)
     # groups (unit, stream), ordered by (unit hash, stream id): key (unit's rank << shift) | stream
     by_group = ((np.cumsum(new_unit) - 1) << shift) | codes[by_unit]
     within = np.argsort(by_group, kind="stable")
-    order, sorted_groups = by_unit[within], by_group[within]
-    starts = _runs(sorted_groups)
-    group_key = sorted_groups[starts]
-    group_unit, group_stream = group_key >> shift, group_key & ((1 << shift) - 1)
-    group_size = np.diff(np.r_[starts, n])
-    group_drop = refused[group_unit]
-    stream_hash = keys.stream_hashes(names)
-    # at most m streams per admitted unit: the m of smallest keyed priority
-    open_ = np.flatnonzero(group_drop == 0)
-    per_unit = np.bincount(group_unit[open_], minlength=len(distinct))
-    many = open_[per_unit[group_unit[open_]] > bounds.max_streams_per_step]
-    if len(many):
-        unit_word, stream_word = _words(keys._stream_words, distinct, stream_hash, step)
-        priority = _mix(unit_word[group_unit[many]] ^ stream_word[group_stream[many]])
-        group_drop[many[_beyond(group_unit[many], priority, bounds.max_streams_per_step)]] = _OVER_STREAMS
-    row_drop = np.repeat(group_drop, group_size)  # in sorted order
-    # at most c contributions per kept (unit, stream): the c of smallest keyed priority of their values
-    full = np.flatnonzero((group_drop == 0) & (group_size > bounds.max_contributions_per_step))
-    if len(full):
-        in_full = np.zeros(len(starts), bool)
-        in_full[full] = True
-        sorted_rows = np.flatnonzero(np.repeat(in_full, group_size))
-        row_group = np.repeat(np.arange(len(starts)), group_size)[sorted_rows]
-        unit_word, stream_word = _words(keys._contribution_words, distinct, stream_hash, step)
-        priority = _mix(unit_word[group_unit[row_group]] ^ stream_word[group_stream[row_group]])
-        priority ^= _value_digests(rows[order[sorted_rows]])
-        over = _beyond(row_group, _mix(priority), bounds.max_contributions_per_step)
-        row_drop[sorted_rows[over]] = _OVER_CONTRIBUTIONS
-    kept = row_drop == 0
-    kept_groups = sorted_groups[kept]
-    kept_starts = _runs(kept_groups) if len(kept_groups) else np.zeros(0, np.int64)
-    sums, clipped = _clipped_sums(rows[order[kept]], kept_starts, bound)
-    kept_groups = kept_groups[kept_starts]
+    order = by_unit[within]
+    out = _bound_sorted(ledger, step, units[order], by_group[within], new_unit, shift, rows[order],
+                        keys.stream_hashes(names), bounds, keys, bound)
     row_drops = np.empty(n, np.int8)
-    row_drops[order] = row_drop
-    counts = np.bincount(row_drop, minlength=len(DROP_REASONS) + 1)[1:]
-    return BoundedBlock(
-        distinct[kept_groups >> shift], np.array(names, dtype=object)[kept_groups & ((1 << shift) - 1)],
-        sums[:, 0] if flat else sums, clipped, row_drops, dict(zip(DROP_REASONS, map(int, counts))),
-        ledger.advanced(step, distinct[refused == 0]),
-    )
+    row_drops[order] = out.row_drops
+    return BoundedBlock(out.units, np.array(names, dtype=object)[out.codes], out.sums[:, 0] if flat else out.sums,
+                        out.clipped, row_drops, out.drops, out.ledger)
+
+
+class UnitBlock(NamedTuple):
+    """One admitted unit's step after :func:`bound_unit`: its kept ``streams`` (ids, sorted), their
+    ``sums`` ((p, d), L2 norm at most ``clip_bound``) and ``clipped`` marks, and ``row_drops`` (int8 per
+    input row, as :attr:`BoundedBlock.row_drops`: 0, ``over_streams`` or ``over_contributions``)."""
+
+    streams: list[str]
+    sums: np.ndarray
+    clipped: np.ndarray
+    row_drops: np.ndarray
+
+
+def bound_unit(unit: np.uint64, step: int, streams: Sequence[str], values: np.ndarray, bounds: UnitBounds,
+               keys: UnitKeys, *, clip_bound: float) -> UnitBlock:
+    """:func:`bound_block`'s choices and sums for one unit its ledger admits to ``step`` (the caller checks
+    the ledger): the same streams, contributions and sums, in a few small passes (a streaming unit
+    stage's path). ``streams``: the rows' ids (non-empty UTF-8); ``values``: ``(n, d)`` finite, ``n > 0``."""
+    names = sorted(set(streams))
+    index = {name: i for i, name in enumerate(names)}
+    codes = np.fromiter(map(index.__getitem__, streams), np.int64, len(streams))
+    stream_hash = keys.stream_hashes(names)
+    unit_hash = np.array([unit], np.uint64)
+    row_drops = np.zeros(len(codes), np.int8)
+    if len(names) > bounds.max_streams_per_step:  # the m streams of smallest keyed priority
+        unit_word, stream_word = _words(keys._stream_words, unit_hash, stream_hash, step)
+        out = np.zeros(len(names), bool)
+        out[np.argsort(_mix(unit_word ^ stream_word))[bounds.max_streams_per_step:]] = True
+        row_drops[out[codes]] = _OVER_STREAMS
+    per_stream = np.bincount(codes[row_drops == 0], minlength=len(names))
+    if (per_stream > bounds.max_contributions_per_step).any():  # the c of smallest keyed priority
+        full = np.flatnonzero((per_stream > bounds.max_contributions_per_step)[codes] & (row_drops == 0))
+        full = full[np.argsort(codes[full], kind="stable")]
+        unit_word, stream_word = _words(keys._contribution_words, unit_hash, stream_hash, step)
+        priority = _mix(unit_word ^ stream_word[codes[full]])
+        priority ^= _value_digests(values[full])
+        row_drops[full[_beyond(codes[full], _mix(priority), bounds.max_contributions_per_step)]] = _OVER_CONTRIBUTIONS
+    kept = np.flatnonzero(row_drops == 0)
+    kept = kept[np.argsort(codes[kept], kind="stable")]
+    starts = _runs(codes[kept])
+    sums, clipped = _clipped_sums(values[kept], starts, float(clip_bound))
+    return UnitBlock([names[i] for i in codes[kept[starts]].tolist()], sums, clipped, row_drops)

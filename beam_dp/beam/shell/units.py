@@ -16,7 +16,7 @@ event would be, so its dead letter is the event's. Keyed by unit hash (the defau
 event), or with ``buckets=B`` by one of ``B`` buckets of units (``hash mod B``): a bundle's rows then
 leave as one :class:`UnitRows` block per bucket, so every row of a unit still meets the others in one
 ``BoundUnits`` call, in a few elements instead of one per event. :class:`BoundUnits` runs the units'
-ledger over their steps in order (:func:`beam_dp.core.units.bound_block`, the units of a bundle
+ledger over their steps in order (:func:`beam_dp.core.units.bound_sorted`, the units of a bundle
 together) and emits the kept (stream, step) sums, each unit's of norm at most ``R``, into the release
 path (summed per bundle, as the lifted combiner would); what it drops is counted per reason
 (Beam counters ``beam_dp/units``: ``dropped_<reason>``), never released nor written. Which contributions
@@ -44,7 +44,7 @@ from beam_dp.core.units import (
     MAX_UNIT_ID_BYTES,
     UnitKeys,
     UnitLedger,
-    bound_block,
+    bound_sorted,
     unit_id_problems,
 )
 from beam_dp.io.coders import register_block_coders
@@ -212,21 +212,25 @@ class UnitRows:
         return UnitRows(np.concatenate([p.hashes for p in parts]), np.concatenate([p.steps for p in parts]),
                         np.array(names, dtype=object), codes, np.concatenate([p.values for p in parts]))
 
-    def take(self, rows: np.ndarray) -> "UnitRows":
-        """The rows ``rows`` (indices, in their order) over the streams they name."""
-        used, codes = np.unique(self.codes[rows], return_inverse=True)
-        return UnitRows(self.hashes[rows], self.steps[rows], self.streams[used], codes.astype(np.int64),
+    def take(self, rows: np.ndarray | slice) -> "UnitRows":
+        """The rows ``rows`` (indices, in their order, or a slice) over the streams they name."""
+        codes = self.codes[rows]
+        used = np.bincount(codes, minlength=len(self.streams)) > 0
+        return UnitRows(self.hashes[rows], self.steps[rows], self.streams[used], (np.cumsum(used) - 1)[codes],
                         self.values[rows])
 
     def by_bucket(self, buckets: int) -> Iterator[tuple[int, "UnitRows"]]:
-        """``(bucket, its rows)`` per bucket ``hash mod buckets`` that has rows."""
+        """``(bucket, its rows)`` per bucket ``hash mod buckets`` that has rows (one stable sort by bucket,
+        a radix sort below 2^15 buckets; each bucket a slice of the sorted rows)."""
         if not len(self):
             return
-        bucket = (self.hashes % np.uint64(buckets)).astype(np.int64)
+        bucket = (self.hashes % np.uint64(buckets)).astype(np.int16 if buckets < 2**15 else np.int64)
         order = np.argsort(bucket, kind="stable")
-        starts = np.flatnonzero(np.r_[True, bucket[order][1:] != bucket[order][:-1]])
-        for start, end in zip(starts.tolist(), [*starts[1:].tolist(), len(order)]):
-            yield int(bucket[order[start]]), self.take(order[start:end])
+        rows = UnitRows(self.hashes[order], self.steps[order], self.streams, self.codes[order], self.values[order])
+        sizes = np.bincount(bucket, minlength=buckets)
+        ends = np.cumsum(sizes)
+        for b in np.flatnonzero(sizes).tolist():
+            yield b, rows.take(slice(int(ends[b] - sizes[b]), int(ends[b])))
 
     def events(self) -> Iterator[tuple[int, tuple[str, int, np.ndarray]]]:
         """Each row as the per-event element ``(unit hash as int64, (stream, step, value))``."""
@@ -390,11 +394,29 @@ def _take(ids: Any, rows: np.ndarray) -> Any:
     return ids.filter(pa.array(rows)) if isinstance(ids, pa.Array) else np.asarray(ids, dtype=object)[rows]
 
 
+def _step_unit_stream_order(rows: UnitRows) -> np.ndarray:
+    """The order of ``rows`` by (step, unit hash, stream): a stable sort by step (a radix sort when the
+    steps span under 2^15), then per step a sort of its hashes and a stable one of (unit rank, stream),
+    nearly in order by then (small sorts: the step's rows stay in cache)."""
+    low, span = int(rows.steps.min()), int(rows.steps.max()) - int(rows.steps.min())
+    by_step = np.argsort((rows.steps - low).astype(np.int16 if span < 2**15 else np.int64), kind="stable")
+    steps = rows.steps[by_step]
+    starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]])
+    shift = max(1, (len(rows.streams) - 1).bit_length())
+    for start, end in zip(starts.tolist(), [*starts[1:].tolist(), len(steps)]):
+        at = by_step[start:end]
+        by_unit = at[np.argsort(rows.hashes[at])]
+        units = rows.hashes[by_unit]
+        rank = np.cumsum(np.r_[False, units[1:] != units[:-1]])
+        at[:] = by_unit[np.argsort((rank << shift) | rows.codes[by_unit], kind="stable")]
+    return by_step
+
+
 class BoundUnits(beam.DoFn):
     """Units' contributions (each unit with all its steps: keyed by unit hash, or by a bucket of units
     as :class:`UnitRows`) → the kept ``((stream, step), ClippedSum)``, summed over the units of a bundle
     (with ``params.stream_groups``: one ``((group key, step), GroupBlock)`` per group and step).
-    The units of a bundle are bounded together, one :func:`~beam_dp.core.units.bound_block` per step over
+    The units of a bundle are bounded together, one :func:`~beam_dp.core.units.bound_sorted` per step over
     all of them (one ledger): what each unit keeps depends on its own events and the key only, so this is
     the bounding of each unit alone, in fewer calls. Drops counted per reason."""
 
@@ -446,41 +468,48 @@ class BoundUnits(beam.DoFn):
                 yield WindowedValue((key, block), window.max_timestamp(), (window,))
 
     def _bounded(self, rows: UnitRows) -> Iterator[tuple[tuple[str, int], ClippedSum | GroupBlock]]:
+        """The rows sorted once by (step, unit hash, stream), each step's run bounded in place
+        (:func:`~beam_dp.core.units.bound_sorted`); stream hashes and group keys taken once per flush."""
         n = len(rows)
-        order = np.argsort(rows.steps, kind="stable")
-        steps = rows.steps[order]
-        starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]]) if n else np.zeros(0, np.int64)
-        ends = np.r_[starts[1:], n]
+        if not n:
+            return
+        order = _step_unit_stream_order(rows)
+        hashes, codes, steps = rows.hashes[order], rows.codes[order], rows.steps[order]
+        values = rows.values.reshape(n, self._dim)[order]
+        names = rows.streams  # sorted: the codes follow the stream ids' order, as bound_sorted needs
+        stream_hashes = self._keys.stream_hashes(names.tolist())
+        groups = None
+        if self._groups is not None:
+            group_names, groups = np.unique(np.array(self._group_keys_of(names.tolist(), self._groups), dtype=object),
+                                            return_inverse=True)
+        starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]])
         ledger = UnitLedger.empty(self._bounds)
-        for start, end in zip(starts.tolist(), ends.tolist()):
-            step, at = int(steps[start]), order[start:end]
-            used, codes = np.unique(rows.codes[at], return_inverse=True)
-            names = rows.streams[used]  # sorted: bound_block's stream order
-            block = bound_block(ledger, step, rows.hashes[at], codes, rows.values[at].reshape(len(at), self._dim),
-                                self._bounds, self._keys, clip_bound=self._clip, stream_names=names.tolist())
+        for start, end in zip(starts.tolist(), [*starts[1:].tolist(), n]):
+            step = int(steps[start])
+            block = bound_sorted(ledger, step, hashes[start:end], codes[start:end], values[start:end], stream_hashes,
+                                 self._bounds, self._keys, clip_bound=self._clip)
             ledger = block.ledger
             for reason, count in block.drops.items():
                 if count:
                     self._drops[reason].inc(count)
-            self._kept.inc(len(block.streams))
-            if not len(block.streams):
+            self._kept.inc(len(block.codes))
+            if not len(block.codes):
                 continue
-            index = {name: i for i, name in enumerate(names.tolist())}
-            of = np.fromiter(map(index.__getitem__, block.streams.tolist()), np.int64, len(block.streams))
-            kept = np.bincount(of, minlength=len(names))
-            sums = np.asarray(block.sums, np.float64).reshape(len(of), self._dim)
-            sums = np.stack([np.bincount(of, sums[:, j], len(names)) for j in range(self._dim)], axis=1)
-            clipped = np.bincount(of, block.clipped, len(names)).astype(np.int64)
-            present = np.flatnonzero(kept)
-            names, sums, kept, clipped = names[present], sums[present], kept[present].astype(np.int64), clipped[present]
-            if self._groups is None:
-                for i, stream in enumerate(names.tolist()):
+            present, of = np.unique(block.codes, return_inverse=True)  # the streams kept, in name order
+            kept = np.bincount(of, minlength=len(present))
+            sums = np.stack([np.bincount(of, block.sums[:, j], len(present)) for j in range(self._dim)], axis=1)
+            clipped = np.bincount(of, block.clipped, len(present)).astype(np.int64)
+            if groups is None:
+                for i, stream in enumerate(names[present].tolist()):
                     yield (stream, step), ClippedSum(sums[i], int(kept[i]), int(clipped[i]))
                 continue
-            keys, of = np.unique(np.array(self._group_keys_of(names.tolist(), self._groups), dtype=object), return_inverse=True)
-            for j, key in enumerate(keys.tolist()):  # the streams stay in name order within a group's block
-                mine = np.flatnonzero(of == j)
-                yield (key, step), GroupBlock(tuple(names[mine].tolist()), sums[mine], kept[mine], clipped[mine])
+            of_group = groups[present]
+            by_group = np.argsort(of_group, kind="stable")  # the streams stay in name order within a group's block
+            bounds = np.flatnonzero(np.r_[True, of_group[by_group][1:] != of_group[by_group][:-1]])
+            for lo, hi in zip(bounds.tolist(), [*bounds[1:].tolist(), len(by_group)]):
+                mine = by_group[lo:hi]
+                yield ((group_names[of_group[mine[0]]], step),
+                       GroupBlock(tuple(names[present[mine]].tolist()), sums[mine], kept[mine], clipped[mine]))
 
     def _group_keys_of(self, streams: list[str], groups: int) -> list[str]:
         """Each stream's key among ``groups`` groups (hashed once per stream and worker)."""
