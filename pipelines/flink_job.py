@@ -3,12 +3,16 @@
     python -m pipelines.flink_job --job model_release --input examples.csv --output out/ --update-size 64 ...
     flink run --python pipelines/flink_job.py --pyFiles . -- --job lifelong --input tasks.csv --output out/ ...
 
-``--job continual_stats`` runs :mod:`beam_dp.flink.run` (the continual sums' Flink flags: CSV events,
-files or Kafka, blocks). ``model_release``, ``online_learning``, ``growing_db_queries`` and ``lifelong``
-take the flags of ``python -m pipelines.<job>`` (parsed and validated by that job: the same params object,
-so the same noise binding) and run that job's transform on Flink (:mod:`beam_dp.flink.families`: the same
-parse stage, policy, release rows and dead letters), its noise domain the Beam job's transform label, so
-the releases under one key equal the Beam batch job's. Rows are read as the Beam job reads them (CSV /
+Every job takes the flags of ``python -m pipelines.<job>`` (parsed and validated by that job: the same
+params object, so the same noise binding) and runs that job's transform on Flink, its noise domain the
+Beam job's transform label, so the releases under one key equal the Beam batch job's. ``continual_stats``
+releases its sums (``ContinualSum``, through :func:`beam_dp.flink.job.release_stream`; ``--count``,
+``--window`` and ``--privacy-unit-column`` run on Beam); its events are read as the Beam job reads them
+(``beam_dp.io.sources``: one Flink record per row) or one JSON event per Kafka message, and its releases
+go under ``<output>/sum/``. ``model_release``, ``online_learning``, ``growing_db_queries`` and
+``lifelong`` run through :mod:`beam_dp.flink.families` (the same parse stage, policy, release rows and
+dead letters). (:mod:`beam_dp.flink.run` is the sums' own Flink job, with its own flags, blocks of
+headerless CSV lines and its own noise domain.) Rows are read as the Beam job reads them (CSV /
 Parquet / JSON-lines files, ``pipelines.records``) and mapped by the job's own per-row function; a file's
 rows of one stream reach the keyed function as blocks (one parse bundle each). Outputs: release rows as
 JSON lines under ``<output>/<name>/`` (``models``, ``answers``, ``synthetic``), the job's manifest in
@@ -30,11 +34,13 @@ from typing import Any, Callable, Iterator
 
 from pipelines.runner import UsageError
 
-__all__ = ["FAMILY_JOBS", "file_records", "flink_args", "inputs_of", "job_arg", "main", "manifest_of",
-           "message_records", "run_family"]
+__all__ = ["FAMILY_JOBS", "SUMS_JOB", "event_file_records", "event_message_records", "file_records", "flink_args",
+           "inputs_of", "job_arg", "main", "manifest_of", "message_records", "readers_of", "run_family", "sums_params"]
 
 #: the jobs run by the family shell (beam_dp.flink.families)
 FAMILY_JOBS = ("model_release", "online_learning", "growing_db_queries", "lifelong")
+SUMS_JOB = "continual_stats"  # its sums run through beam_dp.flink.job.release_stream
+EVENT_ROWS = 262_144  # rows of an event file read at once (as the Beam job's ReadEventFiles)
 BLOCK_ROWS = 4096  # rows of one stream per record (one parse bundle), as the Beam parse stages' blocks
 
 
@@ -42,7 +48,7 @@ def job_arg(argv: list[str]) -> tuple[str, list[str]]:
     """``--job`` and the other flags."""
     p = argparse.ArgumentParser(prog="python -m pipelines.flink_job", description=__doc__.split("\n\n")[0],
                                 add_help=False, allow_abbrev=False)
-    p.add_argument("--job", required=True, choices=("continual_stats",) + FAMILY_JOBS)
+    p.add_argument("--job", required=True, choices=(SUMS_JOB,) + FAMILY_JOBS)
     args, rest = p.parse_known_args(argv)
     return args.job, rest
 
@@ -74,28 +80,33 @@ def _label(name: str, job: Any, opts: Any) -> str:
         return ALGORITHMS[opts.algorithm][1]
     if name == "online_learning":
         return "OnlineLearner" if opts.learner == "online" else "IncrementalRegression"
-    return {"growing_db_queries": "GrowingDatabaseQueries", "lifelong": "LifelongLearner"}[name]
+    return {SUMS_JOB: "ContinualSum", "growing_db_queries": "GrowingDatabaseQueries", "lifelong": "LifelongLearner"}[name]
 
 
 def inputs_of(name: str, job: Any) -> list[tuple[str, str, Callable[[dict], Any]]]:
     """``(input kind, file pattern, row -> the transform's element)`` of a planned job: the job's own functions."""
     params = job.params
+    column = None if params.privacy_unit is None else params.privacy_unit.column  # kept in each element
     if name == "model_release":
-        from pipelines.model_release import labelled
+        from pipelines.model_release import labelled, to_unit_example
 
-        return [("elements", job.pattern, labelled(params).record)]
+        return [("elements", job.pattern, labelled(params).record if column is None else partial(
+            to_unit_example, dim=params.n_features, classification=params.classes is not None, column=column))]
     if name == "online_learning":
         from pipelines.online_learning import to_record
 
-        return [("elements", job.pattern, partial(to_record, dim=params.dim, event_time=job.event_time))]
+        return [("elements", job.pattern, partial(to_record, dim=params.dim, event_time=job.event_time,
+                                                  unit_column=column))]
     if name == "growing_db_queries":
-        from pipelines.growing_db_queries import elements, to_query
+        from pipelines.growing_db_queries import elements, to_query, to_unit_element
 
-        return [("elements", job.elements, elements(params.universe).record),
+        return [("elements", job.elements, elements(params.universe).record if column is None else partial(
+                    to_unit_element, universe=params.universe, column=column)),
                 ("queries", job.queries, partial(to_query, size=params.universe.size))]
     from pipelines.lifelong import to_task_row
 
-    return [("elements", job.pattern, partial(to_task_row, dim=params.learner.input_dim, classes=job.classes))]
+    return [("elements", job.pattern, partial(to_task_row, dim=params.learner.input_dim, classes=job.classes,
+                                              unit_column=column))]
 
 
 def file_records(path: str, kind: str, to_element: Callable[[dict], Any]) -> Iterator[tuple[str, Any]]:
@@ -161,6 +172,67 @@ def message_records(message: str, inputs: list[tuple[str, str | None, Callable[[
         yield "event", block_record(stream_of(element), [element], seconds, kind)
 
 
+def event_file_records(path: str) -> Iterator[tuple[str, Any]]:
+    """One event file of ``continual_stats`` (CSV / Parquet, read as the Beam job reads it:
+    ``beam_dp.io.sources``) as ``("event", (stream, seconds, value))`` per readable row and ``("dead",
+    letter JSON)`` per unreadable one (stage ``read``)."""
+    from apache_beam.pvalue import TaggedOutput
+
+    from beam_dp.io.sources import _ReadEventFile
+    from pipelines.common import dead_letter_json
+
+    for out in _ReadEventFile(EVENT_ROWS, timestamps=True).process(path):
+        if isinstance(out, TaggedOutput):
+            yield "dead", dead_letter_json(out.value, "read")
+        else:
+            yield from (("event", out.row(i)) for i in range(len(out)))
+
+
+def event_message_records(message: str) -> Iterator[tuple[str, Any]]:
+    """One Kafka message of ``continual_stats`` (a JSON event, read as the Beam job reads it) as
+    ``("event", (stream, seconds, value))`` (a timestamp that is no number or ISO-8601 text: NaN, and a
+    stream id that is no text: empty, both dead-lettered by the release function) or ``("dead", letter JSON)``."""
+    from apache_beam.pvalue import TaggedOutput
+
+    from beam_dp.steps.events import to_micros
+    from pipelines.common import ParseMessages, dead_letter_json
+
+    for event in ParseMessages(as_event=True).process(message):
+        if isinstance(event, TaggedOutput):
+            yield "dead", dead_letter_json(event.value, "read")
+            continue
+        stream, when = event["stream_id"], event["timestamp"]
+        try:
+            seconds = float(when) if isinstance(when, (int, float)) and not isinstance(when, bool) else \
+                to_micros(when) / 1e6
+        except (TypeError, ValueError):
+            seconds = float("nan")
+        yield "event", (stream if isinstance(stream, str) else "", seconds, event["value"])
+
+
+def sums_params(job: Any) -> Any:
+    """The ``ContinualSumParams`` of a planned ``continual_stats`` job; a usage error for what Flink does
+    not release (its count and windowed sums, unit-level sums)."""
+    extra = [f"--{name.replace('windowed', 'window')}" for name in job.params if name != "sum"]
+    if extra:
+        raise UsageError(f"{', '.join(extra)} run on Beam: on Flink continual_stats releases its sums")
+    if job.unit is not None:
+        raise UsageError("--privacy-unit-column: the unit-level sums run on Flink with python -m beam_dp.flink.run "
+                         "--privacy-unit (its own flags), or on Beam")
+    return job.params["sum"]
+
+
+def readers_of(name: str, job: Any) -> tuple[Callable[[str], Iterator], list[tuple[str, Callable[[str], Iterator]]]]:
+    """A planned job's readers: ``(a Kafka message's records, [(file pattern, a file's records)])``, each
+    record ``("event", EVENT_TYPE record)`` or ``("dead", letter JSON)``."""
+    if name == SUMS_JOB:
+        return event_message_records, [(job.pattern, event_file_records)]
+    inputs = inputs_of(name, job)
+    return partial(message_records, inputs=inputs), [
+        (pattern, partial(file_records, kind=kind, to_element=to_element))
+        for kind, pattern, to_element in inputs if pattern is not None]
+
+
 def _plan(name: str, argv: list[str]) -> tuple[Any, Any]:
     """The Beam job's plan of ``argv`` (its flags, checks and params) and its options."""
     from pipelines.runner import options_class, parse
@@ -198,8 +270,9 @@ def manifest_of(job_name: str, params: Any, domain: str, outputs: tuple[str, ...
 
 
 def run_family(flags: argparse.Namespace, argv: list[str]) -> int:
-    """Plan the Beam job ``flags.job`` from ``argv`` and run its transform on Flink (files: a replay;
-    ``--source kafka --streaming``: event-time watermarks from the messages' timestamps)."""
+    """Plan the Beam job ``flags.job`` from ``argv`` and run its transform on Flink (``continual_stats``: its
+    sums, :func:`sums_params`; files: a replay; ``--source kafka --streaming``: event-time watermarks
+    from the messages' timestamps)."""
     import dataclasses
 
     from beam_dp.flink.run import checkpoint_settings, resume_problem
@@ -208,9 +281,9 @@ def run_family(flags: argparse.Namespace, argv: list[str]) -> int:
     from pipelines.paths import join
 
     job, opts = _plan(flags.job, argv)
-    domain = job.params.noise_key.domain or _label(flags.job, job, opts)
-    params = dataclasses.replace(job.params, noise_key=dataclasses.replace(job.params.noise_key, domain=domain))
-    outputs = tuple(job.outputs)
+    planned, outputs = (sums_params(job), ("sum",)) if flags.job == SUMS_JOB else (job.params, tuple(job.outputs))
+    domain = planned.noise_key.domain or _label(flags.job, job, opts)
+    params = dataclasses.replace(planned, noise_key=dataclasses.replace(planned.noise_key, domain=domain))
     private = private_dir(opts)
     checkpoints = flags.checkpoint_dir or opts.output.rstrip("/") + ".checkpoints"
     for flag, path in (("--dead-letter-output", private), ("--checkpoint-dir", checkpoints)):
@@ -223,29 +296,32 @@ def run_family(flags: argparse.Namespace, argv: list[str]) -> int:
     from pyflink.datastream.connectors.file_system import FileSink
 
     from beam_dp.flink.families import family_stream
-    from beam_dp.flink.job import EVENT_TYPE, local_environment
+    from beam_dp.flink.job import EVENT_TYPE, local_environment, release_stream
     from beam_dp.io.manifest import write_manifest
     from pipelines.common import match_files
 
     streaming = opts.source == "kafka"
     env = local_environment(flags.parallelism, replay=not streaming,
                             settings=checkpoint_settings(flags.checkpoint_ms, checkpoints, flags.state_backend))
-    inputs = inputs_of(flags.job, job)
+    read_message, read_files = readers_of(flags.job, job)
     tagged = Types.TUPLE([Types.STRING(), Types.PICKLED_BYTE_ARRAY()])  # the readers' ("event" | "dead", value)
     if streaming:
         from beam_dp.flink.run import kafka_lines
 
         lines = kafka_lines(env, opts.kafka_bootstrap_servers, opts.kafka_topic, flags.kafka_jar)
-        sources = [lines.flat_map(partial(message_records, inputs=inputs), output_type=tagged)]
+        sources = [lines.flat_map(read_message, output_type=tagged)]
     else:
         sources = [env.from_collection(match_files(pattern), type_info=Types.STRING()).rebalance().flat_map(
-            partial(file_records, kind=kind, to_element=to_element), output_type=tagged)
-            for kind, pattern, to_element in inputs if pattern is not None]
+            read_file, output_type=tagged) for pattern, read_file in read_files]
     records = sources[0] if len(sources) == 1 else sources[0].union(*sources[1:])
     events = records.filter(lambda r: r[0] == "event").map(lambda r: r[1], output_type=EVENT_TYPE)
     read_dead = records.filter(lambda r: r[0] == "dead").map(lambda r: r[1], output_type=Types.STRING())
-    releases, snapshots, dead = family_stream(env, events, params, uid=domain, max_delay_ms=flags.max_delay_ms,
-                                              idle_ms=flags.idle_ms, stamp=False)
+    if flags.job == SUMS_JOB:
+        releases, dead = release_stream(env, events, params, uid=domain, max_delay_ms=flags.max_delay_ms,
+                                        idle_ms=flags.idle_ms, stamp=False)
+    else:
+        releases, snapshots, dead = family_stream(env, events, params, uid=domain, max_delay_ms=flags.max_delay_ms,
+                                                  idle_ms=flags.idle_ms, stamp=False)
 
     def sink(stream, folder: str, name: str) -> None:
         stream.sink_to(FileSink.for_row_format(folder, Encoder.simple_string_encoder()).build()).name(name)
@@ -263,10 +339,6 @@ def run_family(flags: argparse.Namespace, argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     job, rest = job_arg(list(sys.argv[1:] if argv is None else argv))
-    if job == "continual_stats":
-        from beam_dp.flink.run import main as sums_main
-
-        return sums_main(rest)
     flags, rest = flink_args(rest)
     flags.job = job
     try:

@@ -10,7 +10,9 @@ added to the step's state as one contribution would be); ``params`` a
 :class:`~beam_dp.flink.params.FlinkReleaseParams` (or a Beam params object of the continual sums);
 ``uid`` names the release function and its noise domain (:mod:`beam_dp.flink.domains`).
 With ``params.stream_groups`` the function is keyed by groups of streams
-(:mod:`beam_dp.mechanisms.stream_groups`: the same public hash, join rule and releases as on Beam).
+(:mod:`beam_dp.mechanisms.stream_groups`: the same public hash, join rule and releases as on Beam), each
+group's Flink key placing it on its own subtask where the parallelism allows
+(:func:`~beam_dp.flink.blocks.group_keys`; a savepoint keyed otherwise is refused, :data:`GROUPED_UID`).
 ``releases`` is a DataStream of release rows as JSON (the columns of ``beam_dp.io.ReleaseRow``),
 ``dead`` the dead-letter side output (JSON ``stage``, ``reason``, ``detail``, ``stream``, ``source``, ``element``).
 With a clock every release record of step ``s`` has the Flink record timestamp
@@ -49,7 +51,7 @@ from pyflink.datastream.state import MapStateDescriptor, ValueStateDescriptor
 from pyflink.table import DataTypes, Schema, StreamTableEnvironment
 
 from beam_dp.core.budget import composition_of
-from beam_dp.flink.blocks import BlockParser, StepBlock, read_split
+from beam_dp.flink.blocks import BlockParser, StepBlock, group_keys, read_split
 from beam_dp.flink.domains import bind_noise_domain
 from beam_dp.flink.gate import (
     GATE_BUCKETS,
@@ -63,7 +65,7 @@ from beam_dp.flink.gate import (
 from beam_dp.flink.params import FlinkReleaseParams
 from beam_dp.flink.rows import json_rows
 from beam_dp.mechanisms.base import ContinualSumMechanism
-from beam_dp.mechanisms.stream_groups import GroupBlock, GroupedSum, group_key, group_of
+from beam_dp.mechanisms.stream_groups import GroupBlock, GroupedSum, group_of
 from beam_dp.steps.coder import (
     KeyState,
     UnreadableState,
@@ -78,9 +80,9 @@ from beam_dp.steps.params import StepParams, legacy_noise_of, noise_source_of
 from beam_dp.steps.policies import BlockPolicy, GroupPolicy
 from beam_dp.steps.schema import ReleaseLabels
 
-__all__ = ["BYTES_TYPE", "DEAD_LETTERS", "DECLARE", "EVENT_TYPE", "STAMPED_TYPE", "ContinualReleaseFunction",
-           "block_events", "check_sums", "claimed_uids", "dead_json", "gated", "local_environment", "release_stream",
-           "restamped", "to_event"]
+__all__ = ["BYTES_TYPE", "DEAD_LETTERS", "DECLARE", "EVENT_TYPE", "GROUPED_UID", "STAMPED_TYPE",
+           "ContinualReleaseFunction", "block_events", "check_sums", "claimed_uids", "dead_json", "gated",
+           "local_environment", "release_stream", "restamped", "to_event"]
 
 EVENT_TYPE = Types.TUPLE([Types.STRING(), Types.DOUBLE(), Types.PICKLED_BYTE_ARRAY()])
 DEAD_LETTERS = OutputTag(DEAD_LETTER, Types.STRING())
@@ -88,6 +90,11 @@ BYTES_TYPE = Types.PRIMITIVE_ARRAY(Types.BYTE())
 DECLARE = "beam_dp:declare-stream"  # Flink cannot carry a null value: the marker of a declared stream
 _NO_BYTES = np.zeros(0, dtype=np.uint8)
 STAMPED_TYPE = Types.ROW_NAMED(["release_ms", "row"], [Types.LONG(), Types.STRING()])  # a release and its time
+#: the operator uid suffix of a release function keyed by stream groups (:func:`~beam_dp.flink.blocks.group_keys`).
+#: A savepoint of a job that keyed its groups by the bare ``group_key`` holds their state under other keys:
+#: resumed, the groups would restart from nothing and release their steps again with the same noise. Under
+#: its own uid Flink refuses that savepoint at start (its state maps to no operator of the job).
+GROUPED_UID = "/spread"
 
 
 class _Counts:
@@ -222,6 +229,12 @@ class ContinualReleaseFunction(KeyedProcessFunction):
         self._store(state, True)
         yield from self._emit(outputs)
 
+    def _engine_key(self, ctx) -> str:
+        """The key the driver keeps: a stream, or a group's ``group_key`` (its Flink key without the salt
+        that places it, :func:`~beam_dp.flink.blocks.group_keys`)."""
+        key = ctx.get_current_key()
+        return key.split("/", 1)[0] if self._grouped else key
+
     def _timer(self, ctx, state) -> None:
         timer = self._driver.timer(state)
         if timer is not None:
@@ -278,7 +291,7 @@ class ContinualReleaseFunction(KeyedProcessFunction):
         try:
             outputs = list(self._process(value, ctx))
         except UnreadableState as exc:
-            outputs = list(self._ended_unreadable(ctx.get_current_key(), exc))
+            outputs = list(self._ended_unreadable(self._engine_key(ctx), exc))
         yield from outputs
 
     def _process(self, value, ctx) -> Iterator:
@@ -290,7 +303,7 @@ class ContinualReleaseFunction(KeyedProcessFunction):
             if not (isinstance(stream, str) and stream):
                 return
             if self._grouped:  # a group learns its declared streams as carried items
-                state = self._state(ctx.get_current_key(), ctx)
+                state = self._state(self._engine_key(ctx), ctx)
                 self._declare(state, ctx)
                 lowest = state.lowest
                 self._driver.carry(state, self._buffer, GroupBlock.declaring([stream], self._mechanism.dim))
@@ -313,7 +326,7 @@ class ContinualReleaseFunction(KeyedProcessFunction):
         """Adds one block (an event's, or a file replay's per key and step) to the key's step ``step``;
         ``letter_key``: the key of a dead letter (a stream; None: the engine key)."""
         counted = self._driver.block_size is not None  # a count step may close here: it needs the mechanism
-        state = self._state(ctx.get_current_key() if self._grouped else stream, ctx, counted)
+        state = self._state(self._engine_key(ctx) if self._grouped else stream, ctx, counted)
         lowest, first = state.lowest, state.next_step
         outputs = self._driver.add(state, self._buffer, step, block, original, letter_key)
         if counted or state.lowest != lowest or state.next_step != first:  # else nothing but the buffer changed
@@ -334,7 +347,7 @@ class ContinualReleaseFunction(KeyedProcessFunction):
                 outputs = self._driver.advance(state, self._buffer, (max(watermark, timestamp) + 1) * 1000)
                 self._timer(ctx, state)
         except UnreadableState as exc:
-            yield from self._ended_unreadable(ctx.get_current_key(), exc)
+            yield from self._ended_unreadable(self._engine_key(ctx), exc)
             return
         self._store(state, True)
         if state.next_step > first:
@@ -432,7 +445,8 @@ def release_stream(env: StreamExecutionEnvironment, events, params: Any, *, uid:
     (a ``FileSink`` of text), saving the Table planner's start and a map per record.
 
     ``uid`` names this release function in the job: its noise domain unless ``params.noise_key.domain``
-    is set (one of them is required), and, as ``beam_dp/<domain>``, its Flink operator uid. A domain
+    is set (one of them is required), and, as ``beam_dp/<domain>`` (keyed by stream groups:
+    ``beam_dp/<domain>/spread``, :data:`GROUPED_UID`), its Flink operator uid. A domain
     already claimed by a release function of this job is refused (``ValueError``;
     :mod:`beam_dp.flink.domains`), as are params of anything but continual sums (:func:`check_sums`).
     Unit-level params go through :func:`beam_dp.flink.units.unit_release_stream`, whose unit stage feeds
@@ -454,17 +468,18 @@ def release_stream(env: StreamExecutionEnvironment, events, params: Any, *, uid:
     if streaming and params.clock is not None:
         events = gated(env, events, params, operator, idle_ms)
     groups = getattr(params, "stream_groups", None)
+    keys = group_keys(groups) if groups is not None else ()  # spread over the subtasks at any parallelism
 
     def key(event) -> str:
         stream = event[0] if isinstance(event[0], str) else ""
-        return group_key(group_of(stream, groups)) if groups is not None else stream
+        return keys[group_of(stream, groups)] if groups is not None else stream
 
     stamped = stamp and params.clock is not None
     releases = (events
                 .key_by(key, key_type=Types.STRING())
                 .process(ContinualReleaseFunction(params, provisional=streaming, stamp=stamped),
                          output_type=STAMPED_TYPE if stamped else Types.STRING())
-                .uid(operator).name(uid or params.noise_key.domain))
+                .uid(operator + GROUPED_UID if groups is not None else operator).name(uid or params.noise_key.domain))
     dead = releases.get_side_output(DEAD_LETTERS)
     return (restamped(env, releases) if stamped else releases), dead
 
@@ -519,8 +534,10 @@ def _text(record: Row) -> str:
 
 
 def claimed_uids(env: StreamExecutionEnvironment) -> list[str]:
-    """The operator uids of the job ``env`` is building (its transformations so far)."""
-    return [t.getUid() for t in env._j_stream_execution_environment.getTransformations() if t.getUid()]
+    """The operator uids of the job ``env`` is building (its transformations so far), a grouped release
+    function's without :data:`GROUPED_UID`: the uid of the noise domain it claims."""
+    uids = [t.getUid() for t in env._j_stream_execution_environment.getTransformations() if t.getUid()]
+    return [u[:-len(GROUPED_UID)] if u.endswith(GROUPED_UID) else u for u in uids]
 
 
 def to_event(stream_id: Any, seconds: float, value: Any) -> tuple:

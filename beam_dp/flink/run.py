@@ -36,8 +36,11 @@ With ``--privacy-unit NAME`` (and the ``continual_stats`` bounding flags, ``--ma
 release protects one unit's whole bounded contribution: the lines are ``stream_id,timestamp,unit_id,v0,...``,
 read line by line (:mod:`beam_dp.flink.units`; docs/privacy_units.md).
 
-The other families (model release, growing databases, online learning, lifelong) run on Flink with their
-Beam job's flags: ``python -m pipelines.flink_job --job <job> ...`` (``--job continual_stats`` is this job).
+This job's noise is its own, not the Beam job's: its flags, budget share (``continual-sums`` of
+``flag_budget``) and noise domain are its own, so its calibration binding, and so its releases, differ from
+those of ``python -m pipelines.continual_stats`` on the same events and key. ``python -m pipelines.flink_job
+--job continual_stats`` takes the Beam job's flags and params and releases the Beam job's noise; the other
+families (model release, growing databases, online learning, lifelong) run there with their Beam job's flags.
 """
 
 from __future__ import annotations

@@ -184,7 +184,7 @@ class _ReadEventFile(beam.DoFn):
         if ok.all():
             yield EventBatch(streams, seconds, values, path, records)
         elif ok.any():
-            kept = streams.filter(ok) if isinstance(streams, pa.Array) else streams[ok]
+            kept = streams.filter(pa.array(ok)) if isinstance(streams, pa.Array) else streams[ok]
             yield EventBatch(kept, None if seconds is None else seconds[ok], values[ok], path, records[ok])
 
 

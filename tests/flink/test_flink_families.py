@@ -208,15 +208,16 @@ def test_kafka_messages_in_streaming_equal_the_beam_batch_transform(beam_side, _
 
 
 def test_the_entry_point_runs_the_continual_sums_job(tmp_path):
-    """``--job continual_stats`` is ``beam_dp.flink.run`` with its own flags."""
+    """``--job continual_stats`` takes the Beam job's flags and writes its releases under ``sum/``."""
     from beam_dp.io.manifest import read_manifest
     from pipelines.flink_job import main
-    from tests.flink.cases import csv_lines, entry_args, good_events
+    from tests.flink.cases import csv_lines, good_events
 
-    (tmp_path / "in.csv").write_text(csv_lines(good_events()))
-    assert main(["--job", "continual_stats", *entry_args(tmp_path / "in.csv", tmp_path / "out")]) == 0
-    assert read_manifest(str(tmp_path / "out")).job == "flink_continual_sums"
-    assert _rows(tmp_path / "out", "*/part-*")
+    (tmp_path / "in.csv").write_text("stream_id,timestamp,value_0,value_1\n" + csv_lines(good_events()))
+    assert main(["--job", "continual_stats", f"--input={tmp_path / 'in.csv'}", "--start=1000", "--period=10",
+                 "--end=1100", "--streams=a,b,silent", f"--output={tmp_path / 'out'}"]) == 0
+    assert read_manifest(str(tmp_path / "out")).job == "flink_continual_stats"
+    assert _rows(tmp_path / "out", "sum/*/part-*")
 
 
 @pytest.mark.parametrize("argv, problem", [

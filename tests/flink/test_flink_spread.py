@@ -111,3 +111,31 @@ def test_a_job_at_parallelism_4_parses_and_releases_on_every_subtask(tmp_path, m
             seen.setdefault(name, set()).add(int(index))
     assert seen["parse"] == {0, 1, 2, 3}
     assert {k: seen[k] for k in keys} == {k: {subtask_of(k, 4)} for k in keys} == {k: {i} for i, k in enumerate(keys)}
+
+
+def test_a_grouped_release_function_has_its_own_operator_uid():
+    """A savepoint of a job keyed by the bare group keys holds the groups' state under other keys, which a
+    resume would leave behind (the groups restarting from nothing, releasing their steps again with the
+    same noise): the grouped function's operator uid is its own, so Flink maps no such state to it and
+    refuses that savepoint at start. A function keyed by stream keeps its domain's uid, and a domain is
+    claimed once in a job either way."""
+    pytest.importorskip("pyflink")
+    from functools import partial
+
+    from beam_dp.flink.job import EVENT_TYPE, GROUPED_UID, local_environment, release_stream, to_event
+    from beam_dp.flink.params import FlinkReleaseParams
+    from beam_dp.mechanisms.sums import BLTSum
+    from tests.flink.cases import CLOCK
+
+    build = partial(BLTSum, horizon=CLOCK.last_step, dim=2, epsilon=1.0, delta=1e-6, clip_bound=1.0, noise="gaussian")
+    env = local_environment(1)
+    events = env.from_collection([to_event("a", CLOCK.start, [0.1, 0.2])], type_info=EVENT_TYPE)
+    grouped = FlinkReleaseParams(build=build, clock=CLOCK, stream_groups=4)
+    release_stream(env, events, grouped, uid="grouped", stamp=False)
+    release_stream(env, events, FlinkReleaseParams(build=build, clock=CLOCK), uid="by-stream", stamp=False)
+    uids = {t.getUid() for t in env._j_stream_execution_environment.getTransformations() if t.getUid()}
+    assert {"beam_dp/grouped" + GROUPED_UID, "beam_dp/by-stream"} <= uids and "beam_dp/grouped" not in uids
+    for params, uid in ((grouped, "grouped"), (FlinkReleaseParams(build=build, clock=CLOCK, stream_groups=4),
+                                               "by-stream")):
+        with pytest.raises(ValueError, match="already claimed"):
+            release_stream(env, events, params, uid=uid, stamp=False)
