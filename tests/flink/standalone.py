@@ -113,6 +113,16 @@ class StandaloneCluster:
         return subprocess.run([str(FLINK_HOME / "bin" / "flink"), action, "-m", f"localhost:{self.rest_port}", *args],
                               env=self.env, capture_output=True, text=True, timeout=timeout, cwd=self.folder)
 
+    def stop_with_savepoint(self, job: str, client: subprocess.Popen, folder: Path) -> str:
+        """Stop ``job`` with a savepoint under ``folder`` (not drained: no end-of-input watermark) at once, wait
+        for its ``client`` to exit 0; the savepoint's path."""
+        trigger = self.rest(f"/jobs/{job}/stop", {"targetDirectory": str(folder), "drain": False})["request-id"]
+        done = self.wait(lambda: (lambda s: s if s["status"]["id"] == "COMPLETED" else None)(
+            self.rest(f"/jobs/{job}/savepoints/{trigger}")), 600, "the savepoint")
+        assert "location" in done["operation"], (done, "the job ended before its stop: give it more events")
+        assert client.wait(600) == 0, self.log_tail()
+        return done["operation"]["location"]
+
     def log_tail(self, chars: int = 4000) -> str:
         """The end of every log of the cluster's processes (for a failing test's message)."""
         return "\n".join(f"== {f.name}\n{f.read_text(errors='replace')[-chars:]}"

@@ -79,14 +79,7 @@ def test_a_kill_a_rescale_and_a_changed_parameter_on_a_two_taskmanager_cluster(t
                 v["status"] == "RUNNING" for v in vertices)
 
         def stop(job: str, client) -> str:
-            """Stop ``job`` with a savepoint (not drained: no end-of-input watermark) at once; its path."""
-            trigger = cluster.rest(f"/jobs/{job}/stop", {"targetDirectory": str(tmp_path / "savepoints"),
-                                                         "drain": False})["request-id"]
-            done = cluster.wait(lambda: (lambda s: s if s["status"]["id"] == "COMPLETED" else None)(
-                cluster.rest(f"/jobs/{job}/savepoints/{trigger}")), 600, "the savepoint")
-            assert "location" in done["operation"], (done, "the job ended before its stop: give it more events")
-            assert client.wait(600) == 0, cluster.log_tail()
-            return done["operation"]["location"]
+            return cluster.stop_with_savepoint(job, client, tmp_path / "savepoints")
 
         first = cluster.start_taskmanager()
         cluster.start_taskmanager()

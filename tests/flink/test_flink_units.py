@@ -184,13 +184,8 @@ def test_a_savepoint_resumed_at_another_parallelism_keeps_every_units_bounding(t
         client = cluster.submit(job_args(4))
         job = cluster.wait(running_job, 600, "the submitted job")
         cluster.wait(lambda: cluster.rest(f"/jobs/{job}/checkpoints")["counts"]["completed"] >= 1, 600, "a checkpoint")
-        trigger = cluster.rest(f"/jobs/{job}/stop", {"targetDirectory": str(tmp_path / "savepoints"),
-                                                     "drain": False})["request-id"]
-        done = cluster.wait(lambda: (lambda s: s if s["status"]["id"] == "COMPLETED" else None)(
-            cluster.rest(f"/jobs/{job}/savepoints/{trigger}")), 600, "the savepoint")
-        assert "location" in done["operation"], (done, "the job ended before its stop: give it more events")
-        assert client.wait(600) == 0, cluster.log_tail()
-        client = cluster.submit(["-s", done["operation"]["location"], *job_args(2)])
+        savepoint = cluster.stop_with_savepoint(job, client, tmp_path / "savepoints")
+        client = cluster.submit(["-s", savepoint, *job_args(2)])
         assert client.wait(900) == 0, cluster.log_tail()
 
     rows = [json.loads(line) for f in sorted((tmp_path / "out").rglob("*")) if f.is_file()
