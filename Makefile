@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 # pytest workers: 2 by default (CI has 2 cores)
 JOBS ?= 2
 
-.PHONY: demo test lint venv install install-test bench clean flink-test lock shell
+.PHONY: demo test lint venv install install-test bench clean flink-test flink-test-long lock shell
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -67,7 +67,11 @@ $(FLINK_VENV)/.installed: beam_dp/flink/requirements.txt $(FLINK_LOCK)
 # FLINK_TESTS selects a part by hand (e.g. FLINK_TESTS="-m 'not slow'").
 FLINK_TESTS ?=
 flink-test: $(FLINK_VENV)/.installed install-test
-	PYTHONPATH=$(CURDIR) $(FLINK_VENV)/bin/python -m pytest -q -p no:cacheprovider $(FLINK_TESTS) tests/flink
+	PYTHONPATH=$(CURDIR) $(FLINK_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not cluster_long" $(FLINK_TESTS) tests/flink
+
+## The standalone-cluster runs left out of CI for its time budget (minutes each on 2 cores).
+flink-test-long: $(FLINK_VENV)/.installed install-test
+	PYTHONPATH=$(CURDIR) $(FLINK_VENV)/bin/python -m pytest -q -p no:cacheprovider -m cluster_long tests/flink
 
 ## Benchmarks (by hand; results go to docs/).
 bench: install
