@@ -65,7 +65,7 @@ from beam_dp.flink.job import (
     watermarks,
 )
 from beam_dp.flink.params import check_timers
-from beam_dp.flink.record_units import bound_unit_records
+from beam_dp.flink.record_units import QUERIES, bound_unit_records
 from beam_dp.steps.coder import decode_entry, encode_entry
 from beam_dp.steps.driver import RELEASE, SNAPSHOTS, Output, StepDriver
 from beam_dp.steps.events import DEAD_LETTER
@@ -74,7 +74,6 @@ __all__ = ["FAMILIES", "SNAPSHOT_ROWS", "Elements", "Family", "FamilyReleaseFunc
            "family_of", "family_stream", "stream_of"]
 
 SNAPSHOT_ROWS = OutputTag(SNAPSHOTS, Types.STRING())  # a growing database's snapshots (JSON release rows)
-QUERIES = "queries"  # the second input of a growing database
 
 
 class Elements(NamedTuple):

@@ -36,7 +36,7 @@ __all__ = ["HASHED_TYPE", "KeepRecordsFunction", "RecordUnitIds", "bound_unit_re
 
 #: one element with its unit hashed: (unit hash as int64, stream, seconds, Elements of that one element)
 HASHED_TYPE = Types.TUPLE([Types.LONG(), Types.STRING(), Types.DOUBLE(), Types.PICKLED_BYTE_ARRAY()])
-QUERIES = "queries"  # a growing database's queries (beam_dp.flink.families.QUERIES): public, no unit
+QUERIES = "queries"  # the second input of a growing database: its queries, public, no unit
 
 
 class _Metric:

@@ -121,24 +121,3 @@ def test_one_unit_path_equals_bound_block_step_by_step(bounds):
                 np.testing.assert_array_equal(got.row_drops, want.row_drops)
             ledger, row = want.ledger, row.advanced(step, not refused)
             assert row == _row_of(ledger, bounds)
-
-
-def test_speed_of_the_one_unit_path():
-    """Printed, not asserted (shared machines): bound_unit + the row's refusal and advance vs bound_block
-    for one unit's block of 3 rows."""
-    import time
-
-    bounds, unit = RULES[0], unit_hash(KEY, ["one"])[0]
-    streams, values = ["a", "b", "a"], np.ones((3, 1))
-    ledger, row = UnitLedger.empty(bounds), UnitRow.empty(bounds)
-    cpu = time.process_time()
-    for _ in range(500):
-        bound_block(ledger, 1, np.full(3, unit, np.uint64), streams, values, bounds, KEYS, clip_bound=R)
-    slow = (time.process_time() - cpu) / 500
-    cpu = time.process_time()
-    for _ in range(500):
-        row.refusal(1)
-        bound_unit(unit, 1, streams, values, bounds, KEYS, clip_bound=R)
-        row.advanced(1, True)
-    fast = (time.process_time() - cpu) / 500
-    print(f"\none unit, 3 rows: bound_block {slow * 1e6:.0f} µs, the one-unit path {fast * 1e6:.0f} µs (CPU)")
