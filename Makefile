@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 # pytest workers: 2 by default (CI has 2 cores)
 JOBS ?= 2
 
-.PHONY: demo test lint venv install install-test bench clean flink-test flink-test-long lock shell
+.PHONY: demo test test-long lint venv install install-test bench clean flink-test flink-test-long lock shell
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -47,10 +47,14 @@ lint: install-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-## Run the whole test suite (TESTS selects a part by hand, e.g. TESTS="-m 'not slow'").
+## Run the test suite but the runs marked long (TESTS selects a part by hand, e.g. TESTS="-k units").
 TESTS ?=
 test: install-test lint
-	$(PY) -m pytest -q -n $(JOBS) $(TESTS) tests
+	$(PY) -m pytest -q -n $(JOBS) -m "not long" $(TESTS) tests
+
+## The runs left out of CI for its time budget (tests/long.txt; about 15 minutes on 2 cores).
+test-long: install-test
+	$(PY) -m pytest -q -n $(JOBS) -m long $(TESTS) tests
 
 ## Native Flink: its own venv (PyFlink pins apache-beam<=2.61, pyarrow<21), then a real local Flink job.
 FLINK_VENV ?= .venv-flink
@@ -62,16 +66,17 @@ $(FLINK_VENV)/.installed: beam_dp/flink/requirements.txt $(FLINK_LOCK)
 	$(FLINK_VENV)/bin/pip install --quiet -c $(FLINK_LOCK) -r beam_dp/flink/requirements.txt $(FLINK_FAMILIES)
 	touch $@
 
-# the parity test runs the Beam path in the main venv (Beam 2.77) beside the Flink job; the slow cluster
-# test (tests/flink/test_flink_cluster.py) starts a standalone JobManager + TaskManager (needs Java; ~1 min).
+# the parity tests run the Beam path in the main venv (Beam 2.77) beside the Flink job; the standalone-cluster
+# tests (needs Java) are marked long and run under flink-test-long.
 # FLINK_TESTS selects a part by hand (e.g. FLINK_TESTS="-m 'not slow'").
 FLINK_TESTS ?=
 flink-test: $(FLINK_VENV)/.installed install-test
-	PYTHONPATH=$(CURDIR) $(FLINK_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not cluster_long" $(FLINK_TESTS) tests/flink
+	PYTHONPATH=$(CURDIR) $(FLINK_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not long" $(FLINK_TESTS) tests/flink
 
-## The standalone-cluster runs left out of CI for its time budget (minutes each on 2 cores).
+## The standalone-cluster runs (kill, savepoint rescale, metrics, unit bounding) left out of CI for its time budget
+## (minutes each on 2 cores).
 flink-test-long: $(FLINK_VENV)/.installed install-test
-	PYTHONPATH=$(CURDIR) $(FLINK_VENV)/bin/python -m pytest -q -p no:cacheprovider -m cluster_long tests/flink
+	PYTHONPATH=$(CURDIR) $(FLINK_VENV)/bin/python -m pytest -q -p no:cacheprovider -m long tests/flink
 
 ## Benchmarks (by hand; results go to docs/).
 bench: install

@@ -1,5 +1,6 @@
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +32,17 @@ def _temporary_files_under_basetemp(tmp_path_factory):
 
 def pytest_configure(config):
     os.environ.setdefault("PYTHONHASHSEED", "0")
+
+
+#: node ids of the runs that would break CI's time budget (``make test`` leaves them out, ``make test-long``)
+LONG = frozenset(line for line in (Path(__file__).parent / "long.txt").read_text().splitlines()
+                 if line and not line.startswith("#"))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid in LONG:
+            item.add_marker(pytest.mark.long)
 
 try:  # Beam's TestStream is a class named Test*: keep pytest from collecting it
     from apache_beam.testing.test_stream import TestStream

@@ -128,9 +128,9 @@ class StandaloneCluster:
         return "\n".join(f"== {f.name}\n{f.read_text(errors='replace')[-chars:]}"
                          for f in sorted((self.folder / "log").iterdir()))
 
-    @staticmethod
-    def wait(ready, seconds: float, what: str):
-        """Poll ``ready()`` until it returns a true value (errors count as not yet)."""
+    def wait(self, ready, seconds: float, what: str):
+        """Poll ``ready()`` until it returns a true value (errors count as not yet); a timeout's message ends
+        with the cluster's logs."""
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             try:
@@ -140,7 +140,7 @@ class StandaloneCluster:
             if value:
                 return value
             time.sleep(0.5)
-        raise TimeoutError(f"waited {seconds} s for {what}")
+        raise TimeoutError(f"waited {seconds} s for {what}\n{self.log_tail()}")
 
     def __exit__(self, *exc) -> None:
         # each process was started in its own session, so its group holds it and its children (a killed

@@ -3,8 +3,8 @@
 operations settings docs/engines.md gives: several jobs run one after another on one TaskManager, which
 stays up; what the release function counts in ``on_timer`` (releases, timer firings, the steps it closes)
 reaches the REST API, buffered items go down as steps close, dead letters are counted per reason, no
-metric name collides, and no checkpoint failure ever fails a job. Needs .venv-flink and Java (``make
-flink-test``); minutes on a shared 2-core machine, so it is marked slow."""
+metric name collides, and no checkpoint failure ever fails a job. Needs .venv-flink and Java;
+minutes on a shared 2-core machine, so it is marked long (``make flink-test-long``, out of CI's budget)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from tests.conftest import TEST_KEY  # noqa: E402
 from tests.flink.cases import BAD, csv_lines, entry_args, good_events  # noqa: E402
 from tests.flink.standalone import FLINK_HOME, StandaloneCluster  # noqa: E402
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.long,
               pytest.mark.skipif(shutil.which("java") is None, reason="a standalone Flink cluster needs Java")]
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,8 +4,8 @@ checkpoints and a new one started: the releases are the pure replay's, nothing l
 job is stopped with a savepoint, resumed at parallelism 2, stopped again and resumed at 3 (with another
 checkpoint interval and split size, which touch no state): the same releases; (c) a resume from the savepoint
 with a changed privacy parameter (epsilon, clip bound, counter, noise domain) is refused at start with one
-line, no job submitted, the output untouched. One cluster runs every job. Needs .venv-flink and Java (``make
-flink-test``); minutes on a shared 2-core machine, so it is marked slow."""
+line, no job submitted, the output untouched. One cluster runs every job. Needs .venv-flink and Java;
+minutes on a shared 2-core machine, so it is marked long (``make flink-test-long``, out of CI's budget)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from tests.flink.cases import assert_rows_equal, csv_lines, entry_args, expected
 from tests.flink.standalone import StandaloneCluster  # noqa: E402
 from tests.flink.test_cluster_metrics import OPERATIONS, _cluster_lib  # noqa: E402
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.long,
               pytest.mark.skipif(shutil.which("java") is None, reason="a standalone Flink cluster needs Java")]
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,8 +1,8 @@
 """A real standalone Flink cluster (JobManager and TaskManager JVMs on localhost, from the PyFlink
 distribution) runs the submittable job with ``flink run`` as docs/engines.md shows; its TaskManager is
 killed (``kill -9``) mid-run once a checkpoint exists, a new one is started, and Flink recovers from the
-checkpoint on local disk. Needs .venv-flink and Java (``make flink-test``); several minutes on a shared
-2-core machine, so it is marked slow."""
+checkpoint on local disk. Needs .venv-flink and Java; several minutes on a shared
+2-core machine, so it is marked long (``make flink-test-long``, out of CI's budget)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from tests.conftest import TEST_KEY  # noqa: E402
 from tests.flink.cases import assert_rows_equal, csv_lines, entry_args, expected_rows, good_events  # noqa: E402
 from tests.flink.standalone import StandaloneCluster  # noqa: E402
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.long,
               pytest.mark.skipif(shutil.which("java") is None, reason="a standalone Flink cluster needs Java")]
 
 ROOT = Path(__file__).resolve().parents[2]

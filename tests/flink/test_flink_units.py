@@ -152,7 +152,7 @@ RESTORE_EVENTS = 20_000  # enough that the job is still reading them at its stop
 
 
 @pytest.mark.slow
-@pytest.mark.cluster_long  # ~10 minutes on a shared 2-core machine: make flink-test-long
+@pytest.mark.long  # ~10 minutes on a shared 2-core machine: make flink-test-long
 @pytest.mark.skipif(shutil.which("java") is None, reason="a standalone Flink cluster needs Java")
 def test_a_savepoint_resumed_at_another_parallelism_keeps_every_units_bounding(tmp_path):
     """The entry point in streaming mode on a standalone cluster (two TaskManagers of two slots): stopped
